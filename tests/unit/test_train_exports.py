@@ -1,0 +1,21 @@
+"""The public surface of ttpeer.train is exactly what was meant."""
+
+import ttpeer.train
+
+EXPECTED = {
+    "CheckpointError", "DeltaError", "InnerTrainer", "LoadedTask", "ModelTooLarge",
+    "OuterState", "TaskError", "TaskSpec", "TrainError", "decode_delta", "encode_delta",
+    "estimate_memory", "export_model", "fp32_size", "init_state", "load_model", "load_task",
+    "outer_step", "shard_indices", "state_from_bytes", "state_hash", "state_to_bytes",
+}
+
+
+def test_all_is_the_intended_surface():
+    assert set(ttpeer.train.__all__) == EXPECTED
+    for name in EXPECTED:
+        assert getattr(ttpeer.train, name) is not None
+
+
+def test_errors_share_one_base():
+    for name in ("TaskError", "DeltaError", "CheckpointError", "ModelTooLarge"):
+        assert issubclass(getattr(ttpeer.train, name), ttpeer.train.TrainError)

@@ -1,0 +1,113 @@
+"""Task loading: the built-in mnist1d, task files, and clear errors for broken ones."""
+
+import hashlib
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from ttpeer.train import LoadedTask, TaskError, TaskSpec, load_task
+
+torch.set_num_threads(1)
+
+FIXTURE = Path(__file__).parent / "fixtures" / "task_linear.py"
+
+HEADER = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+from ttpeer.train import TaskSpec
+X, Y = torch.randn(20, 3), torch.randint(0, 2, (20,))
+"""
+
+
+def _write(tmp_path: Path, body: str, name: str = "broken_task.py") -> Path:
+    path = tmp_path / name
+    path.write_text(HEADER + textwrap.dedent(body))
+    return path
+
+
+def test_fixture_task_loads():
+    task = load_task(str(FIXTURE), Path("/nonexistent"))
+    assert isinstance(task, LoadedTask) and isinstance(task.spec, TaskSpec)
+    assert task.name == "task_linear"
+    assert (task.n_train, task.n_test, task.batch_size) == (256, 128, 16)
+    assert task.source_hash == hashlib.sha256(FIXTURE.read_bytes()).hexdigest()
+    x, y = task.train[3]
+    assert x.shape == (8,) and y.dtype == torch.long
+    again = load_task(str(FIXTURE), Path("/nonexistent"))
+    assert torch.equal(again.train.tensors[0], task.train.tensors[0])  # fixed generator
+
+
+def test_dict_and_dataset_tasks_are_accepted(tmp_path):
+    path = _write(tmp_path, """
+        class Pairs(torch.utils.data.Dataset):
+            def __len__(self):
+                return 20
+            def __getitem__(self, i):
+                return X[i], Y[i]
+        def task():
+            return {"model": lambda: nn.Linear(3, 2), "train": Pairs(), "test": (X, Y),
+                    "loss": F.cross_entropy, "metric": lambda o, t: 0.5}
+    """, name="dict_task.py")
+    task = load_task(str(path), tmp_path, {"slowdown": 0.5})
+    assert task.n_train == 20 and task.metric_name == "accuracy" and task.slowdown == 0.5
+
+
+@pytest.mark.parametrize("body,message", [
+    ("def task(:\n    pass\n", "syntax error at line"),
+    ("raise RuntimeError('boom')\n", "failed while importing: RuntimeError: boom"),
+    ("def other():\n    pass\n", "defines no task"),
+    ("task = 3\n", "defines no task"),
+    ("def task():\n    return 42\n", "returned int"),
+    ("def task():\n    raise ValueError('no data')\n", "raised ValueError: no data"),
+    ("def task():\n    return {'model': 1}\n", "missing"),
+    ("def task():\n    return dict(model=lambda: nn.Linear(3, 2), train=(X, Y), test=(X, Y),"
+     " loss=F.cross_entropy, metric=len, colour=1)\n", "unknown keys"),
+    ("def task():\n    return TaskSpec(model=lambda: 'model', train=(X, Y), test=(X, Y),"
+     " loss=F.cross_entropy, metric=len)\n", "expected a torch.nn.Module"),
+    ("def task():\n    return TaskSpec(model=lambda: nn.Linear(3, 2), train=(X[:0], Y[:0]),"
+     " test=(X, Y), loss=F.cross_entropy, metric=len)\n", "train dataset is empty"),
+    ("def task():\n    return TaskSpec(model=lambda: nn.Linear(3, 2), train=(X, Y[:5]),"
+     " test=(X, Y), loss=F.cross_entropy, metric=len)\n", "same first dimension"),
+    ("def task():\n    return TaskSpec(model=lambda: nn.Linear(3, 2), train=(X, Y),"
+     " test=[1, 2, 3], loss=F.cross_entropy, metric=len)\n", "test must be an"),
+    ("def task():\n    return TaskSpec(model=lambda: nn.Linear(3, 2), train=(X, Y),"
+     " test=(X, Y), loss=F.cross_entropy, metric=len, batch_size=0)\n", "batch_size"),
+    ("def task():\n    return TaskSpec(model=lambda: nn.Linear(3, 2), train=(X, Y),"
+     " test=(X, Y), loss=None, metric=len)\n", "loss must be callable"),
+])
+def test_broken_task_files_name_the_file(tmp_path, body, message):
+    path = _write(tmp_path, body)
+    with pytest.raises(TaskError, match=message) as info:
+        load_task(str(path), tmp_path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file_and_unknown_spec(tmp_path):
+    missing = tmp_path / "nope.py"
+    with pytest.raises(TaskError, match=f"{missing} does not exist"):
+        load_task(str(missing), tmp_path)
+    with pytest.raises(TaskError, match="unknown task 'cifar'"):
+        load_task("cifar", tmp_path)
+
+
+@pytest.mark.parametrize("options", [{"speed": 1}, {"slowdown": -1.0}, {"slowdown": "x"},
+                                     {"slowdown": float("inf")}])
+def test_bad_options_raise_task_error(options):
+    with pytest.raises(TaskError, match="option"):
+        load_task(str(FIXTURE), Path("/nonexistent"), options)
+
+
+def test_mnist1d_is_cached_and_hashed(tmp_path):
+    first = load_task("mnist1d", tmp_path)
+    assert (tmp_path / "mnist1d.npz").exists()
+    assert (first.n_train, first.n_test, first.batch_size) == (4000, 1000, 64)
+    x, y = first.train[0]
+    assert x.shape == (40,) and x.dtype == torch.float32 and 0 <= int(y) < 10
+    second = load_task("mnist1d", tmp_path)  # from the cache
+    assert second.source_hash == first.source_hash and len(first.source_hash) == 64
+    assert torch.equal(second.test.tensors[0], first.test.tensors[0])
+    (tmp_path / "mnist1d.npz").write_bytes(b"torn")
+    assert load_task("mnist1d", tmp_path).source_hash == first.source_hash  # regenerated

@@ -1,0 +1,5 @@
+import sys
+
+from ttpeer.cli import main
+
+sys.exit(main())

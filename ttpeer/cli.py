@@ -1,0 +1,373 @@
+"""The ``ttpeer`` command line. Every command takes ``--home`` (or ``TTPEER_HOME``)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ttpeer.errors import JobError, TtpeerError, UsageError
+
+EPILOG = """\
+Start here:
+  machine A:  ttpeer relay --listen 0.0.0.0:8443 --data ./relay     (prints URL and fingerprint)
+  machine A:  ttpeer pool create --relay URL --fingerprint sha256:HEX   (prints a join token)
+              ttpeer up
+  machine B:  ttpeer join TOKEN
+  any member: ttpeer submit --task mnist1d --mode fused --rounds 10 --inner-steps 25
+              ttpeer wait JOB && ttpeer export JOB model.safetensors
+Or try everything on this machine: ttpeer demo
+"""
+
+
+def _duration(text: str) -> float:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 90s, 30m, 24h, 7d)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--home", type=Path, help="ttpeer home directory (default: $TTPEER_HOME or the "
+                        "per-user data directory)")
+    common.add_argument("-v", "--verbose", action="count", default=0, help="more log output (repeatable)")
+
+    p = argparse.ArgumentParser(
+        prog="ttpeer", description="Pool your own machines into one training run.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common],
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    r = sub.add_parser("relay", parents=[common], help="run the HTTPS rendezvous relay")
+    r.add_argument("--listen", default="127.0.0.1:8443", help="HOST:PORT to listen on (port 0: any free port)")
+    r.add_argument("--data", type=Path, required=True, help="directory for the certificate, blobs and rosters")
+    r.add_argument("--cert", type=Path, help="TLS certificate (PEM); default: self-signed, made on first start")
+    r.add_argument("--key", type=Path, help="TLS private key (PEM) for --cert")
+
+    pool = sub.add_parser("pool", parents=[common], help="create a pool").add_subparsers(
+        dest="pool_command", metavar="ACTION", required=True)
+    pc = pool.add_parser("create", parents=[common], help="create a pool; this machine becomes its admin")
+    pc.add_argument("--relay", required=True, help="relay URL, e.g. https://203.0.113.5:8443")
+    pc.add_argument("--fingerprint", required=True, help="the relay's certificate fingerprint (sha256:HEX)")
+    pc.add_argument("--name", default=None, help="this machine's name in the pool (default: hostname)")
+    pc.add_argument("--ttl", type=_duration, default=86400.0, help="lifetime of the printed token (default 24h)")
+    pc.add_argument("--uses", type=_positive_int, default=1, help="machines the printed token can enroll")
+
+    inv = sub.add_parser("invite", parents=[common], help="print a new join token (admin only)")
+    inv.add_argument("--ttl", type=_duration, default=86400.0, help="token lifetime (default 24h)")
+    inv.add_argument("--uses", type=_positive_int, default=1, help="how many machines it can enroll (default 1)")
+
+    j = sub.add_parser("join", parents=[common], help="enroll this machine with a token and run the daemon")
+    j.add_argument("token", help="the join token (ttp1....); a secret: it is never logged")
+    j.add_argument("--name", default=None, help="this machine's name in the pool (default: hostname)")
+    j.add_argument("--device", default=None, help="torch device to train on (default: cuda if present, else cpu)")
+
+    up = sub.add_parser("up", parents=[common], help="run the daemon of an enrolled home in the foreground")
+    up.add_argument("--device", default=None, help="torch device to train on (default: cuda if present, else cpu)")
+    up.add_argument("--slowdown", type=float, default=0.0, help=argparse.SUPPRESS)
+
+    s = sub.add_parser("submit", parents=[common], help="submit a training job to the pool")
+    s.add_argument("--task", required=True, help="'mnist1d' or a task file path/to/task.py (see README)")
+    s.add_argument("--mode", choices=["fused"], default="fused", help="fused: one model, periodic averaging")
+    s.add_argument("--rounds", type=_positive_int, default=10, help="outer rounds (default 10)")
+    s.add_argument("--inner-steps", type=_positive_int, default=25, help="inner AdamW steps per shard (default 25)")
+    s.add_argument("--shards", type=_positive_int, default=6, help="shards per round (default 6)")
+    s.add_argument("--batch-size", type=_positive_int, default=None, help="default: the task's")
+    s.add_argument("--inner-lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    s.add_argument("--weight-decay", type=float, default=0.01)
+    s.add_argument("--outer-lr", type=float, default=0.7, help="outer Nesterov SGD lr (default 0.7)")
+    s.add_argument("--outer-momentum", type=float, default=0.9, help="outer momentum (default 0.9)")
+    s.add_argument("--bits", type=int, choices=[4, 8], default=8, help="delta quantization (default 8)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--lease", type=_duration, default=30.0,
+                   help="a shard's claim expires this long after its last renewal (default 30s)")
+
+    st = sub.add_parser("status", parents=[common], help="peers, jobs, progress")
+    st.add_argument("--json", action="store_true", help="one JSON object (schema in the README)")
+
+    w = sub.add_parser("wait", parents=[common], help="wait until a job is done")
+    w.add_argument("job", help="job id or a unique prefix")
+    w.add_argument("--timeout", type=_duration, default=None, help="give up after this long (exit 2)")
+
+    e = sub.add_parser("export", parents=[common], help="write a finished job's model as safetensors")
+    e.add_argument("job", help="job id or a unique prefix")
+    e.add_argument("out", type=Path, help="output file (.safetensors); a .json sidecar is written beside it")
+
+    d = sub.add_parser("demo", parents=[common], help="a relay and 3 peers on this machine train mnist1d")
+    d.add_argument("--rounds", type=_positive_int, default=8)
+    d.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for noisy in ("httpx", "httpcore", "hypercorn"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+    try:
+        return int(_dispatch(args) or 0)
+    except TtpeerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _home(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from ttpeer.daemon import Home, default_home
+
+    return Home(args.home or default_home())
+
+
+def _dispatch(args: argparse.Namespace) -> int | None:
+    cmd = args.command
+    if cmd == "relay":
+        from ttpeer_relay.cli import main as relay_main
+
+        argv = ["--listen", args.listen, "--data", str(args.data)]
+        if args.cert or args.key:
+            if not (args.cert and args.key):
+                raise UsageError("--cert and --key go together")
+            argv += ["--cert", str(args.cert), "--key", str(args.key)]
+        return relay_main(argv)
+    if cmd == "pool":
+        return _pool_create(args)
+    if cmd == "invite":
+        return _invite(args)
+    if cmd == "join":
+        return _join(args)
+    if cmd == "up":
+        return _up(args, _home(args))
+    if cmd == "submit":
+        return _submit(args)
+    if cmd == "status":
+        return _status(args)
+    if cmd == "wait":
+        return _wait(args)
+    if cmd == "export":
+        return _export(args)
+    if cmd == "demo":
+        from ttpeer.demo import run_demo
+
+        return run_demo(rounds=args.rounds, keep=args.keep)
+    raise UsageError(f"unknown command {cmd}")
+
+
+def _default_name() -> str:
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", os.uname().nodename)[:64]
+    return name or "peer"
+
+
+def _check_relay(url: str, fingerprint: str) -> None:
+    """Fetch the relay's certificate and compare it with the pin, before anything else."""
+    import trio
+
+    from ttpeer.net import RelayFingerprintMismatch, fetch_certificate, fingerprint_of
+
+    der = trio.run(fetch_certificate, url)
+    got = fingerprint_of(der)
+    if got != fingerprint:
+        raise RelayFingerprintMismatch(expected=fingerprint, got=got, url=url)
+
+
+def _pool_create(args: argparse.Namespace) -> int:
+    from ttpeer.daemon import new_invite
+    from ttpeer.proto import make_token
+
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", args.fingerprint):
+        raise UsageError("--fingerprint must look like sha256:<64 hex digits> (the relay prints it)")
+    if not args.relay.startswith("https://"):
+        raise UsageError("--relay must be an https:// URL")
+    _check_relay(args.relay, args.fingerprint)
+    home = _home(args)
+    now = time.time()
+    cfg = home.create_pool(args.relay, args.fingerprint, args.name or _default_name(), now)
+    invite, key = new_invite(home.root_key(), cfg.pool, ttl=args.ttl, uses=args.uses, role="member", now=now)
+    print(f"pool {cfg.pool} created in {home.path}; this machine ({cfg.name}) is its admin")
+    print("start it with 'ttpeer up'; enroll other machines with this token "
+          f"(valid {args.ttl / 3600:g} h, {args.uses} use(s)):")
+    print(make_token(cfg.relays, cfg.fingerprint, invite, key.private_bytes_raw()))
+    return 0
+
+
+def _invite(args: argparse.Namespace) -> int:
+    from ttpeer.daemon import new_invite
+    from ttpeer.proto import make_token
+
+    home = _home(args)
+    cfg = home.config()
+    invite, key = new_invite(home.root_key(), cfg.pool, ttl=args.ttl, uses=args.uses, role="member",
+                             now=time.time())
+    print(make_token(cfg.relays, cfg.fingerprint, invite, key.private_bytes_raw()))
+    return 0
+
+
+def _join(args: argparse.Namespace) -> int:
+    from ttpeer.proto import parse_token
+
+    token = parse_token(args.token, now=time.time())
+    _check_relay(token.relays[0], token.fingerprint)  # before any key is made or sent
+    home = _home(args)
+    cfg = home.enroll(token, args.name or _default_name(), time.time())
+    print(f"enrolled in pool {cfg.pool} as {cfg.name}; home {home.path}", flush=True)
+    return _up(args, home)
+
+
+def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
+    import trio
+
+    from ttpeer.daemon import run_daemon
+
+    device = args.device or _default_device()
+    options = {"slowdown": args.slowdown} if getattr(args, "slowdown", 0) else None
+    trio.run(lambda: run_daemon(home, device=device, task_options=options,
+                                proxy=os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")))
+    return 0
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from ttpeer.daemon import call
+
+    home = _home(args)
+    task_file = None
+    task = args.task
+    if task.endswith(".py"):
+        path = Path(task)
+        try:
+            task_file = path.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"cannot read task file {path}: {exc.strerror}") from None
+        task = path.name
+    elif task != "mnist1d":
+        raise UsageError(f"unknown task {task!r}: use 'mnist1d' or a path to a task file ending in .py")
+    spec: dict[str, Any] = {
+        "task": task, "mode": args.mode, "rounds": args.rounds, "shards": args.shards,
+        "batches": args.inner_steps, "batch_size": args.batch_size or 64, "inner_lr": args.inner_lr,
+        "weight_decay": args.weight_decay, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
+        "bits": args.bits, "seed": args.seed, "lease": args.lease,
+    }
+    reply = call(home.control_socket, {"op": "submit", "spec": spec,
+                                       "task_file": task_file.hex() if task_file else None}, timeout=300)
+    print(f"submitted {args.mode} job: {args.rounds} rounds x {args.shards} shards x {args.inner_steps} steps")
+    print(reply["job"])
+    return 0
+
+
+def _status_obj(home) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    from ttpeer.daemon import call
+
+    return call(home.control_socket, {"op": "status"})["status"]
+
+
+def _status(args: argparse.Namespace) -> int:
+    st = _status_obj(_home(args))
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    node = st["node"]
+    relay = "connected" if st["relay"]["connected"] else f"NOT connected ({st['relay']['last_error']})"
+    print(f"node {node['name']} ({node['id'][:12]}) pool {node['pool'][:12]}  relay {relay}")
+    print(f"bytes sent {_size(st['bytes_sent'])}, received {_size(st['bytes_received'])}")
+    print("peers:")
+    for peer in st["peers"]:
+        seen = "this machine" if peer["self"] else (
+            "never heard from" if peer["last_seen_s"] is None else f"heard {peer['last_seen_s']:.0f}s ago")
+        print(f"  {peer['name']:<16} {peer['id'][:12]}  {peer['role']:<6}  {seen}")
+    print("jobs:" if st["jobs"] else "jobs: none")
+    for job in st["jobs"]:
+        metric = "" if job["eval_loss"] is None else (
+            f"  eval loss {job['eval_loss']:.4f} {job['metric_name']} {job['eval_metric']:.4f}")
+        ratio = "" if job["compression_ratio"] is None else f"  compression {job['compression_ratio']:.1f}x"
+        print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: round {job['round']}/"
+              f"{job['rounds']}, shards {job['shards_done']}/{job['shards_total']}{metric}{ratio}")
+        if job["declined"]:
+            print(f"    declined here: {job['declined']}")
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _find_job(jobs: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
+    found = [j for j in jobs if j["id"].startswith(prefix.lower())]
+    if not found:
+        raise JobError(f"no job {prefix!r} is known to this peer (see 'ttpeer status')")
+    if len(found) > 1:
+        raise UsageError(f"job prefix {prefix!r} is ambiguous; give more characters")
+    return found[0]
+
+
+def _wait(args: argparse.Namespace) -> int:
+    home = _home(args)
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    delay = 0.2
+    while True:
+        job = _find_job(_status_obj(home)["jobs"], args.job)
+        if job["state"] == "done":
+            print(f"job {job['id'][:12]} done: {job['rounds']} rounds, {job['metric_name']} "
+                  f"{job['eval_metric']}")
+            return 0
+        if job["state"] == "declined":
+            raise JobError(f"job {job['id'][:12]} was declined by this peer: {job['declined']}")
+        if deadline is not None and time.monotonic() >= deadline:
+            print(f"error: timed out waiting for job {job['id'][:12]} (round {job['round']}/{job['rounds']})",
+                  file=sys.stderr)
+            return 2
+        time.sleep(delay)
+        delay = min(delay * 1.5, 2.0)
+
+
+def _export(args: argparse.Namespace) -> int:
+    home = _home(args)
+    states = home.path / "states"
+    matches = [p for p in states.glob(f"{args.job.lower()}*")] if states.exists() else []
+    if len(matches) > 1:
+        raise UsageError(f"job prefix {args.job!r} is ambiguous; give more characters")
+    if not matches or not (matches[0] / "final.safetensors").exists():
+        raise JobError(f"job {args.job!r} has not finished on this peer (see 'ttpeer status'); "
+                       "export needs the final model")
+    folder = matches[0]
+    out: Path = args.out
+    if out.parent and not out.parent.exists():
+        raise UsageError(f"directory {out.parent} does not exist")
+    shutil.copyfile(folder / "final.safetensors", out)
+    shutil.copyfile(folder / "final.json", out.with_suffix(".json"))
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    print(f"wrote {out} and {out.with_suffix('.json')}")
+    print(digest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The local control socket: how ``ttpeer status``, ``submit`` and ``wait`` talk to
+the running daemon.
+
+A Unix socket at ``HOME/control.sock``, mode 0600 in a 0700 home, so only its
+owner can use it. One JSON request per connection, one JSON reply:
+``{"op": "status"}``, ``{"op": "submit", "spec": {...}, "task_file": hex|null}``.
+Replies are ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket as pysocket
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ttpeer.errors import DaemonNotRunning, TtpeerError
+
+if TYPE_CHECKING:
+    from ._node import Node
+
+log = logging.getLogger("ttpeer.control")
+MAX_REQUEST = 16 * 2**20
+
+
+async def serve_control(
+    node: Node, path: Path, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    path.unlink(missing_ok=True)
+    sock = trio.socket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        await sock.bind(str(path))
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(16)
+    listener = trio.SocketListener(sock)
+
+    async def handle(stream: trio.SocketStream) -> None:
+        async with stream:
+            try:
+                request = json.loads(await _read_all(stream))
+                reply = await _dispatch(node, request)
+            except TtpeerError as exc:
+                reply = {"ok": False, "error": str(exc)}
+            except (ValueError, KeyError, TypeError) as exc:
+                reply = {"ok": False, "error": f"bad control request: {exc}"}
+            try:
+                await stream.send_all(json.dumps(reply).encode())
+            except trio.BrokenResourceError:
+                pass
+
+    task_status.started()
+    try:
+        await trio.serve_listeners(handle, [listener])
+    finally:
+        path.unlink(missing_ok=True)
+
+
+async def _read_all(stream: trio.SocketStream) -> bytes:
+    chunks, size = [], 0
+    while True:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_REQUEST:
+            raise ValueError("request too large")
+        chunks.append(chunk)
+
+
+async def _dispatch(node: Node, request: dict[str, Any]) -> dict[str, Any]:
+    op = request.get("op")
+    if op == "status":
+        return {"ok": True, "status": node.status()}
+    if op == "submit":
+        task_file = bytes.fromhex(request["task_file"]) if request.get("task_file") else None
+        job = await node.submit(request["spec"], task_file)
+        return {"ok": True, "job": job.id}
+    raise ValueError(f"unknown op {op!r}")
+
+
+def call(path: Path, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    """Blocking client used by the command line. Raises ``DaemonNotRunning``."""
+    s = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        s.close()
+        raise DaemonNotRunning(
+            f"no ttpeer daemon is running on {path.parent} (start it with 'ttpeer up')"
+        ) from None
+    with s:
+        s.sendall(json.dumps(request).encode())
+        s.shutdown(pysocket.SHUT_WR)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    reply = json.loads(b"".join(chunks) or b"{}")
+    if not reply.get("ok"):
+        raise TtpeerError(reply.get("error", "the daemon gave no answer"))
+    return reply

@@ -1,0 +1,62 @@
+"""What the daemon needs from the training side, as one narrow interface.
+
+``Node`` drives ``PeerMachine`` effects through an ``Executor``: the real one
+(``TorchExecutor``) runs torch in worker threads; the simulator's
+(``ttpeer.testing.FakeExecutor``) stands in with hashes so dozens of peers run in
+seconds. Blob transfer and sealing stay in the node: executors see plaintext
+bytes only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ttpeer.proto import PublishDelta, Record, Train
+
+
+class Executor(Protocol):
+    async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
+        """Build a job's initial state for submission. Returns the job fields this side
+        fixes (``task_hash``, ``init``) and the initial state's bytes. Raises
+        ``TtpeerError`` for a task that cannot load."""
+        ...
+
+    async def prepare(self, job: Record, task_file: bytes | None) -> str | None:
+        """Load the job's task. Returns None when ready, else why this peer declines."""
+        ...
+
+    async def train(self, eff: Train, should_stop: Callable[[], bool]) -> int:
+        """Train one shard; returns the samples trained (0 if stopped before any)."""
+        ...
+
+    async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
+        """The encoded local delta against ``eff.base`` and metrics (``fp32_bytes``, ``train_loss``)."""
+        ...
+
+    async def aggregate(
+        self, job: Record, base: str, deltas: list[tuple[bytes, int]]
+    ) -> tuple[str, dict[str, float]]:
+        """Apply the outer step to ``base`` with the decoded deltas (in the given order);
+        hold the result. Returns its state hash and eval metrics."""
+        ...
+
+    async def apply(self, job: Record, base: str, deltas: list[tuple[bytes, int]], expect: str) -> bool:
+        """Like ``aggregate``, but keep the result only if it hashes to ``expect``."""
+        ...
+
+    async def export_state(self, job: Record, state: str) -> bytes:
+        """The bytes of a held state, for a checkpoint blob."""
+        ...
+
+    async def import_state(self, job: Record, state: str, data: bytes) -> bool:
+        """Hold the state in ``data`` if it hashes to ``state``."""
+        ...
+
+    def held_states(self, job: Record) -> set[str]:
+        """States held (in memory or on disk) for ``job``."""
+        ...
+
+    async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
+        """The job is done and ``state`` is final: make it durable for ``ttpeer export``."""
+        ...

@@ -1,0 +1,206 @@
+"""The home directory: one peer's identity, pool enrolment and durable state.
+
+    HOME/                      0700
+      node.key  seal.key       Ed25519 / X25519 private keys, 0600
+      pool.key                 the pool's sealing key (once a member handed it over), 0600
+      root.key                 the pool root key: only on the admin machine, 0600
+      pool.json                pool id, relays, pinned fingerprint, this node's proof
+      records.log              the durable record log (see _recordlog)
+      states/<job>/            model states and final results
+      blobs/                   sealed blobs this peer published (to re-upload on demand)
+      data/                    task data caches
+      control.sock             the daemon's control socket, 0600
+      daemon.lock              held while a daemon runs on this home
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from ttpeer.errors import HomeError
+from ttpeer.proto import Record, Token, parse, pool_id_of, public_hex, sign
+
+from ._files import make_private_dir, write_atomic, write_secret
+
+ENV_HOME = "TTPEER_HOME"
+
+
+def default_home() -> Path:
+    env = os.environ.get(ENV_HOME)
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("ttpeer", appauthor=False))
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    pool: str
+    relays: list[str]
+    fingerprint: str
+    name: str
+    invite: str  # hex of this node's invite record
+    join: str  # hex of this node's join record
+
+    @property
+    def proof(self) -> list[bytes]:
+        return [bytes.fromhex(self.invite), bytes.fromhex(self.join)]
+
+
+class Home:
+    def __init__(self, path: Path) -> None:
+        self.path = path.expanduser().absolute()
+        self._lock_fd: int | None = None
+
+    # -- layout ----------------------------------------------------------------------
+
+    @property
+    def records_log(self) -> Path:
+        return self.path / "records.log"
+
+    @property
+    def control_socket(self) -> Path:
+        return self.path / "control.sock"
+
+    def states(self, job: str) -> Path:
+        p = self.path / "states" / job
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+    @property
+    def data_dir(self) -> Path:
+        p = self.path / "data"
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+    @property
+    def blobs_dir(self) -> Path:
+        p = self.path / "blobs"
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+    # -- identity and pool -------------------------------------------------------------
+
+    @property
+    def enrolled(self) -> bool:
+        return (self.path / "pool.json").exists()
+
+    def config(self) -> PoolConfig:
+        try:
+            raw = json.loads((self.path / "pool.json").read_text())
+            return PoolConfig(**raw)
+        except FileNotFoundError:
+            raise HomeError(
+                f"{self.path} is not enrolled in a pool: run 'ttpeer pool create' or "
+                "'ttpeer join TOKEN' first (or pass --home)"
+            ) from None
+        except (ValueError, TypeError) as exc:
+            raise HomeError(f"{self.path}/pool.json is damaged: {exc}") from None
+
+    def node_key(self) -> Ed25519PrivateKey:
+        return Ed25519PrivateKey.from_private_bytes(self._read_secret("node.key"))
+
+    def seal_key(self) -> X25519PrivateKey:
+        return X25519PrivateKey.from_private_bytes(self._read_secret("seal.key"))
+
+    def root_key(self) -> Ed25519PrivateKey:
+        if not (self.path / "root.key").exists():
+            raise HomeError("only the pool admin (the machine that ran 'ttpeer pool create') can do this")
+        return Ed25519PrivateKey.from_private_bytes(self._read_secret("root.key"))
+
+    def pool_key(self) -> bytes | None:
+        p = self.path / "pool.key"
+        return self._read_secret("pool.key") if p.exists() else None
+
+    def save_pool_key(self, key: bytes) -> None:
+        write_secret(self.path / "pool.key", key)
+
+    def _read_secret(self, name: str) -> bytes:
+        p = self.path / name
+        try:
+            data = p.read_bytes()
+        except FileNotFoundError:
+            raise HomeError(f"{p} is missing: this home is incomplete") from None
+        if len(data) != 32:
+            raise HomeError(f"{p} is damaged (expected a 32-byte key)")
+        return data
+
+    def _new_identity(self) -> tuple[Ed25519PrivateKey, X25519PrivateKey]:
+        if self.enrolled:
+            raise HomeError(f"{self.path} is already enrolled in pool {self.config().pool}; use another --home")
+        make_private_dir(self.path)
+        node, seal = Ed25519PrivateKey.generate(), X25519PrivateKey.generate()
+        write_secret(self.path / "node.key", node.private_bytes_raw())
+        write_secret(self.path / "seal.key", seal.private_bytes_raw())
+        return node, seal
+
+    def _write_config(self, cfg: PoolConfig) -> None:
+        write_atomic(self.path / "pool.json", json.dumps(asdict(cfg), indent=2).encode(), 0o600)
+
+    def _join_record(self, invite: Record, invite_key: Ed25519PrivateKey, name: str, now: float) -> Record:
+        node, seal = self._new_identity()
+        return sign("join", invite.pool, {
+            "invite": invite.id, "node": public_hex(node),
+            "seal": seal.public_key().public_bytes_raw().hex(), "name": name, "at": int(now),
+        }, invite_key)
+
+    def create_pool(self, relay: str, fingerprint: str, name: str, now: float) -> PoolConfig:
+        """Make the root key, the pool key and this node's membership (as admin)."""
+        if self.enrolled:
+            raise HomeError(f"{self.path} is already enrolled in pool {self.config().pool}; use another --home")
+        root = Ed25519PrivateKey.generate()
+        pool = pool_id_of(public_hex(root))
+        invite, invite_key = new_invite(root, pool, ttl=3600, uses=1, role="admin", now=now)
+        join = self._join_record(invite, invite_key, name, now)
+        write_secret(self.path / "root.key", root.private_bytes_raw())
+        self.save_pool_key(secrets.token_bytes(32))
+        cfg = PoolConfig(pool, [relay], fingerprint, name, invite.raw.hex(), join.raw.hex())
+        self._write_config(cfg)
+        return cfg
+
+    def enroll(self, token: Token, name: str, now: float) -> PoolConfig:
+        """Become a member with a verified token: new keys, a join signed by the invite key."""
+        join = self._join_record(token.invite, Ed25519PrivateKey.from_private_bytes(token.seed), name, now)
+        cfg = PoolConfig(token.pool, list(token.relays), token.fingerprint, name,
+                         token.invite.raw.hex(), join.raw.hex())
+        self._write_config(cfg)
+        return cfg
+
+    # -- one daemon per home -------------------------------------------------------------
+
+    def lock(self) -> None:
+        fd = os.open(self.path / "daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise HomeError(f"a ttpeer daemon is already running on {self.path}") from None
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def new_invite(
+    root: Ed25519PrivateKey, pool: str, *, ttl: float, uses: int, role: str, now: float
+) -> tuple[Record, Ed25519PrivateKey]:
+    key = Ed25519PrivateKey.generate()
+    invite = sign("invite", pool, {
+        "key": public_hex(key), "expires": int(now + ttl), "uses": uses, "role": role,
+    }, root)
+    return invite, key
+
+
+def own_records(cfg: PoolConfig) -> list[Record]:
+    return [parse(raw) for raw in cfg.proof]

@@ -1,0 +1,463 @@
+"""The daemon: one trio nursery that drives a ``PeerMachine`` with real I/O.
+
+Theory of operation. The machine decides; the node executes. Every call into the
+machine happens on the trio thread, and its effects are handled at once: cheap
+ones inline (persist a record, queue a message), long ones (train, upload,
+aggregate, download) as tasks in the node's nursery that report back into the
+machine when done. A tick task wakes at the machine's next deadline. Three tasks
+talk to the relay: the receiver (long-poll, cursor acknowledgement), the outbox
+(sends with retry) and the hello loop (until this peer holds the pool key).
+
+Envelopes on the wire (the relay sees the first byte, sizes and timing only):
+
+    H + canonical {"proof": [invite, join]}      a member announcing itself (public)
+    K + direct-sealed key handover               the pool key, sealed to one member
+    P + pool-sealed gossip payload               records and digests
+
+Losing the relay is this peer's problem, not the pool's: the node retries with
+backoff and keeps training what it has claimed; leases judge liveness, not the
+relay connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from ttpeer.errors import DiskError, TtpeerError
+from ttpeer.net import NetError, RelayFingerprintMismatch, RelayRejected, Transport
+from ttpeer.net._seal import SealError, open_direct, open_sealed, seal, seal_to
+from ttpeer.proto import (
+    Aggregate,
+    Apply,
+    Broadcast,
+    Cancel,
+    Effect,
+    FetchState,
+    JobDone,
+    PeerMachine,
+    Persist,
+    PrepareJob,
+    ProofError,
+    PublishCheckpoint,
+    PublishDelta,
+    Record,
+    RecordError,
+    Send,
+    Timing,
+    Train,
+    decode,
+    encode,
+    parse,
+    sign,
+    verify_proof,
+)
+
+from ._executor import Executor
+from ._home import Home, PoolConfig
+from ._recordlog import RecordLog
+
+log = logging.getLogger("ttpeer.daemon")
+
+GOSSIP = b"ttpeer/gossip/v1"
+BLOB = b"ttpeer/blob/v1"
+KEY_DOMAIN = b"ttpeer/keyshare/v1\n"
+MAX_BLOB = 8 * 2**30
+RECV_WAIT = 20.0
+
+
+@dataclass
+class JobStats:
+    fp32_bytes: int = 0
+    wire_bytes: int = 0
+    shards_trained: int = 0
+
+
+@dataclass
+class Counters:
+    started: float = 0.0
+    peers_seen: dict[str, float] = field(default_factory=dict)
+    jobs: dict[str, JobStats] = field(default_factory=dict)
+    relay_ok: bool = False
+    last_error: str = ""
+
+
+class Node:
+    def __init__(
+        self,
+        home: Home,
+        transport: Transport,
+        executor: Executor,
+        *,
+        timing: Timing = Timing(),
+        seed: int | None = None,
+    ) -> None:
+        self.home = home
+        self.cfg: PoolConfig = home.config()
+        self.transport = transport
+        self.executor = executor
+        self._key = home.node_key()
+        self._seal_key = home.seal_key()
+        self.pool_key: bytes | None = home.pool_key()
+        self.machine = PeerMachine(self.cfg.pool, self._key, now=trio.current_time(), timing=timing)
+        self.me = self.machine.me
+        self.log = RecordLog(home.records_log)
+        self.counters = Counters()
+        self._rng = random.Random(seed)
+        self._outbox_send, self._outbox_recv = trio.open_memory_channel[tuple[str | None, bytes]](10_000)
+        self._wake = trio.Event()
+        self._cancelled: set[tuple[str, int, int]] = set()
+        self._nursery: trio.Nursery | None = None
+        self._job_done: dict[str, trio.Event] = {}
+        self._key_event = trio.Event()
+        self.fatal: TtpeerError | None = None
+        if self.pool_key is not None:
+            self._key_event.set()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled. Raises the first fatal error (a relay that is not ours,
+        a membership the relay refuses, a full disk)."""
+        now = trio.current_time()
+        self.counters.started = now
+        logged = self.log.load()
+        for raw in self.cfg.proof:
+            if raw not in logged:
+                self.log.append(raw)
+        self.machine.load(logged + self.cfg.proof, now)
+        for job in self.machine.records.jobs():
+            for state in self.executor.held_states(job):
+                self.machine.held.add(state)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self._connect()
+            nursery.start_soon(self._receiver)
+            nursery.start_soon(self._outbox)
+            nursery.start_soon(self._hello_loop)
+            nursery.start_soon(self._ticker)
+            task_status.started()
+
+    def stop(self) -> None:
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _connect(self) -> None:
+        delay = 0.5
+        while True:
+            try:
+                await self.transport.connect()
+                self.counters.relay_ok = True
+                return
+            except (RelayFingerprintMismatch, RelayRejected) as exc:
+                raise exc
+            except NetError as exc:
+                self.counters.relay_ok = False
+                self.counters.last_error = str(exc)
+                log.warning("relay unreachable (%s); retrying in %.0f s", exc, delay)
+                await trio.sleep(delay * (0.5 + self._rng.random()))
+                delay = min(delay * 2, 30.0)
+
+    # -- submitting --------------------------------------------------------------------
+
+    async def submit(self, spec: dict[str, Any], task_file: bytes | None) -> Record:
+        """Make, seal and publish a new job from ``spec``. Raises ``TtpeerError``."""
+        await self._key_event.wait()
+        fixed, init_bytes = await self.executor.new_job(spec, task_file)
+        init_blob = await self._put_sealed(init_bytes)
+        task_blob = await self._put_sealed(task_file) if task_file is not None else ""
+        body = {**spec, **fixed, "init_blob": init_blob, "task_blob": task_blob, "at": _wall_seconds()}
+        rec = sign("job", self.cfg.pool, body, self._key)
+        self._process(self.machine.add_local(rec, trio.current_time()))
+        return rec
+
+    def done_event(self, job: str) -> trio.Event:
+        return self._job_done.setdefault(job, trio.Event())
+
+    # -- effects -----------------------------------------------------------------------
+
+    def _process(self, effects: list[Effect], *, wake: bool = True) -> None:
+        """Execute effects; ``wake`` the ticker, since the next deadline may have moved."""
+        for eff in effects:
+            try:
+                self._execute(eff)
+            except DiskError as exc:
+                self.fatal = exc
+                log.error("%s", exc)
+                self.stop()
+                return
+        if wake:
+            self._wake.set()
+
+    def _execute(self, eff: Effect) -> None:
+        assert self._nursery is not None, "effects run only inside Node.run"
+        match eff:
+            case Persist(record=rec):
+                self.log.append(rec.raw)
+            case Broadcast(payload=p):
+                self._queue(None, p)
+            case Send(peer=peer, payload=p):
+                self._queue(peer, p)
+            case Cancel(job=job, round=rnd, shard=shard):
+                self._cancelled.add((job, rnd, shard))
+            case JobDone(job=job, state=state):
+                self._nursery.start_soon(self._finish, job, state)
+            case PrepareJob() | Train() | PublishDelta() | Aggregate() | Apply() | FetchState() | PublishCheckpoint():
+                self._nursery.start_soon(self._work, eff)
+            case _:
+                raise TypeError(f"unknown effect {eff!r}")
+
+    def _queue(self, peer: str | None, payload: bytes) -> None:
+        if self.pool_key is None:
+            return  # not a full member yet: gossip will resend once we are
+        try:
+            self._outbox_send.send_nowait((peer, b"P" + seal(self.pool_key, GOSSIP, payload)))
+        except trio.WouldBlock:
+            log.warning("outbox full; dropping a gossip payload (anti-entropy resends it)")
+
+    async def _work(self, eff: Effect) -> None:
+        now = trio.current_time
+        m = self.machine
+        try:
+            match eff:
+                case PrepareJob(job=job):
+                    task_file = await self._get_sealed(job["task_blob"]) if job["task_blob"] else None
+                    reason = await self.executor.prepare(job, task_file)
+                    if reason:
+                        log.warning("declining job %s: %s", job.id[:12], reason)
+                    self._process(m.job_prepared(job.id, reason is None, reason or "", now()))
+                case Train(job=job, round=rnd, shard=shard):
+                    key = (job.id, rnd, shard)
+                    self._cancelled.discard(key)
+                    samples = await self.executor.train(eff, lambda: key in self._cancelled)
+                    self._cancelled.discard(key)
+                    self._stats(job.id).shards_trained += 1 if samples else 0
+                    self._process(m.train_done(job.id, rnd, shard, samples, now()))
+                case PublishDelta(job=job, round=rnd, base=base, shards=shards, samples=samples):
+                    data, metrics = await self.executor.delta(eff)
+                    try:
+                        blob = await self._put_sealed(data)
+                    except NetError as exc:
+                        log.warning("delta upload failed (%s); will retry", exc)
+                        self._process(m.delta_published(job, rnd, base, shards, samples, None, 0, {}, now()))
+                        return
+                    stats = self._stats(job.id)
+                    stats.fp32_bytes += int(metrics.pop("fp32_bytes", 0))
+                    stats.wire_bytes += len(data)
+                    self._process(m.delta_published(job, rnd, base, shards, samples, blob, len(data),
+                                                    metrics, now()))
+                case Aggregate(job=job, round=rnd, base=base, contribs=contribs):
+                    deltas = await self._fetch_deltas(contribs)
+                    state, metrics = await self.executor.aggregate(job, base, deltas)
+                    ids = tuple(c.id for c in contribs)
+                    self._process(m.aggregated(job, rnd, base, ids, state, metrics, now()))
+                case Apply(job=job, close=close, contribs=contribs):
+                    deltas = await self._fetch_deltas(contribs)
+                    ok = await self.executor.apply(job, close["base"], deltas, close["state"])
+                    if not ok:
+                        log.warning("round %d of job %s did not reproduce state %s here; "
+                                    "fetching a checkpoint instead", close["round"], job.id[:12],
+                                    close["state"][:19])
+                    self._process(m.applied(close["state"], ok, now()))
+                case FetchState(job=job, state=state, blob=blob):
+                    data = await self._get_sealed(blob)
+                    ok = await self.executor.import_state(job, state, data)
+                    self._process(m.fetched(state, ok, now()))
+                case PublishCheckpoint(job=job, round=rnd, state=state):
+                    data = await self.executor.export_state(job, state)
+                    blob = await self._put_sealed(data)
+                    self._process(m.checkpoint_published(job, rnd, state, blob, len(data), now()))
+        except (NetError, SealError, TtpeerError) as exc:
+            log.warning("%s failed: %s", type(eff).__name__, exc)
+            self._report_failure(eff)
+
+    def _report_failure(self, eff: Effect) -> None:
+        m, now = self.machine, trio.current_time()
+        match eff:
+            case PrepareJob(job=job):
+                self._process(m.job_prepared(job.id, False, "could not load the task", now))
+            case Train(job=job, round=rnd, shard=shard):
+                self._process(m.train_done(job.id, rnd, shard, 0, now))
+            case PublishDelta(job=job, round=rnd, base=base, shards=shards, samples=samples):
+                self._process(m.delta_published(job, rnd, base, shards, samples, None, 0, {}, now))
+            case Aggregate(job=job, round=rnd, base=base):
+                self._process(m.aggregated(job, rnd, base, (), None, {}, now))
+            case Apply():
+                self._process(m.sync_failed(now))
+            case FetchState():
+                self._process(m.sync_failed(now))
+            case PublishCheckpoint(job=job, round=rnd, state=state):
+                self._process(m.checkpoint_published(job, rnd, state, None, 0, now))
+
+    async def _fetch_deltas(self, contribs: tuple[Record, ...]) -> list[tuple[bytes, int]]:
+        out = []
+        for c in contribs:
+            out.append((await self._get_sealed(c["blob"], max_size=c["size"] + 64), c["samples"]))
+        return out
+
+    async def _finish(self, job: Record, state: str) -> None:
+        chain = self.machine.chain(job)
+        metrics = dict(chain.closes[-1]["metrics"]) if chain.closes else {}
+        stats = self._stats(job.id)
+        summary = {"job": job.id, "task": job["task"], "state": state, "rounds": chain.round,
+                   "eval": metrics, "compression_ratio": _ratio(stats),
+                   "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
+        await self.executor.finish(job, state, summary)
+        self.done_event(job.id).set()
+        log.info("job %s done: state %s", job.id[:12], state)
+
+    # -- blobs ------------------------------------------------------------------------
+
+    async def _put_sealed(self, data: bytes) -> str:
+        assert self.pool_key is not None
+        return await self.transport.put_blob(seal(self.pool_key, BLOB, data))
+
+    async def _get_sealed(self, blob: str, max_size: int = MAX_BLOB) -> bytes:
+        assert self.pool_key is not None
+        return open_sealed(self.pool_key, BLOB, await self.transport.get_blob(blob, max_size=max_size))
+
+    # -- network tasks -------------------------------------------------------------------
+
+    async def _ticker(self) -> None:
+        while True:
+            with trio.move_on_at(self.machine.next_deadline()):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            self._process(self.machine.tick(trio.current_time()), wake=False)
+
+    async def _outbox(self) -> None:
+        async for peer, data in self._outbox_recv:
+            delay = 0.5
+            for _attempt in range(6):
+                try:
+                    if peer is None:
+                        await self.transport.broadcast(data)
+                    else:
+                        await self.transport.send(peer, data)
+                    self.counters.relay_ok = True
+                    break
+                except NetError as exc:
+                    self.counters.relay_ok = False
+                    self.counters.last_error = str(exc)
+                    await trio.sleep(delay * (0.5 + self._rng.random()))
+                    delay = min(delay * 2, 15.0)
+
+    async def _receiver(self) -> None:
+        cursor = 0
+        delay = 0.5
+        while True:
+            try:
+                messages, cursor = await self.transport.recv(cursor, RECV_WAIT)
+                self.counters.relay_ok = True
+                delay = 0.5
+            except NetError as exc:
+                self.counters.relay_ok = False
+                self.counters.last_error = str(exc)
+                log.warning("relay receive failed (%s); retrying", exc)
+                await trio.sleep(delay * (0.5 + self._rng.random()))
+                delay = min(delay * 2, 30.0)
+                continue
+            for msg in messages:
+                self.counters.peers_seen[msg.sender] = trio.current_time()
+                self._on_message(msg.sender, msg.data)
+
+    def _on_message(self, sender: str, data: bytes) -> None:
+        kind, body = data[:1], data[1:]
+        try:
+            if kind == b"P" and self.pool_key is not None:
+                payload = open_sealed(self.pool_key, GOSSIP, body)
+                self._process(self.machine.receive(sender, payload, trio.current_time()))
+            elif kind == b"H":
+                self._on_hello(sender, body)
+            elif kind == b"K":
+                self._on_key(body)
+        except (SealError, RecordError, ProofError, ValueError, TypeError, KeyError) as exc:
+            log.debug("dropped a message from %s: %s", sender[:12], exc)
+
+    # -- joining: hello and key handover ---------------------------------------------------
+
+    def _hello(self) -> bytes:
+        return b"H" + encode({"proof": [p.hex() for p in self.cfg.proof]})
+
+    async def _hello_loop(self) -> None:
+        """Announce ourselves; repeat until some member handed us the pool key."""
+        await self.transport.broadcast(self._hello())
+        while not self._key_event.is_set():
+            with trio.move_on_after(5.0):
+                await self._key_event.wait()
+            if not self._key_event.is_set():
+                try:
+                    await self.transport.broadcast(self._hello())
+                except NetError:
+                    pass
+
+    def _on_hello(self, sender: str, body: bytes) -> None:
+        obj = decode(body, max_size=200_000)
+        proof = [bytes.fromhex(p) for p in obj["proof"]]
+        member = verify_proof(self.cfg.pool, sender, proof)
+        now = trio.current_time()
+        for raw in proof:
+            self._process(self.machine.add_local(parse(raw), now))
+        if self.pool_key is None:
+            return
+        if member.node not in self.machine.records.members:
+            return  # over its invite's use limit, or the invite is unknown
+        handover = {"key": self.pool_key.hex(), "to": member.node,
+                    "proof": [p.hex() for p in self.cfg.proof],
+                    "sig": self._key.sign(KEY_DOMAIN + member.node.encode() + self.pool_key).hex()}
+        sealed = seal_to(bytes.fromhex(member.seal), encode(handover))
+        self._outbox_send.send_nowait((member.node, b"K" + sealed))
+
+    def _on_key(self, body: bytes) -> None:
+        if self.pool_key is not None:
+            return
+        obj = decode(open_direct(self._seal_key, body), max_size=200_000)
+        key = bytes.fromhex(obj["key"])
+        proof = [bytes.fromhex(p) for p in obj["proof"]]
+        giver = parse(proof[1])["node"]
+        verify_proof(self.cfg.pool, giver, proof)
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(giver)).verify(
+            bytes.fromhex(obj["sig"]), KEY_DOMAIN + self.me.encode() + key
+        )
+        if obj["to"] != self.me or len(key) != 32:
+            return
+        self.home.save_pool_key(key)
+        self.pool_key = key
+        self._key_event.set()
+        log.info("received the pool key from %s", giver[:12])
+        self._process(self.machine.tick(trio.current_time()))
+
+    # -- status ---------------------------------------------------------------------------
+
+    def _stats(self, job: str) -> JobStats:
+        return self.counters.jobs.setdefault(job, JobStats())
+
+    @property
+    def bytes_sent(self) -> int:
+        return int(getattr(self.transport, "bytes_sent", 0))
+
+    @property
+    def bytes_received(self) -> int:
+        return int(getattr(self.transport, "bytes_received", 0))
+
+    def status(self) -> dict[str, Any]:
+        from ._status import snapshot
+
+        return snapshot(self)
+
+
+def _ratio(stats: JobStats) -> float | None:
+    return round(stats.fp32_bytes / stats.wire_bytes, 2) if stats.wire_bytes else None
+
+
+def _wall_seconds() -> int:
+    import time
+
+    return int(time.time())
+
+

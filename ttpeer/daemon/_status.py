@@ -1,0 +1,72 @@
+"""The status snapshot: one JSON object, the schema documented in the README.
+
+    {"version": 1, "node": {...}, "relay": {...},
+     "peers": [{"id", "name", "role", "self", "last_seen_s"}],
+     "jobs": [{"id", "task", "mode", "state", "round", "rounds", "shards_done",
+               "shards_total", "eval_loss", "eval_metric", "metric_name",
+               "bytes_sent", "bytes_received", "compression_ratio", "declined"}]}
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ttpeer.proto import contributions, covered
+
+if TYPE_CHECKING:
+    from ._node import Node
+
+SCHEMA_VERSION = 1
+
+
+def snapshot(node: Node) -> dict[str, Any]:
+    m = node.machine
+    now = trio.current_time()
+    peers = []
+    for pid, member in sorted(m.records.members.items(), key=lambda kv: kv[1].name):
+        seen = node.counters.peers_seen.get(pid)
+        peers.append({
+            "id": pid, "name": member.name, "role": member.role, "self": pid == node.me,
+            "last_seen_s": 0.0 if pid == node.me else (round(now - seen, 1) if seen is not None else None),
+        })
+    jobs = []
+    active = m.active_job()
+    for job in m.records.jobs():
+        chain = m.chain(job)
+        last = dict(chain.closes[-1]["metrics"]) if chain.closes else {}
+        metric_name = next((k for k in last if k != "eval_loss"), "metric")
+        if job.id in m.declined:
+            state = "declined"
+        elif chain.round >= job["rounds"]:
+            state = "done" if job.id in m.done_jobs else "finishing"
+        elif active is not None and active.id == job.id:
+            state = "running"
+        else:
+            state = "queued"
+        done = 0
+        if chain.round < job["rounds"]:
+            done = len(covered(contributions(m.records, job, chain.round, chain.head)))
+        stats = node.counters.jobs.get(job.id)
+        ratio = round(stats.fp32_bytes / stats.wire_bytes, 2) if stats and stats.wire_bytes else None
+        jobs.append({
+            "id": job.id, "task": job["task"], "mode": job["mode"], "state": state,
+            "round": min(chain.round, job["rounds"]), "rounds": job["rounds"],
+            "shards_done": done if state == "running" else (job["shards"] if state != "queued" else 0),
+            "shards_total": job["shards"],
+            "eval_loss": last.get("eval_loss"), "eval_metric": last.get(metric_name),
+            "metric_name": metric_name,
+            "bytes_sent": node.bytes_sent, "bytes_received": node.bytes_received,
+            "compression_ratio": ratio, "declined": m.declined.get(job.id),
+            "state_hash": chain.head,
+        })
+    return {
+        "version": SCHEMA_VERSION,
+        "node": {"id": node.me, "name": node.cfg.name, "pool": node.cfg.pool,
+                 "has_pool_key": node.pool_key is not None, "uptime_s": round(now - node.counters.started, 1)},
+        "relay": {"url": node.cfg.relays[0], "connected": node.counters.relay_ok,
+                  "last_error": node.counters.last_error or None},
+        "bytes_sent": node.bytes_sent, "bytes_received": node.bytes_received,
+        "peers": peers, "jobs": jobs,
+    }

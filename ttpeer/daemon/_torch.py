@@ -1,0 +1,232 @@
+"""The real executor: torch in worker threads, states on disk.
+
+Theory of operation. Per job it keeps the loaded task, this peer's inner trainer
+(its AdamW state persists across rounds, as in DiLoCo), its error-feedback
+residual, and the model states it holds. Every held state is written to
+``HOME/states/<job>/<hash>.state`` atomically before it is reported held, so a
+peer killed at any moment restarts from a state the pool agreed on; only the
+newest few are kept. Torch never runs on the event loop: each call goes through
+``trio.to_thread.run_sync``, one at a time per job (a lock), since the inner
+trainer is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import trio
+
+from ttpeer import train
+from ttpeer.errors import JobError
+from ttpeer.proto import PublishDelta, Record, Train
+
+from ._files import write_atomic
+from ._home import Home
+
+log = logging.getLogger("ttpeer.train")
+KEEP_STATES = 3
+
+
+@dataclass
+class _Job:
+    task: train.LoadedTask
+    trainer: train.InnerTrainer
+    like: train.OuterState
+    states: dict[str, train.OuterState] = field(default_factory=dict)
+    residual: dict[str, torch.Tensor] | None = None
+    last_loss: float = float("nan")
+
+
+class TorchExecutor:
+    def __init__(self, home: Home, *, device: str = "cpu", task_options: dict[str, Any] | None = None) -> None:
+        self.home = home
+        self.device = device
+        self.task_options = task_options or {}
+        self._jobs: dict[str, _Job] = {}
+        self._lock = trio.Lock()
+
+    # -- tasks ---------------------------------------------------------------------------
+
+    def _task_path(self, task_file: bytes) -> Path:
+        folder = self.home.path / "tasks"
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{hashlib.sha256(task_file).hexdigest()}.py"
+        if not path.exists():
+            write_atomic(path, task_file)
+        return path
+
+    def _load_task(self, name: str, task_file: bytes | None) -> train.LoadedTask:
+        spec = str(self._task_path(task_file)) if task_file is not None else name
+        try:
+            return train.load_task(spec, self.home.data_dir, self.task_options)
+        except train.TaskError as exc:
+            raise JobError(str(exc)) from None
+
+    async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
+        def build() -> tuple[dict[str, Any], bytes]:
+            task = self._load_task(spec["task"], task_file)
+            state = train.init_state(task, spec["seed"])
+            return {"task_hash": task.source_hash, "init": train.state_hash(state)}, train.state_to_bytes(state)
+
+        return await trio.to_thread.run_sync(build)
+
+    async def prepare(self, job: Record, task_file: bytes | None) -> str | None:
+        def load() -> str | None:
+            task = self._load_task(job["task"], task_file)
+            if task.source_hash != job["task_hash"]:
+                return (f"task {job['task']!r} here differs from the submitter's "
+                        f"(hash {task.source_hash[:12]} vs {job['task_hash'][:12]})")
+            need = train.estimate_memory(task, self.device)
+            have = _available_memory(self.device)
+            if need > have:
+                return (f"the model needs about {need / 2**30:.2f} GiB on {self.device} and only "
+                        f"{have / 2**30:.2f} GiB is free; ttpeer does not split a model across "
+                        "machines, so this peer sits the job out")
+            trainer = train.InnerTrainer(task, lr=job["inner_lr"], weight_decay=job["weight_decay"],
+                                         device=self.device, seed=job["seed"])
+            like = train.init_state(task, job["seed"])
+            self._jobs[job.id] = _Job(task, trainer, like)
+            return None
+
+        return await trio.to_thread.run_sync(load)
+
+    def _job(self, job: Record) -> _Job:
+        ctx = self._jobs.get(job.id)
+        if ctx is None:
+            raise JobError(f"job {job.id[:12]} is not prepared on this peer")
+        return ctx
+
+    # -- states ------------------------------------------------------------------------
+
+    def _state_file(self, job: str, state: str) -> Path:
+        return self.home.states(job) / f"{state.removeprefix('sha256:')}.state"
+
+    def held_states(self, job: Record) -> set[str]:
+        folder = self.home.path / "states" / job.id
+        if not folder.exists():
+            return set()
+        return {"sha256:" + p.stem for p in folder.glob("*.state")}
+
+    def _state(self, job: Record, state: str) -> train.OuterState:
+        ctx = self._job(job)
+        if state not in ctx.states:
+            data = self._state_file(job.id, state).read_bytes()
+            loaded = train.state_from_bytes(data, like=ctx.like)
+            if train.state_hash(loaded) != state:
+                raise JobError(f"state file for {state[:19]} is corrupt")
+            ctx.states[state] = loaded
+        return ctx.states[state]
+
+    def _hold(self, job: Record, state: train.OuterState) -> str:
+        ctx = self._job(job)
+        digest = train.state_hash(state)
+        write_atomic(self._state_file(job.id, digest), train.state_to_bytes(state))
+        ctx.states[digest] = state
+        files = sorted(self.home.states(job.id).glob("*.state"), key=lambda p: p.stat().st_mtime)
+        for old in files[:-KEEP_STATES]:
+            old.unlink(missing_ok=True)
+            ctx.states.pop("sha256:" + old.stem, None)
+        return digest
+
+    # -- work ----------------------------------------------------------------------------
+
+    async def train(self, eff: Train, should_stop: Callable[[], bool]) -> int:
+        job = eff.job
+        ctx = self._job(job)
+
+        def run() -> int:
+            if eff.fresh:
+                ctx.trainer.start(self._state(job, eff.base))
+            batches = train.shard_indices(ctx.task.n_train, job["seed"], eff.round, eff.shard,
+                                          job["shards"], job["batches"], job["batch_size"])
+            return ctx.trainer.train_shard(batches, should_stop)
+
+        async with self._lock:
+            return await trio.to_thread.run_sync(run)
+
+    async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
+        ctx = self._job(eff.job)
+
+        def run() -> tuple[bytes, dict[str, float]]:
+            delta = ctx.trainer.delta(self._state(eff.job, eff.base))
+            data, ctx.residual = train.encode_delta(delta, ctx.residual, bits=eff.job["bits"])
+            return data, {"fp32_bytes": float(train.fp32_size(delta))}
+
+        async with self._lock:
+            return await trio.to_thread.run_sync(run)
+
+    def _outer(self, job: Record, base: str, deltas: list[tuple[bytes, int]]) -> train.OuterState:
+        ctx = self._job(job)
+        decoded = [(train.decode_delta(data, ctx.like), samples) for data, samples in deltas]
+        return train.outer_step(self._state(job, base), decoded, lr=job["outer_lr"],
+                                momentum=job["outer_momentum"], nesterov=True)
+
+    async def aggregate(self, job: Record, base: str, deltas: list[tuple[bytes, int]]) -> tuple[str, dict[str, float]]:
+        ctx = self._job(job)
+
+        def run() -> tuple[str, dict[str, float]]:
+            new = self._outer(job, base, deltas)
+            loss, metric = ctx.trainer.evaluate(new.params)
+            return self._hold(job, new), {"eval_loss": round(loss, 6), ctx.task.metric_name: round(metric, 6)}
+
+        async with self._lock:
+            return await trio.to_thread.run_sync(run)
+
+    async def apply(self, job: Record, base: str, deltas: list[tuple[bytes, int]], expect: str) -> bool:
+        def run() -> bool:
+            new = self._outer(job, base, deltas)
+            if train.state_hash(new) != expect:
+                return False
+            self._hold(job, new)
+            return True
+
+        async with self._lock:
+            return await trio.to_thread.run_sync(run)
+
+    async def export_state(self, job: Record, state: str) -> bytes:
+        return await trio.to_thread.run_sync(lambda: train.state_to_bytes(self._state(job, state)))
+
+    async def import_state(self, job: Record, state: str, data: bytes) -> bool:
+        ctx = self._job(job)
+
+        def run() -> bool:
+            try:
+                loaded = train.state_from_bytes(data, like=ctx.like)
+            except train.CheckpointError as exc:
+                log.warning("checkpoint for %s refused: %s", state[:19], exc)
+                return False
+            if train.state_hash(loaded) != state:
+                return False
+            self._hold(job, loaded)
+            return True
+
+        return await trio.to_thread.run_sync(run)
+
+    async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
+        ctx = self._job(job)
+
+        def run() -> None:
+            final = self._state(job, state)
+            folder = self.home.states(job.id)
+            train.export_model(final, ctx.task, folder / "final.safetensors", metrics)
+            write_atomic(folder / "done.json", json.dumps(metrics, indent=2).encode())
+
+        await trio.to_thread.run_sync(run)
+
+
+def _available_memory(device: str) -> int:
+    if device.startswith("cuda"):
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 2**62

@@ -1,0 +1,219 @@
+"""``ttpeer demo``: a relay and three peers, each a real process on loopback.
+
+It creates a pool in a temporary directory, starts the relay and the peers the
+way a user would (``ttpeer relay``, ``ttpeer up``, ``ttpeer join TOKEN``),
+trains mnist1d in fused mode, then trains the same job on a pool of one peer and
+prints both side by side. Every process it starts is stopped before it returns,
+also when interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ttpeer.errors import TtpeerError
+
+READY_TIMEOUT = 60.0
+
+
+@dataclass
+class Outcome:
+    label: str
+    accuracy: float
+    wall_s: float
+    bytes_wire: int
+    ratio: float | None
+    hashes: list[str]
+
+
+class Cluster:
+    """Processes started for the demo or a test; ``close`` stops every one of them."""
+
+    def __init__(self, root: Path, env: dict[str, str] | None = None) -> None:
+        self.root = root
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.env.pop("TTPEER_HOME", None)
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        out = open(self.root / f"{name}.log", "wb")
+        proc = subprocess.Popen([sys.executable, "-m", "ttpeer", *args], stdout=out, stderr=subprocess.STDOUT,
+                                env=self.env, start_new_session=True)
+        out.close()
+        self.procs.append(proc)
+        return proc
+
+    def start_relay(self) -> tuple[str, str]:
+        proc = self.spawn("relay", "relay", "--listen", "127.0.0.1:0", "--data", str(self.root / "relay"))
+        deadline = time.monotonic() + READY_TIMEOUT
+        log = self.root / "relay.log"
+        while time.monotonic() < deadline:
+            for line in log.read_text(errors="replace").splitlines():
+                if line.startswith("relay ready "):
+                    _, _, url, fp = line.split()
+                    return url, fp
+            if proc.poll() is not None:
+                raise TtpeerError(f"the relay exited early:\n{log.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.05)
+        raise TtpeerError("the relay did not report ready in time")
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def ttpeer(*args: str) -> list[str]:
+    """Run a ttpeer command in this process; returns its output lines. Raises on failure."""
+    from ttpeer.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(list(args))
+    if code != 0:
+        raise TtpeerError(f"'ttpeer {args[0]}' failed ({code}): {buf.getvalue()[-500:]}")
+    return buf.getvalue().splitlines()
+
+
+def status(home: Path) -> dict[str, Any]:
+    from ttpeer.daemon import call
+
+    return call(home / "control.sock", {"op": "status"}, timeout=10)["status"]
+
+
+def wait_for(condition, timeout: float, what: str, poll: float = 0.1):  # type: ignore[no-untyped-def]
+    """Poll ``condition`` until it returns something truthy; raise after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+            if value:
+                return value
+        except TtpeerError as exc:
+            last_exc = exc
+        time.sleep(poll)
+    raise TtpeerError(f"timed out after {timeout:.0f}s waiting for {what}" + (f" ({last_exc})" if last_exc else ""))
+
+
+def make_pool(cluster: Cluster, url: str, fp: str, names: list[str]) -> list[Path]:
+    """Create a pool whose admin is ``names[0]`` and start every peer as a process."""
+    homes = [cluster.root / name for name in names]
+    lines = ttpeer("pool", "create", "--relay", url, "--fingerprint", fp, "--name", names[0],
+                   "--uses", str(max(1, len(names) - 1)), "--home", str(homes[0]))
+    token = lines[-1]
+    cluster.spawn(names[0], "up", "--home", str(homes[0]))
+    for name, home in zip(names[1:], homes[1:], strict=True):
+        cluster.spawn(name, "join", token, "--name", name, "--home", str(home))
+
+    def all_in() -> bool:
+        for home in homes:
+            st = status(home)
+            if not st["node"]["has_pool_key"] or len(st["peers"]) < len(homes):
+                return False
+        return True
+
+    wait_for(all_in, READY_TIMEOUT, f"{len(homes)} peers to enroll")
+    return homes
+
+
+def job_spec(rounds: int) -> dict[str, Any]:
+    return {"task": "mnist1d", "mode": "fused", "rounds": rounds, "shards": 6, "batches": 25, "batch_size": 64,
+            "inner_lr": 2e-3, "weight_decay": 0.01, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
+            "seed": 0, "lease": 10.0}
+
+
+def run_job(homes: list[Path], spec: dict[str, Any], label: str, progress: Any = None) -> Outcome:
+    from ttpeer.daemon import call
+
+    started = time.monotonic()
+    job = call(homes[0] / "control.sock", {"op": "submit", "spec": spec, "task_file": None}, timeout=120)["job"]
+    task = progress.add_task(label, total=spec["rounds"]) if progress else None
+
+    def done() -> bool:
+        states = []
+        for home in homes:
+            jobs = [j for j in status(home)["jobs"] if j["id"] == job]
+            states.append(jobs[0] if jobs else None)
+        if progress and states[0]:
+            progress.update(task, completed=states[0]["round"])
+        return all(s is not None and s["state"] == "done" for s in states)
+
+    wait_for(done, 600, f"job {job[:12]} to finish on every peer", poll=0.25)
+    wall = time.monotonic() - started
+    finals = [status(h) for h in homes]
+    hashes = [ttpeer("export", job, str(h / "model.safetensors"), "--home", str(h))[-1] for h in homes]
+    first = [j for j in finals[0]["jobs"] if j["id"] == job][0]
+    ratios = [j["compression_ratio"] for st in finals for j in st["jobs"] if j["id"] == job and j["compression_ratio"]]
+    return Outcome(label, first["eval_metric"], wall, sum(st["bytes_sent"] for st in finals),
+                   sum(ratios) / len(ratios) if ratios else None, hashes)
+
+
+@contextlib.contextmanager
+def temporary_cluster(keep: bool = False) -> Iterator[Cluster]:
+    root = Path(tempfile.mkdtemp(prefix="ttpeer-demo-"))
+    cluster = Cluster(root)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+        if keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def run_demo(rounds: int = 8, keep: bool = False) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    console = Console()
+    with temporary_cluster(keep) as cluster:
+        console.print("[bold]ttpeer demo[/]: a relay and 3 peers as separate processes on 127.0.0.1")
+        url, fp = cluster.start_relay()
+        console.print(f"relay ready at {url} ({fp[:23]}...)")
+        pool = make_pool(cluster, url, fp, ["alice", "bob", "carol"])
+        console.print("3 peers enrolled; training mnist1d, fused mode")
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("rounds"),
+                   TimeElapsedColumn())
+        with Progress(*columns, console=console) as progress:
+            fused = run_job(pool, job_spec(rounds), "fused pool (3 peers)", progress)
+            solo_pool = make_pool(cluster, url, fp, ["solo"])
+            solo = run_job(solo_pool, job_spec(rounds), "one peer alone", progress)
+    identical = len(set(fused.hashes)) == 1
+    table = Table(title=f"mnist1d, {rounds} rounds x 6 shards x 25 steps, same data budget")
+    for col in ("run", "test accuracy", "wall time", "bytes on the wire", "compression vs fp32"):
+        table.add_column(col, justify="right" if col != "run" else "left")
+    for o in (solo, fused):
+        table.add_row(o.label, f"{o.accuracy:.3f}", f"{o.wall_s:.1f} s", _human(o.bytes_wire),
+                      f"{o.ratio:.1f}x" if o.ratio else "-")
+    console.print(table)
+    console.print(f"exported model sha256 on the 3 peers: {fused.hashes[0][:16]}... "
+                  f"({'bit-identical' if identical else 'DIFFERENT'})")
+    return 0 if identical else 1
+
+
+def _human(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"

@@ -1,0 +1,62 @@
+"""One exception tree for everything a ttpeer user can meet.
+
+    TtpeerError                      (ttpeer.proto: the root, shared with the relay)
+     +-- RecordError                 a record is malformed, forged or tampered with
+     +-- ProofError                  a membership proof does not chain to the pool root
+     +-- TokenError                  a join token is malformed, expired or for a fake pool
+     +-- SealError                   sealed bytes do not authenticate
+     +-- UsageError                  a command was given something it cannot use
+     +-- HomeError                   the home directory is missing, not enrolled, or locked
+     +-- DiskError                   a write failed (disk full, read-only); nothing written is lost
+     +-- DaemonNotRunning            a command needs the running daemon and found none
+     +-- JobError                    a job failed, was declined, or is unknown
+     +-- NetError                    anything between this machine and the relay
+          +-- (see ttpeer.net)
+
+Foreign exceptions (OSError, httpx, ssl) are translated where they cross into
+ttpeer code; the command line prints ``error: <message>`` and exits non-zero.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ttpeer.proto import ProofError, RecordError, TokenError, TtpeerError
+
+
+class UsageError(TtpeerError):
+    """A command was given something it cannot use (bad flag value, unknown job)."""
+
+
+class HomeError(TtpeerError):
+    """The ttpeer home directory is missing, not enrolled in a pool, or in use."""
+
+
+class DiskError(TtpeerError):
+    """Writing to disk failed (full, read-only). What was already written is intact."""
+
+    def __init__(self, path: Path, exc: OSError) -> None:
+        hint = " (the disk is full: free some space and run again)" if exc.errno == 28 else ""
+        super().__init__(f"could not write {path}: {exc.strerror or exc}{hint}")
+        self.path = path
+
+
+class DaemonNotRunning(TtpeerError):
+    """A command needs the running daemon (``ttpeer up``) and none answers."""
+
+
+class JobError(TtpeerError):
+    """A job failed, timed out, was declined, or is not known to this peer."""
+
+
+__all__ = [
+    "DaemonNotRunning",
+    "DiskError",
+    "HomeError",
+    "JobError",
+    "ProofError",
+    "RecordError",
+    "TokenError",
+    "TtpeerError",
+    "UsageError",
+]

@@ -1,0 +1,170 @@
+"""The replicated ledger of a fused job: pure views over a set of records.
+
+Theory of operation. A job fixes R rounds of S shards. Round r trains on top of
+a base state s_r (s_0 is the job's ``init``). Peers publish *contributions*
+(a delta blob covering some shards, computed against a base); a *close* names a
+covering set of contributions for (r, s_r) and the state s_{r+1} that results.
+
+Closes form a tree of states rooted at ``init``: a close is an edge
+s_r -> s_{r+1}, valid only once every contribution it names is known and they
+cover all S shards. The canonical chain is the longest path from the root; ties
+go to the smallest state hash at the fork. That is a pure function of the set of
+records, so every peer holding the same records follows the same chain (I1), and
+a late or conflicting close can only win by being on a longer chain, which no
+honest peer builds on a branch it did not follow. Two closes with equal base and
+state are the same edge, whoever signed them.
+
+What breaks it: a member that signs a close with a wrong state hash. Peers that
+recompute a close check the hash and refuse to follow it (``Apply`` fails);
+members are trusted not to do this on purpose (SECURITY.md).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ._membership import Member, members
+from ._records import Record
+
+
+@dataclass
+class RecordSet:
+    """All verified records of one pool, by id, with indexes by kind and job."""
+
+    pool: str
+    by_id: dict[str, Record] = field(default_factory=dict)
+    by_job: dict[str, dict[str, list[Record]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(list))
+    )
+    _members: dict[str, Member] | None = None
+
+    def add(self, rec: Record) -> bool:
+        """Add ``rec``; returns False if already held or for another pool."""
+        if rec.pool != self.pool or rec.id in self.by_id:
+            return False
+        self.by_id[rec.id] = rec
+        if rec.kind in ("invite", "join"):
+            self._members = None
+        job = rec.id if rec.kind == "job" else rec.body.get("job")
+        if isinstance(job, str):
+            self.by_job[job][rec.kind].append(rec)
+        return True
+
+    def __contains__(self, rec_id: str) -> bool:
+        return rec_id in self.by_id
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.by_id.values())
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    @property
+    def members(self) -> dict[str, Member]:
+        if self._members is None:
+            self._members = members(self.pool, self.by_id.values())
+        return self._members
+
+    def of_job(self, job: str, kind: str) -> list[Record]:
+        """Records of ``kind`` for ``job`` whose author is a member."""
+        mem = self.members
+        return [r for r in self.by_job.get(job, {}).get(kind, ()) if r.author in mem]
+
+    def jobs(self) -> list[Record]:
+        """Jobs submitted by members, oldest first (then by id)."""
+        mem = self.members
+        found = [r for r in self.by_id.values() if r.kind == "job" and r.author in mem]
+        return sorted(found, key=lambda r: (r["at"], r.id))
+
+
+def contributions(rs: RecordSet, job: Record, rnd: int, base: str) -> list[Record]:
+    """Valid contributions to round ``rnd`` on ``base``, by id."""
+    shards = job["shards"]
+    out = [
+        c for c in rs.of_job(job.id, "contrib")
+        if c["round"] == rnd and c["base"] == base and c["shards"][-1] < shards
+    ]
+    return sorted(out, key=lambda c: c.id)
+
+
+def covered(contribs: Iterable[Record]) -> set[int]:
+    return {s for c in contribs for s in c["shards"]}
+
+
+def select_cover(job: Record, contribs: list[Record]) -> list[Record] | None:
+    """The canonical covering set: walk contributions by id and keep each that adds
+    a shard. ``None`` while the shards are not all covered."""
+    chosen: list[Record] = []
+    have: set[int] = set()
+    for c in contribs:
+        if not set(c["shards"]) <= have:
+            chosen.append(c)
+            have.update(c["shards"])
+    return chosen if len(have) == job["shards"] else None
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The canonical chain of a job: ``states[r]`` is the base of round r."""
+
+    states: tuple[str, ...]
+    closes: tuple[Record, ...]  # closes[r] takes states[r] to states[r+1]
+
+    @property
+    def round(self) -> int:
+        return len(self.closes)
+
+    @property
+    def head(self) -> str:
+        return self.states[-1]
+
+
+def canonical_chain(rs: RecordSet, job: Record) -> Chain:
+    """Longest valid chain of closes from the job's init state (ties: smallest hash)."""
+    by_id = rs.by_id
+    edges: dict[tuple[int, str], dict[str, Record]] = defaultdict(dict)
+    for close in rs.of_job(job.id, "close"):
+        rnd = close["round"]
+        if rnd >= job["rounds"]:
+            continue
+        parts = [by_id.get(cid) for cid in close["contribs"]]
+        if any(
+            p is None or p.kind != "contrib" or p["job"] != job.id or p["round"] != rnd
+            or p["base"] != close["base"] or p.author not in rs.members
+            or p["shards"][-1] >= job["shards"]
+            for p in parts
+        ):
+            continue
+        if len(covered(parts)) != job["shards"]:  # type: ignore[arg-type]
+            continue
+        best = edges[(rnd, close["base"])].get(close["state"])
+        if best is None or close.id < best.id:
+            edges[(rnd, close["base"])][close["state"]] = close
+
+    # Depth of each state node = length of the longest chain below it, computed
+    # from the last round backwards so deep chains need no recursion.
+    depth: dict[tuple[int, str], int] = {}
+    for rnd, base in sorted(edges, key=lambda k: -k[0]):
+        kids = edges[(rnd, base)]
+        depth[(rnd, base)] = 1 + max(depth.get((rnd + 1, s), 1) for s in kids)
+
+    states = [job["init"]]
+    closes: list[Record] = []
+    while True:
+        kids = edges.get((len(closes), states[-1]))
+        if not kids:
+            break
+        nxt = min(kids, key=lambda s: (-depth.get((len(closes) + 1, s), 1), s))
+        closes.append(kids[nxt])
+        states.append(nxt)
+    return Chain(tuple(states), tuple(closes))
+
+
+def checkpoints(rs: RecordSet, job: Record) -> dict[str, Record]:
+    """Checkpoint records by the state they hold (lowest id when several)."""
+    out: dict[str, Record] = {}
+    for ck in sorted(rs.of_job(job.id, "ckpt"), key=lambda r: r.id):
+        out.setdefault(ck["state"], ck)
+    return out

@@ -1,0 +1,89 @@
+"""Who is in the pool: a pure function of the records held.
+
+Theory of operation. The pool id is a hash of the root public key, so an invite
+is genuine exactly when its author hashes to the pool id. A join is genuine when
+its invite is, it is signed by that invite's key, and it was made before the
+invite expired. An invite admits at most ``uses`` joins; when more race for it,
+the joins with the lowest ids win, so every peer that holds the same records
+picks the same members (I1). A node that joined twice counts once.
+
+``verify_proof`` checks the two-record chain (invite, join) a node presents to
+the relay; it needs nothing but the proof itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ._errors import ProofError, RecordError
+from ._records import Record, parse, pool_id_of
+
+
+@dataclass(frozen=True)
+class Member:
+    node: str  # Ed25519 public key (hex): the peer id
+    seal: str  # X25519 public key (hex) for sealing to this member
+    name: str
+    role: str  # "member" or "admin"
+    join: str  # id of the join record
+    invite: str  # id of the invite record
+
+
+def _join_fits_invite(join: Record, invite: Record) -> bool:
+    return (
+        join.kind == "join"
+        and invite.kind == "invite"
+        and join.pool == invite.pool
+        and pool_id_of(invite.author) == invite.pool
+        and join["invite"] == invite.id
+        and join.author == invite["key"]
+        and join["at"] <= invite["expires"]
+    )
+
+
+def members(pool: str, records: Iterable[Record]) -> dict[str, Member]:
+    """Members of ``pool`` by node id, from any collection of verified records."""
+    invites: dict[str, Record] = {}
+    joins: list[Record] = []
+    for rec in records:
+        if rec.pool != pool:
+            continue
+        if rec.kind == "invite" and pool_id_of(rec.author) == pool:
+            invites[rec.id] = rec
+        elif rec.kind == "join":
+            joins.append(rec)
+    used: dict[str, int] = {}
+    out: dict[str, Member] = {}
+    for join in sorted(joins, key=lambda r: r.id):
+        invite = invites.get(join["invite"])
+        if invite is None or not _join_fits_invite(join, invite):
+            continue
+        if used.get(invite.id, 0) >= invite["uses"] or join["node"] in out:
+            continue
+        used[invite.id] = used.get(invite.id, 0) + 1
+        out[join["node"]] = Member(
+            join["node"], join["seal"], join["name"], invite["role"], join.id, invite.id
+        )
+    return out
+
+
+def verify_proof(pool: str, peer: str, proof: Sequence[bytes]) -> Member:
+    """Check that ``proof`` = [invite, join] admits ``peer`` to ``pool``.
+
+    Raises ``ProofError`` naming the broken link. Use limits are not judged here:
+    they need the whole record set, which only peers hold.
+    """
+    if len(proof) != 2:
+        raise ProofError("a membership proof is exactly [invite, join]")
+    try:
+        invite, join = parse(proof[0]), parse(proof[1])
+    except RecordError as exc:
+        raise ProofError(f"membership proof has a bad record: {exc}") from None
+    if invite.pool != pool or join.pool != pool:
+        raise ProofError("membership proof is for another pool")
+    if not _join_fits_invite(join, invite):
+        raise ProofError("join record does not chain to a root-signed invite")
+    if join["node"] != peer:
+        raise ProofError("membership proof is for another node")
+    return Member(join["node"], join["seal"], join["name"], invite["role"], join.id, invite.id)

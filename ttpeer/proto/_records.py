@@ -1,0 +1,193 @@
+"""Signed records: the only facts peers agree on.
+
+A record is ``{"v", "kind", "pool", "author", "body", "sig"}`` in canonical
+encoding. ``sig`` is the author's Ed25519 signature over the same object without
+``sig``, prefixed by a domain string so a record signature can never be confused
+with any other signature ttpeer makes. The record id is the sha256 of the full
+canonical bytes; records are held in sets keyed by id, so duplicates collapse.
+
+``parse`` is the only way bytes from outside become a ``Record``: size cap,
+canonical form, schema of the kind, then the signature. Which author may write
+which kind (the root signs invites, an invite key signs joins, members sign the
+rest) is judged by the views, because it depends on other records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from . import _codec
+from ._errors import RecordError
+
+VERSION = 1
+MAX_RECORD_BYTES = 64 * 1024
+_SIGN_DOMAIN = b"ttpeer/record/v1\n"
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_STATE = re.compile(r"^sha256:[0-9a-f]{64}$")
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def pool_id_of(root_public: str) -> str:
+    """The pool id: a hash of the root public key (hex), 32 hex characters."""
+    return hashlib.sha256(b"ttpeer/pool/v1\n" + bytes.fromhex(root_public)).hexdigest()[:32]
+
+
+def public_hex(key: Ed25519PrivateKey) -> str:
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+
+
+# -- field validators ---------------------------------------------------------------
+
+Validator = Callable[[Any], bool]
+
+
+def _int(lo: int = 0, hi: int = 2**53) -> Validator:
+    return lambda v: type(v) is int and lo <= v <= hi
+
+
+def _num(lo: float, hi: float) -> Validator:
+    return lambda v: type(v) in (int, float) and lo <= v <= hi
+
+
+def _re(pattern: re.Pattern[str]) -> Validator:
+    return lambda v: type(v) is str and pattern.match(v) is not None
+
+
+def _str(max_len: int) -> Validator:
+    return lambda v: type(v) is str and len(v) <= max_len
+
+
+def _choice(*options: str) -> Validator:
+    return lambda v: v in options
+
+
+def _sorted_unique(item: Validator, max_len: int, min_len: int = 0) -> Validator:
+    def check(v: Any) -> bool:
+        return (
+            type(v) is list
+            and min_len <= len(v) <= max_len
+            and all(item(x) for x in v)
+            and all(a < b for a, b in zip(v, v[1:], strict=False))
+        )
+
+    return check
+
+
+def _metrics(v: Any) -> bool:
+    return (
+        type(v) is dict
+        and len(v) <= 16
+        and all(_NAME.match(k) and type(x) in (int, float) for k, x in v.items())
+    )
+
+
+_HEX = _re(_HEX64)
+_STATE_HASH = _re(_STATE)
+
+# The table of kinds: every field, and nothing else, must be present and valid.
+SCHEMAS: dict[str, dict[str, Validator]] = {
+    "invite": {"key": _HEX, "expires": _int(), "uses": _int(1, 10_000), "role": _choice("member", "admin")},
+    "join": {"invite": _HEX, "node": _HEX, "seal": _HEX, "name": _re(_NAME), "at": _int()},
+    "job": {
+        "task": _str(256), "task_hash": _HEX, "task_blob": _re(re.compile(r"^([0-9a-f]{64})?$")),
+        "mode": _choice("fused"), "rounds": _int(1, 100_000),
+        "shards": _int(1, 4096), "batches": _int(1, 1_000_000), "batch_size": _int(1, 65536),
+        "inner_lr": _num(0, 10), "weight_decay": _num(0, 10), "outer_lr": _num(0, 10),
+        "outer_momentum": _num(0, 1), "bits": _choice(4, 8), "seed": _int(0, 2**31),
+        "init": _STATE_HASH, "init_blob": _HEX, "lease": _num(1, 86_400), "at": _int(),
+    },
+    "claim": {"job": _HEX, "round": _int(), "shard": _int(0, 4095), "attempt": _int(0, 10_000), "n": _int()},
+    "contrib": {
+        "job": _HEX, "round": _int(), "base": _STATE_HASH, "shards": _sorted_unique(_int(0, 4095), 4096, 1),
+        "samples": _int(1, 2**40), "blob": _HEX, "size": _int(1, 2**40), "metrics": _metrics,
+    },
+    "close": {
+        "job": _HEX, "round": _int(), "base": _STATE_HASH, "contribs": _sorted_unique(_HEX, 4096, 1),
+        "state": _STATE_HASH, "metrics": _metrics,
+    },
+    "ckpt": {"job": _HEX, "round": _int(), "state": _STATE_HASH, "blob": _HEX, "size": _int(1, 2**40)},
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Record:
+    """A verified record. Equality and hashing go by ``id`` (the hash of its bytes)."""
+
+    kind: str
+    pool: str
+    author: str
+    body: Mapping[str, Any]
+    sig: str
+    raw: bytes
+    id: str
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Record) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __getitem__(self, field: str) -> Any:
+        return self.body[field]
+
+
+def _signed_part(kind: str, pool: str, author: str, body: Mapping[str, Any]) -> bytes:
+    unsigned = {"v": VERSION, "kind": kind, "pool": pool, "author": author, "body": dict(body)}
+    return _SIGN_DOMAIN + _codec.encode(unsigned)
+
+
+def _check_body(kind: str, body: Any) -> None:
+    schema = SCHEMAS.get(kind)
+    if schema is None:
+        raise RecordError(f"unknown record kind {kind!r}")
+    if type(body) is not dict or set(body) != set(schema):
+        raise RecordError(f"{kind} record has the wrong fields")
+    for field, valid in schema.items():
+        if not valid(body[field]):
+            raise RecordError(f"{kind} record has an invalid {field!r}")
+
+
+def sign(kind: str, pool: str, body: Mapping[str, Any], key: Ed25519PrivateKey) -> Record:
+    """Make a record of ``kind`` for ``pool`` signed by ``key``. Raises ``RecordError``."""
+    _check_body(kind, dict(body))
+    if not _HEX32.match(pool):
+        raise RecordError("pool id must be 32 hex characters")
+    author = public_hex(key)
+    sig = key.sign(_signed_part(kind, pool, author, body)).hex()
+    full = {"v": VERSION, "kind": kind, "pool": pool, "author": author, "body": dict(body), "sig": sig}
+    raw = _codec.encode(full)
+    if len(raw) > MAX_RECORD_BYTES:
+        raise RecordError(f"{kind} record would be {len(raw)} bytes, over the cap")
+    return Record(kind, pool, author, dict(body), sig, raw, hashlib.sha256(raw).hexdigest())
+
+
+def parse(raw: bytes) -> Record:
+    """Decode and verify one record from untrusted bytes. Raises ``RecordError``."""
+    obj = _codec.decode(raw, max_size=MAX_RECORD_BYTES)
+    if type(obj) is not dict or set(obj) != {"v", "kind", "pool", "author", "body", "sig"}:
+        raise RecordError("not a record object")
+    if obj["v"] != VERSION:
+        raise RecordError(f"unsupported record version {obj['v']!r}")
+    kind, pool, author, body, sig = obj["kind"], obj["pool"], obj["author"], obj["body"], obj["sig"]
+    if type(kind) is not str or not _re(_HEX32)(pool) or not _HEX(author):
+        raise RecordError("record header is malformed")
+    if type(sig) is not str or not re.fullmatch(r"[0-9a-f]{128}", sig):
+        raise RecordError("record signature is malformed")
+    _check_body(kind, body)
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(author)).verify(
+            bytes.fromhex(sig), _signed_part(kind, pool, author, body)
+        )
+    except (InvalidSignature, ValueError):
+        raise RecordError(f"{kind} record signature does not verify") from None
+    return Record(kind, pool, author, body, sig, raw, hashlib.sha256(raw).hexdigest())

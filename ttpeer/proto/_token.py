@@ -1,0 +1,87 @@
+"""Join tokens: everything a new machine needs, and the pins that keep it safe.
+
+A token is ``ttp1.`` + base64url of a canonical object: relay URLs, the relay's
+certificate fingerprint, the pool id (a hash of the root key), the root-signed
+invite record and the invite key's private seed. ``parse_token`` checks the
+invite against the pinned pool id before anything is used, so a token for a fake
+pool fails here; the relay fingerprint is checked when connecting, before any
+request is sent. Tokens are secrets: never log them, never put them in errors.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from . import _codec
+from ._errors import RecordError, TtpeerError
+from ._records import Record, parse, pool_id_of
+
+PREFIX = "ttp1."
+MAX_TOKEN = 8192
+_FP = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+class TokenError(TtpeerError):
+    """A join token is malformed, expired, or does not match the pool it names."""
+
+
+@dataclass(frozen=True)
+class Token:
+    relays: tuple[str, ...]
+    fingerprint: str
+    pool: str
+    invite: Record
+    seed: bytes  # the invite key's Ed25519 private seed: the secret part
+
+    def __repr__(self) -> str:  # never print the seed
+        return f"Token(pool={self.pool}, relays={self.relays}, invite={self.invite.id[:12]})"
+
+
+def make_token(relays: list[str], fingerprint: str, invite: Record, seed: bytes) -> str:
+    body = {
+        "relays": relays, "fp": fingerprint, "pool": invite.pool,
+        "invite": invite.raw.hex(), "seed": seed.hex(),
+    }
+    return PREFIX + base64.urlsafe_b64encode(_codec.encode(body)).decode().rstrip("=")
+
+
+def parse_token(text: str, *, now: float) -> Token:
+    """Decode and check a token. Raises ``TokenError`` without echoing the token."""
+    text = text.strip()
+    if len(text) > MAX_TOKEN or not text.startswith(PREFIX):
+        raise TokenError("this is not a ttpeer join token (it should start with 'ttp1.')")
+    try:
+        raw = base64.urlsafe_b64decode(text[len(PREFIX) :] + "=" * (-len(text) % 4))
+        body = _codec.decode(raw, max_size=MAX_TOKEN)
+    except (binascii.Error, ValueError, RecordError):
+        raise TokenError("the join token is damaged (was it copied whole?)") from None
+    if type(body) is not dict or set(body) != {"relays", "fp", "pool", "invite", "seed"}:
+        raise TokenError("the join token is damaged (missing fields)")
+    relays, fp, pool = body["relays"], body["fp"], body["pool"]
+    if (
+        type(relays) is not list or not 1 <= len(relays) <= 8
+        or not all(type(u) is str and u.startswith("https://") and len(u) < 256 for u in relays)
+    ):
+        raise TokenError("the join token names no valid https:// relay")
+    if type(fp) is not str or not _FP.match(fp):
+        raise TokenError("the join token has no valid relay fingerprint")
+    try:
+        invite = parse(bytes.fromhex(body["invite"]))
+        seed = bytes.fromhex(body["seed"])
+    except (ValueError, TypeError, RecordError):
+        raise TokenError("the join token's invite is damaged or forged") from None
+    if invite.kind != "invite" or invite.pool != pool or pool_id_of(invite.author) != pool:
+        raise TokenError("the join token's invite is not signed by the root of the pool it names")
+    if len(seed) != 32:
+        raise TokenError("the join token's invite key is damaged")
+    key = Ed25519PrivateKey.from_private_bytes(seed)
+    if key.public_key().public_bytes_raw().hex() != invite["key"]:
+        raise TokenError("the join token's invite key does not match its invite")
+    if now > invite["expires"]:
+        raise TokenError("the join token has expired; ask the pool admin for a new one (ttpeer invite)")
+    return Token(tuple(relays), fp, pool, invite, seed)

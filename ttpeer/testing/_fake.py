@@ -1,0 +1,99 @@
+"""A stand-in executor whose "models" are hashes, for the simulator.
+
+A state is a hash; the outer step hashes the base with the contributions' delta
+bytes in the order given, so two peers reach the same state exactly when they
+apply the same contributions to the same base, which is what I3 is about. Training
+takes simulated time (``step_time / speed`` per batch) under trio's MockClock and
+honours cancellation between batches, like the real trainer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from ttpeer.proto import PublishDelta, Record, Train
+
+
+def _h(*parts: object) -> str:
+    return "sha256:" + hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+@dataclass
+class FakeDisk:
+    """What survives a crash of a simulated peer: held states and finished jobs."""
+
+    states: dict[str, set[str]] = field(default_factory=dict)
+    finished: dict[str, str] = field(default_factory=dict)
+
+
+class FakeExecutor:
+    def __init__(self, name: str, disk: FakeDisk, *, speed: float = 1.0, step_time: float = 0.05) -> None:
+        self.name = name
+        self.disk = disk
+        self.speed = speed
+        self.step_time = step_time
+        self.trained: list[tuple[str, int, int]] = []  # (job, round, shard) actually trained
+        self._local: dict[str, tuple[str, list[int]]] = {}  # job -> (base, shards in local model)
+
+    async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
+        init = _h("init", spec["task"], spec["seed"])
+        return {"task_hash": hashlib.sha256(spec["task"].encode()).hexdigest(), "init": init}, init.encode()
+
+    async def prepare(self, job: Record, task_file: bytes | None) -> str | None:
+        return None
+
+    async def train(self, eff: Train, should_stop: Callable[[], bool]) -> int:
+        done = 0
+        for _ in range(eff.job["batches"]):
+            await trio.sleep(self.step_time / self.speed)
+            if should_stop():
+                break
+            done += 1
+        if done:
+            base, shards = self._local.get(eff.job.id, (eff.base, []))
+            if eff.fresh or base != eff.base:
+                base, shards = eff.base, []
+            self._local[eff.job.id] = (base, [*shards, eff.shard])
+            self.trained.append((eff.job.id, eff.round, eff.shard))
+        return done * eff.job["batch_size"]
+
+    async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
+        base, shards = self._local.get(eff.job.id, (eff.base, []))
+        return repr((self.name, base, sorted(shards))).encode(), {"fp32_bytes": 4000.0}
+
+    def _outer(self, base: str, deltas: list[tuple[bytes, int]]) -> str:
+        return _h(base, [(d, s) for d, s in deltas])
+
+    async def aggregate(self, job: Record, base: str, deltas: list[tuple[bytes, int]]) -> tuple[str, dict[str, float]]:
+        state = self._outer(base, deltas)
+        self.disk.states.setdefault(job.id, set()).add(state)
+        return state, {"eval_loss": 1.0, "accuracy": 0.5}
+
+    async def apply(self, job: Record, base: str, deltas: list[tuple[bytes, int]], expect: str) -> bool:
+        if base not in self.disk.states.get(job.id, set()):
+            return False
+        state = self._outer(base, deltas)
+        if state != expect:
+            return False
+        self.disk.states.setdefault(job.id, set()).add(state)
+        return True
+
+    async def export_state(self, job: Record, state: str) -> bytes:
+        return state.encode()
+
+    async def import_state(self, job: Record, state: str, data: bytes) -> bool:
+        if data != state.encode():
+            return False
+        self.disk.states.setdefault(job.id, set()).add(state)
+        return True
+
+    def held_states(self, job: Record) -> set[str]:
+        return set(self.disk.states.get(job.id, set()))
+
+    async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
+        self.disk.finished[job.id] = state

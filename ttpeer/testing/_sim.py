@@ -1,0 +1,137 @@
+"""The deterministic multi-peer simulator.
+
+Real ``Node`` daemons (real records, sealing, record logs on disk, the real
+protocol machine) run as tasks in one trio run over an in-memory relay that
+drops, duplicates and delays messages by a seeded RNG, with ``FakeExecutor``
+standing in for torch. Run it under ``trio.testing.MockClock(autojump_threshold=0)``
+and simulated minutes pass in wall-clock seconds.
+
+Killing a peer cancels its tasks at whatever await it is in, like SIGKILL: what
+it had in memory is gone, what it wrote to its home (record log, keys) and its
+``FakeDisk`` stay, and ``restart`` brings it back from exactly that.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ttpeer.daemon import Home, Node, new_invite
+from ttpeer.net import MemoryRelay
+from ttpeer.proto import Timing, Token, canonical_chain
+
+from ._fake import FakeDisk, FakeExecutor
+
+FAKE_RELAY = "https://relay.sim.invalid"
+FAKE_FP = "sha256:" + "0" * 64
+
+
+@dataclass
+class SimPeer:
+    name: str
+    home: Home
+    disk: FakeDisk = field(default_factory=FakeDisk)
+    speed: float = 1.0
+    node: Node | None = None
+    executor: FakeExecutor | None = None
+    scope: trio.CancelScope | None = None
+    trained: list[tuple[str, int, int]] = field(default_factory=list)
+    lives: int = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.node is not None
+
+
+class Simulation:
+    def __init__(self, root: Path, relay: MemoryRelay, *, seed: int = 0, timing: Timing | None = None,
+                 step_time: float = 0.05) -> None:
+        self.root = root
+        self.relay = relay
+        self.seed = seed
+        self.timing = timing or Timing(digest_interval=2.0)
+        self.step_time = step_time
+        self.peers: list[SimPeer] = []
+        self._nursery: trio.Nursery | None = None
+
+    # -- set-up ----------------------------------------------------------------------
+
+    def create(self, n: int, speeds: list[float] | None = None) -> None:
+        """Enrol ``n`` peers (the first is the admin) without starting them."""
+        now = time.time()
+        admin = Home(self.root / "peer00")
+        cfg = admin.create_pool(FAKE_RELAY, FAKE_FP, "peer00", now)
+        self.peers.append(SimPeer("peer00", admin))
+        for i in range(1, n):
+            invite, key = new_invite(admin.root_key(), cfg.pool, ttl=3600, uses=1, role="member", now=now)
+            token = Token((FAKE_RELAY,), FAKE_FP, cfg.pool, invite, key.private_bytes_raw())
+            home = Home(self.root / f"peer{i:02d}")
+            home.enroll(token, f"peer{i:02d}", now)
+            self.peers.append(SimPeer(f"peer{i:02d}", home))
+        for peer, speed in zip(self.peers, speeds or [1.0] * n, strict=False):
+            peer.speed = speed
+
+    async def start_all(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        for i in range(len(self.peers)):
+            await self.start(i)
+
+    async def start(self, i: int) -> None:
+        assert self._nursery is not None
+        peer = self.peers[i]
+        peer.executor = FakeExecutor(peer.name, peer.disk, speed=peer.speed, step_time=self.step_time)
+        cfg = peer.home.config()
+        transport = self.relay.client(cfg.pool, peer.home.node_key(), cfg.proof)
+        peer.node = Node(peer.home, transport, peer.executor, timing=self.timing, seed=self.seed * 1000 + i)
+        peer.lives += 1
+        peer.scope = await self._nursery.start(self._run_peer, peer)
+
+    async def _run_peer(self, peer: SimPeer, *, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+        with trio.CancelScope() as scope:
+            assert peer.node is not None
+            task_status.started(scope)
+            await peer.node.run()
+
+    def kill(self, i: int) -> None:
+        """Stop peer ``i`` at once, like SIGKILL: memory lost, its home and disk kept."""
+        peer = self.peers[i]
+        if peer.scope is not None:
+            peer.scope.cancel()
+        if peer.node is not None:
+            peer.node.log.close()
+        if peer.executor is not None:
+            peer.trained += peer.executor.trained
+        peer.node, peer.executor, peer.scope = None, None, None
+
+    # -- driving ---------------------------------------------------------------------
+
+    async def submit(self, spec: dict[str, Any], via: int = 0) -> str:
+        node = self.peers[via].node
+        assert node is not None
+        return (await node.submit(spec, None)).id
+
+    async def wait_done(self, job: str, timeout: float) -> None:
+        """Wait (simulated time) until every live peer finished ``job``."""
+        with trio.fail_after(timeout):
+            while not all(job in p.disk.finished for p in self.peers if p.alive):
+                await trio.sleep(0.5)
+
+    async def wait_round(self, job: str, rnd: int, timeout: float) -> None:
+        with trio.fail_after(timeout):
+            while not any(p.node and self.round_of(p, job) >= rnd for p in self.peers):
+                await trio.sleep(0.1)
+
+    def round_of(self, peer: SimPeer, job: str) -> int:
+        assert peer.node is not None
+        rec = peer.node.machine.records.by_id.get(job)
+        return canonical_chain(peer.node.machine.records, rec).round if rec else -1
+
+    def all_trained(self) -> list[tuple[str, int, int]]:
+        out = []
+        for p in self.peers:
+            out += p.trained + (p.executor.trained if p.executor else [])
+        return out

@@ -1,0 +1,42 @@
+"""ttpeer's torch layer: tasks, the shared data schedule, local training,
+compressed pseudo-gradients, the outer step, checkpoints and export.
+
+Nothing here does I/O with peers; the daemon moves the bytes these functions
+produce and consume. Everything peers must agree on (schedule, decoded deltas,
+outer step, state hash) is deterministic across machines.
+"""
+
+from ._compress import decode_delta, encode_delta, fp32_size
+from ._errors import CheckpointError, DeltaError, ModelTooLarge, TaskError, TrainError
+from ._export import export_model, load_model
+from ._inner import InnerTrainer, estimate_memory
+from ._outer import outer_step
+from ._schedule import shard_indices
+from ._spec import LoadedTask, TaskSpec
+from ._state import OuterState, init_state, state_from_bytes, state_hash, state_to_bytes
+from ._tasks import load_task
+
+__all__ = [
+    "CheckpointError",
+    "DeltaError",
+    "InnerTrainer",
+    "LoadedTask",
+    "ModelTooLarge",
+    "OuterState",
+    "TaskError",
+    "TaskSpec",
+    "TrainError",
+    "decode_delta",
+    "encode_delta",
+    "estimate_memory",
+    "export_model",
+    "fp32_size",
+    "init_state",
+    "load_model",
+    "load_task",
+    "outer_step",
+    "shard_indices",
+    "state_from_bytes",
+    "state_hash",
+    "state_to_bytes",
+]

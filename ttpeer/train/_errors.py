@@ -1,0 +1,41 @@
+"""Errors raised by the training layer.
+
+    TrainError            anything the training layer refuses or cannot do
+    ├── TaskError         a task spec or task file is missing, broken or invalid
+    ├── DeltaError        a compressed delta is malformed, oversized or non-finite
+    ├── CheckpointError   state bytes or a model file are malformed or do not match
+    └── ModelTooLarge     a model will not fit in the memory available for it
+
+Programming errors (a caller breaking a documented precondition, such as a
+negative round number) raise ValueError instead: they are bugs, not situations
+a user can fix.
+
+These classes derive from Exception for now; they will be re-parented under
+ttpeer's common error base once that exists, so keep them all in this file.
+"""
+
+from __future__ import annotations
+
+
+class TrainError(Exception):
+    """Base class for errors of the training layer."""
+
+
+class TaskError(TrainError):
+    """Raised while loading a task: the file is missing, does not import, has
+    no ``task()`` function, or returns something that is not a valid task."""
+
+
+class DeltaError(TrainError):
+    """Raised when encoding a delta that holds NaN/inf, or when decoding bytes
+    that are not a well-formed delta for the current model."""
+
+
+class CheckpointError(TrainError):
+    """Raised when state bytes or an exported model cannot be read back, or
+    their tensor names and shapes do not match the model they are meant for."""
+
+
+class ModelTooLarge(TrainError):
+    """Raised when a task's model (with optimizer and outer state) would not
+    fit in the memory available on the chosen device."""

@@ -1,0 +1,76 @@
+"""The shared data schedule: which samples each shard of each round trains on.
+
+Every peer computes the same schedule from ``(n_train, seed)`` alone, with no
+messages. The training set is read as an endless stream of epochs; epoch ``e``
+is a permutation of ``range(n_train)``. Global shard ``g = round *
+shards_per_round + shard`` takes stream positions ``[g*B*H, (g+1)*B*H)`` (B =
+batch size, H = batches per shard), so shards of one epoch never overlap and
+every sample is seen once per epoch.
+
+Permutations must not depend on the torch or numpy version (their shuffles
+have changed between releases), so they are defined here: sample ``i`` of
+epoch ``e`` gets the key ``splitmix64(s + (i + 1) * GAMMA)`` with ``s = (seed *
+1_000_003 + e) mod 2**64``, i.e. the ``i``-th output of a SplitMix64 stream
+seeded with ``s``; the epoch's order is the samples sorted by key, ties by index.
+Only exact 64-bit integer arithmetic is involved.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+_MASK = (1 << 64) - 1
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
+_MUL2 = np.uint64(0x94D049BB133111EB)
+
+
+def shard_indices(n_train: int, seed: int, round: int, shard: int, shards_per_round: int,
+                  batches_per_shard: int, batch_size: int) -> list[list[int]]:
+    """Return the batches (lists of sample indices) of ``shard`` in ``round``.
+
+    Pure and deterministic: the same arguments give the same batches on every
+    machine. A shard larger than an epoch simply runs into the next epoch.
+    Raises ValueError for sizes < 1, negative seed/round, or a shard number
+    outside ``[0, shards_per_round)``.
+    """
+    for name, value in (("n_train", n_train), ("shards_per_round", shards_per_round),
+                        ("batches_per_shard", batches_per_shard), ("batch_size", batch_size)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if seed < 0 or round < 0:
+        raise ValueError(f"seed and round must be >= 0, got seed={seed}, round={round}")
+    if not 0 <= shard < shards_per_round:
+        raise ValueError(f"shard must be in [0, {shards_per_round}), got {shard}")
+
+    per_shard = batch_size * batches_per_shard
+    start = (round * shards_per_round + shard) * per_shard
+    stop = start + per_shard
+    picked: list[int] = []
+    position = start
+    while position < stop:
+        epoch, offset = divmod(position, n_train)
+        take = min(n_train - offset, stop - position)
+        picked.extend(_epoch_order(n_train, seed, epoch)[offset:offset + take].tolist())
+        position += take
+    return [picked[b * batch_size:(b + 1) * batch_size] for b in range(batches_per_shard)]
+
+
+@lru_cache(maxsize=4)
+def _epoch_order(n_train: int, seed: int, epoch: int) -> np.ndarray:
+    # Cached because consecutive shards of a run fall in the same epoch.
+    stream_seed = np.uint64((seed * 1_000_003 + epoch) & _MASK)
+    counters = np.arange(1, n_train + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):  # wrap-around is the intended arithmetic
+        keys = _splitmix_mix(stream_seed + counters * _GAMMA)
+    order = np.argsort(keys, kind="stable")
+    order.setflags(write=False)
+    return order
+
+
+def _splitmix_mix(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(30))) * _MUL1
+    z = (z ^ (z >> np.uint64(27))) * _MUL2
+    return z ^ (z >> np.uint64(31))

@@ -1,0 +1,76 @@
+"""What a task is: the user's ``TaskSpec`` and the validated ``LoadedTask``.
+
+A task file returns a ``TaskSpec``; ``load_task`` checks it and turns it into a
+``LoadedTask`` whose datasets are map-style and indexable by the shared data
+schedule. Nothing here reads files; see ``_tasks.py`` for that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset, TensorDataset, default_collate
+
+DataSource = Dataset | tuple[Tensor, Tensor]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a training run needs, as returned by a task file's ``task()``.
+
+    ``model`` builds a fresh model and is called under ``torch.manual_seed`` so
+    every peer starts from the same weights. ``train`` and ``test`` are map-style
+    datasets yielding ``(x, y)`` pairs, or a pair of tensors with equal first
+    dimension. ``loss(output, target)`` returns a scalar tensor (mean over the
+    batch); ``metric(output, target)`` returns a float, higher is better, also a
+    mean over the batch. Nothing is checked here; ``load_task`` checks.
+    """
+
+    model: Callable[[], torch.nn.Module]
+    train: DataSource
+    test: DataSource
+    loss: Callable[[Tensor, Tensor], Tensor]
+    metric: Callable[[Tensor, Tensor], float]
+    metric_name: str = "accuracy"
+    batch_size: int = 64
+
+
+@dataclass(frozen=True)
+class LoadedTask:
+    """A validated task, ready to train.
+
+    ``source_hash`` is the sha256 hex digest of the task file's bytes (or, for
+    the built-in mnist1d task, of its data and model version); peers compare it
+    to make sure they train the same thing. ``slowdown`` makes each training
+    batch take ``1 + slowdown`` times as long, for benchmarks of slow peers.
+    """
+
+    name: str
+    spec: TaskSpec
+    train: Dataset
+    test: Dataset
+    n_train: int
+    n_test: int
+    source_hash: str
+    metric_name: str
+    batch_size: int
+    slowdown: float = 0.0
+
+
+def fetch_batch(dataset: Dataset, indices: Sequence[int]) -> tuple[Tensor, Tensor]:
+    """Gather the samples at ``indices`` into one ``(x, y)`` batch.
+
+    Tensor-pair datasets are gathered by fancy indexing (one copy, no Python
+    loop); other datasets go item by item through torch's default collate.
+    Raises IndexError for an index outside the dataset and whatever the
+    user's dataset raises.
+    """
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        x, y = dataset.tensors
+        return x[index], y[index]
+    x, y = default_collate([dataset[i] for i in indices])
+    return x, y

@@ -1,0 +1,217 @@
+"""Loading a task: the built-in ``mnist1d`` or a user's ``.py`` task file.
+
+A task file is trusted code: it runs with the daemon's rights. Load only files
+you wrote or read; never a file received from a peer. What peers exchange is
+the file's sha256 (``LoadedTask.source_hash``), so they can refuse to train
+together on different tasks.
+
+Every problem with a task surfaces as ``TaskError`` naming the file and saying
+what to fix; exceptions raised by the user's code are chained as the cause.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import itertools
+import math
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, IterableDataset, TensorDataset
+
+from ._errors import TaskError
+from ._mnist1d import mnist1d_task
+from ._spec import LoadedTask, TaskSpec
+
+BUILTIN = "mnist1d"
+_OPTIONS = frozenset({"slowdown"})
+_SPEC_FIELDS = {f.name for f in fields(TaskSpec)}
+_REQUIRED_FIELDS = {"model", "train", "test", "loss", "metric"}
+_module_ids = itertools.count()
+
+
+def load_task(spec: str | os.PathLike[str], data_dir: Path,
+              options: Mapping[str, Any] | None = None) -> LoadedTask:
+    """Load the task named by ``spec``: ``"mnist1d"`` or a path ending in ``.py``.
+
+    ``data_dir`` holds cached data of built-in tasks. ``options`` may set
+    ``slowdown`` (float >= 0): each training batch then takes ``1 + slowdown``
+    times as long, to imitate a slow peer in benchmarks.
+
+    Raises TaskError if the spec names no known task, the file is missing or
+    does not import, it has no ``task()`` function, ``task()`` raises or returns
+    something other than a valid ``TaskSpec`` (or dict of its fields), or an
+    option is unknown or out of range. Raises OSError if the mnist1d cache
+    cannot be written.
+    """
+    slowdown = _check_options(options)
+    spec = os.fspath(spec)
+    if spec == BUILTIN:
+        task_spec, source_hash = mnist1d_task(Path(data_dir))
+        name, origin = BUILTIN, BUILTIN
+    elif spec.endswith(".py"):
+        path = Path(spec)
+        task_spec, source_hash = _run_task_file(path)
+        name, origin = path.stem, f"task file {path}"
+    else:
+        raise TaskError(f"unknown task {spec!r}: use {BUILTIN!r} or the path of a .py task file")
+    return _validate(task_spec, name=name, origin=origin, source_hash=source_hash,
+                     slowdown=slowdown)
+
+
+def _check_options(options: Mapping[str, Any] | None) -> float:
+    options = dict(options or {})
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise TaskError(f"unknown task option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
+    slowdown = options.get("slowdown", 0.0)
+    if isinstance(slowdown, bool) or not isinstance(slowdown, int | float):
+        raise TaskError(f"task option slowdown must be a number, got {slowdown!r}")
+    if not math.isfinite(slowdown) or slowdown < 0:
+        raise TaskError(f"task option slowdown must be finite and >= 0, got {slowdown!r}")
+    return float(slowdown)
+
+
+def _run_task_file(path: Path) -> tuple[TaskSpec, str]:
+    where = f"task file {path}"
+    try:
+        source = path.read_bytes()
+    except FileNotFoundError:
+        raise TaskError(f"{where} does not exist") from None
+    except OSError as exc:
+        raise TaskError(f"{where} cannot be read: {exc}") from exc
+    source_hash = hashlib.sha256(source).hexdigest()
+    # Compile the bytes we hashed rather than re-reading the file, so the hash
+    # names exactly the code that ran even if the file changes meanwhile.
+    try:
+        code = compile(source, str(path), "exec")
+    except SyntaxError as exc:
+        raise TaskError(f"{where} has a syntax error at line {exc.lineno}: {exc.msg}") from exc
+    except ValueError as exc:  # e.g. NUL bytes in the source
+        raise TaskError(f"{where} is not valid Python source: {exc}") from exc
+
+    module_name = f"_ttpeer_task_{source_hash[:16]}_{next(_module_ids)}"
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None:
+        raise TaskError(f"{where} cannot be imported as a module")
+    module = importlib.util.module_from_spec(module_spec)
+    # Registered before running: dataclasses and pickling in the file look
+    # their module up in sys.modules.
+    sys.modules[module_name] = module
+    try:
+        exec(code, module.__dict__)
+    except (Exception, SystemExit) as exc:
+        del sys.modules[module_name]
+        raise TaskError(f"{where} failed while importing: {type(exc).__name__}: {exc}") from exc
+
+    task_fn = getattr(module, "task", None)
+    if not callable(task_fn):
+        raise TaskError(f"{where} defines no task() function; add `def task() -> TaskSpec:`")
+    try:
+        result = task_fn()
+    except (Exception, SystemExit) as exc:
+        raise TaskError(f"task() in {where} raised {type(exc).__name__}: {exc}") from exc
+    return _as_spec(result, where), source_hash
+
+
+def _as_spec(result: object, where: str) -> TaskSpec:
+    if isinstance(result, TaskSpec):
+        return result
+    if isinstance(result, Mapping):
+        keys = set(result)
+        if not all(isinstance(key, str) for key in keys):
+            raise TaskError(f"task() in {where} returned a dict with non-string keys")
+        missing, unknown = _REQUIRED_FIELDS - keys, keys - _SPEC_FIELDS
+        if missing:
+            raise TaskError(f"task() in {where} returned a dict missing {sorted(missing)}")
+        if unknown:
+            raise TaskError(f"task() in {where} returned a dict with unknown keys "
+                            f"{sorted(unknown)}; allowed: {sorted(_SPEC_FIELDS)}")
+        return TaskSpec(**result)
+    raise TaskError(f"task() in {where} returned {type(result).__name__}; "
+                    "expected ttpeer.train.TaskSpec or a dict of its fields")
+
+
+def _validate(spec: TaskSpec, *, name: str, origin: str, source_hash: str,
+              slowdown: float) -> LoadedTask:
+    for field in ("model", "loss", "metric"):
+        if not callable(getattr(spec, field)):
+            raise TaskError(f"{origin}: {field} must be callable, "
+                            f"got {type(getattr(spec, field)).__name__}")
+    if not isinstance(spec.metric_name, str) or not spec.metric_name:
+        raise TaskError(f"{origin}: metric_name must be a non-empty string")
+    if isinstance(spec.batch_size, bool) or not isinstance(spec.batch_size, int) \
+            or spec.batch_size < 1:
+        raise TaskError(f"{origin}: batch_size must be a positive int, got {spec.batch_size!r}")
+    train = _as_dataset(spec.train, "train", origin)
+    test = _as_dataset(spec.test, "test", origin)
+    check_model(spec, origin)
+    return LoadedTask(name=name, spec=spec, train=train, test=test,
+                      n_train=len(train),  # type: ignore[arg-type]
+                      n_test=len(test),  # type: ignore[arg-type]
+                      source_hash=source_hash,
+                      metric_name=spec.metric_name, batch_size=spec.batch_size,
+                      slowdown=slowdown)
+
+
+def _as_dataset(source: object, which: str, origin: str) -> Dataset:
+    if isinstance(source, tuple | list):
+        if len(source) != 2:
+            raise TaskError(f"{origin}: {which} must be an (x, y) pair, got {len(source)} items")
+        try:
+            x, y = (torch.as_tensor(part) for part in source)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise TaskError(f"{origin}: {which} (x, y) are not tensors: {exc}") from exc
+        if x.ndim == 0 or y.ndim == 0 or len(x) != len(y):
+            raise TaskError(f"{origin}: {which} x and y must have the same first dimension, "
+                            f"got shapes {tuple(x.shape)} and {tuple(y.shape)}")
+        source = TensorDataset(x, y)
+    if isinstance(source, IterableDataset) or not (
+            hasattr(source, "__getitem__") and hasattr(source, "__len__")):
+        raise TaskError(f"{origin}: {which} must be a map-style Dataset (with __len__ and "
+                        f"__getitem__) or an (x, y) pair of tensors, "
+                        f"got {type(source).__name__}")
+    try:
+        size = len(source)  # type: ignore[arg-type]
+        first = source[0] if size > 0 else None  # type: ignore[index]
+    except Exception as exc:
+        raise TaskError(f"{origin}: reading {which}[0] failed: "
+                        f"{type(exc).__name__}: {exc}") from exc
+    if size == 0:
+        raise TaskError(f"{origin}: {which} dataset is empty")
+    if not isinstance(first, tuple | list) or len(first) != 2:
+        raise TaskError(f"{origin}: {which}[0] must be an (x, y) pair, "
+                        f"got {type(first).__name__}")
+    return source  # type: ignore[return-value]
+
+
+def check_model(spec: TaskSpec, origin: str) -> nn.Module:
+    """Build the task's model without allocating its weights and check it.
+
+    The model is built on torch's meta device, so even a large model costs
+    nothing; a ``model()`` that cannot run there is built on the CPU instead.
+    Raises TaskError if ``model()`` raises, returns something other than an
+    ``nn.Module``, or a module without floating-point parameters.
+    """
+    with torch.random.fork_rng(devices=[]):
+        try:
+            with torch.device("meta"):
+                model = spec.model()
+        except Exception:
+            try:
+                model = spec.model()
+            except Exception as exc:
+                raise TaskError(f"{origin}: model() raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(model, nn.Module):
+        raise TaskError(f"{origin}: model() returned {type(model).__name__}, "
+                        "expected a torch.nn.Module")
+    if not any(p.is_floating_point() for p in model.parameters()):
+        raise TaskError(f"{origin}: model() has no floating-point parameters to train")
+    return model
