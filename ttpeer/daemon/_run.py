@@ -35,7 +35,6 @@ async def run_daemon(
             nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
             await nursery.start(node.run)
             await nursery.start(serve_control, node, home.control_socket)
-            log.warning("ttpeer daemon up: node %s (%s) in pool %s", node.me[:12], cfg.name, cfg.pool[:12])
             print(f"ttpeer up: node {node.me[:12]} ({cfg.name}) in pool {cfg.pool[:12]}", flush=True)
     finally:
         node.log.close()

@@ -45,9 +45,17 @@ class Token:
 def make_token(relays: list[str], fingerprint: str, invite: Record, seed: bytes) -> str:
     body = {
         "relays": relays, "fp": fingerprint, "pool": invite.pool,
-        "invite": invite.raw.hex(), "seed": seed.hex(),
+        "invite": _b64encode(invite.raw), "seed": seed.hex(),
     }
-    return PREFIX + base64.urlsafe_b64encode(_codec.encode(body)).decode().rstrip("=")
+    return PREFIX + _b64encode(_codec.encode(body))
+
+
+def _b64encode(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _b64decode(text: str) -> bytes:
+    return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
 
 
 def parse_token(text: str, *, now: float) -> Token:
@@ -56,7 +64,7 @@ def parse_token(text: str, *, now: float) -> Token:
     if len(text) > MAX_TOKEN or not text.startswith(PREFIX):
         raise TokenError("this is not a ttpeer join token (it should start with 'ttp1.')")
     try:
-        raw = base64.urlsafe_b64decode(text[len(PREFIX) :] + "=" * (-len(text) % 4))
+        raw = _b64decode(text[len(PREFIX) :])
         body = _codec.decode(raw, max_size=MAX_TOKEN)
     except (binascii.Error, ValueError, RecordError):
         raise TokenError("the join token is damaged (was it copied whole?)") from None
@@ -71,7 +79,7 @@ def parse_token(text: str, *, now: float) -> Token:
     if type(fp) is not str or not _FP.match(fp):
         raise TokenError("the join token has no valid relay fingerprint")
     try:
-        invite = parse(bytes.fromhex(body["invite"]))
+        invite = parse(_b64decode(body["invite"]))
         seed = bytes.fromhex(body["seed"])
     except (ValueError, TypeError, RecordError):
         raise TokenError("the join token's invite is damaged or forged") from None

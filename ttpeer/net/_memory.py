@@ -1,0 +1,286 @@
+"""An in-memory relay with the HTTPS relay's semantics, for tests and the simulator.
+
+``MemoryRelay`` holds mailboxes, rosters and blobs in dicts; ``client()`` hands
+each peer a ``MemoryTransport`` that implements ``Transport`` exactly as
+``RelayClient`` does: admission checks the membership proof, ``recv`` acks by
+cursor and long-polls on a ``trio.Event``, broadcast skips the sender, blobs are
+checked against their hash, and the same limits answer with the same errors.
+
+Faults. A ``Faults`` decides, for each delivery of a message to one recipient,
+whether it is dropped, duplicated, or delayed (and so reordered). Each decision
+comes from a ``random.Random`` seeded with (seed, sender, recipient, n-th message
+between them), so a seed gives the same faults however trio interleaves tasks.
+Delays are ``trio.sleep`` calls in a nursery the relay owns (enter it with
+``async with``), so they follow trio's clock, including ``MockClock``.
+Setting ``relay.available = False`` makes every call fail with
+``RelayUnavailable``, as a relay that is down would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import deque
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from types import TracebackType
+
+import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from ..proto import ProofError, public_hex, verify_proof
+from ._errors import BlobCorrupt, BlobMissing, RelayLimit, RelayRejected, RelayUnavailable
+from ._transport import RECV_MAX_BYTES, RECV_MAX_COUNT, Message, check_blob_name
+
+URL = "memory://relay"
+MAX_WAIT = 30.0
+
+
+@dataclass
+class Faults:
+    """Per-delivery fault probabilities; delays are uniform in (0, max_delay] seconds."""
+
+    seed: int = 0
+    drop: float = 0.0
+    duplicate: float = 0.0
+    delay: float = 0.0
+    max_delay: float = 1.0
+    _counts: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
+
+    def plan(self, sender: str, recipient: str) -> list[float]:
+        """Delays of the copies to deliver: [] drops, [0.0] is a clean delivery."""
+        n = self._counts.get((sender, recipient), 0)
+        self._counts[(sender, recipient)] = n + 1
+        rng = random.Random(f"{self.seed}/{sender}/{recipient}/{n}")
+        if rng.random() < self.drop:
+            return []
+        copies = 2 if rng.random() < self.duplicate else 1
+        return [rng.uniform(0, self.max_delay) if rng.random() < self.delay else 0.0
+                for _ in range(copies)]
+
+
+@dataclass
+class _Mailbox:
+    messages: deque[Message] = field(default_factory=deque)
+    next_seq: int = 1
+    bytes: int = 0
+    changed: trio.Event = field(default_factory=trio.Event)
+
+
+class MemoryRelay:
+    """The relay, in memory. ``async with`` it when ``faults`` may delay messages."""
+
+    def __init__(
+        self,
+        *,
+        faults: Faults | None = None,
+        max_message_bytes: int = 256 * 1024,
+        mailbox_messages: int = 4096,
+        mailbox_bytes: int = 64 * 2**20,
+        max_blob_bytes: int = 2**30,
+        pool_quota: int = 20 * 2**30,
+    ) -> None:
+        self.faults = faults
+        self.max_message_bytes = max_message_bytes
+        self.mailbox_messages = mailbox_messages
+        self.mailbox_bytes = mailbox_bytes
+        self.max_blob_bytes = max_blob_bytes
+        self.pool_quota = pool_quota
+        self.available = True
+        self.rosters: dict[str, dict[str, list[bytes]]] = {}
+        self.blobs: dict[str, dict[str, bytes]] = {}  # pool -> sha256 hex -> bytes
+        self._mailboxes: dict[tuple[str, str], _Mailbox] = {}
+        self._nursery: trio.Nursery | None = None
+        self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None
+
+    async def __aenter__(self) -> MemoryRelay:
+        if self._nursery_manager is not None:
+            raise RuntimeError("a MemoryRelay can be entered once")
+        self._nursery_manager = trio.open_nursery()
+        self._nursery = await self._nursery_manager.__aenter__()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if self._nursery is None or self._nursery_manager is None:
+            return None
+        self._nursery.cancel_scope.cancel()  # deliveries still in flight are lost
+        self._nursery = None
+        return await self._nursery_manager.__aexit__(exc_type, exc, tb)
+
+    def client(self, pool: str, peer_key: Ed25519PrivateKey, proof: list[bytes]) -> MemoryTransport:
+        return MemoryTransport(self, pool, peer_key, proof)
+
+    # -- used by MemoryTransport ----------------------------------------------------
+
+    def _check_up(self) -> None:
+        if not self.available:
+            raise RelayUnavailable(URL, "the in-memory relay is marked unavailable")
+
+    def _box(self, pool: str, peer: str) -> _Mailbox:
+        return self._mailboxes.setdefault((pool, peer), _Mailbox())
+
+    def _accept(self, pool: str, sender: str, recipient: str, data: bytes) -> None:
+        """Check the caps like the relay would, then deliver (through the faults)."""
+        box = self._box(pool, recipient)
+        if len(box.messages) >= self.mailbox_messages or box.bytes + len(data) > self.mailbox_bytes:
+            raise RelayLimit(URL, 507, f"mailbox of peer {recipient[:16]}... is full", 5.0)
+        delays = [0.0] if self.faults is None else self.faults.plan(sender, recipient)
+        for delay in delays:
+            if delay == 0:
+                self._deliver(box, sender, data)
+                continue
+            if self._nursery is None:
+                raise RuntimeError("delaying faults need `async with MemoryRelay(...)`")
+            self._nursery.start_soon(self._deliver_later, delay, box, sender, data)
+
+    async def _deliver_later(self, delay: float, box: _Mailbox, sender: str, data: bytes) -> None:
+        await trio.sleep(delay)
+        self._deliver(box, sender, data)
+
+    @staticmethod
+    def _deliver(box: _Mailbox, sender: str, data: bytes) -> None:
+        box.messages.append(Message(box.next_seq, sender, data))
+        box.next_seq += 1
+        box.bytes += len(data)
+        box.changed.set()
+        box.changed = trio.Event()
+
+
+class MemoryTransport:
+    """One peer's ``Transport`` to a ``MemoryRelay``."""
+
+    def __init__(
+        self, relay: MemoryRelay, pool: str, peer_key: Ed25519PrivateKey, proof: list[bytes]
+    ) -> None:
+        self.relay = relay
+        self.pool = pool
+        self.peer = public_hex(peer_key)
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._proof = list(proof)
+        self._connected = False
+
+    async def __aenter__(self) -> MemoryTransport:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def _ready(self) -> None:
+        self.relay._check_up()
+        if not self._connected:
+            raise RelayUnavailable(URL, "not connected; call connect() first")
+
+    async def connect(self) -> None:
+        self.relay._check_up()
+        try:
+            verify_proof(self.pool, self.peer, self._proof)
+        except ProofError as exc:
+            raise RelayRejected(URL, 403, f"bad membership proof: {exc}") from None
+        self.relay.rosters.setdefault(self.pool, {})[self.peer] = list(self._proof)
+        self._connected = True
+        await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        self._connected = False
+        await trio.lowlevel.checkpoint()
+
+    def _check_size(self, data: bytes) -> None:
+        if len(data) > self.relay.max_message_bytes:
+            raise RelayLimit(URL, 413, f"body is over the {self.relay.max_message_bytes}-byte cap",
+                             None)
+
+    async def send(self, peer: str, data: bytes) -> None:
+        self._ready()
+        self._check_size(data)
+        self.relay._accept(self.pool, self.peer, peer, data)
+        self.bytes_sent += len(data)
+        await trio.lowlevel.checkpoint()
+
+    async def broadcast(self, data: bytes) -> int:
+        self._ready()
+        self._check_size(data)
+        delivered = 0
+        for peer in sorted(self.relay.rosters.get(self.pool, {})):
+            if peer == self.peer:
+                continue
+            try:
+                self.relay._accept(self.pool, self.peer, peer, data)
+                delivered += 1
+            except RelayLimit:
+                pass
+        self.bytes_sent += len(data)
+        await trio.lowlevel.checkpoint()
+        return delivered
+
+    async def recv(self, after: int, wait: float) -> tuple[list[Message], int]:
+        self._ready()
+        if after < 0 or wait < 0:
+            raise RelayRejected(URL, 400, "after and wait must not be negative")
+        box = self.relay._box(self.pool, self.peer)
+        while box.messages and box.messages[0].seq <= after:
+            box.bytes -= len(box.messages.popleft().data)
+        with trio.move_on_after(min(wait, MAX_WAIT)):
+            while not box.messages:
+                await box.changed.wait()
+        await trio.lowlevel.checkpoint()
+        self.relay._check_up()
+        messages: list[Message] = []
+        size = 0
+        for message in box.messages:  # the same answer size caps as the HTTPS relay
+            if messages and (len(messages) >= RECV_MAX_COUNT
+                             or size + len(message.data) > RECV_MAX_BYTES):
+                break
+            messages.append(message)
+            size += len(message.data)
+        self.bytes_received += sum(len(m.data) for m in messages)
+        return messages, messages[-1].seq if messages else after
+
+    async def roster(self) -> list[list[bytes]]:
+        self._ready()
+        await trio.lowlevel.checkpoint()
+        roster = self.relay.rosters.get(self.pool, {})
+        return [list(roster[peer]) for peer in sorted(roster)]
+
+    def _pool_blobs(self) -> dict[str, bytes]:
+        return self.relay.blobs.setdefault(self.pool, {})
+
+    async def has_blob(self, blob: str) -> bool:
+        check_blob_name(blob)
+        self._ready()
+        await trio.lowlevel.checkpoint()
+        return blob in self._pool_blobs()
+
+    async def put_blob(self, data: bytes) -> str:
+        self._ready()
+        blob = hashlib.sha256(data).hexdigest()
+        blobs = self._pool_blobs()
+        if blob not in blobs:
+            if len(data) > self.relay.max_blob_bytes:
+                raise RelayLimit(URL, 413, f"blob is over the {self.relay.max_blob_bytes}-byte cap",
+                                 None)
+            if sum(map(len, blobs.values())) + len(data) > self.relay.pool_quota:
+                raise RelayLimit(URL, 507, "pool quota exceeded", None)
+            blobs[blob] = bytes(data)
+            self.bytes_sent += len(data)
+        await trio.lowlevel.checkpoint()
+        return blob
+
+    async def get_blob(self, blob: str, *, max_size: int) -> bytes:
+        check_blob_name(blob)
+        self._ready()
+        await trio.lowlevel.checkpoint()
+        data = self._pool_blobs().get(blob)
+        if data is None:
+            raise BlobMissing(blob)
+        if len(data) > max_size:
+            raise BlobCorrupt(blob, f"it is {len(data)} bytes, over {max_size}")
+        if hashlib.sha256(data).hexdigest() != blob:
+            raise BlobCorrupt(blob, "its bytes do not hash to its name")
+        self.bytes_received += len(data)
+        return data
+

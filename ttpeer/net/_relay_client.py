@@ -1,0 +1,336 @@
+"""``RelayClient``: the ``Transport`` over HTTPS to a ttpeer relay.
+
+Theory of operation. ``connect`` fetches the relay's certificate with a bare
+TLS handshake and compares its fingerprint with the pinned one before any
+request exists; from then on every request uses a context that trusts exactly
+that certificate. It then logs in: a nonce from ``/v1/challenge``, signed with
+the node key over the relay's fingerprint, the pool and the nonce, presented
+with the membership proof to ``/v1/session``. A request answered 401 (the
+session expired, or the relay restarted) logs in again once and is retried;
+concurrent requests share one re-login.
+
+Errors are translated here, at the boundary: no httpx, ssl or trio exception
+leaves this module, only ``NetError`` subclasses.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ssl
+from typing import Any
+
+import httpx
+import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from ..proto import public_hex
+from ._errors import (
+    BlobCorrupt,
+    BlobMissing,
+    RelayFingerprintMismatch,
+    RelayLimit,
+    RelayRejected,
+    RelayUnavailable,
+)
+from ._tls import fetch_certificate, fingerprint, host_port, pinned_ssl_context
+from ._transport import Message, check_blob_name
+
+LOGIN_DOMAIN = b"ttpeer/relay-auth/v1\n"
+_FETCH_ATTEMPTS = 3  # a blob download resumes (Range) after a broken connection
+
+
+def login_message(fingerprint: str, pool: str, nonce: str) -> bytes:
+    """What a peer signs to log in at the relay whose certificate is ``fingerprint``."""
+    return LOGIN_DOMAIN + fingerprint.encode() + b"\n" + pool.encode() + b"\n" + nonce.encode()
+
+
+def _cert_rejected(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return float(response.headers["retry-after"])
+    except (KeyError, ValueError):
+        return None
+
+
+class RelayClient:
+    """One peer's connection to one relay. Use ``async with`` or ``connect``/``aclose``.
+
+    The constructor raises ``ValueError`` for a malformed URL or proxy; every
+    method after that raises only ``NetError`` subclasses.
+
+    ``bytes_sent`` and ``bytes_received`` count request and response bodies.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        fingerprint: str,
+        *,
+        pool: str,
+        peer_key: Ed25519PrivateKey,
+        proof: list[bytes],
+        proxy: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        host_port(url)  # a malformed URL or proxy is a configuration error: ValueError now
+        if proxy is not None and not proxy.startswith("http://"):
+            raise ValueError(f"proxy must be an http://HOST:PORT CONNECT proxy, not {proxy!r}")
+        self.url = url.rstrip("/")
+        self.fingerprint = fingerprint.lower()
+        self.pool = pool
+        self.peer = public_hex(peer_key)
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._key = peer_key
+        self._proof = list(proof)
+        self._proxy = proxy
+        self._timeout = timeout
+        self._http: httpx.AsyncClient | None = None
+        self._session = ""
+        self._generation = 0  # bumped by every login
+        self._login_lock = trio.Lock()
+        self._limits: dict[str, int] = {}  # the relay's caps, learnt at login
+
+    def _check_size(self, data: bytes, limit: str) -> None:
+        """Refuse locally what the relay would refuse: it cannot answer a large body
+        cleanly before the whole body has been sent."""
+        cap = self._limits.get(limit)
+        if cap is not None and len(data) > cap:
+            raise RelayLimit(self.url, 413, f"{len(data)} bytes is over the relay's {cap}-byte "
+                             "cap", None)
+
+    async def __aenter__(self) -> RelayClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- connection -----------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Pin the relay's certificate, then log in.
+
+        Raises ``RelayFingerprintMismatch`` (before any request is sent),
+        ``RelayRejected`` (proof or signature refused), ``RelayUnavailable``.
+        """
+        der = await fetch_certificate(self.url, proxy=self._proxy, timeout=self._timeout)
+        got = fingerprint(der)
+        if got != self.fingerprint:
+            raise RelayFingerprintMismatch(self.url, self.fingerprint, got)
+        if self._http is not None:
+            await self._http.aclose()
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            verify=pinned_ssl_context(der),
+            proxy=self._proxy,
+            timeout=httpx.Timeout(self._timeout),
+            trust_env=False,  # the proxy is configuration, passed in; not read here
+            follow_redirects=False,
+        )
+        await self._login(self._generation)
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            http, self._http = self._http, None
+            with trio.CancelScope(shield=True):
+                await http.aclose()
+
+    async def _login(self, seen_generation: int) -> None:
+        async with self._login_lock:
+            if self._generation != seen_generation:
+                return  # another task logged in while we waited
+            answer = await self._json("POST", "/v1/challenge", auth=False,
+                                      json={"pool": self.pool, "peer": self.peer})
+            nonce = self._field(answer, "nonce", str)
+            sig = self._key.sign(login_message(self.fingerprint, self.pool, nonce)).hex()
+            answer = await self._json("POST", "/v1/session", auth=False, json={
+                "pool": self.pool, "peer": self.peer, "nonce": nonce, "sig": sig,
+                "proof": [record.hex() for record in self._proof],
+            })
+            self._session = self._field(answer, "session", str)
+            limits = answer.get("limits")
+            if isinstance(limits, dict):
+                self._limits = {k: int(v) for k, v in limits.items()
+                                if isinstance(v, int | float) and not isinstance(v, bool)}
+            self._generation += 1
+
+    # -- requests -------------------------------------------------------------------
+
+    async def _send(
+        self, method: str, path: str, *, auth: bool, stream: bool = False,
+        blob: str | None = None, read_timeout: float | None = None, **kwargs: Any,
+    ) -> httpx.Response:
+        """Send one request (logging in again once on 401); a 2xx response or a NetError."""
+        if self._http is None:
+            raise RelayUnavailable(self.url, "not connected; call connect() first")
+        for attempt in (1, 2):
+            generation = self._generation
+            headers = dict(kwargs.pop("headers", {}))
+            if auth:
+                headers["authorization"] = f"Bearer {self._session}"
+            timeout = httpx.Timeout(self._timeout, read=read_timeout or self._timeout)
+            request = self._http.build_request(method, path, headers=headers, timeout=timeout,
+                                               **kwargs)
+            kwargs["headers"] = headers
+            self.bytes_sent += len(request.content)  # bodies are bytes, read at build time
+            response = await self._transmit(request, stream)
+            if response.status_code == 401 and auth and attempt == 1:
+                await response.aclose()
+                await self._login(generation)
+                continue
+            if response.status_code < 300:
+                return response
+            await self._raise_for(response, blob)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _transmit(self, request: httpx.Request, stream: bool) -> httpx.Response:
+        if self._http is None:
+            raise RelayUnavailable(self.url, "the client was closed")
+        try:
+            response = await self._http.send(request, stream=stream)
+            if not stream:
+                self.bytes_received += len(response.content)
+            return response
+        except httpx.TimeoutException:
+            raise RelayUnavailable(self.url, "timed out") from None
+        except httpx.HTTPError as exc:
+            if _cert_rejected(exc):
+                await self._certificate_changed()
+            raise RelayUnavailable(self.url, f"{type(exc).__name__}: {exc}") from None
+
+    async def _certificate_changed(self) -> None:
+        """The pinned handshake failed: report which certificate the server shows now."""
+        got = fingerprint(await fetch_certificate(self.url, proxy=self._proxy,
+                                                  timeout=self._timeout))
+        if got != self.fingerprint:
+            raise RelayFingerprintMismatch(self.url, self.fingerprint, got)
+        # Same certificate, yet it no longer verifies: it has expired (a --cert one).
+        raise RelayUnavailable(self.url, "its pinned certificate no longer verifies (expired?)")
+
+    async def _raise_for(self, response: httpx.Response, blob: str | None) -> None:
+        try:
+            await response.aread()
+            message = str(response.json()["error"])
+        except httpx.HTTPError:
+            message = "(the answer broke off)"
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:200]
+        finally:
+            await response.aclose()
+        status = response.status_code
+        if status in (413, 429, 507):
+            raise RelayLimit(self.url, status, message, _retry_after(response))
+        if status in (404, 416) and blob is not None:
+            raise BlobMissing(blob)
+        if 400 <= status < 500:
+            raise RelayRejected(self.url, status, message)
+        raise RelayUnavailable(self.url, f"HTTP {status}: {message}")
+
+    async def _json(self, method: str, path: str, *, auth: bool = True, **kwargs: Any) -> Any:
+        response = await self._send(method, path, auth=auth, **kwargs)
+        try:
+            return response.json()
+        except ValueError:
+            raise RelayUnavailable(self.url, f"{path} answered something other than JSON") from None
+
+    def _field(self, answer: Any, name: str, kind: type) -> Any:
+        value = answer.get(name) if isinstance(answer, dict) else None
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+            raise RelayUnavailable(self.url, f"malformed answer: no valid {name!r}")
+        return value
+
+    # -- Transport ------------------------------------------------------------------
+
+    async def send(self, peer: str, data: bytes) -> None:
+        """Queue ``data`` for ``peer``. Raises ``RelayLimit`` (over 256 KiB, mailbox full)."""
+        self._check_size(data, "max_message_bytes")
+        await self._json("POST", f"/v1/send/{peer}", content=data)
+
+    async def broadcast(self, data: bytes) -> int:
+        self._check_size(data, "max_message_bytes")
+        answer = await self._json("POST", "/v1/broadcast", content=data)
+        return int(self._field(answer, "delivered", int))
+
+    async def recv(self, after: int, wait: float) -> tuple[list[Message], int]:
+        answer = await self._json("GET", "/v1/recv", params={"after": after, "wait": wait},
+                                  read_timeout=wait + self._timeout)
+        try:
+            messages = [
+                Message(int(m["seq"]), str(m["from"]), base64.b64decode(m["data"], validate=True))
+                for m in answer["messages"]
+            ]
+            return messages, int(answer["cursor"])
+        except (KeyError, TypeError, ValueError):
+            raise RelayUnavailable(self.url, "malformed recv answer") from None
+
+    async def roster(self) -> list[list[bytes]]:
+        answer = await self._json("GET", "/v1/roster")
+        try:
+            return [[bytes.fromhex(r) for r in proof] for proof in answer["proofs"]]
+        except (KeyError, TypeError, ValueError):
+            raise RelayUnavailable(self.url, "malformed roster answer") from None
+
+    async def has_blob(self, blob: str) -> bool:
+        check_blob_name(blob)
+        try:
+            await self._send("HEAD", f"/v1/blob/{blob}", auth=True, blob=blob)
+        except BlobMissing:
+            return False
+        return True
+
+    async def put_blob(self, data: bytes) -> str:
+        blob = hashlib.sha256(data).hexdigest()
+        self._check_size(data, "max_blob_bytes")
+        if not await self.has_blob(blob):
+            await self._send("PUT", f"/v1/blob/{blob}", auth=True, content=data)
+        return blob
+
+    async def get_blob(self, blob: str, *, max_size: int) -> bytes:
+        """Fetch ``blob``, resuming with Range after a broken connection.
+
+        Raises ``BlobMissing``, ``BlobCorrupt`` (wrong hash, larger than
+        ``max_size``), ``RelayUnavailable``.
+        """
+        check_blob_name(blob)
+        data = bytearray()
+        for attempt in range(1, _FETCH_ATTEMPTS + 1):
+            before = len(data)
+            try:
+                await self._fetch_into(data, blob, max_size)
+                break
+            except RelayUnavailable:
+                if attempt == _FETCH_ATTEMPTS or len(data) == before:
+                    raise
+        if hashlib.sha256(data).hexdigest() != blob:
+            raise BlobCorrupt(blob, "its bytes do not hash to its name")
+        return bytes(data)
+
+    async def _fetch_into(self, data: bytearray, blob: str, max_size: int) -> None:
+        headers = {"range": f"bytes={len(data)}-"} if data else {}
+        response = await self._send("GET", f"/v1/blob/{blob}", auth=True, stream=True,
+                                    blob=blob, headers=headers)
+        try:
+            if response.status_code != 206:
+                data.clear()  # a full answer: start over
+            length = int(response.headers.get("content-length", "0") or 0)
+            if len(data) + length > max_size:
+                raise BlobCorrupt(blob, f"it is {len(data) + length} bytes, over {max_size}")
+            async for chunk in response.aiter_raw():
+                data += chunk
+                self.bytes_received += len(chunk)
+                if len(data) > max_size:
+                    raise BlobCorrupt(blob, f"it is over {max_size} bytes")
+        except httpx.HTTPError as exc:
+            raise RelayUnavailable(self.url, f"download broke: {type(exc).__name__}") from None
+        finally:
+            await response.aclose()

@@ -1,0 +1,72 @@
+"""End-to-end sealing: what the relay carries is ciphertext it cannot open.
+
+- Pool sealing (gossip payloads, blobs): ChaCha20-Poly1305 under the pool key, a
+  random 96-bit nonce per message, and a purpose label bound in as associated data
+  so a blob can never be replayed as a message or the reverse.
+- Direct sealing (handing the pool key to a new member): an ephemeral X25519 key
+  agreement with the recipient's sealing key, HKDF-SHA256, ChaCha20-Poly1305.
+
+Opening raises ``SealError`` for anything that does not authenticate; callers drop
+the input and keep going.
+"""
+
+from __future__ import annotations
+
+import os
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from ttpeer.proto import TtpeerError
+
+_POOL_MAGIC = b"TS1P"
+_DIRECT_MAGIC = b"TS1D"
+NONCE = 12
+MAX_SEALED = 2**31 - 1024  # ChaCha20-Poly1305 in cryptography takes at most 2**31 - 1 bytes
+
+
+class SealError(TtpeerError):
+    """Sealed bytes did not authenticate: tampered, truncated, or for another key."""
+
+
+def seal(key: bytes, purpose: bytes, plaintext: bytes) -> bytes:
+    if len(plaintext) > MAX_SEALED:
+        raise SealError(f"cannot seal {len(plaintext)} bytes in one piece")
+    nonce = os.urandom(NONCE)
+    return _POOL_MAGIC + nonce + ChaCha20Poly1305(key).encrypt(nonce, plaintext, purpose)
+
+
+def open_sealed(key: bytes, purpose: bytes, data: bytes) -> bytes:
+    if len(data) < 4 + NONCE + 16 or data[:4] != _POOL_MAGIC:
+        raise SealError("not a pool-sealed payload")
+    try:
+        return ChaCha20Poly1305(key).decrypt(data[4 : 4 + NONCE], data[4 + NONCE :], purpose)
+    except InvalidTag:
+        raise SealError("sealed payload does not authenticate (tampered or another pool key)") from None
+
+
+def _direct_key(shared: bytes, eph_pub: bytes, recipient_pub: bytes) -> bytes:
+    info = b"ttpeer/direct/v1" + eph_pub + recipient_pub
+    return HKDF(hashes.SHA256(), 32, None, info).derive(shared)
+
+
+def seal_to(recipient_pub: bytes, plaintext: bytes) -> bytes:
+    eph = X25519PrivateKey.generate()
+    eph_pub = eph.public_key().public_bytes_raw()
+    key = _direct_key(eph.exchange(X25519PublicKey.from_public_bytes(recipient_pub)), eph_pub, recipient_pub)
+    return _DIRECT_MAGIC + eph_pub + ChaCha20Poly1305(key).encrypt(bytes(NONCE), plaintext, None)
+
+
+def open_direct(private: X25519PrivateKey, data: bytes) -> bytes:
+    if len(data) < 4 + 32 + 16 or data[:4] != _DIRECT_MAGIC:
+        raise SealError("not a direct-sealed payload")
+    eph_pub, body = data[4:36], data[36:]
+    mine = private.public_key().public_bytes_raw()
+    try:
+        key = _direct_key(private.exchange(X25519PublicKey.from_public_bytes(eph_pub)), eph_pub, mine)
+        return ChaCha20Poly1305(key).decrypt(bytes(NONCE), body, None)
+    except (InvalidTag, ValueError):
+        raise SealError("direct-sealed payload does not authenticate") from None

@@ -1,0 +1,77 @@
+"""The one interface the daemon talks to the relay through.
+
+``RelayClient`` implements it over HTTPS; ``MemoryTransport`` implements it in
+memory for tests and the simulator. Both promise the same semantics:
+
+- ``send``/``broadcast`` queue a message in the recipients' mailboxes
+  (broadcast: every peer in the pool's roster except the sender);
+- ``recv(after, wait)`` first acknowledges (deletes) every message with
+  ``seq <= after``, then returns what follows, waiting up to ``wait`` seconds
+  for a first message, with the new cursor. Delivery is at-least-once: a peer
+  that crashes before acting on messages asks again with its old cursor. Seqs
+  only increase, but are opaque: they need not start at 1 or be contiguous.
+- blobs are content-addressed by the sha256 hex of their bytes, and fetching
+  one checks that hash.
+
+Every method raises only ``NetError`` subclasses (see ``ttpeer.errors``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+RECV_MAX_COUNT = 1024  # messages in one recv answer at most
+RECV_MAX_BYTES = 8 * 2**20  # payload bytes in one recv answer at most (one message may pass it)
+_BLOB_NAME = re.compile(r"^[0-9a-f]{64}$")
+
+
+def check_blob_name(blob: str) -> None:
+    """Raise ``ValueError`` unless ``blob`` is a sha256 hex digest (a programming error)."""
+    if not isinstance(blob, str) or not _BLOB_NAME.match(blob):
+        raise ValueError(f"a blob name is 64 lowercase hex characters, not {blob!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    seq: int
+    sender: str  # the sending peer's id (Ed25519 public key, hex)
+    data: bytes
+
+
+@runtime_checkable
+class Transport(Protocol):
+    async def connect(self) -> None:
+        """Check the relay and log in with the membership proof.
+
+        Raises ``RelayFingerprintMismatch``, ``RelayRejected`` (bad proof),
+        ``RelayUnavailable``.
+        """
+
+    async def send(self, peer: str, data: bytes) -> None:
+        """Queue ``data`` for ``peer``. Raises ``RelayLimit`` (too big, mailbox full)."""
+
+    async def broadcast(self, data: bytes) -> int:
+        """Queue ``data`` for every other peer in the roster; returns how many got it."""
+
+    async def recv(self, after: int, wait: float) -> tuple[list[Message], int]:
+        """Acknowledge up to ``after``; return (messages, cursor) within ``wait`` seconds."""
+
+    async def roster(self) -> list[list[bytes]]:
+        """Every membership proof ([invite, join]) admitted for this pool."""
+
+    async def put_blob(self, data: bytes) -> str:
+        """Store ``data``; returns its sha256 hex. Skips the upload if already there.
+
+        Raises ``RelayLimit`` (size cap, pool quota).
+        """
+
+    async def get_blob(self, blob: str, *, max_size: int) -> bytes:
+        """Fetch a blob. Raises ``BlobMissing``, ``BlobCorrupt`` (bad hash, over max_size)."""
+
+    async def has_blob(self, blob: str) -> bool:
+        """Whether the relay holds the blob now."""
+
+    async def aclose(self) -> None:
+        """Release connections; the transport cannot be used after."""
