@@ -44,6 +44,7 @@ class Cluster:
     def __init__(self, root: Path, env: dict[str, str] | None = None) -> None:
         self.root = root
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.named: dict[str, subprocess.Popen[bytes]] = {}
         self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         self.env.pop("TTPEER_HOME", None)
 
@@ -53,6 +54,7 @@ class Cluster:
                                 env=self.env, start_new_session=True)
         out.close()
         self.procs.append(proc)
+        self.named[name] = proc
         return proc
 
     def start_relay(self) -> tuple[str, str]:

@@ -4,7 +4,8 @@
      "peers": [{"id", "name", "role", "self", "last_seen_s"}],
      "jobs": [{"id", "task", "mode", "state", "round", "rounds", "shards_done",
                "shards_total", "eval_loss", "eval_metric", "metric_name",
-               "bytes_sent", "bytes_received", "compression_ratio", "declined"}]}
+               "bytes_sent", "bytes_received", "compression_ratio", "declined",
+               "state_hash", "training_shard"}]}
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def snapshot(node: Node) -> dict[str, Any]:
         if job.id in m.declined:
             state = "declined"
         elif chain.round >= job["rounds"]:
-            state = "done" if job.id in m.done_jobs else "finishing"
+            state = "done" if m.done_jobs.get(job.id) == chain.head else "finishing"
         elif active is not None and active.id == job.id:
             state = "running"
         else:
@@ -60,6 +61,7 @@ def snapshot(node: Node) -> dict[str, Any]:
             "bytes_sent": node.bytes_sent, "bytes_received": node.bytes_received,
             "compression_ratio": ratio, "declined": m.declined.get(job.id),
             "state_hash": chain.head,
+            "training_shard": m.training[2] if m.training and m.training[0] == job.id else None,
         })
     return {
         "version": SCHEMA_VERSION,

@@ -36,13 +36,31 @@ def records_payloads(raws: Iterable[bytes]) -> Iterator[bytes]:
         yield _codec.encode({"t": "records", "r": batch})
 
 
-def digest_payload(ids: Iterable[str]) -> bytes:
-    prefixes = sorted({i[:ID_PREFIX] for i in ids})[-MAX_DIGEST_IDS:]
-    return _codec.encode({"t": "digest", "ids": prefixes})
+def digest_payload(ids: Iterable[str], turn: int = 0) -> bytes:
+    """A digest of the ids held. Past ``MAX_DIGEST_IDS`` ids the id space is cut into
+    equal ranges and each digest (``turn`` counts them) covers one range, so every
+    record is compared within a few digests and nobody resends what is held."""
+    prefixes = sorted({i[:ID_PREFIX] for i in ids})
+    parts = max(1, -(-len(prefixes) // (MAX_DIGEST_IDS // 2)))
+    lo, hi = _window(turn % parts, parts)
+    chosen = [p for p in prefixes if in_window(p, lo, hi)]
+    return _codec.encode({"t": "digest", "ids": chosen, "lo": lo, "hi": hi})
+
+
+WINDOW_HEX = 8  # windows are ranges of the first 32 bits of ids
+_SPAN = 16**WINDOW_HEX
+
+
+def _window(index: int, parts: int) -> tuple[int, int]:
+    return _SPAN * index // parts, _SPAN * (index + 1) // parts
+
+
+def in_window(rec_id: str, lo: int, hi: int) -> bool:
+    return lo <= int(rec_id[:WINDOW_HEX], 16) < hi
 
 
 def parse_payload(data: bytes) -> tuple[str, Any]:
-    """Returns ("records", [bytes, ...]) or ("digest", set[str]). Raises RecordError."""
+    """Returns ("records", [bytes, ...]) or ("digest", (prefixes, lo, hi)). Raises RecordError."""
     obj = _codec.decode(data, max_size=MAX_PAYLOAD_BYTES + 1024)
     if type(obj) is not dict:
         raise RecordError("gossip payload is not an object")
@@ -51,9 +69,13 @@ def parse_payload(data: bytes) -> tuple[str, Any]:
             return "records", [bytes.fromhex(x) for x in obj["r"] if type(x) is str]
         except ValueError:
             raise RecordError("gossip records are not hex") from None
-    if obj.get("t") == "digest" and type(obj.get("ids")) is list and set(obj) == {"t", "ids"}:
-        ids = obj["ids"]
-        if len(ids) > MAX_DIGEST_IDS or not all(type(x) is str and len(x) == ID_PREFIX for x in ids):
+    if obj.get("t") == "digest" and set(obj) == {"t", "ids", "lo", "hi"}:
+        ids, lo, hi = obj["ids"], obj["lo"], obj["hi"]
+        if (
+            type(ids) is not list or len(ids) > MAX_DIGEST_IDS
+            or not all(type(x) is str and len(x) == ID_PREFIX for x in ids)
+            or type(lo) is not int or type(hi) is not int or not 0 <= lo < hi <= _SPAN
+        ):
             raise RecordError("gossip digest is malformed")
-        return "digest", set(ids)
+        return "digest", (set(ids), lo, hi)
     raise RecordError("unknown gossip payload")

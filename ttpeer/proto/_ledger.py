@@ -98,11 +98,11 @@ def select_cover(job: Record, contribs: list[Record]) -> list[Record] | None:
     a shard. ``None`` while the shards are not all covered."""
     chosen: list[Record] = []
     have: set[int] = set()
-    for c in contribs:
+    for c in sorted(contribs, key=lambda r: r.id):
         if not set(c["shards"]) <= have:
             chosen.append(c)
             have.update(c["shards"])
-    return chosen if len(have) == job["shards"] else None
+    return chosen if have == set(range(job["shards"])) else None
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def canonical_chain(rs: RecordSet, job: Record) -> Chain:
             for p in parts
         ):
             continue
-        if len(covered(parts)) != job["shards"]:  # type: ignore[arg-type]
+        if covered(parts) != set(range(job["shards"])):  # type: ignore[arg-type]
             continue
         best = edges[(rnd, close["base"])].get(close["state"])
         if best is None or close.id < best.id:

@@ -95,7 +95,7 @@ class PeerMachine:
         self.records = RecordSet(pool)
         self.timing = timing
         self.held: set[str] = set()  # states the driver holds
-        self.done_jobs: set[str] = set()
+        self.done_jobs: dict[str, str] = {}  # job -> the final state reported
         self.declined: dict[str, str] = {}
         self._prepared: dict[str, bool | None] = {}  # None = asked, not answered
         self._claim_seen: dict[tuple[str, int, int, str, int], float] = {}
@@ -110,7 +110,8 @@ class PeerMachine:
         self._ckpt_done: set[tuple[str, int]] = set()
         self._retry_at: float = 0.0
         self._next_digest = now
-        self._chain_cache: tuple[int, str, Chain] | None = None
+        self._digests = 0
+        self._chains: dict[str, tuple[int, Chain]] = {}
         self._now = now
 
     # -- inputs ----------------------------------------------------------------------
@@ -139,7 +140,11 @@ class PeerMachine:
                 if self._admit(rec, now):
                     out.append(Persist(rec))
         else:
-            mine = [r.raw for r in self.records if r.id[: _gossip.ID_PREFIX] not in value]
+            prefixes, lo, hi = value
+            mine = [
+                r.raw for r in self.records
+                if _gossip.in_window(r.id, lo, hi) and r.id[: _gossip.ID_PREFIX] not in prefixes
+            ]
             out += [Send(sender, p) for p in _gossip.records_payloads(mine)]
         return out + self._step(now)
 
@@ -147,7 +152,8 @@ class PeerMachine:
         out: list[Effect] = []
         if now >= self._next_digest:
             self._next_digest = now + self.timing.digest_interval
-            out.append(Broadcast(_gossip.digest_payload(r.id for r in self.records)))
+            self._digests += 1
+            out.append(Broadcast(_gossip.digest_payload((r.id for r in self.records), self._digests)))
         return out + self._step(now)
 
     def next_deadline(self) -> float:
@@ -278,6 +284,12 @@ class PeerMachine:
     def active_job(self) -> Record | None:
         return self._active_job()
 
+    @property
+    def training(self) -> tuple[str, int, int] | None:
+        """(job, round, shard) this peer is training now, if any."""
+        t = self._training
+        return None if t is None or t.cancelled else (t.job, t.round, t.shard)
+
     # -- internals -----------------------------------------------------------------------
 
     def _admit(self, rec: Record, now: float) -> bool:
@@ -287,7 +299,6 @@ class PeerMachine:
             key = (rec["job"], rec["round"], rec["shard"], rec.author, rec["attempt"])
             self._claim_seen[key] = max(self._claim_seen.get(key, now), now)
             self._claim_n[key] = max(self._claim_n.get(key, 0), rec["n"])
-        self._chain_cache = None
         return True
 
     def _gossip_out(self, rec: Record) -> list[Effect]:
@@ -299,14 +310,19 @@ class PeerMachine:
         return [Persist(rec), *self._gossip_out(rec)]
 
     def _chain(self, job: Record) -> Chain:
-        marker = (len(self.records), job.id)
-        if self._chain_cache is None or self._chain_cache[:2] != marker:
-            self._chain_cache = (*marker, canonical_chain(self.records, job))
-        return self._chain_cache[2]
+        cached = self._chains.get(job.id)
+        if cached is None or cached[0] != len(self.records):
+            cached = (len(self.records), canonical_chain(self.records, job))
+            self._chains[job.id] = cached
+        return cached[1]
 
     def _active_job(self) -> Record | None:
         for job in self.records.jobs():
-            if job.id in self.done_jobs or self._prepared.get(job.id) is False:
+            if self._prepared.get(job.id) is False:
+                continue
+            # A finished job becomes active again if the chain moved away from the state
+            # it finished on (it ended on the losing side of a partition): repair it.
+            if job.id in self.done_jobs and self.done_jobs[job.id] == self._chain(job).head:
                 continue
             return job
         return None
@@ -325,7 +341,7 @@ class PeerMachine:
         if chain.head not in self.held:
             return self._cancel_training(None) + self._sync(job, chain, now)
         if chain.round >= job["rounds"]:
-            self.done_jobs.add(job.id)
+            self.done_jobs[job.id] = chain.head
             return [JobDone(job, chain.head)] + self._step(now)
         return self._work_on_round(job, chain, now)
 
@@ -407,7 +423,7 @@ class PeerMachine:
                 t = self._training
                 if t is not None and (t.job, t.round, t.shard, t.attempt) == (jid, r, s, attempt):
                     live.append((attempt, author))
-            elif now < seen + lease:
+            elif now < seen + lease and author in self.records.members:
                 live.append((attempt, author))
         return live
 

@@ -15,6 +15,7 @@ rest) is judged by the views, because it depends on other records.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -60,15 +61,15 @@ def _num(lo: float, hi: float) -> Validator:
 
 
 def _re(pattern: re.Pattern[str]) -> Validator:
-    return lambda v: type(v) is str and pattern.match(v) is not None
+    return lambda v: type(v) is str and pattern.fullmatch(v) is not None
 
 
 def _str(max_len: int) -> Validator:
     return lambda v: type(v) is str and len(v) <= max_len
 
 
-def _choice(*options: str) -> Validator:
-    return lambda v: v in options
+def _choice(*options: str | int) -> Validator:
+    return lambda v: any(type(v) is type(o) and v == o for o in options)
 
 
 def _sorted_unique(item: Validator, max_len: int, min_len: int = 0) -> Validator:
@@ -87,7 +88,7 @@ def _metrics(v: Any) -> bool:
     return (
         type(v) is dict
         and len(v) <= 16
-        and all(_NAME.match(k) and type(x) in (int, float) for k, x in v.items())
+        and all(type(k) is str and _NAME.fullmatch(k) and type(x) in (int, float) for k, x in v.items())
     )
 
 
@@ -168,7 +169,8 @@ def sign(kind: str, pool: str, body: Mapping[str, Any], key: Ed25519PrivateKey) 
     raw = _codec.encode(full)
     if len(raw) > MAX_RECORD_BYTES:
         raise RecordError(f"{kind} record would be {len(raw)} bytes, over the cap")
-    return Record(kind, pool, author, dict(body), sig, raw, hashlib.sha256(raw).hexdigest())
+    # The record's body is decoded from its own bytes, so it shares nothing with the caller.
+    return Record(kind, pool, author, json.loads(raw)["body"], sig, raw, hashlib.sha256(raw).hexdigest())
 
 
 def parse(raw: bytes) -> Record:
@@ -176,7 +178,7 @@ def parse(raw: bytes) -> Record:
     obj = _codec.decode(raw, max_size=MAX_RECORD_BYTES)
     if type(obj) is not dict or set(obj) != {"v", "kind", "pool", "author", "body", "sig"}:
         raise RecordError("not a record object")
-    if obj["v"] != VERSION:
+    if type(obj["v"]) is not int or obj["v"] != VERSION:
         raise RecordError(f"unsupported record version {obj['v']!r}")
     kind, pool, author, body, sig = obj["kind"], obj["pool"], obj["author"], obj["body"], obj["sig"]
     if type(kind) is not str or not _re(_HEX32)(pool) or not _HEX(author):

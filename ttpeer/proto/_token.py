@@ -76,7 +76,7 @@ def parse_token(text: str, *, now: float) -> Token:
         or not all(type(u) is str and u.startswith("https://") and len(u) < 256 for u in relays)
     ):
         raise TokenError("the join token names no valid https:// relay")
-    if type(fp) is not str or not _FP.match(fp):
+    if type(fp) is not str or not _FP.fullmatch(fp):
         raise TokenError("the join token has no valid relay fingerprint")
     try:
         invite = parse(_b64decode(body["invite"]))

@@ -1,0 +1,326 @@
+"""The relay's HTTP API as an ASGI app: routing, admission, limits.
+
+Every path lives under ``/v1``; every error is ``{"error": "..."}``. A request
+is matched to a route, charged to a rate-limit bucket (the peer's when it holds
+a session, else the client IP's), authenticated when the route needs it, and
+handed to one short handler. Status codes:
+
+- 400 malformed request, 401 unknown/expired nonce or ``session expired``,
+  403 bad membership proof or signature, 404 unknown route or blob, 405 method,
+  413 body over a cap, 416 range past the end of a blob,
+- 429 rate limited (with Retry-After),
+- 507 storage full: a mailbox or the relay's mailbox memory (with Retry-After,
+  since the recipient draining it frees room), the pool's blob quota or a full
+  roster (without: waiting alone will not help).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import trio
+
+from . import asgi
+from ._proto import ProofError, verify_proof
+from .asgi import FileResponse, HttpError, Request, Response, json_response
+from .auth import Nonces, RosterFull, Rosters, Session, Sessions, login_message, signature_ok
+from .blobs import BlobError, BlobStore
+from .config import RelayConfig
+from .mailbox import Mailboxes, MailboxFull
+from .ratelimit import RateLimiter
+
+log = logging.getLogger(__name__)
+
+MAX_WAIT = 30.0  # longest long-poll, seconds; longer requests are clamped
+RECV_MAX_COUNT = 1024  # messages per recv answer
+RECV_MAX_BYTES = 8 * 2**20  # payload bytes per recv answer (one message may exceed it)
+MAILBOX_IDLE = 600.0  # forget empty mailboxes untouched this long
+MAINTAIN_EVERY = 60.0
+DRAIN_LIMIT = 2**20  # HTTP/1: read and drop refused bodies up to this size, then answer
+DISCARD_TIMEOUT = 30.0  # HTTP/1: longest wait for a refused body while the answer goes out
+
+_POOL = re.compile(r"^[0-9a-f]{32}$")
+_PEER = re.compile(r"^[0-9a-f]{64}$")
+_NONCE = _PEER
+_SIG = re.compile(r"^[0-9a-f]{128}$")
+_HEXBYTES = re.compile(r"^(?:[0-9a-f]{2})+$")
+_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+
+Handler = Callable[[Request, dict[str, str], Session | None], Awaitable[Response | FileResponse]]
+
+
+def _field(body: dict[str, Any], name: str, pattern: re.Pattern[str]) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not pattern.match(value):
+        raise HttpError(400, f"field {name!r} is missing or malformed")
+    return value
+
+
+def _member(session: Session | None) -> Session:
+    """The caller's session; ``_dispatch`` has already refused requests without one."""
+    if session is None:
+        raise HttpError(401, "session expired")
+    return session
+
+
+class RelayApp:
+    def __init__(self, config: RelayConfig, fingerprint: str) -> None:
+        self.config = config
+        self.fingerprint = fingerprint
+        self.requests_seen = 0  # HTTP requests received, for tests and status
+        pools = config.data / "pools"
+        self.nonces = Nonces()
+        self.sessions = Sessions(ttl=config.session_ttl)
+        self.rosters = Rosters(pools, max_peers=config.max_peers_per_pool)
+        self.mailboxes = Mailboxes(
+            max_messages=config.mailbox_messages,
+            max_bytes=config.mailbox_bytes,
+            max_total_bytes=config.mailbox_total_bytes,
+        )
+        self.blobs = BlobStore(
+            pools, max_blob_bytes=config.max_blob_bytes, ttl=config.blob_ttl,
+            quota=config.pool_quota,
+        )
+        self.limiter = RateLimiter(config.rate, config.burst)
+        blob = r"/v1/blob/(?P<blob>[0-9a-f]{64})"
+        # path pattern -> {method: (handler, needs a session)}
+        self._routes: list[tuple[re.Pattern[str], dict[str, tuple[Handler, bool]]]] = [
+            (re.compile(r"/v1/health"), {"GET": (self.health, False)}),
+            (re.compile(r"/v1/challenge"), {"POST": (self.challenge, False)}),
+            (re.compile(r"/v1/session"), {"POST": (self.session, False)}),
+            (re.compile(r"/v1/roster"), {"GET": (self.roster, True)}),
+            (re.compile(r"/v1/send/(?P<peer>[0-9a-f]{64})"), {"POST": (self.send, True)}),
+            (re.compile(r"/v1/broadcast"), {"POST": (self.broadcast, True)}),
+            (re.compile(r"/v1/recv"), {"GET": (self.recv, True)}),
+            (re.compile(blob), {"PUT": (self.put_blob, True), "GET": (self.get_blob, True),
+                                "HEAD": (self.get_blob, True)}),
+        ]
+
+    def load(self) -> None:
+        """Read saved rosters and the blob index from disk (blocking; call once at start)."""
+        self.rosters.load()
+        self.blobs.load()
+
+    def close(self) -> None:
+        """Answer every long-poll now: the relay is shutting down."""
+        self.mailboxes.close()
+
+    async def maintain(self) -> None:
+        """Expire blobs and forget idle empty mailboxes, forever."""
+        while True:
+            await trio.sleep(min(MAINTAIN_EVERY, self.config.blob_ttl / 4))
+            self.mailboxes.collect(trio.current_time(), MAILBOX_IDLE)
+            removed = await self.blobs.sweep(time.time())
+            if removed:
+                log.info("expired %d blobs", removed)
+
+    # -- ASGI entry -----------------------------------------------------------------
+
+    async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                kind = message["type"].removeprefix("lifespan.")
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
+        if scope["type"] != "http":
+            return
+        self.requests_seen += 1
+        request = Request.from_scope(scope, receive)
+        response: Response | FileResponse
+        try:
+            response = await self._dispatch(request)
+        except HttpError as error:
+            response = asgi.error_response(error)
+        except asgi.Disconnected:
+            return
+        except Exception:  # a bug: answer it like one, and keep serving everyone else
+            log.exception("failed on %s %s", request.method, request.path)
+            response = asgi.error_response(HttpError(500, "internal relay error"))
+        try:
+            await self._answer(request, response, send)
+        except asgi.Disconnected:
+            return
+
+    async def _answer(self, request: Request, response: Response | FileResponse,
+                      send: asgi.Send) -> None:
+        """Send ``response``, settling whatever is left of the request body first.
+
+        HTTP/2: read the body to its end before answering, because hypercorn 0.18
+        fails the whole server on DATA for a stream it has already answered.
+        HTTP/1: drop a small rest; for a large one answer at once with
+        ``connection: close``, while swallowing body chunks so hypercorn's queue
+        never blocks the answer.
+        """
+        if request.body_done or (request.method in ("GET", "HEAD") and request.is_http1):
+            await asgi.send_response(send, response)
+        elif not request.is_http1:
+            await request.discard_rest(timeout=None)
+            await asgi.send_response(send, response)
+        else:
+            response.headers += await request.finish(DRAIN_LIMIT)
+            async with trio.open_nursery() as nursery:
+                if not request.body_done:
+                    nursery.start_soon(partial(request.discard_rest, timeout=DISCARD_TIMEOUT))
+                await asgi.send_response(send, response)
+
+    async def _dispatch(self, request: Request) -> Response | FileResponse:
+        for pattern, methods in self._routes:
+            match = pattern.fullmatch(request.path)
+            if match is None:
+                continue
+            if request.method not in methods:
+                raise HttpError(405, f"{request.method} is not allowed on {request.path}")
+            handler, needs_session = methods[request.method]
+            now = trio.current_time()
+            session = None
+            if needs_session:
+                token = request.headers.get("authorization", "").removeprefix("Bearer ")
+                session = self.sessions.get(token, now)
+            key = ("peer", session.pool, session.peer) if session else ("ip", request.client)
+            wait = self.limiter.check(key, now)
+            if wait is not None:
+                raise HttpError(429, "too many requests; slow down", retry_after=wait)
+            if needs_session and session is None:
+                raise HttpError(401, "session expired")
+            return await handler(request, match.groupdict(), session)
+        raise HttpError(404, f"no such endpoint: {request.path}")
+
+    # -- admission ------------------------------------------------------------------
+
+    async def health(self, request: Request, _: dict[str, str], __: Session | None) -> Response:
+        return json_response(200, {"ok": True})
+
+    async def challenge(self, request: Request, _: dict[str, str], __: Session | None) -> Response:
+        body = await request.json(self.config.max_json_bytes)
+        pool, peer = _field(body, "pool", _POOL), _field(body, "peer", _PEER)
+        return json_response(200, {"nonce": self.nonces.issue(pool, peer, trio.current_time())})
+
+    async def session(self, request: Request, _: dict[str, str], __: Session | None) -> Response:
+        body = await request.json(self.config.max_json_bytes)
+        pool, peer = _field(body, "pool", _POOL), _field(body, "peer", _PEER)
+        nonce, sig = _field(body, "nonce", _NONCE), _field(body, "sig", _SIG)
+        proof_hex = body.get("proof")
+        if not (isinstance(proof_hex, list) and len(proof_hex) == 2
+                and all(isinstance(p, str) and _HEXBYTES.match(p) for p in proof_hex)):
+            raise HttpError(400, "field 'proof' must be [invite_hex, join_hex]")
+        now = trio.current_time()
+        if not self.nonces.take(nonce, pool, peer, now):
+            raise HttpError(401, "unknown or expired nonce; ask for a new challenge")
+        proof = [bytes.fromhex(p) for p in proof_hex]
+        try:
+            verify_proof(pool, peer, proof)
+        except ProofError as exc:
+            raise HttpError(403, f"bad membership proof: {exc}") from None
+        if not signature_ok(peer, sig, login_message(self.fingerprint, pool, nonce)):
+            raise HttpError(
+                403, "bad signature: not signed by the peer's key for this relay's certificate"
+            )
+        try:
+            if self.rosters.admit(pool, peer, proof):
+                await self.rosters.save(pool)
+        except RosterFull as exc:
+            raise HttpError(507, str(exc)) from None
+        token = self.sessions.open(pool, peer, now)
+        limits = {"max_message_bytes": self.config.max_message_bytes,
+                  "max_blob_bytes": self.config.max_blob_bytes, "max_wait": MAX_WAIT}
+        return json_response(200, {"session": token, "expires": self.sessions.ttl,
+                                   "limits": limits})
+
+    async def roster(self, request: Request, _: dict[str, str], s: Session | None) -> Response:
+        s = _member(s)
+        proofs = [[r.hex() for r in proof] for proof in self.rosters.proofs(s.pool)]
+        return json_response(200, {"proofs": proofs})
+
+    # -- mailboxes ------------------------------------------------------------------
+
+    def _put(self, s: Session, peer: str, data: bytes) -> int:
+        try:
+            return self.mailboxes.put(s.pool, peer, s.peer, data, trio.current_time())
+        except MailboxFull as exc:
+            raise HttpError(507, str(exc), retry_after=exc.retry_after) from None
+
+    async def send(self, request: Request, params: dict[str, str], s: Session | None) -> Response:
+        s = _member(s)
+        data = await request.body(self.config.max_message_bytes)
+        return json_response(200, {"seq": self._put(s, params["peer"], data)})
+
+    async def broadcast(self, request: Request, _: dict[str, str], s: Session | None) -> Response:
+        s = _member(s)
+        data = await request.body(self.config.max_message_bytes)
+        delivered, full = 0, []
+        for peer in self.rosters.peers(s.pool):
+            if peer == s.peer:
+                continue
+            try:
+                self._put(s, peer, data)
+                delivered += 1
+            except HttpError:
+                full.append(peer)
+        return json_response(200, {"delivered": delivered, "full": full})
+
+    async def recv(self, request: Request, _: dict[str, str], s: Session | None) -> Response:
+        s = _member(s)
+        try:
+            after = int(request.query.get("after", "0"))
+            wait = float(request.query.get("wait", "0"))
+        except ValueError:
+            raise HttpError(400, "after must be an integer and wait a number") from None
+        if after < 0 or not 0 <= wait < float("inf"):
+            raise HttpError(400, "after and wait must not be negative")
+        messages = await self.mailboxes.receive(
+            s.pool, s.peer, after, min(wait, MAX_WAIT),
+            max_count=RECV_MAX_COUNT, max_bytes=RECV_MAX_BYTES,
+        )
+        out = [{"seq": m.seq, "from": m.sender, "data": base64.b64encode(m.data).decode()}
+               for m in messages]
+        cursor = messages[-1].seq if messages else after
+        return json_response(200, {"messages": out, "cursor": cursor})
+
+    # -- blobs ----------------------------------------------------------------------
+
+    async def put_blob(self, request: Request, params: dict[str, str], s: Session | None) -> Response:
+        s = _member(s)
+        blob, now = params["blob"], time.time()
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.config.max_blob_bytes:
+            raise HttpError(413, f"blob is over the {self.config.max_blob_bytes}-byte cap")
+        if self.blobs.stat(s.pool, blob, now) is not None:
+            await request.drain(self.config.max_blob_bytes)
+            await self.blobs.touch(s.pool, blob, now)
+            return json_response(200, {"blob": blob, "created": False})
+        try:
+            await self.blobs.put(s.pool, blob, request.chunks(), now)
+        except BlobError as exc:
+            raise HttpError(exc.status, exc.message) from None
+        return json_response(201, {"blob": blob, "created": True})
+
+    async def get_blob(self, request: Request, params: dict[str, str], s: Session | None) -> FileResponse:
+        s = _member(s)
+        blob = params["blob"]
+        size = self.blobs.stat(s.pool, blob, time.time())
+        if size is None:
+            raise HttpError(404, "no such blob")
+        try:
+            source = await trio.open_file(self.blobs.path(s.pool, blob), "rb")
+        except FileNotFoundError:
+            raise HttpError(404, "no such blob") from None
+        status, start, length = 200, 0, size
+        headers = [("accept-ranges", "bytes")]
+        match = _RANGE.match(request.headers.get("range", ""))
+        if match:  # single ranges only; anything else gets the whole blob (RFC 9110 allows)
+            start = int(match[1])
+            end = min(int(match[2]), size - 1) if match[2] else size - 1
+            if start >= size or end < start:
+                await source.aclose()
+                raise HttpError(416, f"range starts past the end of the {size}-byte blob")
+            status, length = 206, end - start + 1
+            headers.append(("content-range", f"bytes {start}-{end}/{size}"))
+        return FileResponse(status, source, start, length, headers, head=request.method == "HEAD")

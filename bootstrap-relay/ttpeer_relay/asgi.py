@@ -1,0 +1,195 @@
+"""The little HTTP layer under the relay: requests, responses, errors, over ASGI.
+
+No framework: a request is read through ``receive`` with a byte cap, a response
+is either a small JSON body or a file streamed in chunks read off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl
+
+import trio
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_CHUNK = 256 * 1024
+
+
+class HttpError(Exception):
+    """Answer the request with ``status`` and ``{"error": message}``."""
+
+    def __init__(self, status: int, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers: list[tuple[str, str]] = []
+        if retry_after is not None:
+            self.headers.append(("retry-after", str(max(1, math.ceil(retry_after)))))
+
+
+class Disconnected(Exception):
+    """The client went away while its request body was being read."""
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    client: str
+    http_version: str
+    receive: Receive
+    body_done: bool = False  # the whole body has been received
+
+    @classmethod
+    def from_scope(cls, scope: Scope, receive: Receive) -> Request:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        client = scope.get("client") or ("unknown", 0)
+        version = scope.get("http_version", "1.1")
+        return cls(scope["method"], scope["path"], query, headers, client[0], version, receive)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives. Raises ``Disconnected``."""
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise Disconnected
+            chunk = message.get("body", b"")
+            if chunk:
+                yield chunk
+            if not message.get("more_body", False):
+                self.body_done = True
+                return
+
+    async def body(self, limit: int) -> bytes:
+        """The whole body; 413 as soon as it passes ``limit`` bytes."""
+        declared = self.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise HttpError(413, f"body is over the {limit}-byte cap")
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in self.chunks():
+            size += len(chunk)
+            if size > limit:
+                raise HttpError(413, f"body is over the {limit}-byte cap")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def json(self, limit: int) -> dict[str, Any]:
+        raw = await self.body(limit)
+        try:
+            value = json.loads(raw)
+        except (UnicodeDecodeError, ValueError):
+            raise HttpError(400, "body is not JSON") from None
+        if not isinstance(value, dict):
+            raise HttpError(400, "body must be a JSON object")
+        return value
+
+    async def finish(self, drain_limit: int) -> list[tuple[str, str]]:
+        """HTTP/1, before answering early: drop a small unread body so the connection
+        can be reused; for a large one, the answer's extra headers close it."""
+        if self.body_done or self.method in ("GET", "HEAD"):
+            return []
+        declared = self.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) <= drain_limit:
+            try:
+                await self.drain(drain_limit)
+                return []
+            except (HttpError, Disconnected):
+                pass
+        return [("connection", "close")]
+
+    @property
+    def is_http1(self) -> bool:
+        return self.http_version.startswith("1")
+
+    async def discard_rest(self, *, timeout: float | None) -> None:
+        """Swallow what is left of the body until its end or a disconnect (or
+        ``timeout`` seconds). Hypercorn feeds the body through a small queue; if
+        nobody empties it, an early answer cannot complete."""
+        with trio.move_on_after(float("inf") if timeout is None else timeout):
+            while not self.body_done:
+                message = await self.receive()
+                if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                    self.body_done = True
+
+    async def drain(self, limit: int) -> int:
+        """Read and drop the body (413 past ``limit``); returns its size."""
+        size = 0
+        async for chunk in self.chunks():
+            size += len(chunk)
+            if size > limit:
+                raise HttpError(413, f"body is over the {limit}-byte cap")
+        return size
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    content_type: str = "application/json"
+
+
+@dataclass
+class FileResponse:
+    """``length`` bytes of the open ``source`` from ``start``; headers only when ``head``.
+
+    ``send_response`` closes ``source``.
+    """
+
+    status: int
+    source: Any  # a trio async file opened for binary reading
+    start: int
+    length: int
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    head: bool = False
+
+
+def json_response(status: int, value: Any, headers: list[tuple[str, str]] | None = None) -> Response:
+    body = json.dumps(value, separators=(",", ":")).encode()
+    return Response(status, body, headers or [])
+
+
+def error_response(error: HttpError) -> Response:
+    return json_response(error.status, {"error": error.message}, error.headers)
+
+
+async def send_response(send: Send, response: Response | FileResponse) -> None:
+    if isinstance(response, Response):
+        headers = [("content-type", response.content_type),
+                   ("content-length", str(len(response.body))), *response.headers]
+        await send({"type": "http.response.start", "status": response.status,
+                    "headers": _encode(headers)})
+        await send({"type": "http.response.body", "body": response.body})
+        return
+    headers = [("content-type", "application/octet-stream"),
+               ("content-length", str(response.length)), *response.headers]
+    async with response.source as source:
+        await send({"type": "http.response.start", "status": response.status,
+                    "headers": _encode(headers)})
+        if response.head or response.length == 0:
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await source.seek(response.start)
+        left = response.length
+        while left > 0:
+            chunk = await source.read(min(_CHUNK, left))
+            if not chunk:  # truncated underneath us: end the stream short, not cleanly
+                raise OSError(f"blob file ended {left} bytes early")
+            left -= len(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": left > 0})
+
+
+def _encode(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]

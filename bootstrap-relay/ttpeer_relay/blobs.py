@@ -1,0 +1,191 @@
+"""Content-addressed blobs on disk, per pool, with a TTL and a quota.
+
+Theory of operation. A blob lives at ``pools/<pool>/blobs/<sha256>``. An upload
+streams into a temporary file in the same directory while hashing and counting;
+it is refused as soon as it passes the size cap or the pool's quota, and kept
+only if its hash matches its name, after fsync and an atomic rename. So a blob
+file that exists is always complete and correct, and a crash leaves at most a
+``.part`` file that the next start removes.
+
+The index (size and upload time of every blob) is read from disk once at start
+and kept in memory; the file's mtime is its upload time, so TTLs survive
+restarts. Re-uploading an existing blob refreshes its TTL. Bytes of uploads in
+flight are reserved against the quota, so concurrent uploads cannot overshoot it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+log = logging.getLogger(__name__)
+
+_HASH = re.compile(r"^[0-9a-f]{64}$")
+_WRITE_BUFFER = 1 << 20
+
+
+class BlobError(Exception):
+    """An upload was refused; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class _Pool:
+    blobs: dict[str, tuple[int, float]] = field(default_factory=dict)  # hash -> (size, mtime)
+    used: int = 0
+    reserved: int = 0
+
+
+class BlobStore:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        max_blob_bytes: int,
+        ttl: float,
+        quota: int,
+        max_blobs: int = 100_000,
+    ) -> None:
+        self.root = root
+        self.max_blob_bytes = max_blob_bytes
+        self.ttl = ttl
+        self.quota = quota
+        self.max_blobs = max_blobs
+        self._pools: dict[str, _Pool] = {}
+
+    def directory(self, pool: str) -> Path:
+        return self.root / pool / "blobs"
+
+    def load(self) -> None:
+        """Index every blob on disk and remove leftovers of interrupted uploads (sync)."""
+        if not self.root.is_dir():
+            return
+        for pool_dir in self.root.iterdir():
+            blob_dir = pool_dir / "blobs"
+            if not blob_dir.is_dir():
+                continue
+            entry = self._pools.setdefault(pool_dir.name, _Pool())
+            for item in blob_dir.iterdir():
+                if _HASH.match(item.name):
+                    st = item.stat()
+                    entry.blobs[item.name] = (st.st_size, st.st_mtime)
+                    entry.used += st.st_size
+                elif item.name.endswith(".part"):
+                    item.unlink(missing_ok=True)
+
+    def stat(self, pool: str, blob: str, now: float) -> int | None:
+        """Size of the blob, or None if it is missing or has expired."""
+        entry = self._pools.get(pool)
+        if entry is None or blob not in entry.blobs:
+            return None
+        size, mtime = entry.blobs[blob]
+        if now - mtime > self.ttl:
+            self._delete(pool, blob)
+            return None
+        return size
+
+    def _forget(self, pool: str, blob: str) -> Path:
+        entry = self._pools[pool]
+        size, _ = entry.blobs.pop(blob)
+        entry.used -= size
+        return self.path(pool, blob)
+
+    def _delete(self, pool: str, blob: str) -> None:
+        _unlink([self._forget(pool, blob)])
+
+    async def sweep(self, now: float) -> int:
+        """Delete every expired blob; returns how many."""
+        expired = [
+            (pool, blob)
+            for pool, entry in self._pools.items()
+            for blob, (_, mtime) in entry.blobs.items()
+            if now - mtime > self.ttl
+        ]
+        paths = [self._forget(pool, blob) for pool, blob in expired]
+        await trio.to_thread.run_sync(_unlink, paths)
+        return len(paths)
+
+    def path(self, pool: str, blob: str) -> Path:
+        return self.directory(pool) / blob
+
+    async def touch(self, pool: str, blob: str, now: float) -> None:
+        """Restart an existing blob's TTL (a repeated upload)."""
+        entry = self._pools[pool]
+        size, _ = entry.blobs[blob]
+        entry.blobs[blob] = (size, now)
+        try:
+            await trio.to_thread.run_sync(os.utime, self.path(pool, blob), (now, now))
+        except OSError as exc:
+            log.warning("could not refresh blob %s: %s", blob, exc)
+
+    async def put(self, pool: str, blob: str, body: AsyncIterator[bytes], now: float) -> None:
+        """Store the streamed ``body`` as ``blob``. Raises ``BlobError`` (400, 413, 507)."""
+        entry = self._pools.setdefault(pool, _Pool())
+        if len(entry.blobs) >= self.max_blobs:
+            raise BlobError(507, "pool quota exceeded")
+        directory = self.directory(pool)
+        await trio.to_thread.run_sync(lambda: directory.mkdir(parents=True, exist_ok=True))
+        tmp = directory / f"{secrets.token_hex(8)}.part"
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            async with await trio.open_file(tmp, "xb") as out:
+                buffer = bytearray()
+                async for chunk in body:
+                    size += len(chunk)
+                    entry.reserved += len(chunk)
+                    if size > self.max_blob_bytes:
+                        raise BlobError(413, f"blob is over the {self.max_blob_bytes}-byte cap")
+                    if entry.used + entry.reserved > self.quota:
+                        raise BlobError(507, "pool quota exceeded")
+                    digest.update(chunk)
+                    buffer += chunk
+                    if len(buffer) >= _WRITE_BUFFER:
+                        await out.write(bytes(buffer))
+                        buffer.clear()
+                await out.write(bytes(buffer))
+                await out.flush()
+                await trio.to_thread.run_sync(os.fsync, out.fileno())
+            if digest.hexdigest() != blob:
+                raise BlobError(400, f"body hashes to {digest.hexdigest()}, not to {blob}")
+            await trio.to_thread.run_sync(_commit, tmp, self.path(pool, blob))
+        finally:
+            entry.reserved -= size
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(lambda: tmp.unlink(missing_ok=True))
+        if blob in entry.blobs:  # a concurrent upload of the same bytes finished first
+            entry.used -= entry.blobs[blob][0]
+        entry.blobs[blob] = (size, now)
+        entry.used += size
+
+
+def _commit(tmp: Path, final: Path) -> None:
+    os.replace(tmp, final)
+    try:  # make the rename itself durable
+        fd = os.open(final.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def _unlink(paths: list[Path]) -> None:
+    for path in paths:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("could not delete %s: %s", path, exc)

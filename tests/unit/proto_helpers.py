@@ -1,0 +1,118 @@
+"""Builders shared by the ``test_proto_*`` tests: keys, pools, jobs, rounds.
+
+Keys are derived from small integers so every test is reproducible and cheap to
+shrink; bodies are built per kind of ``SCHEMAS`` with valid defaults that a test
+overrides field by field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from ttpeer.proto import Record, pool_id_of, public_hex, sign
+
+EXPIRES = 1_000_000
+
+
+def key(n: int | str) -> Ed25519PrivateKey:
+    """A deterministic Ed25519 key for label ``n``."""
+    return Ed25519PrivateKey.from_private_bytes(hashlib.sha256(f"test-key:{n}".encode()).digest())
+
+
+def hex64(label: object) -> str:
+    return hashlib.sha256(f"hex:{label}".encode()).hexdigest()
+
+
+def state(label: object) -> str:
+    return "sha256:" + hashlib.sha256(f"state:{label}".encode()).hexdigest()
+
+
+def seed_of(k: Ed25519PrivateKey) -> bytes:
+    return k.private_bytes_raw()
+
+
+class Pool:
+    """A pool: its root key and id, and helpers that sign invites and joins for it."""
+
+    def __init__(self, label: object = "root") -> None:
+        self.root = key(f"root:{label}")
+        self.id = pool_id_of(public_hex(self.root))
+
+    def invite(
+        self, invite_key: Ed25519PrivateKey, *, uses: int = 10, expires: int = EXPIRES,
+        role: str = "member", signer: Ed25519PrivateKey | None = None,
+    ) -> Record:
+        body = {"key": public_hex(invite_key), "expires": expires, "uses": uses, "role": role}
+        return sign("invite", self.id, body, signer or self.root)
+
+    def join(
+        self, invite: Record, node: Ed25519PrivateKey, *, at: int = 100, name: str = "node",
+        signer: Ed25519PrivateKey | None = None, invite_id: str | None = None,
+    ) -> Record:
+        body = {
+            "invite": invite_id or invite.id, "node": public_hex(node),
+            "seal": hex64(("seal", public_hex(node))), "name": name, "at": at,
+        }
+        if signer is None:
+            raise ValueError("a join is signed by the invite key: pass signer")
+        return sign("join", self.id, body, signer)
+
+    def admit(self, nodes: list[Ed25519PrivateKey], *, uses: int | None = None) -> list[Record]:
+        """An invite (signed by root) and one join per node: the records that make them members."""
+        ik = key(f"invite-for:{self.id}")
+        invite = self.invite(ik, uses=uses or max(1, len(nodes)))
+        return [invite] + [self.join(invite, n, name=f"n{i}", signer=ik) for i, n in enumerate(nodes)]
+
+
+def job_body(**over: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "task": "builtin:linear", "task_hash": hex64("task"), "task_blob": "", "mode": "fused",
+        "rounds": 3, "shards": 4, "batches": 2, "batch_size": 8, "inner_lr": 0.001,
+        "weight_decay": 0.01, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8, "seed": 1,
+        "init": state("init"), "init_blob": hex64("init-blob"), "lease": 30, "at": 1000,
+    }
+    body.update(over)
+    return body
+
+
+def valid_bodies() -> dict[str, dict[str, Any]]:
+    """One valid body per kind of ``SCHEMAS``."""
+    return {
+        "invite": {"key": hex64("ik"), "expires": EXPIRES, "uses": 3, "role": "admin"},
+        "join": {"invite": hex64("inv"), "node": hex64("node"), "seal": hex64("seal"), "name": "lap-top_1.x", "at": 5},
+        "job": job_body(),
+        "claim": {"job": hex64("job"), "round": 2, "shard": 7, "attempt": 1, "n": 3},
+        "contrib": {
+            "job": hex64("job"), "round": 0, "base": state(0), "shards": [0, 3, 9], "samples": 640,
+            "blob": hex64("blob"), "size": 1234, "metrics": {"loss": 0.25, "steps": 10},
+        },
+        "close": {
+            "job": hex64("job"), "round": 0, "base": state(0), "contribs": sorted([hex64("c1"), hex64("c2")]),
+            "state": state(1), "metrics": {"loss": 0.5},
+        },
+        "ckpt": {"job": hex64("job"), "round": 1, "state": state(1), "blob": hex64("ck"), "size": 99},
+    }
+
+
+def contrib(
+    pool: str, author: Ed25519PrivateKey, job: Record, rnd: int, base: str, shards: list[int],
+    *, samples: int = 64, blob: str | None = None,
+) -> Record:
+    return sign("contrib", pool, {
+        "job": job.id, "round": rnd, "base": base, "shards": sorted(shards), "samples": samples,
+        "blob": blob or hex64(("blob", public_hex(author), rnd, base, tuple(shards))), "size": 100,
+        "metrics": {},
+    }, author)
+
+
+def close(
+    pool: str, author: Ed25519PrivateKey, job: Record, rnd: int, base: str, contribs: list[Record],
+    new_state: str,
+) -> Record:
+    return sign("close", pool, {
+        "job": job.id, "round": rnd, "base": base, "contribs": sorted(c.id for c in contribs),
+        "state": new_state, "metrics": {},
+    }, author)

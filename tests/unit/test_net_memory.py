@@ -1,0 +1,256 @@
+"""MemoryRelay keeps the HTTPS relay's promises, and its faults are deterministic.
+
+The same scenario runs against the in-memory relay and the real one over TLS,
+and the transcripts (with seqs made relative) must be equal. Fault injection
+runs under trio's MockClock: a seed gives the same drops, duplicates, delays and
+order every time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+import ttpeer.net
+from ttpeer.net import (
+    BlobCorrupt,
+    BlobMissing,
+    Faults,
+    MemoryRelay,
+    Message,
+    RelayClient,
+    RelayLimit,
+    RelayRejected,
+    RelayUnavailable,
+    Transport,
+)
+from ttpeer.proto import pool_id_of, public_hex, sign
+
+ROOT = Path(__file__).resolve().parents[2]
+try:
+    import ttpeer_relay  # noqa: F401
+except ImportError:  # the root distribution does not ship the relay; use the checkout
+    sys.path.insert(0, str(ROOT / "bootstrap-relay"))
+
+from ttpeer_relay import RelayConfig, RelayRunning, serve  # noqa: E402
+
+Proof = list[bytes]
+
+
+def _key(fixed: str | None, name: str) -> Ed25519PrivateKey:
+    if fixed is None:
+        return Ed25519PrivateKey.generate()
+    return Ed25519PrivateKey.from_private_bytes(hashlib.sha256(f"{fixed}/{name}".encode()).digest())
+
+
+def make_pool(n: int, fixed: str | None = None) -> tuple[str, list[tuple[Ed25519PrivateKey, Proof]]]:
+    """A pool of ``n`` members; with ``fixed``, the same keys every time."""
+    root = _key(fixed, "root")
+    pool = pool_id_of(public_hex(root))
+    invite_key = _key(fixed, "invite")
+    invite = sign("invite", pool, {"key": public_hex(invite_key), "expires": 2**40, "uses": 50,
+                                   "role": "member"}, root)
+    members = []
+    for i in range(n):
+        node = _key(fixed, f"node{i}")
+        seal = X25519PrivateKey.generate().public_key().public_bytes_raw().hex()
+        join = sign("join", pool, {"invite": invite.id, "node": public_hex(node), "seal": seal,
+                                   "name": f"p{i}", "at": 1}, invite_key)
+        members.append((node, [invite.raw, join.raw]))
+    return pool, members
+
+
+MakeClient = Callable[[str, Ed25519PrivateKey, Proof], Transport]
+
+
+async def scenario(make: MakeClient) -> list[Any]:
+    """Drive three peers through every Transport method; return what they observed."""
+    pool, members = make_pool(3)
+    log: list[Any] = []
+    async with AsyncExitStack() as stack:
+        a, b, c = (make(pool, key, proof) for key, proof in members)
+        for t in (a, b, c):
+            await t.connect()
+            stack.push_async_callback(t.aclose)
+        peer = {public_hex(key): name for (key, _), name in zip(members, "abc", strict=True)}
+        b_id = public_hex(members[1][0])
+        base: dict[str, int] = {}
+
+        def show(who: str, messages: list[Message], cursor: int) -> None:
+            first = base.setdefault(who, messages[0].seq if messages else cursor)
+            log.append((who, [(m.seq - first, peer[m.sender], m.data) for m in messages],
+                        cursor - first if messages else "unchanged"))
+
+        for i in range(3):
+            await a.send(b_id, b"m%d" % i)
+        messages, cursor = await b.recv(0, 0)
+        show("b", messages, cursor)
+        show("b", *(await b.recv(messages[0].seq, 0)))  # unacknowledged: delivered again
+        log.append(await b.recv(cursor, 0) == ([], cursor))  # acknowledged: gone
+        log.append(await a.broadcast(b"all"))
+        for who, t in (("b", b), ("c", c)):
+            show(who, *(await t.recv(cursor if who == "b" else 0, 0)))
+        log.append(await a.recv(0, 0))
+
+        got: list[bytes] = []
+        _, cursor = await b.recv(cursor, 0)
+        _, cursor = await b.recv(cursor, 0)
+
+        async def poll() -> None:
+            new, _ = await b.recv(cursor, 30)
+            got.extend(m.data for m in new)
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(poll)
+                await trio.testing.wait_all_tasks_blocked()
+                await c.send(b_id, b"wake")
+        log.append(got)
+
+        data = bytes(range(256)) * 100
+        blob = await a.put_blob(data)
+        log.append((blob == hashlib.sha256(data).hexdigest(), await b.has_blob(blob),
+                    await c.get_blob(blob, max_size=len(data)) == data))
+        for call in (c.get_blob(blob, max_size=10), c.get_blob("0" * 64, max_size=10)):
+            try:
+                await call
+            except (BlobCorrupt, BlobMissing) as exc:
+                log.append(type(exc).__name__)
+        log.append(await c.has_blob("0" * 64))
+        try:
+            await a.send(b_id, b"x" * (256 * 1024 + 1))
+        except RelayLimit as exc:
+            log.append((exc.status, exc.retry_after))
+        log.append(sorted(await c.roster()) == sorted(proof for _, proof in members))
+    return log
+
+
+async def test_memory_relay_matches_the_https_relay(tmp_path: Path, nursery: trio.Nursery) -> None:
+    async with MemoryRelay() as memory:
+        in_memory = await scenario(memory.client)
+    running: RelayRunning = await nursery.start(
+        serve, RelayConfig(data=tmp_path / "relay", listen="127.0.0.1:0")
+    )
+
+    def https(pool: str, key: Ed25519PrivateKey, proof: Proof) -> Transport:
+        return RelayClient(running.url, running.fingerprint, pool=pool, peer_key=key, proof=proof)
+
+    over_https = await scenario(https)
+    assert in_memory == over_https
+    assert in_memory[0] == ("b", [(0, "a", b"m0"), (1, "a", b"m1"), (2, "a", b"m2")], 2)
+    assert in_memory[3] == 2 and in_memory[6] == ([], 0)  # broadcast skipped its sender
+    assert "BlobCorrupt" in in_memory and "BlobMissing" in in_memory
+
+
+def test_both_transports_satisfy_the_protocol() -> None:
+    pool, [(key, proof)] = make_pool(1)
+    methods = {"connect", "send", "broadcast", "recv", "roster", "put_blob", "get_blob",
+               "has_blob", "aclose"}
+    declared = {name for name in vars(Transport) if not name.startswith("_")}
+    assert declared == methods
+    assert isinstance(MemoryRelay().client(pool, key, proof), Transport)
+    assert isinstance(RelayClient("https://127.0.0.1:1", "sha256:" + "0" * 64, pool=pool,
+                                  peer_key=key, proof=proof), Transport)
+
+
+def test_public_surface() -> None:
+    assert sorted(ttpeer.net.__all__) == sorted([
+        "BlobCorrupt", "BlobMissing", "Faults", "MemoryRelay", "MemoryTransport", "Message",
+        "NetError", "RelayClient", "RelayFingerprintMismatch", "RelayLimit", "RelayRejected",
+        "RelayUnavailable", "Transport", "fetch_certificate", "fingerprint", "fingerprint_of",
+        "login_message", "pinned_ssl_context",
+    ])
+    for name in ttpeer.net.__all__:
+        assert getattr(ttpeer.net, name) is not None
+    assert issubclass(ttpeer.net.NetError, ttpeer.proto.TtpeerError)
+    for name in ("RelayUnavailable", "RelayRejected", "RelayFingerprintMismatch", "RelayLimit",
+                 "BlobMissing", "BlobCorrupt"):
+        assert issubclass(getattr(ttpeer.net, name), ttpeer.net.NetError)
+
+
+async def test_memory_admission_availability_and_tampering() -> None:
+    pool, [(key_a, proof_a), (key_b, proof_b)] = make_pool(2)
+    relay = MemoryRelay()
+    with pytest.raises(RelayRejected) as info:
+        await relay.client(pool, key_a, proof_b).connect()
+    assert info.value.status == 403
+    a = relay.client(pool, key_a, proof_a)
+    with pytest.raises(RelayUnavailable):
+        await a.send(public_hex(key_b), b"before connect")
+    await a.connect()
+    blob = await a.put_blob(b"payload")
+    relay.blobs[pool][blob] = b"tampered"
+    with pytest.raises(BlobCorrupt):
+        await a.get_blob(blob, max_size=100)
+    relay.available = False
+    with pytest.raises(RelayUnavailable):
+        await a.roster()
+    relay.available = True
+    assert len(await a.roster()) == 1
+
+
+@asynccontextmanager
+async def faulty_pair(seed: int) -> AsyncIterator[tuple[Transport, Transport, str]]:
+    pool, [(key_a, proof_a), (key_b, proof_b)] = make_pool(2, fixed="faults")
+    faults = Faults(seed=seed, drop=0.2, duplicate=0.2, delay=0.5, max_delay=1.0)
+    async with MemoryRelay(faults=faults) as relay:
+        a, b = relay.client(pool, key_a, proof_a), relay.client(pool, key_b, proof_b)
+        await a.connect()
+        await b.connect()
+        yield a, b, public_hex(key_b)
+
+
+async def faulty_run(seed: int) -> list[Any]:
+    """Send 40 numbered messages through a faulty relay; return what arrived, and when."""
+    start = trio.current_time()
+    arrived: list[tuple[float, int, bytes]] = []
+    async with faulty_pair(seed) as (a, b, b_id):
+
+        async def sender() -> None:
+            for i in range(40):
+                await a.send(b_id, b"%02d" % i)
+                await trio.sleep(0.05)
+
+        async def receiver() -> None:
+            cursor = 0
+            with trio.move_on_after(10):
+                while True:
+                    messages, cursor = await b.recv(cursor, 5)
+                    arrived.extend((round(trio.current_time() - start, 6), m.seq, m.data)
+                                   for m in messages)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sender)
+            nursery.start_soon(receiver)
+    return arrived
+
+
+async def test_faults_are_deterministic_for_a_seed(autojump_clock: trio.testing.MockClock) -> None:
+    first, again, other = await faulty_run(7), await faulty_run(7), await faulty_run(8)
+    assert first == again
+    assert first != other
+    payloads = [data for _, _, data in first]
+    assert len(set(payloads)) < 40  # some were dropped
+    assert len(payloads) > len(set(payloads))  # some were duplicated
+    assert payloads != sorted(payloads)  # some were delayed past later ones
+    seqs = [seq for _, seq, _ in first]
+    assert seqs == sorted(set(seqs))  # the relay's seqs still only increase
+
+
+async def test_delays_need_the_relay_nursery() -> None:
+    pool, [(key_a, proof_a), (key_b, _)] = make_pool(2)
+    relay = MemoryRelay(faults=Faults(seed=1, delay=1.0))
+    a = relay.client(pool, key_a, proof_a)
+    await a.connect()
+    with pytest.raises(RuntimeError, match="async with"):
+        await a.send(public_hex(key_b), b"x")

@@ -1,0 +1,527 @@
+"""PeerMachine driven by hand: no trio, no clock; effects routed between machines by a tiny
+event loop that moves ``now`` from one event or deadline to the next."""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ttpeer.proto import (
+    Aggregate,
+    Apply,
+    Broadcast,
+    Cancel,
+    Effect,
+    FetchState,
+    JobDone,
+    PeerMachine,
+    Persist,
+    PrepareJob,
+    PublishCheckpoint,
+    PublishDelta,
+    Record,
+    Send,
+    Train,
+    covered,
+    public_hex,
+    sign,
+)
+from ttpeer.proto._gossip import MAX_DIGEST_IDS, digest_payload, parse_payload
+
+from .proto_helpers import Pool, hex64, job_body, key
+
+BLOB = "ab" * 32
+
+
+def derive(base: str, contribs: list[str]) -> str:
+    """The state a round yields: a pure function of its base and contributions."""
+    return "sha256:" + hashlib.sha256((base + "|" + ",".join(sorted(contribs))).encode()).hexdigest()
+
+
+@dataclass
+class Cluster:
+    """Machines of one pool, a heap of pending deliveries and reports, and a clock."""
+
+    n: int
+    seed: int = 0
+    latency: float = 0.05
+    jitter: float = 0.0
+    duplicate: float = 0.0
+    train_time: float = 1.0
+    now: float = 0.0
+    pool: Pool = field(default_factory=lambda: Pool("peer"))
+    machines: dict[str, PeerMachine] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    dead: set[str] = field(default_factory=set)
+    done: dict[str, str] = field(default_factory=dict)
+    trains: list[tuple[str, Train]] = field(default_factory=list)
+    cancels: list[tuple[str, Cancel]] = field(default_factory=list)
+    aggregates: list[tuple[str, Aggregate]] = field(default_factory=list)
+    aggregated_at: list[float] = field(default_factory=list)
+    persisted: dict[str, set[str]] = field(default_factory=dict)
+    fetches: list[tuple[str, FetchState]] = field(default_factory=list)
+    blocked: set[frozenset[str]] = field(default_factory=set)  # partitioned pairs
+    fail_apply: set[str] = field(default_factory=set)  # machines whose next Apply does not reproduce
+    decline: set[str] = field(default_factory=set)  # machines that refuse every job
+    steps: int = 0
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.keys = [key(f"peer:{self.seed}:{i}") for i in range(self.n)]
+        membership = self.pool.admit(self.keys)
+        for k in self.keys:
+            m = PeerMachine(self.pool.id, k, now=self.now)
+            m.load([r.raw for r in membership], self.now)
+            self.machines[m.me] = m
+            self.order.append(m.me)
+        self._heap: list[tuple[float, int, str, Callable[[float], list[Effect]]]] = []
+        self._seq = itertools.count()
+
+    def machine(self, i: int) -> PeerMachine:
+        return self.machines[self.order[i]]
+
+    def submit_job(self, i: int = 0, **over: object) -> Record:
+        job = sign("job", self.pool.id, job_body(**over), self.keys[i])
+        self.handle(self.order[i], self.machine(i).add_local(job, self.now))
+        return job
+
+    # -- routing ----------------------------------------------------------------------
+
+    def later(self, delay: float, me: str, fn: Callable[[float], list[Effect]]) -> None:
+        heapq.heappush(self._heap, (self.now + delay, next(self._seq), me, fn))
+
+    def deliver(self, sender: str, to: str, payload: bytes) -> None:
+        if frozenset((sender, to)) in self.blocked or to in self.dead:
+            return
+        copies = 2 if self.rng.random() < self.duplicate else 1
+        for _ in range(copies):
+            delay = self.latency + self.rng.random() * self.jitter
+            self.later(delay, to, lambda now, m=self.machines[to]: m.receive(sender, payload, now))
+
+    def handle(self, me: str, effects: list[Effect]) -> None:
+        m = self.machines[me]
+        for e in effects:
+            if isinstance(e, Broadcast):
+                for other in self.order:
+                    if other != me:
+                        self.deliver(me, other, e.payload)
+            elif isinstance(e, Send):
+                self.deliver(me, e.peer, e.payload)
+            elif isinstance(e, Persist):
+                held = self.persisted.setdefault(me, set())
+                assert e.record.id not in held, "asked to persist a record twice"
+                held.add(e.record.id)
+            elif isinstance(e, PrepareJob):
+                ok = me not in self.decline
+                self.later(0.0, me, lambda now, j=e.job, ok=ok: m.job_prepared(j.id, ok, "too big", now))
+            elif isinstance(e, FetchState):
+                self.fetches.append((me, e))
+                self.later(0.1, me, lambda now, s=e.state: m.fetched(s, True, now))
+            elif isinstance(e, Train):
+                self.trains.append((me, e))
+                self.later(self.train_time * (1 + self.rng.random() * self.jitter), me,
+                           lambda now, t=e: m.train_done(t.job.id, t.round, t.shard, 64, now))
+            elif isinstance(e, Cancel):
+                self.cancels.append((me, e))
+            elif isinstance(e, PublishDelta):
+                self.later(0.1, me, lambda now, d=e: m.delta_published(
+                    d.job, d.round, d.base, d.shards, d.samples, BLOB, 100, {"loss": 1.0}, now))
+            elif isinstance(e, Aggregate):
+                self.aggregates.append((me, e))
+                self.aggregated_at.append(self.now)
+                ids = tuple(c.id for c in e.contribs)
+                self.later(0.1, me, lambda now, a=e, ids=ids: m.aggregated(
+                    a.job, a.round, a.base, ids, derive(a.base, list(ids)), {}, now))
+            elif isinstance(e, Apply):
+                ok = derive(e.close["base"], [c.id for c in e.contribs]) == e.close["state"]
+                if me in self.fail_apply:
+                    self.fail_apply.discard(me)
+                    ok = False
+                assert [c.id for c in e.contribs] == list(e.close["contribs"])
+                self.later(0.1, me, lambda now, s=e.close["state"], ok=ok: m.applied(s, ok, now))
+            elif isinstance(e, PublishCheckpoint):
+                self.later(0.1, me, lambda now, c=e: m.checkpoint_published(
+                    c.job, c.round, c.state, hex64(c.state), 100, now))
+            elif isinstance(e, JobDone):
+                assert self.done.get(me) != e.state, "JobDone twice for the same state"
+                self.done[me] = e.state
+            else:  # pragma: no cover
+                raise AssertionError(f"unknown effect {e!r}")
+
+    def restart(self, i: int) -> PeerMachine:
+        """Crash machine ``i`` (in-flight messages and reports are lost) and start a new one from
+        its durable records and held states."""
+        me = self.order[i]
+        old = self.machines[me]
+        self._heap = [h for h in self._heap if h[2] != me]
+        heapq.heapify(self._heap)
+        fresh = PeerMachine(self.pool.id, self.keys[i], now=self.now)
+        fresh.load([r.raw for r in old.records], self.now)
+        self.machines[me] = fresh
+        for s in sorted(old.held):
+            self.handle(me, fresh.holds(s, self.now))
+        return fresh
+
+    def alive(self) -> list[str]:
+        return [me for me in self.order if me not in self.dead]
+
+    def working(self) -> list[str]:
+        return [me for me in self.alive() if me not in self.decline]
+
+    def run(self, until: float, *, stop: Callable[[], bool] | None = None) -> None:
+        stop = stop or (lambda: all(me in self.done for me in self.working()))
+        while not stop():
+            self.steps += 1
+            assert self.steps < 200_000, "no progress"
+            due = min(self.machines[me].next_deadline() for me in self.alive())
+            event = self._heap[0][0] if self._heap else float("inf")
+            t = min(due, event)
+            if t > until:
+                return
+            self.now = max(self.now, t)  # a revived machine's deadline may be stale
+            if event <= due:
+                _, _, me, fn = heapq.heappop(self._heap)
+                if me not in self.dead:
+                    self.handle(me, fn(self.now))
+                continue
+            for me in self.alive():
+                m = self.machines[me]
+                if m.next_deadline() <= self.now:
+                    self.handle(me, m.tick(self.now))
+                    assert m.next_deadline() > self.now, "next_deadline is not in the future after tick"
+
+
+def check_finished(c: Cluster, job: Record) -> None:
+    alive = c.working()
+    assert set(c.done) >= set(alive)
+    chains = {me: c.machines[me].chain(job) for me in alive}
+    summaries = {(ch.states, tuple(x.id for x in ch.closes)) for ch in chains.values()}
+    assert len(summaries) == 1, "machines follow different chains"
+    chain = next(iter(chains.values()))
+    assert chain.round == job["rounds"]
+    assert {c.done[me] for me in alive} == {chain.head}
+    rs = c.machines[alive[0]].records
+    for rnd, close in enumerate(chain.closes):  # I2: every shard of every round in its close
+        parts = [rs.by_id[cid] for cid in close["contribs"]]
+        assert covered(parts) == set(range(job["shards"]))
+        assert all(p["round"] == rnd and p["base"] == chain.states[rnd] for p in parts)
+        assert close["state"] == derive(close["base"], list(close["contribs"]))
+    for me in alive:
+        assert chain.head in c.machines[me].held
+
+
+@pytest.mark.parametrize(("n", "shards", "rounds"), [(1, 3, 2), (2, 4, 3), (3, 5, 3), (3, 1, 2)])
+def test_machines_finish_every_round_with_identical_chains(n: int, shards: int, rounds: int) -> None:
+    c = Cluster(n)
+    job = c.submit_job(0, shards=shards, rounds=rounds, lease=30)
+    c.run(until=10_000)
+    check_finished(c, job)
+    trained = {(t.round, t.shard) for _, t in c.trains}
+    assert trained == {(r, s) for r in range(rounds) for s in range(shards)}
+    assert c.now < 100, "a healthy pool should not wait for leases"
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**16), n=st.integers(2, 3), jitter=st.floats(0, 3), duplicate=st.floats(0, 0.5),
+       submitter=st.integers(0, 2))
+def test_any_delivery_order_and_duplication_reaches_the_same_end(
+    seed: int, n: int, jitter: float, duplicate: float, submitter: int
+) -> None:
+    c = Cluster(n, seed=seed, jitter=jitter, duplicate=duplicate)
+    job = c.submit_job(submitter % n, shards=4, rounds=2, lease=20)
+    c.run(until=10_000)
+    check_finished(c, job)
+
+
+def test_a_peer_that_dies_mid_round_loses_nothing() -> None:
+    c = Cluster(3)
+    job = c.submit_job(0, shards=6, rounds=2, lease=20)
+    victim = c.order[2]
+    c.run(until=10_000, stop=lambda: any(me == victim and t.round == 0 for me, t in c.trains))
+    c.dead.add(victim)
+    c.run(until=10_000)
+    check_finished(c, job)
+
+
+def test_others_close_the_round_when_the_closer_dies() -> None:
+    c = Cluster(3)
+    job = c.submit_job(0, shards=3, rounds=2, lease=20)
+    c.run(until=10_000, stop=lambda: bool(c.aggregates))
+    closer, agg = c.aggregates[0]
+    assert closer == min(p.author for p in agg.contribs)
+    c.dead.add(closer)
+    t_dead = c.now
+    c.run(until=10_000)
+    check_finished(c, job)
+    later = [(me, a, t) for (me, a), t in zip(c.aggregates[1:], c.aggregated_at[1:], strict=True)
+             if a.round == agg.round]
+    assert later and all(me != closer for me, _, _ in later)
+    for _, _, t in later:  # they wait one lease for the designated closer, and not much more
+        assert t_dead + 20 - 0.5 <= t <= t_dead + 20 + 0.5
+
+
+def test_peer_offline_from_the_start_catches_up_from_a_checkpoint() -> None:
+    c = Cluster(3)
+    late = c.order[2]
+    c.dead.add(late)
+    job = c.submit_job(0, shards=3, rounds=4, lease=20)
+    c.run(until=10_000, stop=lambda: c.machines[c.order[0]].chain(job).round >= 2)
+    c.dead.discard(late)
+    c.run(until=10_000)
+    check_finished(c, job)
+    got = [f.state for me, f in c.fetches if me == late]
+    assert got and got[0] != job["init"], "the late peer should start from a checkpoint, not from init"
+    assert any(t.round >= 2 for me, t in c.trains if me == late) or c.machines[late].chain(job).round == 4
+
+
+@pytest.mark.parametrize("heal_after", [8.0, 10.0, 12.0])
+def test_partitioned_peers_converge_on_one_chain_after_healing(heal_after: float) -> None:
+    c = Cluster(2, seed=3)
+    a, b = c.order
+    job = c.submit_job(0, shards=2, rounds=6, lease=5)
+    c.run(until=0.06, stop=lambda: False)  # b hears of the job, then the link goes down
+    c.blocked.add(frozenset((a, b)))
+    c.run(until=heal_after, stop=lambda: False)
+    forks = {me: c.machines[me].chain(job) for me in c.order}
+    assert all(ch.round >= 1 for ch in forks.values()), "both sides progress alone"
+    assert forks[a].states[1] != forks[b].states[1], "the partition made a fork"
+    assert not c.done, "heal before either side finishes"
+    c.blocked.clear()
+    c.run(until=10_000)
+    check_finished(c, job)
+
+
+def test_peer_that_finished_on_a_losing_branch_repairs_after_healing() -> None:
+    c = Cluster(2, seed=3)
+    a, b = c.order
+    job = c.submit_job(0, shards=2, rounds=3, lease=5)
+    c.run(until=0.06, stop=lambda: False)
+    c.blocked.add(frozenset((a, b)))
+    c.run(until=10_000)  # both finish alone
+    assert c.done[a] != c.done[b]
+    c.blocked.clear()
+    c.run(until=c.now + 60, stop=lambda: False)  # digests merge the records
+    heads = {c.machines[me].chain(job).head for me in c.order}
+    assert len(heads) == 1, "views converge: the chain is a function of the records"
+    assert {c.done[me] for me in c.order} == heads
+
+
+def test_restarted_peer_resumes_from_its_durable_records() -> None:
+    c = Cluster(3)
+    job = c.submit_job(0, shards=4, rounds=3, lease=15)
+    me = c.order[1]
+    c.run(until=10_000, stop=lambda: any(m == me and t.round == 1 for m, t in c.trains))
+    fresh = c.restart(1)
+    assert fresh.chain(job).round >= 1
+    c.run(until=10_000)
+    check_finished(c, job)
+    assert any(m == me and t.round == 2 for m, t in c.trains), "the restarted peer contributes again"
+
+
+def test_peer_whose_apply_fails_repairs_from_a_checkpoint() -> None:
+    c = Cluster(3)
+    c.fail_apply = {c.order[1], c.order[2]}
+    job = c.submit_job(0, shards=3, rounds=3, lease=15)
+    c.run(until=10_000)
+    check_finished(c, job)
+    repaired = {me for me, f in c.fetches if f.state != job["init"]}
+    assert repaired & {c.order[1], c.order[2]}
+
+
+def test_jobs_run_one_after_another() -> None:
+    c = Cluster(2)
+    first = c.submit_job(0, shards=2, rounds=2, lease=10)
+    c.run(until=10_000)
+    check_finished(c, first)
+    second = c.submit_job(1, shards=3, rounds=2, lease=10, at=2000, seed=5)
+    c.run(until=10_000, stop=lambda: all(c.done.get(me) == c.machines[me].chain(second).head
+                                         and c.machines[me].chain(second).round == 2 for me in c.order))
+    check_finished(c, second)
+    assert all(c.machines[me].chain(first).round == 2 for me in c.order)
+
+
+def test_a_peer_that_declines_the_job_is_left_out() -> None:
+    c = Cluster(3)
+    c.decline = {c.order[2]}
+    job = c.submit_job(0, shards=3, rounds=2, lease=10)
+    c.run(until=10_000)
+    check_finished(c, job)
+    assert c.machines[c.order[2]].declined == {job.id: "too big"}
+    assert not [t for me, t in c.trains if me == c.order[2]]
+    assert c.machines[c.order[2]].chain(job).round == 2  # it still follows the ledger
+
+
+def test_a_peer_holding_everything_is_sent_nothing() -> None:
+    pool = Pool("digest-cap")
+    k = key("digest-cap")
+    membership = pool.admit([k])
+    recs = membership + [sign("claim", pool.id, {"job": hex64("j"), "round": 0, "shard": 0, "attempt": 0, "n": i}, k)
+                         for i in range(MAX_DIGEST_IDS + 20)]
+    a = PeerMachine(pool.id, k, now=0.0)
+    for r in recs:
+        a.records.add(r)
+    digest = digest_payload(r.id for r in recs)  # what a peer holding the same records broadcasts
+    sent = [e for e in a.receive(key("other").public_key().public_bytes_raw().hex(), digest, 1.0)
+            if isinstance(e, Send)]
+    assert sent == []
+
+
+# -- leases -------------------------------------------------------------------------------
+
+
+def _records_in(effects: list[Effect]) -> list[Record]:
+    return [e.record for e in effects if isinstance(e, Persist)]
+
+
+def _broadcasts(effects: list[Effect]) -> list[bytes]:
+    return [e.payload for e in effects if isinstance(e, Broadcast) and parse_payload(e.payload)[0] == "records"]
+
+
+def _ready(m: PeerMachine, effects: list[Effect], now: float) -> list[Effect]:
+    """Answer PrepareJob and FetchState until the machine asks for something else."""
+    out: list[Effect] = []
+    pending = list(effects)
+    while pending:
+        e = pending.pop(0)
+        if isinstance(e, PrepareJob):
+            pending += m.job_prepared(e.job.id, True, "", now)
+        elif isinstance(e, FetchState):
+            pending += m.fetched(e.state, True, now)
+        else:
+            out.append(e)
+    return out
+
+
+LEASE = 30.0
+
+
+def _two_with_a_claim(
+    a_is_member: bool = True,
+) -> tuple[PeerMachine, PeerMachine, Record, Train, list[bytes], float]:
+    """A claims the job's single shard at t=0; B hears of the job and the claim at t=1."""
+    pool = Pool("lease")
+    ka, kb = key("lease-a"), key("lease-b")
+    membership = [r.raw for r in pool.admit([ka, kb] if a_is_member else [kb])]
+    a, b = PeerMachine(pool.id, ka, now=0.0), PeerMachine(pool.id, kb, now=0.0)
+    a.load(membership, 0.0)
+    b.load(membership, 0.0)
+    job = sign("job", pool.id, job_body(shards=1, rounds=1, lease=LEASE), kb)
+    effects = _ready(a, a.add_local(job, 0.0), 0.0)  # A runs the job whether or not it is a member
+    trains = [e for e in effects if isinstance(e, Train)]
+    assert len(trains) == 1 and (trains[0].shard, trains[0].attempt) == (0, 0)
+    claims = [r for r in _records_in(effects) if r.kind == "claim"]
+    assert len(claims) == 1 and claims[0]["attempt"] == 0
+    b.tick(0.3)  # B's digests fall at 5.3, 10.3, ...: off the lease expiry, which must be a deadline of its own
+    seen = 1.0
+    out: list[Effect] = []
+    for payload in _broadcasts(effects):
+        out += b.receive(a.me, payload, seen)
+    out = _ready(b, out, seen)
+    if a_is_member:
+        assert not [e for e in out if isinstance(e, Train)], "B claimed a shard A holds a live lease on"
+    b.last_effects = out  # type: ignore[attr-defined]
+    return a, b, job, trains[0], _broadcasts(effects), seen
+
+
+def test_silent_claimer_loses_its_shard_exactly_when_the_lease_expires() -> None:
+    a, b, job, _, _, seen = _two_with_a_claim()
+    now = seen
+    ticks = 0
+    while True:  # drive B only by its own deadlines: no polling
+        nxt = b.next_deadline()
+        assert ticks == 0 or nxt > now
+        now = max(nxt, now)
+        out = b.tick(now)
+        ticks += 1
+        assert ticks < 100
+        trains = [e for e in out if isinstance(e, Train)]
+        if now < seen + LEASE:
+            assert not trains, f"B claimed at {now}, before the lease ran out at {seen + LEASE}"
+            continue
+        break
+    assert now == pytest.approx(seen + LEASE), "B should wake exactly when the lease expires"
+    assert len(trains) == 1 and (trains[0].shard, trains[0].attempt) == (0, 1)
+    claim = [r for r in _records_in(out) if r.kind == "claim"]
+    assert len(claim) == 1 and (claim[0]["shard"], claim[0]["attempt"], claim[0].author) == (0, 1, b.me)
+
+    # A comes back and hears B's claim: the higher attempt owns the shard, A stops.
+    back: list[Effect] = []
+    for payload in _broadcasts(out):
+        back += a.receive(b.me, payload, now + 1)
+    assert Cancel(job.id, 0, 0) in back
+
+
+def test_claims_of_a_non_member_hold_no_lease() -> None:
+    a, b, _, _, _, seen = _two_with_a_claim(a_is_member=False)
+    assert a.me not in b.records.members
+    trains = [e for e in b.last_effects if isinstance(e, Train)]  # type: ignore[attr-defined]
+    if not trains:
+        trains = [e for e in b.tick(seen + 1) if isinstance(e, Train)]
+    assert [t.shard for t in trains] == [0], "B must not wait for a non-member's lease"
+
+
+def test_no_claim_just_before_the_lease_expires() -> None:
+    _, b, _, _, _, seen = _two_with_a_claim()
+    for t in (seen + 1, seen + LEASE / 2, seen + LEASE - 1e-6):
+        out = b.tick(t)
+        assert not [e for e in out if isinstance(e, Train)]
+        assert b.next_deadline() > t
+
+
+def test_renewed_claim_is_never_stolen() -> None:
+    a, b, _, train, _, seen = _two_with_a_claim()
+    t = seen
+    while t < seen + 4 * LEASE:  # A stays alive and keeps renewing; its renewals reach B at once
+        t = min(a.next_deadline(), b.next_deadline())
+        out_a = a.tick(t) if a.next_deadline() <= t else []
+        assert not [e for e in out_a if isinstance(e, Train)]
+        for payload in _broadcasts(out_a):
+            b.receive(a.me, payload, t)
+        out_b = b.tick(t) if b.next_deadline() <= t else []
+        assert not [e for e in out_b if isinstance(e, Train)], f"B stole a renewed lease at {t}"
+    renewals = [r for r in a.records if r.kind == "claim" and r.author == a.me]
+    assert len(renewals) >= 10 and max(r["n"] for r in renewals) >= 10
+
+
+def test_next_deadline_is_never_in_the_past_after_a_tick() -> None:
+    c = Cluster(2)
+    job = c.submit_job(0, shards=3, rounds=2, lease=10)
+    rng = random.Random(7)
+    while not all(me in c.done for me in c.order):
+        c.run(until=c.now + rng.random() * 3, stop=lambda: False)
+        for me in c.order:  # ticks at arbitrary times, not only at deadlines
+            m = c.machines[me]
+            c.handle(me, m.tick(c.now))
+            assert m.next_deadline() > c.now
+        assert c.now < 1000
+    check_finished(c, job)
+
+
+def test_peer_ignores_hostile_payloads() -> None:
+    c = Cluster(2)
+    job = c.submit_job(0, shards=2, rounds=1, lease=10)
+    m = c.machine(1)
+    before = len(m.records)
+    for junk in (b"", b"\x00" * 10, b'{"t":"records","r":["zz"]}', b'{"t":"records","r":["00"]}', b"[]"):
+        assert m.receive(c.order[0], junk, 0.0) == []
+    assert len(m.records) == before
+    c.run(until=10_000)
+    check_finished(c, job)
+
+
+def test_non_member_job_is_ignored() -> None:
+    c = Cluster(1)
+    outsider_job = sign("job", c.pool.id, job_body(), key("peer-outsider"))
+    m = c.machine(0)
+    effects = m.add_local(outsider_job, 0.0)
+    assert not [e for e in effects if isinstance(e, PrepareJob)]
+    assert m.active_job() is None
+    assert public_hex(key("peer-outsider")) not in m.records.members

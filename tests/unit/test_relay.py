@@ -1,0 +1,649 @@
+"""The relay over real TLS on loopback, driven through RelayClient and raw HTTP.
+
+Relays run in-process (``serve`` in the test's nursery, port 0, a temporary data
+dir) except one started as a real process to check the ready line and signals.
+Nothing here sleeps and hopes: waits are bounded with ``trio.fail_after``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import ssl
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+import trio.testing
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from ttpeer.net import (
+    BlobCorrupt,
+    BlobMissing,
+    RelayClient,
+    RelayFingerprintMismatch,
+    RelayLimit,
+    RelayRejected,
+    RelayUnavailable,
+    fetch_certificate,
+    fingerprint,
+    login_message,
+    pinned_ssl_context,
+)
+from ttpeer.proto import Record, pool_id_of, public_hex, sign
+
+ROOT = Path(__file__).resolve().parents[2]
+RELAY_SRC = ROOT / "bootstrap-relay"
+try:
+    import ttpeer_relay  # noqa: F401
+except ImportError:  # the root distribution does not ship the relay; use the checkout
+    sys.path.insert(0, str(RELAY_SRC))
+
+from ttpeer_relay import RelayConfig, RelayRunning, serve  # noqa: E402
+from ttpeer_relay.auth import Nonces, Sessions  # noqa: E402
+from ttpeer_relay.auth import login_message as relay_login_message  # noqa: E402
+from ttpeer_relay.blobs import BlobError, BlobStore  # noqa: E402
+from ttpeer_relay.mailbox import Mailboxes, MailboxFull  # noqa: E402
+from ttpeer_relay.ratelimit import RateLimiter  # noqa: E402
+
+# -- a pool with real records ---------------------------------------------------------
+
+
+@dataclass
+class Pool:
+    id: str
+    invite: Record
+    invite_key: Ed25519PrivateKey
+
+    @classmethod
+    def create(cls) -> Pool:
+        root = Ed25519PrivateKey.generate()
+        pool = pool_id_of(public_hex(root))
+        invite_key = Ed25519PrivateKey.generate()
+        body = {"key": public_hex(invite_key), "expires": 2**40, "uses": 100, "role": "member"}
+        return cls(pool, sign("invite", pool, body, root), invite_key)
+
+    def member(self, name: str) -> tuple[Ed25519PrivateKey, list[bytes]]:
+        node = Ed25519PrivateKey.generate()
+        seal = X25519PrivateKey.generate().public_key().public_bytes_raw().hex()
+        body = {"invite": self.invite.id, "node": public_hex(node), "seal": seal, "name": name,
+                "at": 1}
+        join = sign("join", self.id, body, self.invite_key)
+        return node, [self.invite.raw, join.raw]
+
+
+StartRelay = Callable[..., Awaitable[RelayRunning]]
+
+
+@pytest.fixture
+def pool() -> Pool:
+    return Pool.create()
+
+
+@pytest.fixture
+def start_relay(nursery: trio.Nursery, tmp_path: Path) -> StartRelay:
+    async def start(**overrides: object) -> RelayRunning:
+        fields: dict[str, object] = {"data": tmp_path / "relay", "listen": "127.0.0.1:0"}
+        fields.update(overrides)
+        running: RelayRunning = await nursery.start(serve, RelayConfig(**fields))  # type: ignore[arg-type]
+        return running
+
+    return start
+
+
+@asynccontextmanager
+async def member(
+    running: RelayRunning, pool: Pool, name: str,
+    identity: tuple[Ed25519PrivateKey, list[bytes]] | None = None, **kwargs: object,
+) -> AsyncIterator[RelayClient]:
+    key, proof = identity or pool.member(name)
+    async with RelayClient(running.url, running.fingerprint, pool=pool.id, peer_key=key,
+                           proof=proof, **kwargs) as client:  # type: ignore[arg-type]
+        yield client
+
+
+def cert_der(running: RelayRunning) -> bytes:
+    pem = (running.app.config.data / "tls" / "cert.pem").read_text()
+    return ssl.PEM_cert_to_DER_cert(pem)
+
+
+def raw_http(running: RelayRunning) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=running.url, verify=pinned_ssl_context(cert_der(running)))
+
+
+async def raw_login(http: httpx.AsyncClient, running: RelayRunning, pool: Pool,
+                    key: Ed25519PrivateKey, proof: list[bytes], *, sign_fp: str | None = None,
+                    nonce: str | None = None) -> httpx.Response:
+    peer = public_hex(key)
+    if nonce is None:
+        answer = await http.post("/v1/challenge", json={"pool": pool.id, "peer": peer})
+        nonce = answer.json()["nonce"]
+    sig = key.sign(login_message(sign_fp or running.fingerprint, pool.id, nonce)).hex()
+    return await http.post("/v1/session", json={
+        "pool": pool.id, "peer": peer, "nonce": nonce, "sig": sig,
+        "proof": [p.hex() for p in proof],
+    })
+
+
+# -- admission ------------------------------------------------------------------------
+
+
+async def test_admission_roster_and_tls_settings(start_relay: StartRelay, pool: Pool) -> None:
+    running = await start_relay()
+    assert re.fullmatch(r"https://127\.0\.0\.1:\d+", running.url) and running.port > 0
+    assert running.fingerprint == fingerprint(cert_der(running))
+    ida, idb = pool.member("a"), pool.member("b")
+    async with member(running, pool, "a", ida) as a, member(running, pool, "b", idb):
+        proofs = await a.roster()
+        assert sorted(proofs) == sorted([ida[1], idb[1]])
+    # TLS 1.3 only, ALPN offers h2.
+    for alpn, max_version, ok in (("h2", None, True), ("h2", ssl.TLSVersion.TLSv1_2, False)):
+        context = pinned_ssl_context(cert_der(running))
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if max_version is not None:
+            context.maximum_version = max_version
+        context.set_alpn_protocols(["h2", "http/1.1"])
+        stream = trio.SSLStream(await trio.open_tcp_stream("127.0.0.1", running.port), context)
+        if ok:
+            await stream.do_handshake()
+            assert stream.selected_alpn_protocol() == alpn
+        else:
+            with pytest.raises(trio.BrokenResourceError):
+                await stream.do_handshake()
+        await trio.aclose_forcefully(stream)
+
+
+async def test_wrong_fingerprint_is_refused_before_any_request(
+    start_relay: StartRelay, pool: Pool
+) -> None:
+    running = await start_relay()
+    key, proof = pool.member("a")
+    client = RelayClient(running.url, "sha256:" + "0" * 64, pool=pool.id, peer_key=key,
+                         proof=proof)
+    with pytest.raises(RelayFingerprintMismatch) as info:
+        await client.connect()
+    assert info.value.got == running.fingerprint
+    assert "intercepting" in str(info.value)
+    assert running.app.requests_seen == 0
+    await client.aclose()
+
+
+async def test_bad_proofs_and_signatures_are_rejected(start_relay: StartRelay, pool: Pool) -> None:
+    running = await start_relay()
+    key, proof = pool.member("a")
+    _, other_proof = pool.member("b")
+    # Someone else's proof: the relay names the broken link.
+    client = RelayClient(running.url, running.fingerprint, pool=pool.id, peer_key=key,
+                         proof=other_proof)
+    with pytest.raises(RelayRejected) as info:
+        await client.connect()
+    assert info.value.status == 403 and "another node" in info.value.message
+    await client.aclose()
+    # A proof from another pool.
+    foreign = Pool.create()
+    _, foreign_proof = foreign.member("x")
+    async with raw_http(running) as http:
+        answer = await raw_login(http, running, pool, key, foreign_proof)
+        assert answer.status_code == 403 and "bad membership proof" in answer.json()["error"]
+        # Signed for another relay: a login captured elsewhere cannot be replayed here.
+        answer = await raw_login(http, running, pool, key, proof, sign_fp="sha256:" + "1" * 64)
+        assert answer.status_code == 403 and "bad signature" in answer.json()["error"]
+        # A nonce is good once.
+        nonce = (await http.post("/v1/challenge",
+                                 json={"pool": pool.id, "peer": public_hex(key)})).json()["nonce"]
+        assert (await raw_login(http, running, pool, key, proof, nonce=nonce)).status_code == 200
+        replay = await raw_login(http, running, pool, key, proof, nonce=nonce)
+        assert replay.status_code == 401 and "nonce" in replay.json()["error"]
+        # Malformed requests and missing sessions.
+        assert (await http.post("/v1/challenge", json={"pool": "zz"})).status_code == 400
+        assert (await http.post("/v1/challenge", content=b"[")).status_code == 400
+        too_big = await http.post("/v1/challenge", content=b" " * (65 * 1024))
+        assert too_big.status_code == 413
+        unauthorized = await http.get("/v1/roster", headers={"authorization": "Bearer nope"})
+        assert unauthorized.status_code == 401
+        assert unauthorized.json() == {"error": "session expired"}
+        assert (await http.get("/v1/nowhere")).status_code == 404
+        assert (await http.delete("/v1/roster")).status_code == 405
+        assert (await http.get("/v1/health")).json() == {"ok": True}
+
+
+def test_client_and_relay_sign_the_same_login_bytes() -> None:
+    args = ("sha256:" + "ab" * 32, "0" * 32, "cd" * 32)
+    assert login_message(*args) == relay_login_message(*args)
+    assert login_message(*args).startswith(b"ttpeer/relay-auth/v1\n")
+
+
+# -- mailboxes ------------------------------------------------------------------------
+
+
+async def test_send_recv_ack_and_prompt_long_poll(start_relay: StartRelay, pool: Pool) -> None:
+    running = await start_relay()
+    async with member(running, pool, "a") as a, member(running, pool, "b") as b:
+        for i in range(3):
+            await a.send(b.peer, b"m%d" % i)
+        messages, cursor = await b.recv(0, 0)
+        assert [m.data for m in messages] == [b"m0", b"m1", b"m2"]
+        assert {m.sender for m in messages} == {a.peer}
+        assert [m.seq for m in messages] == sorted({m.seq for m in messages})
+        assert cursor == messages[-1].seq
+        # Not acknowledged yet: asking again with an older cursor gets them again.
+        again, _ = await b.recv(messages[0].seq, 0)
+        assert [m.data for m in again] == [b"m1", b"m2"]
+        # Acknowledged: gone, and seqs are never reused.
+        assert await b.recv(cursor, 0) == ([], cursor)
+        assert await b.recv(0, 0) == ([], 0)
+
+        got: list[bytes] = []
+
+        async def long_poll() -> None:
+            new, _ = await b.recv(cursor, 30)
+            got.extend(m.data for m in new)
+
+        with trio.fail_after(5):  # far below the 30 s wait: the put wakes the poll
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(long_poll)
+                await trio.testing.wait_all_tasks_blocked()
+                await a.send(b.peer, b"wake")
+        assert got == [b"wake"]
+        later, _ = await b.recv(cursor, 0)
+        assert later[0].seq > cursor
+        assert a.bytes_sent > 0 and b.bytes_received > 0
+
+
+async def test_broadcast_excludes_sender(start_relay: StartRelay, pool: Pool) -> None:
+    running = await start_relay()
+    async with (member(running, pool, "a") as a, member(running, pool, "b") as b,
+                member(running, pool, "c") as c):
+        assert await a.broadcast(b"hello") == 2
+        for peer in (b, c):
+            messages, _ = await peer.recv(0, 0)
+            assert [(m.sender, m.data) for m in messages] == [(a.peer, b"hello")]
+        assert await a.recv(0, 0) == ([], 0)
+
+
+async def test_mailbox_and_message_limits(start_relay: StartRelay, pool: Pool) -> None:
+    running = await start_relay(mailbox_messages=2)
+    async with member(running, pool, "a") as a, member(running, pool, "b") as b:
+        await a.send(b.peer, b"1")
+        await a.send(b.peer, b"2")
+        with pytest.raises(RelayLimit) as info:
+            await a.send(b.peer, b"3")
+        assert info.value.status == 507 and info.value.retry_after is not None
+        with pytest.raises(RelayLimit) as info:
+            await a.send(b.peer, b"x" * (256 * 1024 + 1))
+        assert info.value.status == 413 and info.value.retry_after is None
+        _, cursor = await b.recv(0, 0)
+        await b.recv(cursor, 0)  # acknowledging frees room
+        await a.send(b.peer, b"3")
+
+
+async def test_rate_limit_answers_429_with_retry_after(start_relay: StartRelay, pool: Pool) -> None:
+    running = await start_relay(rate=1.0, burst=3)
+    async with raw_http(running) as http:
+        codes = [(await http.get("/v1/health")) for _ in range(5)]
+        assert [r.status_code for r in codes] == [200, 200, 200, 429, 429]
+        assert codes[-1].headers["retry-after"] == "1"
+        assert "slow down" in codes[-1].json()["error"]
+    # Per IP before login: the client's own login is refused with RelayLimit.
+    with pytest.raises(RelayLimit) as info:
+        async with member(running, pool, "a"):
+            pass
+    assert info.value.status == 429 and info.value.retry_after == 1
+
+
+# -- blobs ----------------------------------------------------------------------------
+
+
+async def session_of(running: RelayRunning, pool: Pool) -> str:
+    """A session token for a fresh member, for requests made by hand."""
+    async with raw_http(running) as http:
+        return (await raw_login(http, running, pool, *pool.member("raw"))).json()["session"]
+
+
+async def test_blob_put_get_head_range(start_relay: StartRelay, pool: Pool) -> None:
+    running = await start_relay()
+    data = os.urandom(700_000)
+    async with member(running, pool, "a") as a, member(running, pool, "b") as b:
+        blob = await a.put_blob(data)
+        assert blob == hashlib.sha256(data).hexdigest()
+        assert (running.app.config.data / "pools" / pool.id / "blobs" / blob).stat().st_size == len(data)
+        sent = a.bytes_sent
+        assert await a.put_blob(data) == blob and a.bytes_sent == sent  # HEAD said it is there
+        assert await b.has_blob(blob)
+        assert await b.get_blob(blob, max_size=len(data)) == data
+        with pytest.raises(BlobCorrupt):
+            await b.get_blob(blob, max_size=len(data) - 1)
+        missing = hashlib.sha256(b"nothing").hexdigest()
+        assert not await b.has_blob(missing)
+        with pytest.raises(BlobMissing):
+            await b.get_blob(missing, max_size=10)
+        headers = {"authorization": f"Bearer {await session_of(running, pool)}"}
+        async with raw_http(running) as http:
+            head = await http.head(f"/v1/blob/{blob}", headers=headers)
+            assert head.status_code == 200 and head.headers["content-length"] == str(len(data))
+            part = await http.get(f"/v1/blob/{blob}", headers={**headers, "range": "bytes=500000-"})
+            assert part.status_code == 206 and part.content == data[500_000:]
+            assert part.headers["content-range"] == f"bytes 500000-{len(data) - 1}/{len(data)}"
+            past = await http.get(f"/v1/blob/{blob}", headers={**headers, "range": "bytes=9999999-"})
+            assert past.status_code == 416
+            wrong = await http.put(f"/v1/blob/{missing}", content=b"not nothing", headers=headers)
+            assert wrong.status_code == 400 and "hashes to" in wrong.json()["error"]
+            again = await http.put(f"/v1/blob/{blob}", content=data, headers=headers)
+            assert again.status_code == 200
+        # Blobs belong to a pool: another pool's member cannot see them.
+        async with member(running, Pool.create(), "z") as z:
+            assert not await z.has_blob(blob)
+
+
+async def test_oversize_upload_is_cut_off_while_streaming(start_relay: StartRelay, pool: Pool) -> None:
+    running = await start_relay(max_blob_bytes=256 * 1024)
+    async with member(running, pool, "a") as a:
+        token = await session_of(running, pool)
+        sent = 0
+
+        async def body() -> AsyncIterator[bytes]:  # chunked: no Content-Length to refuse early
+            nonlocal sent
+            for _ in range(256):  # 16 MiB, far more than socket buffers hold
+                sent += 64 * 1024
+                yield b"\0" * (64 * 1024)
+
+        name = hashlib.sha256(b"\0" * (16 * 2**20)).hexdigest()
+        async with raw_http(running) as http:
+            try:
+                answer = await http.put(f"/v1/blob/{name}", content=body(),
+                                        headers={"authorization": f"Bearer {token}"})
+                assert answer.status_code == 413
+                assert "cap" in answer.json()["error"]
+            except httpx.TransportError:
+                pass  # HTTP/1.1: the relay answers 413 and closes while we are still sending
+        assert sent < 16 * 2**20  # refused long before the whole body arrived
+        with pytest.raises(RelayLimit) as info:  # declared too big: refused up front
+            await a.put_blob(b"\1" * (256 * 1024 + 1))
+        assert info.value.status == 413
+        blob_dir = running.app.config.data / "pools" / pool.id / "blobs"
+        assert not list(blob_dir.iterdir())  # no temporary file left behind
+
+
+async def test_pool_quota(start_relay: StartRelay, pool: Pool) -> None:
+    running = await start_relay(pool_quota=100_000)
+    async with member(running, pool, "a") as a:
+        await a.put_blob(os.urandom(60_000))
+        with pytest.raises(RelayLimit) as info:
+            await a.put_blob(os.urandom(60_000))
+        assert info.value.status == 507 and info.value.message == "pool quota exceeded"
+
+
+# -- restarts, expiry, pinning later, proxies -----------------------------------------
+
+
+async def test_restart_forgets_sessions_and_client_logs_in_again(
+    tmp_path: Path, pool: Pool
+) -> None:
+    stop, stopped = trio.Event(), trio.Event()
+    config = RelayConfig(data=tmp_path / "relay", listen="127.0.0.1:0")
+
+    async def first_relay(task_status: trio.TaskStatus[RelayRunning]) -> None:
+        await serve(config, shutdown_trigger=stop.wait, task_status=task_status)
+        stopped.set()
+
+    async with trio.open_nursery() as nursery:
+        first: RelayRunning = await nursery.start(first_relay)
+        key_b, proof_b = pool.member("b")
+        async with member(first, pool, "a") as a:
+            b = RelayClient(first.url, first.fingerprint, pool=pool.id, peer_key=key_b,
+                            proof=proof_b)
+            await b.connect()
+            await b.aclose()
+            stop.set()
+            with trio.fail_after(10):  # graceful: idle connections close, serve returns
+                await stopped.wait()
+            again = RelayConfig(data=tmp_path / "relay", listen=f"127.0.0.1:{first.port}")
+            second: RelayRunning = await nursery.start(serve, again)
+            assert second.fingerprint == first.fingerprint  # the certificate is reused
+            # The old session is unknown to the new relay: 401, re-login, retry.
+            proofs = await a.roster()
+            # roster (401), challenge, session, roster again: transparent to the caller
+            assert second.app.requests_seen == 4
+            assert proof_b in proofs  # b's admission survived the restart on disk
+        nursery.cancel_scope.cancel()
+
+
+async def test_relay_with_a_new_certificate_fails_the_pin(tmp_path: Path, pool: Pool) -> None:
+    async with trio.open_nursery() as nursery:
+        first_scope = trio.CancelScope()
+
+        async def first_relay(task_status: trio.TaskStatus[RelayRunning]) -> None:
+            with first_scope:
+                await serve(RelayConfig(data=tmp_path / "one", listen="127.0.0.1:0"),
+                            task_status=task_status)
+
+        first: RelayRunning = await nursery.start(first_relay)
+        async with member(first, pool, "a") as a:
+            first_scope.cancel()
+            other = RelayConfig(data=tmp_path / "two", listen=f"127.0.0.1:{first.port}")
+            impostor: RelayRunning = await nursery.start(serve, other)
+            with pytest.raises(RelayFingerprintMismatch) as info:
+                await a.roster()
+            assert info.value.got == impostor.fingerprint
+            assert impostor.app.requests_seen == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_relay_down_is_unavailable(pool: Pool) -> None:
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    port = listener.socket.getsockname()[1]
+    await listener.aclose()  # nothing listens there now
+    key, proof = pool.member("a")
+    client = RelayClient(f"https://127.0.0.1:{port}", "sha256:" + "0" * 64, pool=pool.id,
+                         peer_key=key, proof=proof, timeout=5)
+    with pytest.raises(RelayUnavailable) as info:
+        await client.connect()
+    assert f"127.0.0.1:{port}" in str(info.value)
+    with pytest.raises(RelayUnavailable):
+        await client.roster()  # not connected: still a NetError, never an AttributeError
+
+
+async def _connect_proxy(stream: trio.SocketStream, seen: list[bytes]) -> None:
+    """A minimal HTTP CONNECT proxy: one tunnel per connection."""
+    request = b""
+    while b"\r\n\r\n" not in request:
+        request += await stream.receive_some(4096)
+    seen.append(request.split(b"\r\n", 1)[0])
+    host, port = request.split(b" ")[1].decode().rsplit(":", 1)
+    upstream = await trio.open_tcp_stream(host, int(port))
+    await stream.send_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+    async def pump(src: trio.abc.Stream, dst: trio.abc.Stream) -> None:
+        try:
+            while chunk := await src.receive_some(65536):
+                await dst.send_all(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await trio.aclose_forcefully(dst)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pump, stream, upstream)
+        nursery.start_soon(pump, upstream, stream)
+
+
+async def test_through_a_connect_proxy(
+    start_relay: StartRelay, pool: Pool, nursery: trio.Nursery
+) -> None:
+    running = await start_relay()
+    seen: list[bytes] = []
+    listeners = await nursery.start(
+        partial(trio.serve_tcp, partial(_connect_proxy, seen=seen), 0, host="127.0.0.1")
+    )
+    proxy = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    der = await fetch_certificate(running.url, proxy=proxy, timeout=10)
+    assert fingerprint(der) == running.fingerprint
+    async with member(running, pool, "a", proxy=proxy) as a, member(running, pool, "b") as b:
+        await a.send(b.peer, b"via proxy")
+        messages, _ = await b.recv(0, 0)
+        assert messages[0].data == b"via proxy"
+    assert all(line == f"CONNECT 127.0.0.1:{running.port} HTTP/1.1".encode() for line in seen)
+    assert len(seen) >= 2  # the pin check and the HTTP connection both went through it
+
+
+# -- the real process -----------------------------------------------------------------
+
+
+def _relay_env() -> dict[str, str]:
+    paths = [str(RELAY_SRC), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
+async def test_process_prints_ready_line_and_stops_on_sigterm(tmp_path: Path, pool: Pool) -> None:
+    data = tmp_path / "relay"
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "ttpeer_relay", "--listen", "127.0.0.1:0", "--data", str(data)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_relay_env(),
+    )
+    assert process.stdout is not None and process.stderr is not None
+    try:
+        with trio.fail_after(30):
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = await process.stdout.receive_some(1)
+                assert chunk, "the relay exited before printing its ready line"
+                line += chunk
+        match = re.fullmatch(rb"relay ready https://127\.0\.0\.1:(\d+) (sha256:[0-9a-f]{64})\n", line)
+        assert match, line
+        url, fp = f"https://127.0.0.1:{match[1].decode()}", match[2].decode()
+        assert fp == fingerprint(ssl.PEM_cert_to_DER_cert((data / "tls" / "cert.pem").read_text()))
+        assert (data / "tls" / "key.pem").stat().st_mode & 0o777 == 0o600
+        assert (data / "tls").stat().st_mode & 0o777 == 0o700
+        key, proof = pool.member("a")
+        async with RelayClient(url, fp, pool=pool.id, peer_key=key, proof=proof) as client:
+            assert await client.recv(0, 0) == ([], 0)
+            with trio.fail_after(10):  # a pending long-poll is answered at shutdown
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(client.recv, 0, 30)
+                    await trio.testing.wait_all_tasks_blocked(0.2)
+                    process.send_signal(signal.SIGTERM)
+                assert await process.wait() == 0
+        rest = await process.stdout.receive_some(65536)
+        assert rest == b""  # exactly one line on stdout
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+def test_relay_imports_neither_torch_nor_ttpeer() -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['ttpeer'] = None\n"
+        "import ttpeer_relay.cli, ttpeer_relay.app\n"
+        "assert not any(m == 'torch' or m.startswith('ttpeer.') for m in sys.modules if sys.modules[m])\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={
+        **os.environ, "PYTHONPATH": str(RELAY_SRC)}, timeout=60)
+
+
+def test_cli_rejects_bad_flags(tmp_path: Path) -> None:
+    from ttpeer_relay.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--listen", "nope", "--data", str(tmp_path)])
+    assert info.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["--data", str(tmp_path), "--cert", str(tmp_path / "c.pem")])
+
+
+# -- pure parts -----------------------------------------------------------------------
+
+
+def test_rate_limiter_refills_over_time() -> None:
+    limiter = RateLimiter(rate=2.0, burst=2)
+    assert limiter.check("ip", 0.0) is None and limiter.check("ip", 0.0) is None
+    assert limiter.check("ip", 0.0) == pytest.approx(0.5)
+    assert limiter.check("other", 0.0) is None
+    assert limiter.check("ip", 0.5) is None
+
+
+def test_nonces_are_single_use_and_expire() -> None:
+    nonces = Nonces(ttl=60, max_entries=2)
+    n1 = nonces.issue("p", "a", 0)
+    assert not nonces.take(n1, "p", "b", 1)  # issued to someone else (and now spent)
+    n2 = nonces.issue("p", "a", 0)
+    assert not nonces.take(n2, "p", "a", 61)
+    n3, n4, n5 = (nonces.issue("p", "a", 0) for _ in range(3))
+    assert not nonces.take(n3, "p", "a", 1)  # evicted: the table is bounded
+    assert nonces.take(n4, "p", "a", 1) and nonces.take(n5, "p", "a", 1)
+
+
+def test_sessions_expire() -> None:
+    sessions = Sessions(ttl=10)
+    token = sessions.open("p", "a", 0)
+    assert sessions.get(token, 10) is not None
+    assert sessions.get(token, 10.5) is None
+
+
+async def test_mailbox_seqs_survive_ack_and_restart() -> None:
+    clock = iter([1_000, 5_000])
+    boxes = Mailboxes(max_messages=10, max_bytes=1000, first_seq=lambda: next(clock))
+    now = trio.current_time()
+    assert boxes.put("p", "b", "a", b"x", now) == 1_000
+    assert boxes.put("p", "b", "a", b"y", now) == 1_001
+    got = await boxes.receive("p", "b", 1_001, 0, max_count=10, max_bytes=10)
+    assert got == [] and boxes.total_bytes == 0
+    boxes.collect(now=trio.current_time() + 100, idle=10)  # empty and idle: forgotten
+    assert boxes.put("p", "b", "a", b"z", now) == 5_000  # a new start, past every old seq
+    with pytest.raises(MailboxFull):
+        boxes.put("p", "b", "a", b"z" * 1000, now)
+
+
+async def test_blob_store_ttl_quota_and_restart(tmp_path: Path) -> None:
+    def store() -> BlobStore:
+        return BlobStore(tmp_path, max_blob_bytes=1000, ttl=100.0, quota=1500)
+
+    async def chunks(data: bytes) -> AsyncIterator[bytes]:
+        for i in range(0, len(data), 300):
+            yield data[i:i + 300]
+
+    blobs = store()
+    one, two = b"1" * 900, b"2" * 900
+    name_one, name_two = (hashlib.sha256(d).hexdigest() for d in (one, two))
+    await blobs.put("p", name_one, chunks(one), now=1000.0)
+    assert blobs.stat("p", name_one, 1050.0) == 900
+    with pytest.raises(BlobError) as info:  # 900 + 900 is over the 1500-byte quota
+        await blobs.put("p", name_two, chunks(two), now=1000.0)
+    assert info.value.status == 507
+    await blobs.touch("p", name_one, 1090.0)  # a repeated upload restarts the TTL
+    assert blobs.stat("p", name_one, 1150.0) == 900
+    (blobs.directory("p") / "dead.part").write_bytes(b"left by a crash")
+    reloaded = store()
+    reloaded.load()  # the index comes back from disk; leftovers go
+    assert reloaded.stat("p", name_one, 1150.0) == 900
+    assert not (blobs.directory("p") / "dead.part").exists()
+    assert await reloaded.sweep(1191.0) == 1  # expired 100 s after its last upload
+    assert not (blobs.directory("p") / name_one).exists()
+    await reloaded.put("p", name_two, chunks(two), now=1200.0)  # its room is free again
+    assert reloaded.stat("p", name_two, 1200.0) == 900
+
+
+async def test_early_answers_over_http2_leave_the_relay_up(start_relay: StartRelay) -> None:
+    # hypercorn 0.18 fails the whole server on DATA for a stream it already answered;
+    # the relay must read every request body to its end before finishing an answer.
+    running = await start_relay()
+    peer = "ab" * 32
+    async with httpx.AsyncClient(base_url=running.url, http2=True,
+                                 verify=pinned_ssl_context(cert_der(running))) as http:
+        for _ in range(3):
+            answer = await http.post(f"/v1/send/{peer}", content=b"\0" * (3 * 2**20),
+                                     headers={"authorization": "Bearer nope"})
+            assert answer.status_code == 401 and answer.http_version == "HTTP/2"
+            answer = await http.post("/v1/challenge", content=b"\0" * (3 * 2**20))
+            assert answer.status_code == 413
+        assert (await http.get("/v1/health")).json() == {"ok": True}
