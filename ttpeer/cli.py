@@ -80,10 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("token", help="the join token (ttp1....); a secret: it is never logged")
     j.add_argument("--name", default=None, help="this machine's name in the pool (default: hostname)")
     j.add_argument("--device", default=None, help="torch device to train on (default: cuda if present, else cpu)")
+    j.add_argument("--slowdown", type=float, default=0.0, help=argparse.SUPPRESS)  # benchmarks and tests
 
     up = sub.add_parser("up", parents=[common], help="run the daemon of an enrolled home in the foreground")
     up.add_argument("--device", default=None, help="torch device to train on (default: cuda if present, else cpu)")
-    up.add_argument("--slowdown", type=float, default=0.0, help=argparse.SUPPRESS)
+    up.add_argument("--slowdown", type=float, default=0.0, help=argparse.SUPPRESS)  # benchmarks and tests
 
     s = sub.add_parser("submit", parents=[common], help="submit a training job to the pool")
     s.add_argument("--task", required=True, help="'mnist1d' or a task file path/to/task.py (see README)")

@@ -119,15 +119,16 @@ def wait_for(condition, timeout: float, what: str, poll: float = 0.1):  # type: 
     raise TtpeerError(f"timed out after {timeout:.0f}s waiting for {what}" + (f" ({last_exc})" if last_exc else ""))
 
 
-def make_pool(cluster: Cluster, url: str, fp: str, names: list[str]) -> list[Path]:
-    """Create a pool whose admin is ``names[0]`` and start every peer as a process."""
+def make_pool(cluster: Cluster, url: str, fp: str, names: list[str], extra: tuple[str, ...] = ()) -> list[Path]:
+    """Create a pool whose admin is ``names[0]`` and start every peer as a process
+    (``extra``: more arguments for ``ttpeer up`` and ``ttpeer join``)."""
     homes = [cluster.root / name for name in names]
     lines = ttpeer("pool", "create", "--relay", url, "--fingerprint", fp, "--name", names[0],
                    "--uses", str(max(1, len(names) - 1)), "--home", str(homes[0]))
     token = lines[-1]
-    cluster.spawn(names[0], "up", "--home", str(homes[0]))
+    cluster.spawn(names[0], "up", "--home", str(homes[0]), *extra)
     for name, home in zip(names[1:], homes[1:], strict=True):
-        cluster.spawn(name, "join", token, "--name", name, "--home", str(home))
+        cluster.spawn(name, "join", token, "--name", name, "--home", str(home), *extra)
 
     def all_in() -> bool:
         for home in homes:
@@ -141,7 +142,7 @@ def make_pool(cluster: Cluster, url: str, fp: str, names: list[str]) -> list[Pat
 
 
 def job_spec(rounds: int) -> dict[str, Any]:
-    return {"task": "mnist1d", "mode": "fused", "rounds": rounds, "shards": 6, "batches": 25, "batch_size": 64,
+    return {"task": "mnist1d", "mode": "fused", "rounds": rounds, "shards": 6, "batches": 60, "batch_size": 64,
             "inner_lr": 2e-3, "weight_decay": 0.01, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
             "seed": 0, "lease": 10.0}
 
@@ -205,7 +206,7 @@ def run_demo(rounds: int = 8, keep: bool = False) -> int:
             solo_pool = make_pool(cluster, url, fp, ["solo"])
             solo = run_job(solo_pool, job_spec(rounds), "one peer alone", progress)
     identical = len(set(fused.hashes)) == 1
-    table = Table(title=f"mnist1d, {rounds} rounds x 6 shards x 25 steps, same data budget")
+    table = Table(title=f"mnist1d, {rounds} rounds x 6 shards x 60 steps, same data budget")
     for col in ("run", "test accuracy", "wall time", "bytes on the wire", "compression vs fp32"):
         table.add_column(col, justify="right" if col != "run" else "left")
     for o in (solo, fused):

@@ -25,8 +25,9 @@ def test_sigkill_mid_round_survivors_finish_identically(tmp_path):
     cluster = Cluster(tmp_path)
     try:
         url, fp = cluster.start_relay()
-        homes = make_pool(cluster, url, fp, ["alice", "bob", "carol"])
-        spec = {**job_spec(rounds=5), "lease": 3.0, "batches": 40}
+        # Slowed batches make a shard take long enough to catch carol in the middle of one.
+        homes = make_pool(cluster, url, fp, ["alice", "bob", "carol"], extra=("--slowdown", "4"))
+        spec = {**job_spec(rounds=4), "lease": 3.0, "batches": 60}
         job = call(homes[0] / "control.sock", {"op": "submit", "spec": spec, "task_file": None},
                    timeout=120)["job"]
 

@@ -51,6 +51,7 @@ from ._ledger import Chain, RecordSet, canonical_chain, checkpoints, contributio
 from ._records import Record, parse, sign
 
 RETRY_AFTER = 2.0  # seconds before retrying a failed download or upload
+CHECKPOINT_EVERY = 4  # rounds between the checkpoints a round's closer publishes
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,10 @@ class PeerMachine:
             "state": state, "metrics": metrics,
         }, self._key)
         out = self.add_local(rec, now)
-        if (job.id, rnd + 1) not in self._ckpt_done:
+        # A checkpoint every few rounds (and of the final state) lets late joiners and
+        # repairing peers skip ahead; between them they replay the closes' deltas.
+        due = (rnd + 1) % CHECKPOINT_EVERY == 0 or rnd + 1 == job["rounds"]
+        if due and (job.id, rnd + 1) not in self._ckpt_done:
             self._ckpt_done.add((job.id, rnd + 1))
             out.append(PublishCheckpoint(job, rnd + 1, state))
         return out
