@@ -35,6 +35,7 @@ from ttpeer.proto import (
     sign,
 )
 from ttpeer.proto._gossip import MAX_DIGEST_IDS, digest_payload, parse_payload
+from ttpeer.proto._peer import CHECKPOINT_EVERY
 
 from .proto_helpers import Pool, hex64, job_body, key
 
@@ -272,14 +273,15 @@ def test_peer_offline_from_the_start_catches_up_from_a_checkpoint() -> None:
     c = Cluster(3)
     late = c.order[2]
     c.dead.add(late)
-    job = c.submit_job(0, shards=3, rounds=4, lease=20)
-    c.run(until=10_000, stop=lambda: c.machines[c.order[0]].chain(job).round >= 2)
+    job = c.submit_job(0, shards=3, rounds=CHECKPOINT_EVERY + 2, lease=20)
+    c.run(until=10_000, stop=lambda: c.machines[c.order[0]].chain(job).round >= CHECKPOINT_EVERY + 1)
     c.dead.discard(late)
     c.run(until=10_000)
     check_finished(c, job)
     got = [f.state for me, f in c.fetches if me == late]
-    assert got and got[0] != job["init"], "the late peer should start from a checkpoint, not from init"
-    assert any(t.round >= 2 for me, t in c.trains if me == late) or c.machines[late].chain(job).round == 4
+    chain = c.machines[late].chain(job)
+    assert got and got[0] == chain.states[CHECKPOINT_EVERY], "the late peer should start from the checkpoint"
+    assert any(t.round >= CHECKPOINT_EVERY for me, t in c.trains if me == late) or chain.round == job["rounds"]
 
 
 @pytest.mark.parametrize("heal_after", [8.0, 10.0, 12.0])

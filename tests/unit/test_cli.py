@@ -1,0 +1,47 @@
+"""The command line: help that helps, and clear errors that lose nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from ttpeer.cli import main
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for cmd in ("relay", "pool", "invite", "join", "up", "submit", "status", "wait", "export", "demo"):
+        assert cmd in out
+
+
+def test_malformed_token_is_refused_without_echoing_it(tmp_path, capsys):
+    token = "ttp1.not-a-real-token-SECRETSECRET"
+    assert main(["join", token, "--home", str(tmp_path / "h")]) == 1
+    err = capsys.readouterr().err
+    assert "error:" in err and "damaged" in err and "SECRETSECRET" not in err
+    assert not (tmp_path / "h").exists()  # nothing was created
+
+
+def test_status_without_a_daemon_says_how_to_start_one(tmp_path, capsys):
+    assert main(["status", "--home", str(tmp_path)]) == 1
+    assert "ttpeer up" in capsys.readouterr().err
+
+
+def test_export_of_an_unknown_job_is_a_clear_error(tmp_path, capsys):
+    assert main(["export", "abc123", str(tmp_path / "m.safetensors"), "--home", str(tmp_path)]) == 1
+    assert "has not finished" in capsys.readouterr().err
+
+
+def test_bad_flag_values_are_refused_by_the_parser(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["submit", "--task", "mnist1d", "--rounds", "0", "--home", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "at least 1" in capsys.readouterr().err
+
+
+def test_pool_create_checks_the_fingerprint_format(tmp_path, capsys):
+    assert main(["pool", "create", "--relay", "https://127.0.0.1:1", "--fingerprint", "abc",
+                 "--home", str(tmp_path / "h")]) == 1
+    assert "sha256:" in capsys.readouterr().err
