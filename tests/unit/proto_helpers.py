@@ -85,6 +85,7 @@ def valid_bodies() -> dict[str, dict[str, Any]]:
         "join": {"invite": hex64("inv"), "node": hex64("node"), "seal": hex64("seal"), "name": "lap-top_1.x", "at": 5},
         "job": job_body(),
         "claim": {"job": hex64("job"), "round": 2, "shard": 7, "attempt": 1, "n": 3},
+        "release": {"job": hex64("job"), "round": 2, "shard": 7, "attempt": 1},
         "contrib": {
             "job": hex64("job"), "round": 0, "base": state(0), "shards": [0, 3, 9], "samples": 640,
             "blob": hex64("blob"), "size": 1234, "metrics": {"loss": 0.25, "steps": 10},

@@ -46,6 +46,7 @@ OTHER_VALUES: dict[str, dict[str, Any]] = {
         "init_blob": hex64("ib2"), "lease": 31, "at": 1001,
     },
     "claim": {"job": hex64("job2"), "round": 3, "shard": 8, "attempt": 2, "n": 4},
+    "release": {"job": hex64("job2"), "round": 3, "shard": 8, "attempt": 2},
     "contrib": {
         "job": hex64("job2"), "round": 1, "base": state(9), "shards": [0, 3], "samples": 641,
         "blob": hex64("blob2"), "size": 1235, "metrics": {"loss": 0.5},

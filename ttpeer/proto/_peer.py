@@ -100,7 +100,8 @@ class PeerMachine:
         self.declined: dict[str, str] = {}
         self._prepared: dict[str, bool | None] = {}  # None = asked, not answered
         self._claim_seen: dict[tuple[str, int, int, str, int], float] = {}
-        self._claim_n: dict[tuple[str, int, int, str, int], int] = {}
+        self._released: set[tuple[str, int, int, str, int]] = set()
+        self._stopping = False
         self._covered_at: dict[tuple[str, int, str], float] = {}
         self._training: _Training | None = None
         self._work = _RoundWork()
@@ -280,6 +281,18 @@ class PeerMachine:
         }, self._key)
         return self.add_local(rec, now)
 
+    def release(self, now: float) -> list[Effect]:
+        """This peer is shutting down: stop training, release its claim at once (so
+        others need not wait for the lease), and claim nothing more."""
+        self._stopping = True
+        t = self._training
+        if t is None or t.cancelled:
+            return []
+        out = self._cancel_training(None)
+        return out + self._sign_local("release", {
+            "job": t.job, "round": t.round, "shard": t.shard, "attempt": t.attempt,
+        }, now)
+
     # -- queries for status ------------------------------------------------------------
 
     def chain(self, job: Record) -> Chain:
@@ -299,10 +312,13 @@ class PeerMachine:
     def _admit(self, rec: Record, now: float) -> bool:
         if not self.records.add(rec):
             return False
-        if rec.kind == "claim":
+        if rec.kind in ("claim", "release"):
             key = (rec["job"], rec["round"], rec["shard"], rec.author, rec["attempt"])
-            self._claim_seen[key] = max(self._claim_seen.get(key, now), now)
-            self._claim_n[key] = max(self._claim_n.get(key, 0), rec["n"])
+            if rec.kind == "release":
+                self._released.add(key)
+                self._claim_seen.pop(key, None)
+            elif key not in self._released:
+                self._claim_seen[key] = max(self._claim_seen.get(key, now), now)
         return True
 
     def _gossip_out(self, rec: Record) -> list[Effect]:
@@ -386,6 +402,7 @@ class PeerMachine:
             self._work = _RoundWork(job.id, rnd, base)
             for key in [k for k in self._claim_seen if k[0] == job.id and k[1] < rnd]:
                 del self._claim_seen[key]  # leases of closed rounds no longer matter
+            self._released = {k for k in self._released if not (k[0] == job.id and k[1] < rnd)}
         contribs = contributions(self.records, job, rnd, base)
         cover = select_cover(job, contribs)
         if cover is not None:
@@ -402,7 +419,7 @@ class PeerMachine:
                     "job": job.id, "round": rnd, "shard": t.shard, "attempt": t.attempt, "n": t.n,
                 }, now)
             return out
-        if self._publishing or now < self._retry_at:
+        if self._publishing or self._stopping or now < self._retry_at:
             return out
         shard = self._pick_shard(job, rnd, done, now)
         if shard is not None:

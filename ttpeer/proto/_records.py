@@ -108,6 +108,7 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         "init": _STATE_HASH, "init_blob": _HEX, "lease": _num(1, 86_400), "at": _int(),
     },
     "claim": {"job": _HEX, "round": _int(), "shard": _int(0, 4095), "attempt": _int(0, 10_000), "n": _int()},
+    "release": {"job": _HEX, "round": _int(), "shard": _int(0, 4095), "attempt": _int(0, 10_000)},
     "contrib": {
         "job": _HEX, "round": _int(), "base": _STATE_HASH, "shards": _sorted_unique(_int(0, 4095), 4096, 1),
         "samples": _int(1, 2**40), "blob": _HEX, "size": _int(1, 2**40), "metrics": _metrics,
