@@ -527,3 +527,18 @@ def test_non_member_job_is_ignored() -> None:
     assert not [e for e in effects if isinstance(e, PrepareJob)]
     assert m.active_job() is None
     assert public_hex(key("peer-outsider")) not in m.records.members
+
+
+def test_released_claim_is_free_at_once_and_the_releaser_claims_nothing_more() -> None:
+    a, b, job, _, _, seen = _two_with_a_claim()
+    out = a.release(seen)
+    assert any(isinstance(e, Cancel) for e in out)
+    releases = [r for r in _records_in(out) if r.kind == "release"]
+    assert len(releases) == 1
+    got: list[Effect] = []
+    for payload in _broadcasts(out):
+        got += b.receive(a.me, payload, seen + 0.1)  # long before the lease would expire
+    trains = [e for e in got if isinstance(e, Train)]
+    assert [(t.shard, t.attempt) for t in trains] == [(0, 1)]
+    a.train_done(job.id, 0, 0, 0, seen + 0.2)
+    assert not [e for e in a.tick(seen + 10 * LEASE) if isinstance(e, Train)]  # stopping: no new claims

@@ -455,7 +455,7 @@ class PeerMachine:
         return min(live, key=lambda c: (-c[0], c[1]))[1]
 
     def _next_attempt(self, job: Record, rnd: int, shard: int) -> int:
-        attempts = [k[4] for k in self._claim_seen if k[:3] == (job.id, rnd, shard)]
+        attempts = [k[4] for k in (*self._claim_seen, *self._released) if k[:3] == (job.id, rnd, shard)]
         return max(attempts) + 1 if attempts else 0
 
     def _pick_shard(self, job: Record, rnd: int, done: set[int], now: float) -> int | None:
