@@ -33,7 +33,7 @@ async def test_task_file_job_trains_bit_identically_on_two_torch_peers(tmp_path)
     homes = _homes(tmp_path)
     spec = {"task": TASK_FILE.name, "mode": "fused", "rounds": 3, "shards": 4, "batches": 5, "batch_size": 16,
             "inner_lr": 0.01, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
-            "seed": 3, "lease": 5.0}
+            "seed": 3, "lease": 5.0, "steal": True}
     async with MemoryRelay() as relay:
         nodes = []
         for home in homes:

@@ -12,11 +12,12 @@ from ttpeer.testing import Simulation
 SPEC = {
     "task": "sim", "mode": "fused", "rounds": 4, "shards": 12, "batches": 10, "batch_size": 8,
     "inner_lr": 1e-3, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
-    "seed": 1, "lease": 5.0,
+    "seed": 1, "lease": 5.0, "steal": True,
 }
 
 
-def assert_invariants(sim: Simulation, job: str) -> None:
+def assert_invariants(sim: Simulation, job: str, spec: dict | None = None) -> None:
+    spec = spec or SPEC
     live = [p for p in sim.peers if p.alive]
     # I3: every live peer ends on the same final state, through the same chain.
     finals = {p.disk.finished[job] for p in live}
@@ -28,7 +29,7 @@ def assert_invariants(sim: Simulation, job: str) -> None:
     node = live[0].node
     records = node.machine.records
     chain = node.machine.chain(records.by_id[job])
-    assert chain.round == SPEC["rounds"]
+    assert chain.round == spec["rounds"]
     trained = {}
     for p in sim.peers:
         trained.setdefault(p.home.node_key().public_key().public_bytes_raw().hex(), set()).update(
@@ -36,7 +37,7 @@ def assert_invariants(sim: Simulation, job: str) -> None:
         )
     for rnd, close in enumerate(chain.closes):
         parts = [records.by_id[c] for c in close["contribs"]]
-        assert covered(parts) == set(range(SPEC["shards"]))
+        assert covered(parts) == set(range(spec["shards"]))
         for c in parts:
             for shard in c["shards"]:
                 assert (rnd, shard) in trained[c.author], (rnd, shard, c.author[:8])
@@ -96,5 +97,30 @@ async def test_peer_joining_mid_run_catches_up_and_contributes(tmp_path, autojum
             assert late.executor is not None
             rounds = {r for j, r, _s in late.executor.trained if j == job}
             assert rounds and min(rounds) >= joined_at  # I5: contributes from the next round on
+            assert_invariants(sim, job)
+            nursery.cancel_scope.cancel()
+
+
+async def test_relay_outage_declares_nobody_dead_and_requeues_nothing(tmp_path, autojump_clock):
+    async with MemoryRelay() as relay:
+        sim = Simulation(tmp_path, relay, seed=9)
+        sim.create(4)
+        async with trio.open_nursery() as nursery:
+            await sim.start_all(nursery)
+            job = await sim.submit({**SPEC, "batches": 40})
+            await sim.wait_round(job, 1, timeout=300)
+            rnd = sim.round_of(sim.peers[0], job)
+            relay.available = False  # every peer loses the relay at once, for 4 leases
+            await trio.sleep(4 * SPEC["lease"])
+            relay.available = True
+            with trio.fail_after(60):
+                while not all(p.node.counters.relay_ok for p in sim.peers):
+                    await trio.sleep(0.1)
+            for p in sim.peers:
+                assert {p.node.liveness(q.node.me) for q in sim.peers} == {"alive"}
+            await sim.wait_done(job, timeout=600)
+            records = sim.peers[0].node.machine.records
+            attempts = [r["attempt"] for r in records.in_round(job, "claim", rnd) if not r["backup"]]
+            assert attempts and max(attempts) == 0  # nobody's lease ran out because of the relay
             assert_invariants(sim, job)
             nursery.cancel_scope.cancel()

@@ -72,7 +72,7 @@ def job_body(**over: Any) -> dict[str, Any]:
         "task": "builtin:linear", "task_hash": hex64("task"), "task_blob": "", "mode": "fused",
         "rounds": 3, "shards": 4, "batches": 2, "batch_size": 8, "inner_lr": 0.001,
         "weight_decay": 0.01, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8, "seed": 1,
-        "init": state("init"), "init_blob": hex64("init-blob"), "lease": 30, "at": 1000,
+        "init": state("init"), "init_blob": hex64("init-blob"), "lease": 30, "steal": True, "at": 1000,
     }
     body.update(over)
     return body
@@ -84,7 +84,8 @@ def valid_bodies() -> dict[str, dict[str, Any]]:
         "invite": {"key": hex64("ik"), "expires": EXPIRES, "uses": 3, "role": "admin"},
         "join": {"invite": hex64("inv"), "node": hex64("node"), "seal": hex64("seal"), "name": "lap-top_1.x", "at": 5},
         "job": job_body(),
-        "claim": {"job": hex64("job"), "round": 2, "shard": 7, "attempt": 1, "n": 3},
+        "claim": {"job": hex64("job"), "round": 2, "shard": 7, "attempt": 1, "n": 3, "done": 1, "rate": 0.5,
+                  "backup": True},
         "release": {"job": hex64("job"), "round": 2, "shard": 7, "attempt": 1},
         "contrib": {
             "job": hex64("job"), "round": 0, "base": state(0), "shards": [0, 3, 9], "samples": 640,

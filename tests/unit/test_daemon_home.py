@@ -64,7 +64,8 @@ def _records(n):
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     key = Ed25519PrivateKey.generate()
-    return [sign("claim", "ab" * 16, {"job": "cd" * 32, "round": i, "shard": 0, "attempt": 0, "n": 0}, key)
+    return [sign("claim", "ab" * 16, {"job": "cd" * 32, "round": i, "shard": 0, "attempt": 0, "n": 0,
+                                         "done": 0, "rate": 0.0, "backup": False}, key)
             for i in range(n)]
 
 

@@ -48,7 +48,8 @@ C0_OTHER_JOB = contrib(P.id, M1, OTHER_JOB, 0, INIT, [2, 3])
 C1_BOGUS = contrib(P.id, M1, JOB, 1, state("bogus"), [0, 1, 2, 3])
 C0_PART = contrib(P.id, M1, JOB, 0, INIT, [2])
 C3 = contrib(P.id, M0, JOB, 3, S3, [0, 1, 2, 3])
-CLAIM = sign("claim", P.id, {"job": JOB.id, "round": 0, "shard": 2, "attempt": 0, "n": 0}, M1)
+CLAIM = sign("claim", P.id, {"job": JOB.id, "round": 0, "shard": 2, "attempt": 0, "n": 0, "done": 0, "rate": 0.0,
+                             "backup": False}, M1)
 BAD: dict[str, tuple[int, list[Record]]] = {
     "does not cover shard 3": (0, [C0_PART, close(M0, 0, INIT, [C0A, C0_PART], state("b1"))]),
     "only one of two contributions": (0, [close(M0, 0, INIT, [C0A], state("b2"))]),

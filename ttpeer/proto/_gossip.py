@@ -43,12 +43,12 @@ def digest_payload(ids: Iterable[str], turn: int = 0) -> bytes:
     prefixes = sorted({i[:ID_PREFIX] for i in ids})
     parts = max(1, -(-len(prefixes) // (MAX_DIGEST_IDS // 2)))
     lo, hi = _window(turn % parts, parts)
-    chosen = [p for p in prefixes if in_window(p, lo, hi)]
+    chosen = prefixes if parts == 1 else [p for p in prefixes if in_window(p, lo, hi)]
     return _codec.encode({"t": "digest", "ids": chosen, "lo": lo, "hi": hi})
 
 
 WINDOW_HEX = 8  # windows are ranges of the first 32 bits of ids
-_SPAN = 16**WINDOW_HEX
+WINDOW_SPAN = _SPAN = 16**WINDOW_HEX
 
 
 def _window(index: int, parts: int) -> tuple[int, int]:
@@ -61,7 +61,7 @@ def in_window(rec_id: str, lo: int, hi: int) -> bool:
 
 def parse_payload(data: bytes) -> tuple[str, Any]:
     """Returns ("records", [bytes, ...]) or ("digest", (prefixes, lo, hi)). Raises RecordError."""
-    obj = _codec.decode(data, max_size=MAX_PAYLOAD_BYTES + 1024)
+    obj = _codec.decode(data, max_size=MAX_PAYLOAD_BYTES + 1024, canonical=False)
     if type(obj) is not dict:
         raise RecordError("gossip payload is not an object")
     if obj.get("t") == "records" and type(obj.get("r")) is list and set(obj) == {"t", "r"}:

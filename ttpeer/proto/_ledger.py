@@ -39,6 +39,13 @@ class RecordSet:
         default_factory=lambda: defaultdict(lambda: defaultdict(list))
     )
     _members: dict[str, Member] | None = None
+    _jobs: list[Record] = field(default_factory=list)
+    _by_round: dict[tuple[str, str, int], list[Record]] = field(default_factory=lambda: defaultdict(list))
+    _closed_rounds: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
+    # Bumped when a record that can change a job's ledger view arrives (and on any
+    # membership change), so views can be cached until it moves.
+    versions: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    membership_version: int = 0
 
     def add(self, rec: Record) -> bool:
         """Add ``rec``; returns False if already held or for another pool."""
@@ -47,10 +54,32 @@ class RecordSet:
         self.by_id[rec.id] = rec
         if rec.kind in ("invite", "join"):
             self._members = None
+            self.membership_version += 1
+        elif rec.kind == "job":
+            self._jobs.append(rec)
         job = rec.id if rec.kind == "job" else rec.body.get("job")
         if isinstance(job, str):
             self.by_job[job][rec.kind].append(rec)
+            rnd = rec.body.get("round")
+            if isinstance(rnd, int):
+                self._by_round[(job, rec.kind, rnd)].append(rec)
+            if rec.kind == "close":
+                self._closed_rounds[job].add(rnd)  # type: ignore[arg-type]
+            # The chain depends on closes, and on contributions only once a close names them.
+            if rec.kind in ("close", "ckpt", "job") or (
+                rec.kind == "contrib" and rnd in self._closed_rounds[job]
+            ):
+                self.versions[job] += 1
         return True
+
+    def highest_closed_round(self, job: str) -> int:
+        """The highest round any close names (valid or not yet), or -1."""
+        return max(self._closed_rounds.get(job, ()), default=-1)
+
+    def in_round(self, job: str, kind: str, rnd: int) -> list[Record]:
+        """Records of ``kind`` for round ``rnd`` of ``job`` whose author is a member."""
+        mem = self.members
+        return [r for r in self._by_round.get((job, kind, rnd), ()) if r.author in mem]
 
     def __contains__(self, rec_id: str) -> bool:
         return rec_id in self.by_id
@@ -75,17 +104,13 @@ class RecordSet:
     def jobs(self) -> list[Record]:
         """Jobs submitted by members, oldest first (then by id)."""
         mem = self.members
-        found = [r for r in self.by_id.values() if r.kind == "job" and r.author in mem]
-        return sorted(found, key=lambda r: (r["at"], r.id))
+        return sorted((r for r in self._jobs if r.author in mem), key=lambda r: (r["at"], r.id))
 
 
 def contributions(rs: RecordSet, job: Record, rnd: int, base: str) -> list[Record]:
     """Valid contributions to round ``rnd`` on ``base``, by id."""
     shards = job["shards"]
-    out = [
-        c for c in rs.of_job(job.id, "contrib")
-        if c["round"] == rnd and c["base"] == base and c["shards"][-1] < shards
-    ]
+    out = [c for c in rs.in_round(job.id, "contrib", rnd) if c["base"] == base and c["shards"][-1] < shards]
     return sorted(out, key=lambda c: c.id)
 
 

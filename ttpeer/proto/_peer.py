@@ -67,7 +67,24 @@ class _Training:
     attempt: int
     n: int
     renewed_at: float
+    backup: bool = False
     cancelled: bool = False
+    done: int = 0  # batches finished, as last reported by the driver
+    rate: float = 0.0
+
+
+@dataclass
+class _Claim:
+    """What this peer knows of someone's claim: when it last heard of it (its own clock)."""
+
+    seen: float
+    done: int = 0
+    rate: float = 0.0
+    backup: bool = False
+
+    def projected_finish(self, batches: int, default_rate: float) -> float:
+        rate = self.rate if self.rate > 0 else default_rate
+        return self.seen + max(0, batches - self.done) / rate
 
 
 @dataclass
@@ -99,8 +116,15 @@ class PeerMachine:
         self.done_jobs: dict[str, str] = {}  # job -> the final state reported
         self.declined: dict[str, str] = {}
         self._prepared: dict[str, bool | None] = {}  # None = asked, not answered
-        self._claim_seen: dict[tuple[str, int, int, str, int], float] = {}
+        # Claims by (job, round, shard), then by (author, attempt).
+        self._claims: dict[tuple[str, int, int], dict[tuple[str, int], _Claim]] = {}
+        self._claimed_shards: dict[tuple[str, int], set[int]] = {}  # (job, round) -> shards with claims
+        self.rate = 0.0  # this peer's measured training speed, batches per second (EMA)
+        self.peer_rates: dict[str, float] = {}  # speeds peers published with their claims
+        self.wasted_batches = 0  # batches trained that no close used (cancelled copies)
         self._released: set[tuple[str, int, int, str, int]] = set()
+        self._lasting: list[Record] = []  # every record but claims and releases
+        self._live_claim_records: dict[tuple[str, int], list[Record]] = {}  # (job, round) -> claims
         self._stopping = False
         self._covered_at: dict[tuple[str, int, str], float] = {}
         self._training: _Training | None = None
@@ -113,8 +137,9 @@ class PeerMachine:
         self._retry_at: float = 0.0
         self._next_digest = now
         self._digests = 0
-        self._chains: dict[str, tuple[int, Chain]] = {}
+        self._chains: dict[str, tuple[tuple[int, int], Chain]] = {}
         self._now = now
+        self._deadline_cache: tuple[object, float] | None = None
 
     # -- inputs ----------------------------------------------------------------------
 
@@ -135,6 +160,8 @@ class PeerMachine:
             return out
         if kind == "records":
             for raw in value:
+                if hashlib.sha256(raw).hexdigest() in self.records:
+                    continue  # already held: skip the signature check
                 try:
                     rec = parse(raw)
                 except RecordError:
@@ -143,10 +170,10 @@ class PeerMachine:
                     out.append(Persist(rec))
         else:
             prefixes, lo, hi = value
-            mine = [
-                r.raw for r in self.records
-                if _gossip.in_window(r.id, lo, hi) and r.id[: _gossip.ID_PREFIX] not in prefixes
-            ]
+            held = {r.id[: _gossip.ID_PREFIX]: r for r in self._gossiped()}
+            missing = held.keys() - prefixes  # set arithmetic in C: digests arrive often
+            whole = (lo, hi) == (0, _gossip.WINDOW_SPAN)
+            mine = [held[p].raw for p in missing if whole or _gossip.in_window(p, lo, hi)]
             out += [Send(sender, p) for p in _gossip.records_payloads(mine)]
         return out + self._step(now)
 
@@ -155,13 +182,20 @@ class PeerMachine:
         if now >= self._next_digest:
             self._next_digest = now + self.timing.digest_interval
             self._digests += 1
-            out.append(Broadcast(_gossip.digest_payload((r.id for r in self.records), self._digests)))
+            out.append(Broadcast(_gossip.digest_payload((r.id for r in self._gossiped()), self._digests)))
         return out + self._step(now)
 
     def next_deadline(self) -> float:
         """The next time ``tick`` has something to do."""
-        deadlines = [self._next_digest] + [d for d in self._deadlines() if d > self._now]
-        return min(deadlines)
+        t = self._training
+        # Deadlines move only when records arrive, training or retry state changes, or
+        # time passes one of them: cache on exactly that.
+        key = (len(self.records), id(t), t and (t.renewed_at, t.cancelled), len(self._covered_at),
+               self._retry_at, self._next_digest)
+        if self._deadline_cache is None or self._deadline_cache[0] != key or self._deadline_cache[1] <= self._now:
+            future = [d for d in self._deadlines() if d > self._now]
+            self._deadline_cache = (key, min(future, default=float("inf")))
+        return min(self._next_digest, self._deadline_cache[1])
 
     def _deadlines(self) -> list[float]:
         deadlines: list[float] = []
@@ -169,14 +203,21 @@ class PeerMachine:
         if job is not None:
             lease = job["lease"]
             chain = self._chain(job)
-            for (jid, rnd, _shard, author, _att), seen in self._claim_seen.items():
-                if jid == job.id and rnd == chain.round and author != self.me:
-                    deadlines.append(seen + lease)
+            rnd, me, now = chain.round, self.me, self._now
+            # Only the earliest lease still running matters.
+            expiries = [
+                claim.seen + lease
+                for shard in self._claimed_shards.get((job.id, rnd), ())
+                for (author, _att), claim in self._claims[(job.id, rnd, shard)].items()
+                if author != me and claim.seen + lease > now
+            ]
+            if expiries:
+                deadlines.append(min(expiries))
             if self._training is not None and not self._training.cancelled:
                 deadlines.append(self._training.renewed_at + lease / 3)
             for (jid, rnd, _base), at in self._covered_at.items():
                 if jid == job.id and rnd == chain.round:
-                    deadlines.append(at + lease)
+                    deadlines.append(at + self._close_grace(job))
             deadlines.append(self._retry_at)
         return deadlines
 
@@ -199,13 +240,31 @@ class PeerMachine:
         self.held.add(state)
         return self._step(now)
 
-    def train_done(self, job: str, rnd: int, shard: int, samples: int, now: float) -> list[Effect]:
+    def progress(self, job: str, rnd: int, shard: int, done: int, rate: float) -> None:
+        """The driver's report of the shard in training: ``done`` batches at ``rate``/s.
+        Carried by the next lease renewal so others can project when it ends."""
+        t = self._training
+        if t is not None and (t.job, t.round, t.shard) == (job, rnd, shard):
+            t.done = done
+            if rate > 0:
+                t.rate = rate
+
+    def train_done(
+        self, job: str, rnd: int, shard: int, samples: int, now: float, *, batches: int = 0, seconds: float = 0.0
+    ) -> list[Effect]:
+        """A ``Train`` ended: ``samples`` trained (0: stopped before one batch), and
+        optionally how many ``batches`` took how many ``seconds`` (this peer's speed)."""
         t = self._training
         self._training = None
+        if batches > 0 and seconds > 0:
+            measured = batches / seconds
+            self.rate = measured if self.rate <= 0 else 0.7 * self.rate + 0.3 * measured
         if t is not None and (t.job, t.round, t.shard) == (job, rnd, shard) and samples > 0:
             if (self._work.job, self._work.round) == (job, rnd) and not t.cancelled:
                 self._work.shards.append(shard)
                 self._work.samples += samples
+            elif t.cancelled:
+                self.wasted_batches += batches or 1
         return self._step(now)
 
     def delta_published(
@@ -313,13 +372,36 @@ class PeerMachine:
         if not self.records.add(rec):
             return False
         if rec.kind in ("claim", "release"):
+            self._live_claim_records.setdefault((rec["job"], rec["round"]), []).append(rec)
+        else:
+            self._lasting.append(rec)
+        if rec.kind in ("claim", "release"):
             key = (rec["job"], rec["round"], rec["shard"], rec.author, rec["attempt"])
+            on_shard = self._claims.setdefault(key[:3], {})
+            self._claimed_shards.setdefault(key[:2], set()).add(key[2])
             if rec.kind == "release":
                 self._released.add(key)
-                self._claim_seen.pop(key, None)
+                on_shard.pop(key[3:], None)
             elif key not in self._released:
-                self._claim_seen[key] = max(self._claim_seen.get(key, now), now)
+                if rec["rate"] > 0:
+                    self.peer_rates[rec.author] = rec["rate"]
+                old = on_shard.get(key[3:])
+                if old is None or rec["done"] >= old.done:
+                    on_shard[key[3:]] = _Claim(now, rec["done"], rec["rate"], rec["backup"])
+                else:
+                    old.seen = now
         return True
+
+    def _gossiped(self) -> list[Record]:
+        """Records worth comparing in anti-entropy: claims and releases of rounds that
+        have closed change nothing any more, and they are most of the records."""
+        for job in self.records.jobs():
+            rnd = self._chain(job).round
+            stale = [k for k in self._live_claim_records if k[0] == job.id and k[1] < rnd]
+            for key in stale:
+                del self._live_claim_records[key]
+        claims = [r for recs in self._live_claim_records.values() for r in recs]
+        return self._lasting + claims
 
     def _gossip_out(self, rec: Record) -> list[Effect]:
         return [Broadcast(p) for p in _gossip.records_payloads([rec.raw])]
@@ -330,9 +412,10 @@ class PeerMachine:
         return [Persist(rec), *self._gossip_out(rec)]
 
     def _chain(self, job: Record) -> Chain:
+        version = (self.records.versions[job.id], self.records.membership_version)
         cached = self._chains.get(job.id)
-        if cached is None or cached[0] != len(self.records):
-            cached = (len(self.records), canonical_chain(self.records, job))
+        if cached is None or cached[0] != version:
+            cached = (version, canonical_chain(self.records, job))
             self._chains[job.id] = cached
         return cached[1]
 
@@ -400,8 +483,12 @@ class PeerMachine:
         out = self._cancel_training((job.id, rnd))
         if (self._work.job, self._work.round, self._work.base) != (job.id, rnd, base):
             self._work = _RoundWork(job.id, rnd, base)
-            for key in [k for k in self._claim_seen if k[0] == job.id and k[1] < rnd]:
-                del self._claim_seen[key]  # leases of closed rounds no longer matter
+            for key in [k for k in self._claims if k[0] == job.id and k[1] < rnd]:
+                del self._claims[key]  # leases of closed rounds no longer matter
+            for key in [k for k in self._claimed_shards if k[0] == job.id and k[1] < rnd]:
+                del self._claimed_shards[key]
+            for key in [k for k in self._covered_at if k[0] == job.id and k[1] < rnd]:
+                del self._covered_at[key]
             self._released = {k for k in self._released if not (k[0] == job.id and k[1] < rnd)}
         contribs = contributions(self.records, job, rnd, base)
         cover = select_cover(job, contribs)
@@ -410,63 +497,105 @@ class PeerMachine:
         done = covered(contribs)
         t = self._training
         if t is not None:
-            if not t.cancelled and (t.shard in done or self._owner(job, rnd, t.shard, now) != self.me):
+            # A backup copy stops only when the shard is covered; an owner's claim also
+            # when another claim wins the shard (a higher attempt, or a lower node id).
+            lost = not t.backup and self._owner(job, rnd, t.shard, now) != self.me
+            if not t.cancelled and (t.shard in done or lost):
                 out += self._cancel_training(None)
             elif not t.cancelled and now >= t.renewed_at + job["lease"] / 3:
                 t.n += 1
                 t.renewed_at = now
-                out += self._sign_local("claim", {
-                    "job": job.id, "round": rnd, "shard": t.shard, "attempt": t.attempt, "n": t.n,
-                }, now)
+                out += self._claim(job, rnd, t, now)
             return out
         if self._publishing or self._stopping or now < self._retry_at:
             return out
+        if self.records.highest_closed_round(job.id) >= rnd:
+            # Some branch is longer than ours: we are catching up (just joined, restarted,
+            # or missing contributions a close names). Training this round would be wasted.
+            return out
         shard = self._pick_shard(job, rnd, done, now)
+        backup = False
+        if shard is None and not self._work.shards and job["steal"]:
+            shard, backup = self._pick_straggler(job, rnd, done, now), True
         if shard is not None:
-            attempt = self._next_attempt(job, rnd, shard)
-            self._training = _Training(job.id, rnd, shard, attempt, 0, now)
-            out += self._sign_local("claim", {
-                "job": job.id, "round": rnd, "shard": shard, "attempt": attempt, "n": 0,
-            }, now)
+            attempt = self._next_attempt(job, rnd, shard) - (1 if backup else 0)
+            self._training = _Training(job.id, rnd, shard, attempt, 0, now, backup=backup, rate=self.rate)
+            out += self._claim(job, rnd, self._training, now)
             out.append(Train(job, rnd, shard, attempt, base, fresh=not self._work.shards))
         elif self._work.shards:
             self._publishing = True
             out.append(PublishDelta(job, rnd, base, tuple(sorted(self._work.shards)), self._work.samples))
         return out
 
-    def _live_claims(self, job: Record, rnd: int, shard: int, now: float) -> list[tuple[int, str]]:
+    def _claim(self, job: Record, rnd: int, t: _Training, now: float) -> list[Effect]:
+        return self._sign_local("claim", {
+            "job": job.id, "round": rnd, "shard": t.shard, "attempt": t.attempt, "n": t.n,
+            "done": t.done, "rate": round(t.rate, 3), "backup": t.backup,
+        }, now)
+
+    def _pick_straggler(self, job: Record, rnd: int, done: set[int], now: float) -> int | None:
+        """Stealing: the shard projected to finish last, if this peer, starting now,
+        would finish a copy of it clearly sooner. At most one backup per shard."""
+        if self.rate <= 0:
+            return None  # no measurement of our own speed yet: no basis to compare
+        mine = now + job["batches"] / self.rate
+        best: tuple[float, int] | None = None
+        for s in range(job["shards"]):
+            if s in done:
+                continue
+            live = self._live(job, rnd, s, now)
+            if not live or any(c.backup for _, c in live):
+                continue
+            # A claimer whose speed is unknown is assumed as fast as we are: no steal.
+            finish = min(c.projected_finish(job["batches"], self.rate) for _, c in live)
+            if best is None or finish > best[0]:
+                best = (finish, s)
+        if best is None or mine * 1.0 + 0.1 * (mine - now) >= best[0]:
+            return None
+        return best[1]
+
+    def _live(self, job: Record, rnd: int, shard: int, now: float) -> list[tuple[tuple[int, str], _Claim]]:
+        """Live claims on a shard as ((attempt, author), claim); ours only while we train it."""
         lease = job["lease"]
         live = []
-        for (jid, r, s, author, attempt), seen in self._claim_seen.items():
-            if (jid, r, s) != (job.id, rnd, shard):
-                continue
+        for (author, attempt), claim in self._claims.get((job.id, rnd, shard), {}).items():
             if author == self.me:
                 t = self._training
-                if t is not None and (t.job, t.round, t.shard, t.attempt) == (jid, r, s, attempt):
-                    live.append((attempt, author))
-            elif now < seen + lease and author in self.records.members:
-                live.append((attempt, author))
+                if t is not None and not t.cancelled and (t.job, t.round, t.shard, t.attempt) == (
+                    job.id, rnd, shard, attempt
+                ):
+                    live.append(((attempt, author), claim))
+            elif now < claim.seen + lease and author in self.records.members:
+                live.append(((attempt, author), claim))
         return live
 
     def _owner(self, job: Record, rnd: int, shard: int, now: float) -> str | None:
-        live = self._live_claims(job, rnd, shard, now)
-        if not live:
+        """Who owns a shard: among live non-backup claims, the highest attempt, then the
+        lowest node id."""
+        owners = [key for key, c in self._live(job, rnd, shard, now) if not c.backup]
+        if not owners:
             return None
-        return min(live, key=lambda c: (-c[0], c[1]))[1]
+        return min(owners, key=lambda k: (-k[0], k[1]))[1]
 
     def _next_attempt(self, job: Record, rnd: int, shard: int) -> int:
-        attempts = [k[4] for k in (*self._claim_seen, *self._released) if k[:3] == (job.id, rnd, shard)]
+        attempts = [att for _author, att in self._claims.get((job.id, rnd, shard), {})]
+        attempts += [k[4] for k in self._released if k[:3] == (job.id, rnd, shard)]
         return max(attempts) + 1 if attempts else 0
 
     def _pick_shard(self, job: Record, rnd: int, done: set[int], now: float) -> int | None:
         free = [
             s for s in range(job["shards"])
-            if s not in done and s not in self._work.shards and self._owner(job, rnd, s, now) is None
+            if s not in done and s not in self._work.shards and not self._live(job, rnd, s, now)
         ]
         if not free:
             return None
         # A per-peer order spreads concurrent claimers over different shards.
         return min(free, key=lambda s: hashlib.sha256(f"{self.me}:{rnd}:{s}".encode()).digest())
+
+    def _close_grace(self, job: Record) -> float:
+        """How long others wait for the designated closer before closing themselves: a
+        lease, plus two digests for a close that was lost on the way to be resent."""
+        return job["lease"] + 2 * self.timing.digest_interval
 
     def _maybe_close(
         self, job: Record, rnd: int, base: str, cover: list[Record], now: float
@@ -476,7 +605,7 @@ class PeerMachine:
         if self._aggregating is not None or now < self._retry_at:
             return []
         closer = min(c.author for c in cover)
-        if closer != self.me and now < first + job["lease"]:
+        if closer != self.me and now < first + self._close_grace(job):
             return []
         self._aggregating = (job.id, rnd)
         return [Aggregate(job, rnd, base, tuple(cover))]

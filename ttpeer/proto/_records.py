@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,7 +69,7 @@ def _str(max_len: int) -> Validator:
     return lambda v: type(v) is str and len(v) <= max_len
 
 
-def _choice(*options: str | int) -> Validator:
+def _choice(*options: str | int | bool) -> Validator:
     return lambda v: any(type(v) is type(o) and v == o for o in options)
 
 
@@ -105,9 +106,16 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         "shards": _int(1, 4096), "batches": _int(1, 1_000_000), "batch_size": _int(1, 65536),
         "inner_lr": _num(0, 10), "weight_decay": _num(0, 10), "outer_lr": _num(0, 10),
         "outer_momentum": _num(0, 1), "bits": _choice(4, 8), "seed": _int(0, 2**31),
-        "init": _STATE_HASH, "init_blob": _HEX, "lease": _num(1, 86_400), "at": _int(),
+        "init": _STATE_HASH, "init_blob": _HEX, "lease": _num(1, 86_400), "steal": _choice(True, False),
+        "at": _int(),
     },
-    "claim": {"job": _HEX, "round": _int(), "shard": _int(0, 4095), "attempt": _int(0, 10_000), "n": _int()},
+    # A claim with n > 0 renews the lease of claim n=0; ``done`` batches so far at ``rate``
+    # batches/s let others project when it will finish. ``backup``: a copy run by an idle
+    # peer against a straggler; it never takes the shard from its owner.
+    "claim": {
+        "job": _HEX, "round": _int(), "shard": _int(0, 4095), "attempt": _int(0, 10_000), "n": _int(),
+        "done": _int(), "rate": _num(0, 1e9), "backup": _choice(True, False),
+    },
     "release": {"job": _HEX, "round": _int(), "shard": _int(0, 4095), "attempt": _int(0, 10_000)},
     "contrib": {
         "job": _HEX, "round": _int(), "base": _STATE_HASH, "shards": _sorted_unique(_int(0, 4095), 4096, 1),
@@ -174,8 +182,29 @@ def sign(kind: str, pool: str, body: Mapping[str, Any], key: Ed25519PrivateKey) 
     return Record(kind, pool, author, json.loads(raw)["body"], sig, raw, hashlib.sha256(raw).hexdigest())
 
 
+_PARSED: OrderedDict[str, Record] = OrderedDict()
+_PARSED_MAX = 65536
+
+
 def parse(raw: bytes) -> Record:
-    """Decode and verify one record from untrusted bytes. Raises ``RecordError``."""
+    """Decode and verify one record from untrusted bytes. Raises ``RecordError``.
+
+    Verified records are remembered by the hash of their bytes (a bounded LRU), so
+    the same bytes arriving again (gossip repeats; many peers in one simulator
+    process) are not verified twice. Identical bytes are the identical record."""
+    rid = hashlib.sha256(raw).hexdigest()
+    hit = _PARSED.get(rid)
+    if hit is not None and hit.raw == raw:
+        _PARSED.move_to_end(rid)
+        return hit
+    rec = _parse(raw, rid)
+    _PARSED[rid] = rec
+    if len(_PARSED) > _PARSED_MAX:
+        _PARSED.popitem(last=False)
+    return rec
+
+
+def _parse(raw: bytes, rid: str) -> Record:
     obj = _codec.decode(raw, max_size=MAX_RECORD_BYTES)
     if type(obj) is not dict or set(obj) != {"v", "kind", "pool", "author", "body", "sig"}:
         raise RecordError("not a record object")
@@ -193,4 +222,4 @@ def parse(raw: bytes) -> Record:
         )
     except (InvalidSignature, ValueError):
         raise RecordError(f"{kind} record signature does not verify") from None
-    return Record(kind, pool, author, body, sig, raw, hashlib.sha256(raw).hexdigest())
+    return Record(kind, pool, author, body, sig, raw, rid)

@@ -23,6 +23,49 @@ def _h(*parts: object) -> str:
     return "sha256:" + hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
+class Gate:
+    """Open unless paused: a SIGSTOPped process, in the simulator."""
+
+    def __init__(self) -> None:
+        self._open = trio.Event()
+        self._open.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._open.is_set()
+
+    def pause(self) -> None:
+        if not self.paused:
+            self._open = trio.Event()
+
+    def resume(self) -> None:
+        self._open.set()
+
+    async def wait(self) -> None:
+        await self._open.wait()
+
+
+class GatedTransport:
+    """A transport that stands still while its gate is paused, like a stopped process."""
+
+    def __init__(self, inner: Any, gate: Gate) -> None:
+        self._inner = inner
+        self._gate = gate
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        async def gated(*args: Any, **kwargs: Any) -> Any:
+            await self._gate.wait()
+            result = await attr(*args, **kwargs)
+            await self._gate.wait()  # a reply that arrives during the pause is read after it
+            return result
+
+        return gated
+
+
 @dataclass
 class FakeDisk:
     """What survives a crash of a simulated peer: held states and finished jobs."""
@@ -32,11 +75,14 @@ class FakeDisk:
 
 
 class FakeExecutor:
-    def __init__(self, name: str, disk: FakeDisk, *, speed: float = 1.0, step_time: float = 0.05) -> None:
+    def __init__(
+        self, name: str, disk: FakeDisk, *, speed: float = 1.0, step_time: float = 0.05, gate: Gate | None = None
+    ) -> None:
         self.name = name
         self.disk = disk
         self.speed = speed
         self.step_time = step_time
+        self.gate = gate or Gate()
         self.trained: list[tuple[str, int, int]] = []  # (job, round, shard) actually trained
         self._local: dict[str, tuple[str, list[int]]] = {}  # job -> (base, shards in local model)
 
@@ -50,9 +96,10 @@ class FakeExecutor:
     async def train(self, eff: Train, should_stop: Callable[[], bool]) -> int:
         done = 0
         for _ in range(eff.job["batches"]):
-            await trio.sleep(self.step_time / self.speed)
             if should_stop():
                 break
+            await self.gate.wait()
+            await trio.sleep(self.step_time / self.speed)
             done += 1
         if done:
             base, shards = self._local.get(eff.job.id, (eff.base, []))

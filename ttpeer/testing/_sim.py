@@ -22,9 +22,9 @@ import trio
 
 from ttpeer.daemon import Home, Node, new_invite
 from ttpeer.net import MemoryRelay
-from ttpeer.proto import Timing, Token, canonical_chain
+from ttpeer.proto import Timing, Token
 
-from ._fake import FakeDisk, FakeExecutor
+from ._fake import FakeDisk, FakeExecutor, Gate, GatedTransport
 
 FAKE_RELAY = "https://relay.sim.invalid"
 FAKE_FP = "sha256:" + "0" * 64
@@ -41,6 +41,7 @@ class SimPeer:
     scope: trio.CancelScope | None = None
     trained: list[tuple[str, int, int]] = field(default_factory=list)
     lives: int = 0
+    gate: Gate = field(default_factory=Gate)
 
     @property
     def alive(self) -> bool:
@@ -83,10 +84,12 @@ class Simulation:
     async def start(self, i: int) -> None:
         assert self._nursery is not None
         peer = self.peers[i]
-        peer.executor = FakeExecutor(peer.name, peer.disk, speed=peer.speed, step_time=self.step_time)
+        peer.gate = Gate()
+        peer.executor = FakeExecutor(peer.name, peer.disk, speed=peer.speed, step_time=self.step_time, gate=peer.gate)
         cfg = peer.home.config()
-        transport = self.relay.client(cfg.pool, peer.home.node_key(), cfg.proof)
-        peer.node = Node(peer.home, transport, peer.executor, timing=self.timing, seed=self.seed * 1000 + i)
+        transport = GatedTransport(self.relay.client(cfg.pool, peer.home.node_key(), cfg.proof), peer.gate)
+        peer.node = Node(peer.home, transport, peer.executor, timing=self.timing, seed=self.seed * 1000 + i,
+                         durable=False)
         peer.lives += 1
         peer.scope = await self._nursery.start(self._run_peer, peer)
 
@@ -107,6 +110,13 @@ class Simulation:
             peer.trained += peer.executor.trained
         peer.node, peer.executor, peer.scope = None, None, None
 
+    def pause(self, i: int) -> None:
+        """Freeze peer ``i`` (SIGSTOP): it neither trains nor talks; its clock runs on."""
+        self.peers[i].gate.pause()
+
+    def resume(self, i: int) -> None:
+        self.peers[i].gate.resume()
+
     # -- driving ---------------------------------------------------------------------
 
     async def submit(self, spec: dict[str, Any], via: int = 0) -> str:
@@ -115,9 +125,13 @@ class Simulation:
         return (await node.submit(spec, None)).id
 
     async def wait_done(self, job: str, timeout: float) -> None:
-        """Wait (simulated time) until every live peer finished ``job``."""
+        """Wait (simulated time) until every live peer finished ``job`` on the same state.
+        Peers that finished on a losing fork repair once gossip brings the winner."""
         with trio.fail_after(timeout):
-            while not all(job in p.disk.finished for p in self.peers if p.alive):
+            while True:
+                live = [p for p in self.peers if p.alive]
+                if all(job in p.disk.finished for p in live) and len({p.disk.finished[job] for p in live}) == 1:
+                    return
                 await trio.sleep(0.5)
 
     async def wait_round(self, job: str, rnd: int, timeout: float) -> None:
@@ -125,10 +139,18 @@ class Simulation:
             while not any(p.node and self.round_of(p, job) >= rnd for p in self.peers):
                 await trio.sleep(0.1)
 
+    async def watch_rounds(self, job: str, times: list[float], poll: float = 0.05) -> None:
+        """Append the simulated time at which each round first closed anywhere."""
+        while True:
+            rounds = [self.round_of(p, job) for p in self.peers if p.node and not p.gate.paused]
+            while rounds and max(rounds) > len(times):
+                times.append(trio.current_time())
+            await trio.sleep(poll)
+
     def round_of(self, peer: SimPeer, job: str) -> int:
         assert peer.node is not None
         rec = peer.node.machine.records.by_id.get(job)
-        return canonical_chain(peer.node.machine.records, rec).round if rec else -1
+        return peer.node.machine.chain(rec).round if rec else -1
 
     def all_trained(self) -> list[tuple[str, int, int]]:
         out = []
