@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import logging
 import os
 import re
 import shutil
@@ -46,10 +45,18 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # SUPPRESS: a subcommand's copy of these options must not reset what was given before it.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--home", type=Path, help="ttpeer home directory (default: $TTPEER_HOME or the "
+    common.add_argument("--home", type=Path, default=argparse.SUPPRESS,
+                        help="ttpeer home directory (default: from the config file, $TTPEER_HOME or the "
                         "per-user data directory)")
-    common.add_argument("-v", "--verbose", action="count", default=0, help="more log output (repeatable)")
+    common.add_argument("--config", type=Path, default=argparse.SUPPRESS,
+                        help="settings file (default: $TTPEER_CONFIG or ~/.config/ttpeer/ttpeer.toml; "
+                        "see 'ttpeer config show')")
+    common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                        help="more log output (repeatable)")
+    common.add_argument("--log-format", choices=["text", "json"], default=argparse.SUPPRESS,
+                        help="log lines as text (default) or JSON objects")
 
     p = argparse.ArgumentParser(
         prog="ttpeer", description="Pool your own machines into one training run.",
@@ -81,10 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--name", default=None, help="this machine's name in the pool (default: hostname)")
     j.add_argument("--device", default=None, help="torch device to train on (default: cuda if present, else cpu)")
     j.add_argument("--slowdown", type=float, default=0.0, help=argparse.SUPPRESS)  # benchmarks and tests
+    j.add_argument("--service", action="store_true",
+                   help="enroll the service's home, then install and start the systemd service (see 'service')")
+    j.add_argument("--user", action="store_true", help="with --service: a service of your own user")
+    j.add_argument("--metrics", default=None, help="serve Prometheus metrics on HOST:PORT (loopback only)")
 
     up = sub.add_parser("up", parents=[common], help="run the daemon of an enrolled home in the foreground")
     up.add_argument("--device", default=None, help="torch device to train on (default: cuda if present, else cpu)")
     up.add_argument("--slowdown", type=float, default=0.0, help=argparse.SUPPRESS)  # benchmarks and tests
+    up.add_argument("--metrics", default=None,
+                    help="serve Prometheus metrics on HOST:PORT, loopback only (e.g. 127.0.0.1:9464)")
 
     s = sub.add_parser("submit", parents=[common], help="submit a training job to the pool")
     s.add_argument("--task", required=True, help="'mnist1d' or a task file path/to/task.py (see README)")
@@ -101,9 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--lease", type=_duration, default=30.0,
                    help="a shard's claim expires this long after its last renewal (default 30s)")
+    s.add_argument("--no-steal", action="store_true",
+                   help="idle peers do not run backup copies of stragglers' shards")
 
     st = sub.add_parser("status", parents=[common], help="peers, jobs, progress")
     st.add_argument("--json", action="store_true", help="one JSON object (schema in the README)")
+    st.add_argument("--watch", action="store_true", help="redraw live progress per peer and per round (Ctrl-C)")
+    st.add_argument("--interval", type=float, default=1.0, help="seconds between redraws (default 1)")
+    st.add_argument("--frames", type=_positive_int, default=None, help=argparse.SUPPRESS)  # tests: stop after N
 
     w = sub.add_parser("wait", parents=[common], help="wait until a job is done")
     w.add_argument("job", help="job id or a unique prefix")
@@ -116,16 +134,34 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", parents=[common], help="a relay and 3 peers on this machine train mnist1d")
     d.add_argument("--rounds", type=_positive_int, default=8)
     d.add_argument("--keep", action="store_true", help="keep the temporary directory")
+
+    from ttpeer._commands import add_commands
+
+    add_commands(sub, common)
     return p
 
 
+def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The settings in effect (``ttpeer.config``): flags over environment over file."""
+    from ttpeer import config
+
+    verbose = getattr(args, "verbose", 0)
+    flags = {
+        "home": getattr(args, "home", None), "device": getattr(args, "device", None),
+        "name": getattr(args, "name", None), "log_format": getattr(args, "log_format", None),
+        "metrics": getattr(args, "metrics", None),
+        "log_level": ["info", "debug"][min(verbose, 2) - 1] if verbose else None,
+    }
+    return config.load(flags, file=getattr(args, "config", None))
+
+
 def main(argv: list[str] | None = None) -> int:
+    from ttpeer import _logging
+
     args = build_parser().parse_args(argv)
-    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    for noisy in ("httpx", "httpcore", "hypercorn"):
-        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
     try:
+        args.settings = _settings(args)
+        _logging.setup(args.settings.log_level, args.settings.log_format)
         return int(_dispatch(args) or 0)
     except TtpeerError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -135,9 +171,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _home(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from ttpeer.daemon import Home, default_home
+    from ttpeer.daemon import Home
 
-    return Home(args.home or default_home())
+    return Home(args.settings.home)
 
 
 def _dispatch(args: argparse.Namespace) -> int | None:
@@ -171,6 +207,14 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         from ttpeer.demo import run_demo
 
         return run_demo(rounds=args.rounds, keep=args.keep)
+    from ttpeer import _commands
+
+    if cmd == "service":
+        return _commands.service(args, args.settings)
+    if cmd == "config":
+        return _commands.config_show(args, args.settings)
+    if cmd == "report":
+        return _commands.report(args, _home(args))
     raise UsageError(f"unknown command {cmd}")
 
 
@@ -202,7 +246,7 @@ def _pool_create(args: argparse.Namespace) -> int:
     _check_relay(args.relay, args.fingerprint)
     home = _home(args)
     now = time.time()
-    cfg = home.create_pool(args.relay, args.fingerprint, args.name or _default_name(), now)
+    cfg = home.create_pool(args.relay, args.fingerprint, args.settings.name or _default_name(), now)
     invite, key = new_invite(home.root_key(), cfg.pool, ttl=args.ttl, uses=args.uses, role="member", now=now)
     print(f"pool {cfg.pool} created in {home.path}; this machine ({cfg.name}) is its admin")
     print("start it with 'ttpeer up'; enroll other machines with this token "
@@ -228,9 +272,19 @@ def _join(args: argparse.Namespace) -> int:
 
     token = parse_token(args.token, now=time.time())
     _check_relay(token.relays[0], token.fingerprint)  # before any key is made or sent
+
+    def enroll(home) -> None:  # type: ignore[no-untyped-def]
+        cfg = home.enroll(token, args.settings.name or _default_name(), time.time())
+        print(f"enrolled in pool {cfg.pool} as {cfg.name}; home {home.path}", flush=True)
+
+    if args.service:
+        from ttpeer._commands import join_service
+
+        return join_service(args, args.settings, enroll)
+    if args.user:
+        raise UsageError("--user goes with --service")
     home = _home(args)
-    cfg = home.enroll(token, args.name or _default_name(), time.time())
-    print(f"enrolled in pool {cfg.pool} as {cfg.name}; home {home.path}", flush=True)
+    enroll(home)
     return _up(args, home)
 
 
@@ -238,11 +292,14 @@ def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
     import trio
 
     from ttpeer.daemon import run_daemon
+    from ttpeer.daemon._systemd import Notifier
 
-    device = args.device or _default_device()
+    cfg = args.settings
+    device = _default_device() if cfg.device == "auto" else cfg.device
     options = {"slowdown": args.slowdown} if getattr(args, "slowdown", 0) else None
-    trio.run(lambda: run_daemon(home, device=device, task_options=options,
-                                proxy=os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")))
+    notifier = Notifier.from_environ(os.environ)  # systemd's protocol, not a setting
+    trio.run(lambda: run_daemon(home, device=device, task_options=options, proxy=cfg.proxy or None,
+                                metrics=cfg.metrics, stop_grace=cfg.stop_grace, notifier=notifier))
     return 0
 
 
@@ -271,7 +328,7 @@ def _submit(args: argparse.Namespace) -> int:
         "task": task, "mode": args.mode, "rounds": args.rounds, "shards": args.shards,
         "batches": args.inner_steps, "batch_size": args.batch_size or 64, "inner_lr": args.inner_lr,
         "weight_decay": args.weight_decay, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
-        "bits": args.bits, "seed": args.seed, "lease": args.lease,
+        "bits": args.bits, "seed": args.seed, "lease": args.lease, "steal": not args.no_steal,
     }
     reply = call(home.control_socket, {"op": "submit", "spec": spec,
                                        "task_file": task_file.hex() if task_file else None}, timeout=300)
@@ -287,6 +344,10 @@ def _status_obj(home) -> dict[str, Any]:  # type: ignore[no-untyped-def]
 
 
 def _status(args: argparse.Namespace) -> int:
+    if args.watch:
+        from ttpeer._commands import check_interval, watch
+
+        return watch(_home(args), check_interval(args.interval), args.frames)
     st = _status_obj(_home(args))
     if args.json:
         print(json.dumps(st, indent=2))
@@ -294,7 +355,10 @@ def _status(args: argparse.Namespace) -> int:
     node = st["node"]
     relay = "connected" if st["relay"]["connected"] else f"NOT connected ({st['relay']['last_error']})"
     print(f"node {node['name']} ({node['id'][:12]}) pool {node['pool'][:12]}  relay {relay}")
-    print(f"bytes sent {_size(st['bytes_sent'])}, received {_size(st['bytes_received'])}")
+    print(f"bytes sent {_size(st['bytes_sent'])}, received {_size(st['bytes_received'])}"
+          + (f"; metrics at {st['metrics_url']}" if st.get("metrics_url") else ""))
+    for repair in st.get("startup_repairs") or []:
+        print(f"repaired at start-up: {repair}")
     print("peers:")
     for peer in st["peers"]:
         seen = "this machine" if peer["self"] else (
@@ -305,8 +369,9 @@ def _status(args: argparse.Namespace) -> int:
         metric = "" if job["eval_loss"] is None else (
             f"  eval loss {job['eval_loss']:.4f} {job['metric_name']} {job['eval_metric']:.4f}")
         ratio = "" if job["compression_ratio"] is None else f"  compression {job['compression_ratio']:.1f}x"
+        use = "" if job.get("utilization") is None else f"  utilization {100 * job['utilization']:.0f}%"
         print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: round {job['round']}/"
-              f"{job['rounds']}, shards {job['shards_done']}/{job['shards_total']}{metric}{ratio}")
+              f"{job['rounds']}, shards {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
         if job["declined"]:
             print(f"    declined here: {job['declined']}")
     return 0

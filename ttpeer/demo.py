@@ -47,6 +47,8 @@ class Cluster:
         self.named: dict[str, subprocess.Popen[bytes]] = {}
         self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         self.env.pop("TTPEER_HOME", None)
+        # The processes must not pick up the user's own settings (a fixed metrics port...).
+        self.env["TTPEER_CONFIG"] = str(root / "ttpeer.toml")
 
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         out = open(self.root / f"{name}.log", "wb")
@@ -144,7 +146,7 @@ def make_pool(cluster: Cluster, url: str, fp: str, names: list[str], extra: tupl
 def job_spec(rounds: int) -> dict[str, Any]:
     return {"task": "mnist1d", "mode": "fused", "rounds": rounds, "shards": 6, "batches": 60, "batch_size": 64,
             "inner_lr": 2e-3, "weight_decay": 0.01, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
-            "seed": 0, "lease": 10.0}
+            "seed": 0, "lease": 10.0, "steal": True}
 
 
 def run_job(homes: list[Path], spec: dict[str, Any], label: str, progress: Any = None) -> Outcome:

@@ -6,6 +6,8 @@
      +-- TokenError                  a join token is malformed, expired or for a fake pool
      +-- SealError                   sealed bytes do not authenticate
      +-- UsageError                  a command was given something it cannot use
+     |    +-- ConfigError            a setting (file, environment, flag) is invalid (ttpeer.config)
+     +-- ServiceError                installing or removing the systemd unit failed (ttpeer.daemon._units)
      +-- HomeError                   the home directory is missing, not enrolled, or locked
      +-- DiskError                   a write failed (disk full, read-only); nothing written is lost
      +-- DaemonNotRunning            a command needs the running daemon and found none

@@ -2,7 +2,9 @@
 the running daemon.
 
 A Unix socket at ``HOME/control.sock``, mode 0600 in a 0700 home, so only its
-owner can use it. One JSON request per connection, one JSON reply:
+owner can use it; the server also asks the kernel who connected (``SO_PEERCRED``)
+and answers only its own user and root, should the modes ever be loosened.
+One JSON request per connection, one JSON reply:
 ``{"op": "status"}``, ``{"op": "submit", "spec": {...}, "task_file": hex|null}``.
 Replies are ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
 """
@@ -13,6 +15,8 @@ import json
 import logging
 import os
 import socket as pysocket
+import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,9 +31,20 @@ log = logging.getLogger("ttpeer.control")
 MAX_REQUEST = 16 * 2**20
 
 
+def _peer_uid(sock: Any) -> int | None:
+    try:
+        creds = sock.getsockopt(pysocket.SOL_SOCKET, pysocket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return None
+    return int(struct.unpack("3i", creds)[1])
+
+
 async def serve_control(
-    node: Node, path: Path, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    node: Node, path: Path, *, status: Callable[[], dict[str, Any]] | None = None,
+    ready: trio.Event | None = None, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Serve the control socket until cancelled. ``status`` builds the status reply
+    (default ``node.status``); ``submit`` waits for ``ready`` (the node is running)."""
     path.unlink(missing_ok=True)
     sock = trio.socket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
     old = os.umask(0o177)
@@ -43,9 +58,13 @@ async def serve_control(
 
     async def handle(stream: trio.SocketStream) -> None:
         async with stream:
+            uid = _peer_uid(stream.socket)
+            if uid is not None and uid not in (os.getuid(), 0):
+                log.warning("refused a control connection from uid %d: only this daemon's user may use it", uid)
+                return
             try:
                 request = json.loads(await _read_all(stream))
-                reply = await _dispatch(node, request)
+                reply = await _dispatch(node, request, status, ready)
             except TtpeerError as exc:
                 reply = {"ok": False, "error": str(exc)}
             except (ValueError, KeyError, TypeError) as exc:
@@ -74,11 +93,14 @@ async def _read_all(stream: trio.SocketStream) -> bytes:
         chunks.append(chunk)
 
 
-async def _dispatch(node: Node, request: dict[str, Any]) -> dict[str, Any]:
+async def _dispatch(node: Node, request: dict[str, Any], status: Callable[[], dict[str, Any]] | None,
+                    ready: trio.Event | None) -> dict[str, Any]:
     op = request.get("op")
     if op == "status":
-        return {"ok": True, "status": node.status()}
+        return {"ok": True, "status": status() if status is not None else node.status()}
     if op == "submit":
+        if ready is not None:
+            await ready.wait()
         task_file = bytes.fromhex(request["task_file"]) if request.get("task_file") else None
         job = await node.submit(request["spec"], task_file)
         return {"ok": True, "job": job.id}

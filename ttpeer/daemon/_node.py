@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ttpeer.errors import DiskError, TtpeerError
-from ttpeer.net import NetError, RelayFingerprintMismatch, RelayRejected, Transport
+from ttpeer.net import NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
 from ttpeer.net._seal import SealError, open_direct, open_sealed, seal, seal_to
 from ttpeer.proto import (
     Aggregate,
@@ -69,6 +70,8 @@ BLOB = b"ttpeer/blob/v1"
 KEY_DOMAIN = b"ttpeer/keyshare/v1\n"
 MAX_BLOB = 8 * 2**30
 RECV_WAIT = 20.0
+SUSPECT_BEATS = 3  # heartbeats missed before a peer is suspected
+DEAD_BEATS = 8  # ... and before it is reported dead (leases, not this, requeue its work)
 
 
 @dataclass
@@ -76,6 +79,31 @@ class JobStats:
     fp32_bytes: int = 0
     wire_bytes: int = 0
     shards_trained: int = 0
+    train_seconds: float = 0.0
+
+
+@dataclass
+class _Progress:
+    """Batches done in the shard in training: written by the training thread (one int),
+    read on the trio thread, where the times are taken: no lock for a progress hint."""
+
+    started: float  # trio time
+    done: int = 0
+
+    def stopper(self, cancelled: Callable[[], bool]) -> Callable[[], bool]:
+        calls = 0
+
+        def should_stop() -> bool:  # asked before every batch
+            nonlocal calls
+            self.done = max(0, calls)
+            calls += 1
+            return cancelled()
+
+        return should_stop
+
+    def rate(self, now: float) -> float:
+        elapsed = now - self.started
+        return self.done / elapsed if self.done and elapsed > 0 else 0.0
 
 
 @dataclass
@@ -96,6 +124,7 @@ class Node:
         *,
         timing: Timing = Timing(),
         seed: int | None = None,
+        durable: bool = True,
     ) -> None:
         self.home = home
         self.cfg: PoolConfig = home.config()
@@ -104,14 +133,17 @@ class Node:
         self._key = home.node_key()
         self._seal_key = home.seal_key()
         self.pool_key: bytes | None = home.pool_key()
-        self.machine = PeerMachine(self.cfg.pool, self._key, now=trio.current_time(), timing=timing)
+        self._offset = 0.0  # relay outages so far: protocol time stands still while we are cut off
+        self._down_since: float | None = None
+        self.machine = PeerMachine(self.cfg.pool, self._key, now=self._now(), timing=timing)
         self.me = self.machine.me
-        self.log = RecordLog(home.records_log)
+        self.log = RecordLog(home.records_log, fsync=durable)
         self.counters = Counters()
         self._rng = random.Random(seed)
         self._outbox_send, self._outbox_recv = trio.open_memory_channel[tuple[str | None, bytes]](10_000)
         self._wake = trio.Event()
         self._cancelled: set[tuple[str, int, int]] = set()
+        self._progress: dict[tuple[str, int, int], _Progress] = {}
         self._nursery: trio.Nursery | None = None
         self._job_done: dict[str, trio.Event] = {}
         self._key_event = trio.Event()
@@ -124,8 +156,8 @@ class Node:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled. Raises the first fatal error (a relay that is not ours,
         a membership the relay refuses, a full disk)."""
-        now = trio.current_time()
-        self.counters.started = now
+        now = self._now()
+        self.counters.started = trio.current_time()
         logged = self.log.load()
         for raw in self.cfg.proof:
             if raw not in logged:
@@ -152,16 +184,57 @@ class Node:
         while True:
             try:
                 await self.transport.connect()
-                self.counters.relay_ok = True
+                self._relay_up()
                 return
             except (RelayFingerprintMismatch, RelayRejected) as exc:
                 raise exc
             except NetError as exc:
-                self.counters.relay_ok = False
+                if isinstance(exc, RelayUnavailable):
+                    self._relay_down()
                 self.counters.last_error = str(exc)
                 log.warning("relay unreachable (%s); retrying in %.0f s", exc, delay)
                 await trio.sleep(delay * (0.5 + self._rng.random()))
                 delay = min(delay * 2, 30.0)
+
+    # -- time and liveness -----------------------------------------------------------
+
+    def _now(self) -> float:
+        """Protocol time: trio's clock less every relay outage of ours. Losing the relay
+        is our fault, not the pool's: while we are cut off, nobody's lease runs out in
+        our view and nobody goes silent, so a relay restart declares no one dead."""
+        now = trio.current_time() if self._down_since is None else self._down_since
+        return now - self._offset
+
+    def _to_trio(self, deadline: float) -> float:
+        return deadline + self._offset if self._down_since is None else float("inf")
+
+    def _relay_down(self) -> None:
+        self.counters.relay_ok = False
+        if self._down_since is None:
+            self._down_since = trio.current_time()
+            self._wake.set()
+
+    def _relay_up(self) -> None:
+        self.counters.relay_ok = True
+        if self._down_since is not None:
+            outage = trio.current_time() - self._down_since
+            self._down_since = None
+            self._offset += outage
+            for peer in self.counters.peers_seen:
+                self.counters.peers_seen[peer] += outage
+            self._wake.set()
+
+    def liveness(self, peer: str) -> str:
+        """"alive", "suspect" or "dead", from when we last heard from ``peer`` (every peer
+        broadcasts a digest each ``digest_interval``: that is its heartbeat)."""
+        seen = self.counters.peers_seen.get(peer)
+        if peer == self.me:
+            return "alive"
+        if seen is None:
+            return "unknown"
+        silent = (trio.current_time() if self._down_since is None else self._down_since) - seen
+        beat = self.machine.timing.digest_interval
+        return "alive" if silent <= SUSPECT_BEATS * beat else "suspect" if silent <= DEAD_BEATS * beat else "dead"
 
     # -- submitting --------------------------------------------------------------------
 
@@ -173,7 +246,7 @@ class Node:
         task_blob = await self._put_sealed(task_file) if task_file is not None else ""
         body = {**spec, **fixed, "init_blob": init_blob, "task_blob": task_blob, "at": _wall_seconds()}
         rec = sign("job", self.cfg.pool, body, self._key)
-        self._process(self.machine.add_local(rec, trio.current_time()))
+        self._process(self.machine.add_local(rec, self._now()))
         return rec
 
     def done_event(self, job: str) -> trio.Event:
@@ -196,6 +269,8 @@ class Node:
 
     def _execute(self, eff: Effect) -> None:
         assert self._nursery is not None, "effects run only inside Node.run"
+        if log.isEnabledFor(logging.DEBUG) and not isinstance(eff, (Broadcast, Send, Persist)):
+            log.debug("effect %s", _describe(eff))
         match eff:
             case Persist(record=rec):
                 self.log.append(rec.raw)
@@ -221,7 +296,7 @@ class Node:
             log.warning("outbox full; dropping a gossip payload (anti-entropy resends it)")
 
     async def _work(self, eff: Effect) -> None:
-        now = trio.current_time
+        now = self._now
         m = self.machine
         try:
             match eff:
@@ -234,10 +309,19 @@ class Node:
                 case Train(job=job, round=rnd, shard=shard):
                     key = (job.id, rnd, shard)
                     self._cancelled.discard(key)
-                    samples = await self.executor.train(eff, lambda: key in self._cancelled)
-                    self._cancelled.discard(key)
-                    self._stats(job.id).shards_trained += 1 if samples else 0
-                    self._process(m.train_done(job.id, rnd, shard, samples, now()))
+                    started = trio.current_time()
+                    progress = self._progress[key] = _Progress(started)
+                    try:
+                        samples = await self.executor.train(eff, progress.stopper(lambda: key in self._cancelled))
+                    finally:
+                        self._progress.pop(key, None)
+                        self._cancelled.discard(key)
+                    seconds = trio.current_time() - started
+                    stats = self._stats(job.id)
+                    stats.shards_trained += 1 if samples else 0
+                    stats.train_seconds += seconds
+                    batches = samples // job["batch_size"]
+                    self._process(m.train_done(job.id, rnd, shard, samples, now(), batches=batches, seconds=seconds))
                 case PublishDelta(job=job, round=rnd, base=base, shards=shards, samples=samples):
                     data, metrics = await self.executor.delta(eff)
                     try:
@@ -272,12 +356,16 @@ class Node:
                     data = await self.executor.export_state(job, state)
                     blob = await self._put_sealed(data)
                     self._process(m.checkpoint_published(job, rnd, state, blob, len(data), now()))
+        except DiskError as exc:  # a full disk stops the daemon: retrying would only fail again
+            self.fatal = exc
+            log.error("%s", exc)
+            self.stop()
         except (NetError, SealError, TtpeerError) as exc:
             log.warning("%s failed: %s", type(eff).__name__, exc)
             self._report_failure(eff)
 
     def _report_failure(self, eff: Effect) -> None:
-        m, now = self.machine, trio.current_time()
+        m, now = self.machine, self._now()
         match eff:
             case PrepareJob(job=job):
                 self._process(m.job_prepared(job.id, False, "could not load the task", now))
@@ -324,11 +412,20 @@ class Node:
     # -- network tasks -------------------------------------------------------------------
 
     async def _ticker(self) -> None:
+        """Tick the machine at its next deadline. A wake-up (new input, so perhaps a new
+        deadline) only recomputes the deadline: inputs already ran the machine."""
         while True:
-            with trio.move_on_at(self.machine.next_deadline()):
+            deadline = self.machine.next_deadline()
+            with trio.move_on_at(self._to_trio(deadline)) as timer:
                 await self._wake.wait()
             self._wake = trio.Event()
-            self._process(self.machine.tick(trio.current_time()), wake=False)
+            if not timer.cancelled_caught:
+                continue
+            for (job, rnd, shard), p in list(self._progress.items()):
+                self.machine.progress(job, rnd, shard, p.done, p.rate(trio.current_time()))
+            # Protocol time is trio time less the outages: the subtraction can land a hair
+            # before the deadline that just fired, which must not leave it unfired.
+            self._process(self.machine.tick(max(self._now(), deadline)), wake=False)
 
     async def _outbox(self) -> None:
         async for peer, data in self._outbox_recv:
@@ -339,10 +436,11 @@ class Node:
                         await self.transport.broadcast(data)
                     else:
                         await self.transport.send(peer, data)
-                    self.counters.relay_ok = True
+                    self._relay_up()
                     break
                 except NetError as exc:
-                    self.counters.relay_ok = False
+                    if isinstance(exc, RelayUnavailable):
+                        self._relay_down()
                     self.counters.last_error = str(exc)
                     await trio.sleep(delay * (0.5 + self._rng.random()))
                     delay = min(delay * 2, 15.0)
@@ -353,10 +451,11 @@ class Node:
         while True:
             try:
                 messages, cursor = await self.transport.recv(cursor, RECV_WAIT)
-                self.counters.relay_ok = True
+                self._relay_up()
                 delay = 0.5
             except NetError as exc:
-                self.counters.relay_ok = False
+                if isinstance(exc, RelayUnavailable):
+                    self._relay_down()
                 self.counters.last_error = str(exc)
                 log.warning("relay receive failed (%s); retrying", exc)
                 await trio.sleep(delay * (0.5 + self._rng.random()))
@@ -371,7 +470,7 @@ class Node:
         try:
             if kind == b"P" and self.pool_key is not None:
                 payload = open_sealed(self.pool_key, GOSSIP, body)
-                self._process(self.machine.receive(sender, payload, trio.current_time()))
+                self._process(self.machine.receive(sender, payload, self._now()))
             elif kind == b"H":
                 self._on_hello(sender, body)
             elif kind == b"K":
@@ -400,7 +499,7 @@ class Node:
         obj = decode(body, max_size=200_000)
         proof = [bytes.fromhex(p) for p in obj["proof"]]
         member = verify_proof(self.cfg.pool, sender, proof)
-        now = trio.current_time()
+        now = self._now()
         for raw in proof:
             self._process(self.machine.add_local(parse(raw), now))
         if self.pool_key is None:
@@ -430,7 +529,7 @@ class Node:
         self.pool_key = key
         self._key_event.set()
         log.info("received the pool key from %s", giver[:12])
-        self._process(self.machine.tick(trio.current_time()))
+        self._process(self.machine.tick(self._now()))
 
     # -- status ---------------------------------------------------------------------------
 
@@ -449,6 +548,21 @@ class Node:
         from ._status import snapshot
 
         return snapshot(self)
+
+
+def _describe(eff: Effect) -> str:
+    """One line per effect for debug logs: its kind and small fields, never payloads."""
+    parts = [type(eff).__name__]
+    for name, value in vars(eff).items():
+        if isinstance(value, bool | int | float):
+            parts.append(f"{name}={value}")
+        elif isinstance(value, str):
+            parts.append(f"{name}={value[:19]}")
+        elif isinstance(value, tuple) and all(isinstance(v, int) for v in value):
+            parts.append(f"{name}={list(value)}")
+        elif hasattr(value, "id"):
+            parts.append(f"{name}={value.id[:12]}")
+    return " ".join(parts)
 
 
 def _ratio(stats: JobStats) -> float | None:

@@ -26,8 +26,9 @@ _HEAD = struct.Struct(">II")
 
 
 class RecordLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, fsync: bool = True) -> None:
         self.path = path
+        self._fsync = fsync  # False only in the simulator, which tests the protocol, not the disk
         self._fd: int | None = None
 
     def load(self) -> list[bytes]:
@@ -71,8 +72,11 @@ class RecordLog:
             start = os.lseek(self._fd, 0, os.SEEK_END)
             frame = _HEAD.pack(len(raw), zlib.crc32(raw)) + raw
             try:
-                os.write(self._fd, frame)
-                os.fsync(self._fd)
+                view = memoryview(frame)
+                while view:  # a nearly full disk writes part of a frame and fails on the rest
+                    view = view[os.write(self._fd, view) :]
+                if self._fsync:
+                    os.fsync(self._fd)
             except OSError:
                 os.ftruncate(self._fd, start)  # never leave half a frame after a full disk
                 raise

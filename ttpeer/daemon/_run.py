@@ -1,53 +1,195 @@
-"""Run the daemon in the foreground until SIGINT or SIGTERM."""
+"""Run the daemon in the foreground (or as a systemd service) until SIGINT or SIGTERM.
+
+Start-up, in order: lock the home; serve the control socket (``ttpeer status``
+answers from here on); tell systemd READY and start the watchdog; check and
+repair the home on disk (``_integrity``, in a worker thread: big states take
+time); optionally serve Prometheus metrics; then run the node (connect, replay
+the record log, train).
+
+Stopping, on SIGTERM or SIGINT: tell systemd STOPPING; hand back the claim in
+flight (``PeerMachine.release``: a signed ``release`` record, so peers take the
+shard at once instead of waiting for the lease); wait up to ``stop_grace``
+seconds for the outbox to send it (no wait when there was no claim); then cancel
+everything. Torch work runs in
+worker threads that trio does not abandon, so a state being written is finished
+(and atomically renamed) before the process exits, with status 0. A second
+signal skips the wait.
+
+Fatal errors (a full disk, a relay that is not ours) stop the daemon and are
+raised as the ``TtpeerError`` they are; the command line prints them.
+"""
 
 from __future__ import annotations
 
 import logging
 import signal
+from functools import partial
 from typing import Any
 
 import trio
 
+from ttpeer import _logging
+from ttpeer.errors import TtpeerError
 from ttpeer.net import RelayClient
 from ttpeer.proto import Timing
 
 from ._control import serve_control
 from ._home import Home
+from ._integrity import check_home
 from ._node import Node
+from ._status_more import extend
+from ._systemd import Notifier
 from ._torch import TorchExecutor
+from ._usage import TimedExecutor, TimedTransport, Usage
 
 log = logging.getLogger("ttpeer.daemon")
 
 
+def _register_secrets(home: Home) -> None:
+    for name in ("node.key", "seal.key", "pool.key", "root.key"):
+        path = home.path / name
+        if path.exists():
+            _logging.add_secret(path.read_bytes())
+
+
 async def run_daemon(
     home: Home, *, device: str = "cpu", task_options: dict[str, Any] | None = None,
-    proxy: str | None = None, timing: Timing = Timing(),
+    proxy: str | None = None, timing: Timing = Timing(), metrics: str = "", stop_grace: float = 5.0,
+    notifier: Notifier | None = None,
 ) -> None:
     """Serve this home's membership until a signal arrives. Raises ``TtpeerError`` for
-    what stops the daemon (another daemon on this home, a relay that is not ours)."""
+    what stops the daemon (another daemon on this home, a relay that is not ours, a
+    full disk)."""
     home.lock()
+    try:
+        await _serve(home, device=device, task_options=task_options, proxy=proxy, timing=timing,
+                     metrics=metrics, stop_grace=stop_grace, notifier=notifier or Notifier(None))
+    except BaseExceptionGroup as group:
+        match, _rest = group.split(TtpeerError)
+        if match is None:
+            raise
+        first = match
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
+    finally:
+        home.unlock()
+
+
+async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None, proxy: str | None,
+                 timing: Timing, metrics: str, stop_grace: float, notifier: Notifier) -> None:
     cfg = home.config()
+    _register_secrets(home)
     client = RelayClient(cfg.relays[0], cfg.fingerprint, pool=cfg.pool, peer_key=home.node_key(),
                          proof=cfg.proof, proxy=proxy)
-    node = Node(home, client, TorchExecutor(home, device=device, task_options=task_options), timing=timing)
+    usage = Usage()
+    node = Node(home, TimedTransport(client, usage),
+                TimedExecutor(TorchExecutor(home, device=device, task_options=task_options), usage), timing=timing)
+    repairs: list[str] = []
+    metrics_url: str | None = None
+    ready = trio.Event()
+
+    def status() -> dict[str, Any]:
+        return extend(node.status(), node, usage, metrics_url=metrics_url, repairs=repairs)
+
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
-            await nursery.start(node.run)
-            await nursery.start(serve_control, node, home.control_socket)
-            print(f"ttpeer up: node {node.me[:12]} ({cfg.name}) in pool {cfg.pool[:12]}", flush=True)
+            nursery.start_soon(_stop_on_signal, node, nursery.cancel_scope, notifier, stop_grace)
+            await nursery.start(partial(serve_control, node, home.control_socket, status=status, ready=ready))
+            notifier.send(ready=1, status="checking the home directory")
+            nursery.start_soon(notifier.watchdog, lambda: _progress_line(node))
+            repairs += await trio.to_thread.run_sync(check_home, home)
+            if metrics:
+                from ._metrics import exposition, families, serve_metrics
+
+                def render() -> bytes:
+                    trained = {j: s.shards_trained for j, s in node.counters.jobs.items()}
+                    return exposition(lambda: families(status(), trained))
+
+                try:
+                    metrics_url = await nursery.start(serve_metrics, render, metrics)
+                except OSError as exc:
+                    raise TtpeerError(f"cannot serve metrics on {metrics}: {exc.strerror or exc} "
+                                      "(choose another port with --metrics or 'metrics' in the config)") from None
+            await nursery.start(_run_node, node, nursery.cancel_scope)
+            ready.set()
+            print(f"ttpeer up: node {node.me[:12]} ({cfg.name}) in pool {cfg.pool[:12]}"
+                  + (f"; metrics at {metrics_url}" if metrics_url else ""), flush=True)
     finally:
         node.log.close()
         with trio.CancelScope(shield=True):
             await client.aclose()
-        home.unlock()
     if node.fatal is not None:
         raise node.fatal
 
 
-async def _stop_on_signal(scope: trio.CancelScope) -> None:
+async def _run_node(node: Node, everything: trio.CancelScope,
+                    *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    # Node.run returns when the node stops itself (a fatal error): then stop the rest too.
+    await node.run(task_status=task_status)
+    everything.cancel()
+
+
+def _progress_line(node: Node) -> str:
+    m = node.machine
+    job = m.active_job()
+    if job is None:
+        return "idle" if node.counters.relay_ok else "connecting to the relay"
+    chain = m.chain(job)
+    shard = m.training
+    doing = f", training shard {shard[2]}" if shard and shard[0] == job.id else ""
+    return f"job {job.id[:12]} round {chain.round}/{job['rounds']}{doing}"
+
+
+def _protocol_now(node: Node) -> float:
+    now = getattr(node, "_now", None)  # protocol time, when the node keeps one apart from trio's
+    return float(now()) if callable(now) else trio.current_time()
+
+
+def running(node: Node) -> bool:
+    return getattr(node, "_nursery", None) is not None
+
+
+def release_claims(node: Node) -> str | None:
+    """Hand back the claim in flight; says which, if a release record went out."""
+    if not running(node):
+        return None  # not started yet: it holds no claim
+    training = node.machine.training
+    effects = node.machine.release(_protocol_now(node))
+    node._process(effects)
+    if not effects or training is None:
+        return None
+    job, rnd, shard = training
+    return f"shard {shard} of round {rnd} (job {job[:12]})"
+
+
+def outbox_idle(node: Node) -> bool:
+    """Nothing queued and the sender waiting for more: everything queued has been sent."""
+    stats = node._outbox_send.statistics()
+    return stats.current_buffer_used == 0 and stats.tasks_waiting_receive > 0
+
+
+async def _stop_on_signal(node: Node, scope: trio.CancelScope, notifier: Notifier, grace: float) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for sig in signals:
-            log.warning("received %s: stopping", signal.Signals(sig).name)
-            scope.cancel()
-            return
+            log.warning("received %s: handing back claims, then stopping", signal.Signals(sig).name)
+            break
+        notifier.send(stopping=1, status="stopping: handing back claims")
+        released = release_claims(node)
+        # Only the release is worth waiting for: other gossip comes back through anti-entropy.
+        with trio.move_on_after(grace if released else 0) as waited:
+            async with trio.open_nursery() as inner:
+
+                async def second_signal() -> None:
+                    async for _ in signals:
+                        log.warning("second signal: stopping now")
+                        inner.cancel_scope.cancel()
+
+                inner.start_soon(second_signal)
+                while not outbox_idle(node):
+                    await trio.sleep(0.02)
+                inner.cancel_scope.cancel()
+        if released:
+            log.warning("handed back %s%s", released,
+                        " (the relay did not confirm it in time)" if waited.cancelled_caught else "")
+        scope.cancel()

@@ -1,11 +1,11 @@
 """The status snapshot: one JSON object, the schema documented in the README.
 
     {"version": 1, "node": {...}, "relay": {...},
-     "peers": [{"id", "name", "role", "self", "last_seen_s"}],
+     "peers": [{"id", "name", "role", "self", "last_seen_s", "liveness", "rate"}],
      "jobs": [{"id", "task", "mode", "state", "round", "rounds", "shards_done",
                "shards_total", "eval_loss", "eval_metric", "metric_name",
                "bytes_sent", "bytes_received", "compression_ratio", "declined",
-               "state_hash", "training_shard"}]}
+               "state_hash", "training_shard", "wasted_batches", "duplicate_fraction"}]}
 """
 
 from __future__ import annotations
@@ -14,12 +14,24 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ttpeer.proto import contributions, covered
+from ttpeer.proto import Chain, Record, RecordSet, contributions, covered
 
 if TYPE_CHECKING:
     from ._node import Node
 
 SCHEMA_VERSION = 1
+
+
+def duplicate_fraction(records: RecordSet, job: Record, chain: Chain) -> float | None:
+    """Of the samples in contributions to closed rounds, the share no close used:
+    backup copies that lost the race, and work on shards someone else covered first."""
+    used = {cid for close in chain.closes for cid in close["contribs"]}
+    total = wasted = 0
+    for c in records.of_job(job.id, "contrib"):
+        if c["round"] < chain.round and c["base"] == chain.states[c["round"]]:
+            total += c["samples"]
+            wasted += 0 if c.id in used else c["samples"]
+    return round(wasted / total, 4) if total else None
 
 
 def snapshot(node: Node) -> dict[str, Any]:
@@ -31,6 +43,8 @@ def snapshot(node: Node) -> dict[str, Any]:
         peers.append({
             "id": pid, "name": member.name, "role": member.role, "self": pid == node.me,
             "last_seen_s": 0.0 if pid == node.me else (round(now - seen, 1) if seen is not None else None),
+            "liveness": node.liveness(pid),
+            "rate": round(m.rate if pid == node.me else m.peer_rates.get(pid, 0.0), 3),
         })
     jobs = []
     active = m.active_job()
@@ -62,6 +76,8 @@ def snapshot(node: Node) -> dict[str, Any]:
             "compression_ratio": ratio, "declined": m.declined.get(job.id),
             "state_hash": chain.head,
             "training_shard": m.training[2] if m.training and m.training[0] == job.id else None,
+            "wasted_batches": m.wasted_batches if active is not None and active.id == job.id else 0,
+            "duplicate_fraction": duplicate_fraction(m.records, job, chain),
         })
     return {
         "version": SCHEMA_VERSION,

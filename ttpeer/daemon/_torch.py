@@ -12,6 +12,7 @@ trainer is not thread-safe.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -19,19 +20,20 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import trio
 
 from ttpeer import train
-from ttpeer.errors import JobError
+from ttpeer.errors import DiskError, JobError
 from ttpeer.proto import PublishDelta, Record, Train
 
 from ._files import write_atomic
 from ._home import Home
 
 log = logging.getLogger("ttpeer.train")
+T = TypeVar("T")
 KEEP_STATES = 3
 
 
@@ -76,7 +78,7 @@ class TorchExecutor:
             state = train.init_state(task, spec["seed"])
             return {"task_hash": task.source_hash, "init": train.state_hash(state)}, train.state_to_bytes(state)
 
-        return await trio.to_thread.run_sync(build)
+        return await _in_thread(build)
 
     async def prepare(self, job: Record, task_file: bytes | None) -> str | None:
         def load() -> str | None:
@@ -96,7 +98,7 @@ class TorchExecutor:
             self._jobs[job.id] = _Job(task, trainer, like)
             return None
 
-        return await trio.to_thread.run_sync(load)
+        return await _in_thread(load)
 
     def _job(self, job: Record) -> _Job:
         ctx = self._jobs.get(job.id)
@@ -150,7 +152,7 @@ class TorchExecutor:
             return ctx.trainer.train_shard(batches, should_stop)
 
         async with self._lock:
-            return await trio.to_thread.run_sync(run)
+            return await _in_thread(run)
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
         ctx = self._job(eff.job)
@@ -161,7 +163,7 @@ class TorchExecutor:
             return data, {"fp32_bytes": float(train.fp32_size(delta))}
 
         async with self._lock:
-            return await trio.to_thread.run_sync(run)
+            return await _in_thread(run)
 
     def _outer(self, job: Record, base: str, deltas: list[tuple[bytes, int]]) -> train.OuterState:
         ctx = self._job(job)
@@ -178,7 +180,7 @@ class TorchExecutor:
             return self._hold(job, new), {"eval_loss": round(loss, 6), ctx.task.metric_name: round(metric, 6)}
 
         async with self._lock:
-            return await trio.to_thread.run_sync(run)
+            return await _in_thread(run)
 
     async def apply(self, job: Record, base: str, deltas: list[tuple[bytes, int]], expect: str) -> bool:
         def run() -> bool:
@@ -189,10 +191,10 @@ class TorchExecutor:
             return True
 
         async with self._lock:
-            return await trio.to_thread.run_sync(run)
+            return await _in_thread(run)
 
     async def export_state(self, job: Record, state: str) -> bytes:
-        return await trio.to_thread.run_sync(lambda: train.state_to_bytes(self._state(job, state)))
+        return await _in_thread(lambda: train.state_to_bytes(self._state(job, state)))
 
     async def import_state(self, job: Record, state: str, data: bytes) -> bool:
         ctx = self._job(job)
@@ -208,7 +210,7 @@ class TorchExecutor:
             self._hold(job, loaded)
             return True
 
-        return await trio.to_thread.run_sync(run)
+        return await _in_thread(run)
 
     async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
         ctx = self._job(job)
@@ -216,10 +218,28 @@ class TorchExecutor:
         def run() -> None:
             final = self._state(job, state)
             folder = self.home.states(job.id)
-            train.export_model(final, ctx.task, folder / "final.safetensors", metrics)
+            try:
+                train.export_model(final, ctx.task, folder / "final.safetensors", metrics)
+            except OSError as exc:
+                raise DiskError(folder / "final.safetensors", exc) from None
             write_atomic(folder / "done.json", json.dumps(metrics, indent=2).encode())
 
-        await trio.to_thread.run_sync(run)
+        await _in_thread(run)
+
+
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EIO}
+
+
+async def _in_thread(fn: Callable[[], T]) -> T:
+    """Run ``fn`` in a worker thread. An ``OSError`` from the torch side becomes a
+    ``DiskError`` (which stops the daemon) when the disk is full, read-only or failing,
+    else a ``JobError`` (the step fails and the protocol tries again)."""
+    try:
+        return await trio.to_thread.run_sync(fn)
+    except OSError as exc:
+        if exc.errno in _DISK_ERRNOS:
+            raise DiskError(Path(exc.filename or "a file in the ttpeer home"), exc) from None
+        raise JobError(f"{exc.filename or 'a file'}: {exc.strerror or exc}") from None
 
 
 def _available_memory(device: str) -> int:

@@ -1,0 +1,103 @@
+"""Per-round and per-peer views of a job: pure functions of the records a peer holds.
+
+Used by ``ttpeer status`` (through the daemon), the Prometheus endpoint and
+``ttpeer report`` (straight from a record log), so all three tell the same story.
+Every peer holds every record, so any peer can describe any job.
+
+- ``history``: one row per closed round of the canonical chain: the closer's eval
+  loss and task metric, the contributions and peers it combined.
+- ``peer_rows``: one row per member: contributions to the job, samples,
+  the time split its contributions report (``_usage``), and in the current round
+  the shards it claims and the shards its contributions cover.
+
+Claims are shown as their records say (highest attempt per shard, not released,
+not yet covered); whether a lease is still live is the protocol's business.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from ttpeer.proto import Chain, Record, RecordSet, contributions, covered
+
+TIME_KEYS = ("train_s", "compute_s", "comm_s", "idle_s", "wall_s")
+
+
+def metric_name(close_metrics: dict[str, Any]) -> str:
+    return next((k for k in sorted(close_metrics) if k != "eval_loss"), "metric")
+
+
+def history(rs: RecordSet, chain: Chain) -> list[dict[str, Any]]:
+    out = []
+    for close in chain.closes:
+        metrics = dict(close["metrics"])
+        name = metric_name(metrics)
+        authors = sorted({rs.by_id[c].author for c in close["contribs"] if c in rs.by_id})
+        out.append({
+            "round": close["round"] + 1, "eval_loss": metrics.get("eval_loss"),
+            "eval_metric": metrics.get(name), "metric_name": name,
+            "contributions": len(close["contribs"]), "peers": authors, "state": close["state"],
+        })
+    return out
+
+
+def _blank(pid: str, name: str) -> dict[str, Any]:
+    return {"id": pid, "name": name, "contributions": 0, "used": 0, "shards": 0, "samples": 0,
+            "samples_per_s": None, "train_s": 0.0, "compute_s": 0.0, "comm_s": 0.0, "idle_s": 0.0,
+            "wall_s": 0.0, "claims": [], "shards_done": 0}
+
+
+def peer_rows(rs: RecordSet, job: Record, chain: Chain) -> list[dict[str, Any]]:
+    """One row per member of the pool (and per author of a contribution or claim)."""
+    names = {pid: m.name for pid, m in rs.members.items()}
+    rows: dict[str, dict[str, Any]] = {}
+
+    def row(pid: str) -> dict[str, Any]:
+        if pid not in rows:
+            rows[pid] = _blank(pid, names.get(pid, pid[:12]))
+        return rows[pid]
+
+    for pid in names:  # every member gets a row, also one that has not contributed (yet)
+        row(pid)
+    used = {cid for close in chain.closes for cid in close["contribs"]}
+    for c in sorted(rs.of_job(job.id, "contrib"), key=lambda r: r["round"]):
+        r = row(c.author)
+        r["contributions"] += 1
+        r["used"] += c.id in used
+        r["shards"] += len(c["shards"])
+        r["samples"] += c["samples"]
+        m = c["metrics"]
+        for key in TIME_KEYS:
+            r[key] = round(r[key] + float(m.get(key, 0.0)), 3)
+        if "samples_per_s" in m:
+            r["samples_per_s"] = round(float(m["samples_per_s"]), 1)
+    if chain.round < job["rounds"]:
+        current = contributions(rs, job, chain.round, chain.head)
+        done = covered(current)
+        for c in current:
+            row(c.author)["shards_done"] += len(c["shards"])
+        released = {(r["shard"], r.author, r["attempt"]) for r in rs.of_job(job.id, "release")
+                    if r["round"] == chain.round}
+        best: dict[int, Record] = {}
+        for claim in rs.of_job(job.id, "claim"):
+            if claim["round"] != chain.round or claim["shard"] in done:
+                continue
+            if (claim["shard"], claim.author, claim["attempt"]) in released:
+                continue
+            old = best.get(claim["shard"])
+            if old is None or (claim["attempt"], claim["n"]) > (old["attempt"], old["n"]):
+                best[claim["shard"]] = claim
+        for shard, claim in sorted(best.items()):
+            row(claim.author)["claims"].append(shard)
+    return sorted(rows.values(), key=lambda r: (r["name"], r["id"]))
+
+
+def throughput(rs: RecordSet, job: Record) -> dict[str, list[tuple[int, float]]]:
+    """Per peer id: (round + 1, samples per second) of each contribution that reports it."""
+    out: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for c in rs.of_job(job.id, "contrib"):
+        rate = c["metrics"].get("samples_per_s")
+        if rate:
+            out[c.author].append((c["round"] + 1, float(rate)))
+    return {pid: sorted(points) for pid, points in out.items()}
