@@ -123,6 +123,7 @@ class PeerMachine:
         self.peer_rates: dict[str, float] = {}  # speeds peers published with their claims
         self.wasted_batches = 0  # batches trained that no close used (cancelled copies)
         self._released: set[tuple[str, int, int, str, int]] = set()
+        self._heard: dict[str, float] = {}  # when each peer last sent us anything
         self._lasting: list[Record] = []  # every record but claims and releases
         self._live_claim_records: dict[tuple[str, int], list[Record]] = {}  # (job, round) -> claims
         self._stopping = False
@@ -158,6 +159,7 @@ class PeerMachine:
             kind, value = _gossip.parse_payload(payload)
         except RecordError:
             return out
+        self._heard[sender] = now
         if kind == "records":
             for raw in value:
                 if hashlib.sha256(raw).hexdigest() in self.records:
@@ -217,7 +219,7 @@ class PeerMachine:
                 deadlines.append(self._training.renewed_at + lease / 3)
             for (jid, rnd, _base), at in self._covered_at.items():
                 if jid == job.id and rnd == chain.round:
-                    deadlines.append(at + self._close_grace(job))
+                    deadlines += [at + job["lease"], at + self._close_grace(job)]
             deadlines.append(self._retry_at)
         return deadlines
 
@@ -592,10 +594,15 @@ class PeerMachine:
         # A per-peer order spreads concurrent claimers over different shards.
         return min(free, key=lambda s: hashlib.sha256(f"{self.me}:{rnd}:{s}".encode()).digest())
 
-    def _close_grace(self, job: Record) -> float:
-        """How long others wait for the designated closer before closing themselves: a
-        lease, plus two digests for a close that was lost on the way to be resent."""
-        return job["lease"] + 2 * self.timing.digest_interval
+    def _close_grace(self, job: Record, closer: str | None = None, now: float = 0.0) -> float:
+        """How long others wait for the designated closer before closing themselves: one
+        lease if the closer has been silent that long (it died: every live peer sends a
+        digest each ``digest_interval``), else a lease plus two digests, time for a close
+        lost on the way to be resent."""
+        lease = job["lease"]
+        if closer is not None and now - self._heard.get(closer, -float("inf")) >= lease:
+            return lease
+        return lease + 2 * self.timing.digest_interval
 
     def _maybe_close(
         self, job: Record, rnd: int, base: str, cover: list[Record], now: float
@@ -605,7 +612,7 @@ class PeerMachine:
         if self._aggregating is not None or now < self._retry_at:
             return []
         closer = min(c.author for c in cover)
-        if closer != self.me and now < first + self._close_grace(job):
+        if closer != self.me and now < first + self._close_grace(job, closer, now):
             return []
         self._aggregating = (job.id, rnd)
         return [Aggregate(job, rnd, base, tuple(cover))]
