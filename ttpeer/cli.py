@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", choices=["fused"], default="fused", help="fused: one model, periodic averaging")
     s.add_argument("--rounds", type=_positive_int, default=10, help="outer rounds (default 10)")
     s.add_argument("--inner-steps", type=_positive_int, default=25, help="inner AdamW steps per shard (default 25)")
-    s.add_argument("--shards", type=_positive_int, default=6, help="shards per round (default 6)")
+    s.add_argument("--shards", type=_positive_int, default=None,
+                   help="shards per round (default: from the speeds peers publish, 2 per peer at first)")
     s.add_argument("--batch-size", type=_positive_int, default=None, help="default: the task's")
     s.add_argument("--inner-lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     s.add_argument("--weight-decay", type=float, default=0.01)
@@ -112,8 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--outer-momentum", type=float, default=0.9, help="outer momentum (default 0.9)")
     s.add_argument("--bits", type=int, choices=[4, 8], default=8, help="delta quantization (default 8)")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--lease", type=_duration, default=30.0,
-                   help="a shard's claim expires this long after its last renewal (default 30s)")
+    s.add_argument("--lease", type=_duration, default=None,
+                   help="a shard's claim expires this long after its last renewal (default: twice the "
+                        "slowest peer's shard time, 15s-5m; 30s before any speed is known)")
     s.add_argument("--no-steal", action="store_true",
                    help="idle peers do not run backup copies of stragglers' shards")
 
@@ -332,7 +334,8 @@ def _submit(args: argparse.Namespace) -> int:
     }
     reply = call(home.control_socket, {"op": "submit", "spec": spec,
                                        "task_file": task_file.hex() if task_file else None}, timeout=300)
-    print(f"submitted {args.mode} job: {args.rounds} rounds x {args.shards} shards x {args.inner_steps} steps")
+    print(f"submitted {args.mode} job: {args.rounds} rounds x {reply.get('shards')} shards x {args.inner_steps} "
+          f"steps, lease {reply.get('lease')} s")
     print(reply["job"])
     return 0
 

@@ -55,3 +55,26 @@ async def test_task_file_job_trains_bit_identically_on_two_torch_peers(tmp_path)
     copies = list((homes[1].path / "tasks").glob("*.py"))
     assert [c.read_bytes() for c in copies] == [TASK_FILE.read_bytes()]
     assert (homes[1].path / "records.log").stat().st_size > 0
+
+
+async def test_two_jobs_from_the_same_initial_state_both_finish(tmp_path):
+    # Same task and seed: both jobs start from one state hash, held on disk under the first job.
+    home = _homes(tmp_path)[0]
+    spec = {"task": TASK_FILE.name, "mode": "fused", "rounds": 1, "shards": 2, "batches": 3, "batch_size": 16,
+            "inner_lr": 0.01, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
+            "seed": 3, "lease": 5.0, "steal": True}
+    async with MemoryRelay() as relay:
+        cfg = home.config()
+        node = Node(home, relay.client(cfg.pool, home.node_key(), cfg.proof), TorchExecutor(home),
+                    timing=Timing(digest_interval=0.5))
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(node.run)
+                first = await node.submit(spec, TASK_FILE.read_bytes())
+                await node.done_event(first.id).wait()
+                second = await node.submit({**spec, "rounds": 2}, TASK_FILE.read_bytes())
+                await node.done_event(second.id).wait()
+                nursery.cancel_scope.cancel()
+    assert first["init"] == second["init"]
+    for job in (first, second):
+        assert (home.path / "states" / job.id / "final.safetensors").exists()

@@ -103,7 +103,7 @@ async def _dispatch(node: Node, request: dict[str, Any], status: Callable[[], di
             await ready.wait()
         task_file = bytes.fromhex(request["task_file"]) if request.get("task_file") else None
         job = await node.submit(request["spec"], task_file)
-        return {"ok": True, "job": job.id}
+        return {"ok": True, "job": job.id, "shards": job["shards"], "lease": job["lease"]}
     raise ValueError(f"unknown op {op!r}")
 
 

@@ -53,6 +53,7 @@ from ttpeer.proto import (
     Timing,
     Train,
     decode,
+    default_sizing,
     encode,
     parse,
     sign,
@@ -239,8 +240,10 @@ class Node:
     # -- submitting --------------------------------------------------------------------
 
     async def submit(self, spec: dict[str, Any], task_file: bytes | None) -> Record:
-        """Make, seal and publish a new job from ``spec``. Raises ``TtpeerError``."""
+        """Make, seal and publish a new job from ``spec``. ``shards`` or ``lease`` left
+        out (None) default from the speeds peers have published. Raises ``TtpeerError``."""
         await self._key_event.wait()
+        spec = self._sized(spec)
         fixed, init_bytes = await self.executor.new_job(spec, task_file)
         init_blob = await self._put_sealed(init_bytes)
         task_blob = await self._put_sealed(task_file) if task_file is not None else ""
@@ -248,6 +251,17 @@ class Node:
         rec = sign("job", self.cfg.pool, body, self._key)
         self._process(self.machine.add_local(rec, self._now()))
         return rec
+
+    def _sized(self, spec: dict[str, Any]) -> dict[str, Any]:
+        if spec.get("shards") is not None and spec.get("lease") is not None:
+            return spec
+        m = self.machine
+        alive = [p for p in m.records.members if self.liveness(p) in ("alive", "unknown")]
+        rates = [m.rate if p == self.me else m.peer_rates.get(p, 0.0) for p in alive]
+        shards, lease = default_sizing(rates, len(alive), spec["batches"])
+        sized = {**spec, "shards": spec.get("shards") or shards, "lease": spec.get("lease") or lease}
+        log.info("job sized from published speeds %s: %d shards, lease %.0f s", rates, sized["shards"], sized["lease"])
+        return sized
 
     def done_event(self, job: str) -> trio.Event:
         return self._job_done.setdefault(job, trio.Event())
@@ -370,7 +384,7 @@ class Node:
             case PrepareJob(job=job):
                 self._process(m.job_prepared(job.id, False, "could not load the task", now))
             case Train(job=job, round=rnd, shard=shard):
-                self._process(m.train_done(job.id, rnd, shard, 0, now))
+                self._process(m.train_done(job.id, rnd, shard, 0, now, failed=True))
             case PublishDelta(job=job, round=rnd, base=base, shards=shards, samples=samples):
                 self._process(m.delta_published(job, rnd, base, shards, samples, None, 0, {}, now))
             case Aggregate(job=job, round=rnd, base=base):

@@ -120,7 +120,16 @@ class TorchExecutor:
     def _state(self, job: Record, state: str) -> train.OuterState:
         ctx = self._job(job)
         if state not in ctx.states:
-            data = self._state_file(job.id, state).read_bytes()
+            path = self._state_file(job.id, state)
+            if not path.exists():
+                # States are named by their hash, so another job's file with this name holds
+                # the same bytes (two jobs of one task and seed start from one state).
+                name = path.name
+                path = next((p for p in (self.home.path / "states").glob(f"*/{name}")), path)
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                raise JobError(f"state {state[:19]} is not on this peer") from None
             loaded = train.state_from_bytes(data, like=ctx.like)
             if train.state_hash(loaded) != state:
                 raise JobError(f"state file for {state[:19]} is corrupt")

@@ -26,6 +26,7 @@ from ._ledger import Chain, RecordSet, canonical_chain, checkpoints, contributio
 from ._membership import Member, members, verify_proof
 from ._peer import PeerMachine, Timing
 from ._records import MAX_RECORD_BYTES, Record, parse, pool_id_of, public_hex, sign
+from ._sizing import default_sizing
 from ._token import Token, TokenError, make_token, parse_token
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "RecordError",
     "TtpeerError",
     "decode",
+    "default_sizing",
     "encode",
     "members",
     "parse",

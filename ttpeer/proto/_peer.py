@@ -252,12 +252,16 @@ class PeerMachine:
                 t.rate = rate
 
     def train_done(
-        self, job: str, rnd: int, shard: int, samples: int, now: float, *, batches: int = 0, seconds: float = 0.0
+        self, job: str, rnd: int, shard: int, samples: int, now: float, *, batches: int = 0, seconds: float = 0.0,
+        failed: bool = False,
     ) -> list[Effect]:
         """A ``Train`` ended: ``samples`` trained (0: stopped before one batch), and
-        optionally how many ``batches`` took how many ``seconds`` (this peer's speed)."""
+        optionally how many ``batches`` took how many ``seconds`` (this peer's speed).
+        ``failed``: it could not run; wait a little before claiming again."""
         t = self._training
         self._training = None
+        if failed:
+            self._retry_at = now + RETRY_AFTER
         if batches > 0 and seconds > 0:
             measured = batches / seconds
             self.rate = measured if self.rate <= 0 else 0.7 * self.rate + 0.3 * measured
