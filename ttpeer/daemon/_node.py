@@ -478,13 +478,15 @@ class Node:
             for msg in messages:
                 self.counters.peers_seen[msg.sender] = trio.current_time()
                 self._on_message(msg.sender, msg.data)
+            if messages:  # one decision for the whole batch, not one per message
+                self._process(self.machine.settle(self._now()))
 
     def _on_message(self, sender: str, data: bytes) -> None:
         kind, body = data[:1], data[1:]
         try:
             if kind == b"P" and self.pool_key is not None:
                 payload = open_sealed(self.pool_key, GOSSIP, body)
-                self._process(self.machine.receive(sender, payload, self._now()))
+                self._process(self.machine.receive(sender, payload, self._now(), settle=False), wake=False)
             elif kind == b"H":
                 self._on_hello(sender, body)
             elif kind == b"K":

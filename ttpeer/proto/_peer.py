@@ -124,7 +124,7 @@ class PeerMachine:
         self.wasted_batches = 0  # batches trained that no close used (cancelled copies)
         self._released: set[tuple[str, int, int, str, int]] = set()
         self._heard: dict[str, float] = {}  # when each peer last sent us anything
-        self._lasting: list[Record] = []  # every record but claims and releases
+        self._gossip_index: dict[str, Record] = {}  # id prefix -> record, see _gossiped
         self._live_claim_records: dict[tuple[str, int], list[Record]] = {}  # (job, round) -> claims
         self._stopping = False
         self._covered_at: dict[tuple[str, int, str], float] = {}
@@ -152,8 +152,10 @@ class PeerMachine:
             except RecordError:
                 continue
 
-    def receive(self, sender: str, payload: bytes, now: float) -> list[Effect]:
-        """A gossip payload from ``sender``. Malformed payloads are dropped."""
+    def receive(self, sender: str, payload: bytes, now: float, *, settle: bool = True) -> list[Effect]:
+        """A gossip payload from ``sender``. Malformed payloads are dropped.
+        ``settle=False``: take it in without deciding what to do next; a driver that
+        has a batch of payloads calls ``settle`` once after the last."""
         out: list[Effect] = []
         try:
             kind, value = _gossip.parse_payload(payload)
@@ -172,19 +174,23 @@ class PeerMachine:
                     out.append(Persist(rec))
         else:
             prefixes, lo, hi = value
-            held = {r.id[: _gossip.ID_PREFIX]: r for r in self._gossiped()}
+            held = self._gossiped()
             missing = held.keys() - prefixes  # set arithmetic in C: digests arrive often
             whole = (lo, hi) == (0, _gossip.WINDOW_SPAN)
             mine = [held[p].raw for p in missing if whole or _gossip.in_window(p, lo, hi)]
             out += [Send(sender, p) for p in _gossip.records_payloads(mine)]
-        return out + self._step(now)
+        return out + self._step(now) if settle else out
+
+    def settle(self, now: float) -> list[Effect]:
+        """Decide what to do next after inputs taken in with ``settle=False``."""
+        return self._step(now)
 
     def tick(self, now: float) -> list[Effect]:
         out: list[Effect] = []
         if now >= self._next_digest:
             self._next_digest = now + self.timing.digest_interval
             self._digests += 1
-            out.append(Broadcast(_gossip.digest_payload((r.id for r in self._gossiped()), self._digests)))
+            out.append(Broadcast(_gossip.digest_payload(self._gossiped().keys(), self._digests)))
         return out + self._step(now)
 
     def next_deadline(self) -> float:
@@ -377,10 +383,9 @@ class PeerMachine:
     def _admit(self, rec: Record, now: float) -> bool:
         if not self.records.add(rec):
             return False
+        self._gossip_index[rec.id[: _gossip.ID_PREFIX]] = rec
         if rec.kind in ("claim", "release"):
             self._live_claim_records.setdefault((rec["job"], rec["round"]), []).append(rec)
-        else:
-            self._lasting.append(rec)
         if rec.kind in ("claim", "release"):
             key = (rec["job"], rec["round"], rec["shard"], rec.author, rec["attempt"])
             on_shard = self._claims.setdefault(key[:3], {})
@@ -398,16 +403,15 @@ class PeerMachine:
                     old.seen = now
         return True
 
-    def _gossiped(self) -> list[Record]:
-        """Records worth comparing in anti-entropy: claims and releases of rounds that
-        have closed change nothing any more, and they are most of the records."""
+    def _gossiped(self) -> dict[str, Record]:
+        """Records worth comparing in anti-entropy, by id prefix: claims and releases of
+        rounds that have closed change nothing any more, and they are most records."""
         for job in self.records.jobs():
             rnd = self._chain(job).round
-            stale = [k for k in self._live_claim_records if k[0] == job.id and k[1] < rnd]
-            for key in stale:
-                del self._live_claim_records[key]
-        claims = [r for recs in self._live_claim_records.values() for r in recs]
-        return self._lasting + claims
+            for key in [k for k in self._live_claim_records if k[0] == job.id and k[1] < rnd]:
+                for r in self._live_claim_records.pop(key):
+                    self._gossip_index.pop(r.id[: _gossip.ID_PREFIX], None)
+        return self._gossip_index
 
     def _gossip_out(self, rec: Record) -> list[Effect]:
         return [Broadcast(p) for p in _gossip.records_payloads([rec.raw])]
