@@ -69,14 +69,17 @@ def _records(n):
             for i in range(n)]
 
 
-def test_record_log_survives_a_torn_tail_at_every_cut(tmp_path):
-    recs = _records(4)
-    whole = tmp_path / "whole.log"
-    log = RecordLog(whole)
+def _write_log(path, recs) -> bytes:  # type: ignore[no-untyped-def]
+    log = RecordLog(path)
     for r in recs:
         log.append(r.raw)
     log.close()
-    data = whole.read_bytes()
+    return path.read_bytes()
+
+
+def test_record_log_survives_a_torn_tail_at_every_cut(tmp_path):
+    recs = _records(4)
+    data = _write_log(tmp_path / "whole.log", recs)
     for cut in range(len(data) + 1):  # a crash can stop a write at any byte
         path = tmp_path / f"cut{cut}.log"
         path.write_bytes(data[:cut])
@@ -92,11 +95,7 @@ def test_record_log_survives_a_torn_tail_at_every_cut(tmp_path):
 def test_record_log_stops_at_a_corrupt_frame(tmp_path):
     recs = _records(3)
     path = tmp_path / "r.log"
-    log = RecordLog(path)
-    for r in recs:
-        log.append(r.raw)
-    log.close()
-    data = bytearray(path.read_bytes())
+    data = bytearray(_write_log(path, recs))
     data[8 + len(recs[0].raw) + 8 + 5] ^= 0xFF  # flip a byte inside the second record
     path.write_bytes(bytes(data))
     assert RecordLog(path).load() == [recs[0].raw]
