@@ -46,6 +46,10 @@ class RecordSet:
     # membership change), so views can be cached until it moves.
     versions: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     membership_version: int = 0
+    # canonical_chain's verdict on each close whose contributions are all held, valid
+    # for one membership_version (the verdict is a pure function of those records).
+    _close_ok: dict[str, bool] = field(default_factory=dict)
+    _close_ok_version: int = 0
 
     def add(self, rec: Record) -> bool:
         """Add ``rec``; returns False if already held or for another pool."""
@@ -80,6 +84,11 @@ class RecordSet:
         """Records of ``kind`` for round ``rnd`` of ``job`` whose author is a member."""
         mem = self.members
         return [r for r in self._by_round.get((job, kind, rnd), ()) if r.author in mem]
+
+    def in_round_all(self, job: str, kind: str, rnd: int) -> list[Record]:
+        """Records of ``kind`` for round ``rnd`` of ``job``, members or not: a cheap count
+        of what arrived, for caches keyed on it."""
+        return self._by_round.get((job, kind, rnd), [])
 
     def __contains__(self, rec_id: str) -> bool:
         return rec_id in self.by_id
@@ -150,19 +159,25 @@ def canonical_chain(rs: RecordSet, job: Record) -> Chain:
     """Longest valid chain of closes from the job's init state (ties: smallest hash)."""
     by_id = rs.by_id
     edges: dict[tuple[int, str], dict[str, Record]] = defaultdict(dict)
+    if rs._close_ok_version != rs.membership_version:
+        rs._close_ok.clear()  # validity depends on who the members are
+        rs._close_ok_version = rs.membership_version
     for close in rs.of_job(job.id, "close"):
         rnd = close["round"]
         if rnd >= job["rounds"]:
             continue
-        parts = [by_id.get(cid) for cid in close["contribs"]]
-        if any(
-            p is None or p.kind != "contrib" or p["job"] != job.id or p["round"] != rnd
-            or p["base"] != close["base"] or p.author not in rs.members
-            or p["shards"][-1] >= job["shards"]
-            for p in parts
-        ):
-            continue
-        if covered(parts) != set(range(job["shards"])):  # type: ignore[arg-type]
+        ok = rs._close_ok.get(close.id)
+        if ok is None:
+            parts = [by_id.get(cid) for cid in close["contribs"]]
+            if any(p is None for p in parts):
+                continue  # may become valid when the missing contributions arrive
+            ok = rs._close_ok[close.id] = not any(
+                p.kind != "contrib" or p["job"] != job.id or p["round"] != rnd
+                or p["base"] != close["base"] or p.author not in rs.members
+                or p["shards"][-1] >= job["shards"]
+                for p in parts
+            ) and covered(parts) == set(range(job["shards"]))
+        if not ok:
             continue
         best = edges[(rnd, close["base"])].get(close["state"])
         if best is None or close.id < best.id:

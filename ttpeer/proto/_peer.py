@@ -26,6 +26,7 @@ reports a state it does not hold.
 from __future__ import annotations
 
 import hashlib
+import heapq
 from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -128,6 +129,10 @@ class PeerMachine:
         self._live_claim_records: dict[tuple[str, int], list[Record]] = {}  # (job, round) -> claims
         self._stopping = False
         self._covered_at: dict[tuple[str, int, str], float] = {}
+        self._contrib_memo: tuple | None = None  # see _round_contribs
+        # (job, round) -> heap of (seen, shard, author, attempt): others' lease renewals in
+        # the order they expire; entries a later renewal superseded are skipped lazily.
+        self._lease_heap: dict[tuple[str, int], list[tuple[float, int, str, int]]] = {}
         self._training: _Training | None = None
         self._work = _RoundWork()
         self._publishing = False
@@ -211,16 +216,11 @@ class PeerMachine:
         if job is not None:
             lease = job["lease"]
             chain = self._chain(job)
-            rnd, me, now = chain.round, self.me, self._now
+            rnd, now = chain.round, self._now
             # Only the earliest lease still running matters.
-            expiries = [
-                claim.seen + lease
-                for shard in self._claimed_shards.get((job.id, rnd), ())
-                for (author, _att), claim in self._claims[(job.id, rnd, shard)].items()
-                if author != me and claim.seen + lease > now
-            ]
-            if expiries:
-                deadlines.append(min(expiries))
+            expiry = self._earliest_lease_expiry(job.id, rnd, lease, now)
+            if expiry is not None:
+                deadlines.append(expiry)
             if self._training is not None and not self._training.cancelled:
                 deadlines.append(self._training.renewed_at + lease / 3)
             for (jid, rnd, _base), at in self._covered_at.items():
@@ -228,6 +228,18 @@ class PeerMachine:
                     deadlines += [at + job["lease"], at + self._close_grace(job)]
             deadlines.append(self._retry_at)
         return deadlines
+
+    def _earliest_lease_expiry(self, job: str, rnd: int, lease: float, now: float) -> float | None:
+        """When the first of others' running leases on this round expires: the heap's
+        top, once renewals that superseded it and leases already past are popped."""
+        heap = self._lease_heap.get((job, rnd))
+        while heap:
+            seen, shard, author, attempt = heap[0]
+            claim = self._claims.get((job, rnd, shard), {}).get((author, attempt))
+            if claim is not None and claim.seen == seen and seen + lease > now:
+                return seen + lease
+            heapq.heappop(heap)
+        return None
 
     def add_local(self, rec: Record, now: float) -> list[Effect]:
         """A record made on this machine outside the machine (a job, an invite)."""
@@ -401,6 +413,8 @@ class PeerMachine:
                     on_shard[key[3:]] = _Claim(now, rec["done"], rec["rate"], rec["backup"])
                 else:
                     old.seen = now
+                if rec.author != self.me:
+                    heapq.heappush(self._lease_heap.setdefault(key[:2], []), (now, key[2], key[3], key[4]))
         return True
 
     def _gossiped(self) -> dict[str, Record]:
@@ -499,12 +513,12 @@ class PeerMachine:
                 del self._claimed_shards[key]
             for key in [k for k in self._covered_at if k[0] == job.id and k[1] < rnd]:
                 del self._covered_at[key]
+            for key in [k for k in self._lease_heap if k[0] == job.id and k[1] < rnd]:
+                del self._lease_heap[key]
             self._released = {k for k in self._released if not (k[0] == job.id and k[1] < rnd)}
-        contribs = contributions(self.records, job, rnd, base)
-        cover = select_cover(job, contribs)
+        contribs, cover, done = self._round_contribs(job, rnd, base)
         if cover is not None:
             return out + self._cancel_training(None) + self._maybe_close(job, rnd, base, cover, now)
-        done = covered(contribs)
         t = self._training
         if t is not None:
             # A backup copy stops only when the shard is covered; an owner's claim also
@@ -536,6 +550,18 @@ class PeerMachine:
             self._publishing = True
             out.append(PublishDelta(job, rnd, base, tuple(sorted(self._work.shards)), self._work.samples))
         return out
+
+    def _round_contribs(self, job: Record, rnd: int, base: str) -> tuple[list[Record], list[Record] | None, set[int]]:
+        """The round's contributions, its cover and the shards covered. ``_step`` runs on
+        every batch of messages; these change only when a contribution arrives or the
+        members change, so they are kept until then."""
+        members = self.records.members
+        key = (job.id, rnd, base, len(self.records.in_round_all(job.id, "contrib", rnd)))
+        memo = self._contrib_memo
+        if memo is None or memo[0] != key or memo[1] is not members:
+            contribs = contributions(self.records, job, rnd, base)
+            memo = self._contrib_memo = (key, members, contribs, select_cover(job, contribs), covered(contribs))
+        return memo[2], memo[3], memo[4]
 
     def _claim(self, job: Record, rnd: int, t: _Training, now: float) -> list[Effect]:
         return self._sign_local("claim", {
