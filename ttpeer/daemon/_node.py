@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,6 +127,7 @@ class Node:
         timing: Timing = Timing(),
         seed: int | None = None,
         durable: bool = True,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.home = home
         self.cfg: PoolConfig = home.config()
@@ -141,6 +143,7 @@ class Node:
         self.log = RecordLog(home.records_log, fsync=durable)
         self.counters = Counters()
         self._rng = random.Random(seed)
+        self._wall = wall  # calendar time, only for the `at` of jobs this node submits
         self._outbox_send, self._outbox_recv = trio.open_memory_channel[tuple[str | None, bytes]](10_000)
         self._wake = trio.Event()
         self._cancelled: set[tuple[str, int, int]] = set()
@@ -247,7 +250,7 @@ class Node:
         fixed, init_bytes = await self.executor.new_job(spec, task_file)
         init_blob = await self._put_sealed(init_bytes)
         task_blob = await self._put_sealed(task_file) if task_file is not None else ""
-        body = {**spec, **fixed, "init_blob": init_blob, "task_blob": task_blob, "at": _wall_seconds()}
+        body = {**spec, **fixed, "init_blob": init_blob, "task_blob": task_blob, "at": int(self._wall())}
         rec = sign("job", self.cfg.pool, body, self._key)
         self._process(self.machine.add_local(rec, self._now()))
         return rec
@@ -585,9 +588,5 @@ def _ratio(stats: JobStats) -> float | None:
     return round(stats.fp32_bytes / stats.wire_bytes, 2) if stats.wire_bytes else None
 
 
-def _wall_seconds() -> int:
-    import time
-
-    return int(time.time())
 
 

@@ -203,7 +203,8 @@ class PeerMachine:
         t = self._training
         # Deadlines move only when records arrive, training or retry state changes, or
         # time passes one of them: cache on exactly that.
-        key = (len(self.records), id(t), t and (t.renewed_at, t.cancelled), len(self._covered_at),
+        key = (len(self.records), t and (t.job, t.round, t.shard, t.attempt, t.renewed_at, t.cancelled),
+               len(self._covered_at),
                self._retry_at, self._next_digest)
         if self._deadline_cache is None or self._deadline_cache[0] != key or self._deadline_cache[1] <= self._now:
             future = [d for d in self._deadlines() if d > self._now]

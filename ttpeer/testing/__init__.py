@@ -1,6 +1,6 @@
 """Test doubles that are real implementations of ttpeer's interfaces, and the simulator."""
 
 from ._fake import FakeDisk, FakeExecutor
-from ._sim import SimPeer, Simulation
+from ._sim import SimPeer, Simulation, deterministic
 
-__all__ = ["FakeDisk", "FakeExecutor", "SimPeer", "Simulation"]
+__all__ = ["FakeDisk", "FakeExecutor", "SimPeer", "Simulation", "deterministic"]
