@@ -69,7 +69,7 @@ def snapshot(node: Node) -> dict[str, Any]:
             "id": job.id, "task": job["task"], "mode": job["mode"], "state": state,
             "round": min(chain.round, job["rounds"]), "rounds": job["rounds"],
             "shards_done": done if state == "running" else (job["shards"] if state != "queued" else 0),
-            "shards_total": job["shards"],
+            "shards_total": job["shards"], "lease_s": job["lease"],
             "eval_loss": last.get("eval_loss"), "eval_metric": last.get(metric_name),
             "metric_name": metric_name,
             "bytes_sent": node.bytes_sent, "bytes_received": node.bytes_received,
