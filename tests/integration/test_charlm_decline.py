@@ -68,7 +68,7 @@ async def test_a_peer_too_small_for_charlm_declines_and_the_rest_finish(tmp_path
     mine = statuses[2]["jobs"][0]
     assert mine["state"] == "declined"
     assert "ttpeer does not split one model across machines" in mine["declined"]
-    assert "this peer has 1.0 MiB" in mine["declined"]
+    assert "this peer has 1.0 MiB (its memory_limit setting)" in mine["declined"]
     assert re.search(r"needs about 3\.\d MiB of memory .* a model of up to about [\d.]+K parameters would fit",
                      mine["declined"])
     [seen] = statuses[0]["jobs"][0]["declines"]

@@ -47,17 +47,24 @@ def test_a_model_that_fits_is_accepted():
 
 @pytest.mark.parametrize(("device", "device_free", "host_free", "short", "where", "fits"), [
     # CPU: one memory; (43 500 - 1 000) / 84 B per parameter
-    ("cpu", 43_500, 43_500, "83.0 KiB", "of memory", "up to about 505 parameters"),
+    ("cpu", 43_500, 43_500, 85_000, "of memory", "up to about 505 parameters"),
     # GPU too small: (11 000 - 1 000) / 20 B per parameter on the device
-    ("cuda:0", 11_000, 10**9, "20.5 KiB", "of memory on cuda:0", "up to about 500 parameters"),
+    ("cuda:0", 11_000, 10**9, 21_000, "of memory on cuda:0", "up to about 500 parameters"),
     # GPU fine, host RAM too small for the outer copies: 32 000 / 64 B per parameter
-    ("cuda", 10**9, 32_000, "62.5 KiB", "of host memory for the outer copies", "up to about 500 parameters"),
-    ("cpu", 900, 900, "83.0 KiB", "of memory", "no model fits here with this batch size"),
+    ("cuda", 10**9, 32_000, 64_000, "of host memory for the outer copies", "up to about 500 parameters"),
+    ("cpu", 900, 900, 85_000, "of memory", "no model fits here with this batch size"),
 ])
 def test_a_model_that_does_not_fit_is_declined_with_what_would(device, device_free, host_free, short, where, fits):
-    message = fit_problem(NEED, device=device, device_free=device_free, host_free=host_free)
-    assert message is not None
-    assert f"needs about {short} {where}" in message
-    assert "ttpeer does not split one model across machines" in message
-    assert fits in message
-    assert "(1.0K parameters)" in message
+    misfit = fit_problem(NEED, device=device, device_free=device_free, host_free=host_free)
+    assert misfit is not None
+    assert (misfit.need, misfit.have) == (short, host_free if "host" in where else device_free)
+    assert f"needs about {short / 1024:.1f} KiB {where}" in misfit.message
+    assert "ttpeer does not split one model across machines" in misfit.message
+    assert fits in misfit.message
+    assert "(1.0K parameters)" in misfit.message
+    assert "memory_limit" not in misfit.message
+
+
+def test_the_message_says_when_the_limit_is_a_setting():
+    misfit = fit_problem(NEED, device="cpu", device_free=43_500, host_free=43_500, limited=True)
+    assert misfit is not None and "this peer has 42.5 KiB (its memory_limit setting);" in misfit.message

@@ -93,11 +93,11 @@ class TorchExecutor:
                         f"(hash {task.source_hash[:12]} vs {job['task_hash'][:12]})")
             need = train.memory_need(task, batch_size=job["batch_size"], shards=job["shards"],
                                      held_states=KEEP_STATES)
-            device_free, host_free = _available_memory(self.device, self.memory_limit)
-            problem = train.fit_problem(need, device=self.device, device_free=device_free, host_free=host_free)
-            if problem is not None:
-                on_cpu = self.device == "cpu"
-                return Decline(problem, need=need.total if on_cpu else need.device, have=device_free)
+            device_free, host_free, limited = _available_memory(self.device, self.memory_limit)
+            misfit = train.fit_problem(need, device=self.device, device_free=device_free, host_free=host_free,
+                                       limited=limited)
+            if misfit is not None:
+                return Decline(misfit.message, need=misfit.need, have=misfit.have)
             trainer = train.InnerTrainer(task, lr=job["inner_lr"], weight_decay=job["weight_decay"],
                                          device=self.device, seed=job["seed"])
             like = train.init_state(task, job["seed"])
@@ -257,18 +257,17 @@ async def _in_thread(fn: Callable[[], T]) -> T:
         raise JobError(f"{exc.filename or 'a file'}: {exc.strerror or exc}") from None
 
 
-def _available_memory(device: str, limit: int | None) -> tuple[int, int]:
-    """Bytes free on ``device`` (capped by ``limit``) and in host memory."""
+def _available_memory(device: str, limit: int | None) -> tuple[int, int, bool]:
+    """Bytes free on ``device`` and in host memory, and whether ``limit`` capped the first."""
     host = _host_available()
     if device.startswith("cuda"):
         free, _total = torch.cuda.mem_get_info(torch.device(device))
         device_free = int(free)
     else:
         device_free = host
-    if limit is not None:
-        device_free = min(device_free, limit)
-        host = min(host, limit) if device == "cpu" else host
-    return device_free, host
+    if limit is not None and limit < device_free:
+        return limit, (min(host, limit) if device == "cpu" else host), True
+    return device_free, host, False
 
 
 def _host_available() -> int:

@@ -9,7 +9,7 @@ outer step, state hash) is deterministic across machines.
 from ._compress import decode_delta, encode_delta, fp32_size
 from ._errors import CheckpointError, DeltaError, ModelTooLarge, TaskError, TrainError
 from ._export import export_model, load_model
-from ._fit import MemoryNeed, fit_problem, memory_need
+from ._fit import MemoryNeed, Misfit, fit_problem, memory_need
 from ._inner import InnerTrainer
 from ._outer import outer_step
 from ._schedule import shard_indices
@@ -23,6 +23,7 @@ __all__ = [
     "InnerTrainer",
     "LoadedTask",
     "MemoryNeed",
+    "Misfit",
     "ModelTooLarge",
     "OuterState",
     "TaskError",

@@ -103,10 +103,22 @@ def _activations(model: nn.Module, task: LoadedTask, batch_size: int, *, fallbac
     return saved + 2 * out.numel() * out.element_size() if isinstance(out, Tensor) else saved
 
 
-def fit_problem(need: MemoryNeed, *, device: str, device_free: int, host_free: int) -> str | None:
+@dataclass(frozen=True)
+class Misfit:
+    """A job that does not fit: the message a peer declines with, and the bytes it
+    needs and has in the memory that is short."""
+
+    message: str
+    need: int
+    have: int
+
+
+def fit_problem(need: MemoryNeed, *, device: str, device_free: int, host_free: int,
+                limited: bool = False) -> Misfit | None:
     """None if ``need`` fits in ``device_free`` bytes on ``device`` (and, off the CPU,
-    its outer copies in ``host_free`` bytes of host memory); else the message a peer
-    declines with: what it needs, what there is, and the largest model that would fit."""
+    its outer copies in ``host_free`` bytes of host memory); else what the peer
+    declines with: what it needs, what there is, and the largest model that would fit.
+    ``limited``: ``device_free`` is the ``memory_limit`` setting, not what is free."""
     on_cpu = not device.startswith(("cuda", "mps", "xpu"))
     per_param_device = (need.model + need.eval_copy + need.grads + need.optimizer) / max(need.params, 1)
     per_param_host = need.host / max(need.params, 1)
@@ -123,13 +135,16 @@ def fit_problem(need: MemoryNeed, *, device: str, device_free: int, host_free: i
             short, have, where = need.device, device_free, f"memory on {device}"
         else:
             short, have, where = need.host, host_free, "host memory for the outer copies"
+            limited = False
     fits = (f"a model of up to about {_count(int(room))} parameters would fit here" if room >= 1 else
             f"no model fits here with this batch size: one batch's activations alone need about "
-            f"{_size(need.activations)}")
-    return (f"training this model ({_count(need.params)} parameters) needs about {_size(short)} of {where} "
-            f"(weights, gradients, AdamW state, outer copies and activations) and this peer has "
-            f"{_size(have)}; ttpeer does not split one model across machines, so this peer declines "
-            f"the job; {fits}")
+            f"{_size(need.activations)} (a smaller --batch-size needs less)")
+    setting = " (its memory_limit setting)" if limited else ""
+    message = (f"training this model ({_count(need.params)} parameters) needs about {_size(short)} of {where} "
+               f"(weights, gradients, AdamW state, outer copies and activations) and this peer has "
+               f"{_size(have)}{setting}; ttpeer does not split one model across machines, so this peer "
+               f"declines the job; {fits}")
+    return Misfit(message, short, have)
 
 
 def _size(n: float) -> str:
