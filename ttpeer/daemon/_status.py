@@ -39,10 +39,13 @@ def duplicate_fraction(records: RecordSet, job: Record, chain: Chain) -> float |
 
 
 def declines(records: RecordSet, job: Record) -> list[dict[str, Any]]:
-    """The peers that declined ``job``, and why, by name."""
+    """The members that declined ``job`` and why, by name; a peer that contributed to
+    the job after all (restarted with more memory) is no longer listed."""
     members = records.members
+    trained = {c.author for c in records.of_job(job.id, "contrib")}
     out = [{"peer": r.author, "name": members[r.author].name, "reason": r["reason"],
-            "need_bytes": r["need"], "have_bytes": r["have"]} for r in records.of_job(job.id, "decline")]
+            "need_bytes": r["need"], "have_bytes": r["have"]}
+           for r in records.of_job(job.id, "decline") if r.author not in trained]
     return sorted(out, key=lambda d: (d["name"], d["peer"]))
 
 
