@@ -248,8 +248,8 @@ class PeerMachine:
         if not ok:
             self.declined[job] = reason
             if not any(r.author == self.me for r in self.records.of_job(job, "decline")):
-                out = self._sign_local("decline", {"job": job, "reason": reason[:1000], "need": need,
-                                                   "have": have}, now)
+                out = self._sign_local("decline", {"job": job, "reason": reason[:1000],
+                                                   "need": min(need, 2**53), "have": min(have, 2**53)}, now)
         return out + self._step(now)
 
     def holds(self, state: str, now: float) -> list[Effect]:
