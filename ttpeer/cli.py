@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="serve Prometheus metrics on HOST:PORT, loopback only (e.g. 127.0.0.1:9464)")
 
     s = sub.add_parser("submit", parents=[common], help="submit a training job to the pool")
-    s.add_argument("--task", required=True, help="'mnist1d' or a task file path/to/task.py (see README)")
+    s.add_argument("--task", required=True,
+                   help="'mnist1d', 'charlm[:key=int,...]' or a task file path/to/task.py (see README)")
     s.add_argument("--mode", choices=["fused"], default="fused", help="fused: one model, periodic averaging")
     s.add_argument("--rounds", type=_positive_int, default=10, help="outer rounds (default 10)")
     s.add_argument("--inner-steps", type=_positive_int, default=25, help="inner AdamW steps per shard (default 25)")
@@ -301,7 +302,8 @@ def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
     options = {"slowdown": args.slowdown} if getattr(args, "slowdown", 0) else None
     notifier = Notifier.from_environ(os.environ)  # systemd's protocol, not a setting
     trio.run(lambda: run_daemon(home, device=device, task_options=options, proxy=cfg.proxy or None,
-                                metrics=cfg.metrics, stop_grace=cfg.stop_grace, notifier=notifier))
+                                metrics=cfg.metrics, stop_grace=cfg.stop_grace, notifier=notifier,
+                                memory_limit=cfg.memory_limit or None))
     return 0
 
 
@@ -324,8 +326,9 @@ def _submit(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot read task file {path}: {exc.strerror}") from None
         task = path.name
-    elif task != "mnist1d":
-        raise UsageError(f"unknown task {task!r}: use 'mnist1d' or a path to a task file ending in .py")
+    elif task != "mnist1d" and task.partition(":")[0] != "charlm":
+        raise UsageError(f"unknown task {task!r}: use 'mnist1d', 'charlm' (or 'charlm:n_layer=4,d_model=128,...') "
+                         "or a path to a task file ending in .py")
     spec: dict[str, Any] = {
         "task": task, "mode": args.mode, "rounds": args.rounds, "shards": args.shards,
         "batches": args.inner_steps, "batch_size": args.batch_size or 64, "inner_lr": args.inner_lr,
@@ -375,7 +378,10 @@ def _status(args: argparse.Namespace) -> int:
         use = "" if job.get("utilization") is None else f"  utilization {100 * job['utilization']:.0f}%"
         print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: round {job['round']}/"
               f"{job['rounds']}, shards {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
-        if job["declined"]:
+        for decline in job.get("declines") or []:
+            who = "here" if decline["peer"] == node["id"] else f"by {decline['name']} ({decline['peer'][:12]})"
+            print(f"    declined {who}: {decline['reason']}")
+        if job["declined"] and not any(d["peer"] == node["id"] for d in job.get("declines") or []):
             print(f"    declined here: {job['declined']}")
     return 0
 

@@ -363,6 +363,20 @@ def test_a_peer_that_declines_the_job_is_left_out() -> None:
     assert c.machines[c.order[2]].chain(job).round == 2  # it still follows the ledger
 
 
+def test_a_decline_is_published_once_and_every_peer_learns_who_and_why() -> None:
+    c = Cluster(3)
+    c.decline = {c.order[2]}
+    job = c.submit_job(0, shards=3, rounds=2, lease=10)
+    c.run(until=10_000)
+    check_finished(c, job)
+    for me in c.order:
+        [rec] = c.machines[me].records.of_job(job.id, "decline")
+        assert (rec.author, rec["reason"], rec["need"], rec["have"]) == (c.order[2], "too big", 0, 0)
+    # Asked again (a restart re-prepares the job), it publishes nothing new.
+    again = c.machines[c.order[2]].job_prepared(job.id, False, "too big", c.now, need=5, have=1)
+    assert not [e for e in again if isinstance(e, Persist)]
+
+
 def test_a_peer_holding_everything_is_sent_nothing() -> None:
     pool = Pool("digest-cap")
     k = key("digest-cap")

@@ -61,7 +61,7 @@ from ttpeer.proto import (
     verify_proof,
 )
 
-from ._executor import Executor
+from ._executor import Decline, Executor
 from ._home import Home, PoolConfig
 from ._recordlog import RecordLog
 
@@ -319,10 +319,15 @@ class Node:
             match eff:
                 case PrepareJob(job=job):
                     task_file = await self._get_sealed(job["task_blob"]) if job["task_blob"] else None
-                    reason = await self.executor.prepare(job, task_file)
-                    if reason:
-                        log.warning("declining job %s: %s", job.id[:12], reason)
-                    self._process(m.job_prepared(job.id, reason is None, reason or "", now()))
+                    decline = await self.executor.prepare(job, task_file)
+                    if isinstance(decline, str):
+                        decline = Decline(decline)
+                    if decline is not None:
+                        log.warning("declining job %s: %s", job.id[:12], decline.reason)
+                        self._process(m.job_prepared(job.id, False, decline.reason, now(),
+                                                     need=decline.need, have=decline.have))
+                    else:
+                        self._process(m.job_prepared(job.id, True, "", now()))
                 case Train(job=job, round=rnd, shard=shard):
                     key = (job.id, rnd, shard)
                     self._cancelled.discard(key)

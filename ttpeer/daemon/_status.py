@@ -5,7 +5,11 @@
      "jobs": [{"id", "task", "mode", "state", "round", "rounds", "shards_done",
                "shards_total", "eval_loss", "eval_metric", "metric_name",
                "bytes_sent", "bytes_received", "compression_ratio", "declined",
-               "state_hash", "training_shard", "wasted_batches", "duplicate_fraction"}]}
+               "state_hash", "training_shard", "wasted_batches", "duplicate_fraction",
+               "declines": [{"peer", "name", "reason", "need_bytes", "have_bytes"}]}]}
+
+``declined`` is this peer's own reason for sitting a job out; ``declines`` lists every
+peer that published one (``need_bytes``/``have_bytes`` are 0 unless memory was why).
 """
 
 from __future__ import annotations
@@ -32,6 +36,17 @@ def duplicate_fraction(records: RecordSet, job: Record, chain: Chain) -> float |
             total += c["samples"]
             wasted += 0 if c.id in used else c["samples"]
     return round(wasted / total, 4) if total else None
+
+
+def declines(records: RecordSet, job: Record) -> list[dict[str, Any]]:
+    """The members that declined ``job`` and why, by name; a peer that contributed to
+    the job after all (restarted with more memory) is no longer listed."""
+    members = records.members
+    trained = {c.author for c in records.of_job(job.id, "contrib")}
+    out = [{"peer": r.author, "name": members[r.author].name, "reason": r["reason"],
+            "need_bytes": r["need"], "have_bytes": r["have"]}
+           for r in records.of_job(job.id, "decline") if r.author not in trained]
+    return sorted(out, key=lambda d: (d["name"], d["peer"]))
 
 
 def snapshot(node: Node) -> dict[str, Any]:
@@ -78,6 +93,7 @@ def snapshot(node: Node) -> dict[str, Any]:
             "training_shard": m.training[2] if m.training and m.training[0] == job.id else None,
             "wasted_batches": m.wasted_batches if active is not None and active.id == job.id else 0,
             "duplicate_fraction": duplicate_fraction(m.records, job, chain),
+            "declines": declines(m.records, job),
         })
     return {
         "version": SCHEMA_VERSION,

@@ -29,6 +29,7 @@ from ttpeer import train
 from ttpeer.errors import DiskError, JobError
 from ttpeer.proto import PublishDelta, Record, Train
 
+from ._executor import Decline
 from ._files import write_atomic
 from ._home import Home
 
@@ -48,9 +49,13 @@ class _Job:
 
 
 class TorchExecutor:
-    def __init__(self, home: Home, *, device: str = "cpu", task_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, home: Home, *, device: str = "cpu", task_options: dict[str, Any] | None = None,
+                 memory_limit: int | None = None) -> None:
+        """``memory_limit``: bytes of the device this peer may use at most (the
+        ``memory_limit`` setting); None: what the device has free."""
         self.home = home
         self.device = device
+        self.memory_limit = memory_limit
         self.task_options = task_options or {}
         self._jobs: dict[str, _Job] = {}
         self._lock = trio.Lock()
@@ -80,18 +85,19 @@ class TorchExecutor:
 
         return await _in_thread(build)
 
-    async def prepare(self, job: Record, task_file: bytes | None) -> str | None:
-        def load() -> str | None:
+    async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
+        def load() -> Decline | str | None:
             task = self._load_task(job["task"], task_file)
             if task.source_hash != job["task_hash"]:
                 return (f"task {job['task']!r} here differs from the submitter's "
                         f"(hash {task.source_hash[:12]} vs {job['task_hash'][:12]})")
-            need = train.estimate_memory(task, self.device)
-            have = _available_memory(self.device)
-            if need > have:
-                return (f"the model needs about {need / 2**30:.2f} GiB on {self.device} and only "
-                        f"{have / 2**30:.2f} GiB is free; ttpeer does not split a model across "
-                        "machines, so this peer sits the job out")
+            need = train.memory_need(task, batch_size=job["batch_size"], shards=job["shards"],
+                                     held_states=KEEP_STATES)
+            device_free, host_free, limited = _available_memory(self.device, self.memory_limit)
+            misfit = train.fit_problem(need, device=self.device, device_free=device_free, host_free=host_free,
+                                       limited=limited)
+            if misfit is not None:
+                return Decline(misfit.message, need=misfit.need, have=misfit.have)
             trainer = train.InnerTrainer(task, lr=job["inner_lr"], weight_decay=job["weight_decay"],
                                          device=self.device, seed=job["seed"])
             like = train.init_state(task, job["seed"])
@@ -251,10 +257,28 @@ async def _in_thread(fn: Callable[[], T]) -> T:
         raise JobError(f"{exc.filename or 'a file'}: {exc.strerror or exc}") from None
 
 
-def _available_memory(device: str) -> int:
+def _available_memory(device: str, limit: int | None) -> tuple[int, int, bool]:
+    """Bytes free on ``device`` and in host memory, and whether ``limit`` capped the first."""
+    host = _host_available()
     if device.startswith("cuda"):
         free, _total = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
+        device_free = int(free)
+    else:
+        device_free = host
+    if limit is not None and limit < device_free:
+        return limit, (min(host, limit) if device == "cpu" else host), True
+    return device_free, host, False
+
+
+def _host_available() -> int:
+    # MemAvailable counts the page cache the kernel would give back; free pages alone do not.
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):

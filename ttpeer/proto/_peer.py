@@ -250,11 +250,20 @@ class PeerMachine:
 
     # -- reports from the driver ------------------------------------------------------
 
-    def job_prepared(self, job: str, ok: bool, reason: str, now: float) -> list[Effect]:
+    def job_prepared(self, job: str, ok: bool, reason: str, now: float, *, need: int = 0,
+                     have: int = 0) -> list[Effect]:
+        """The driver loaded ``job`` (``ok``) or declines it for ``reason``; ``need`` and
+        ``have``: bytes of memory when it does not fit. A decline is published once, so
+        the pool sees who sits the job out and why; nobody waits for a decliner, since
+        only contributions' authors close rounds and leases requeue unfinished work."""
         self._prepared[job] = ok
+        out: list[Effect] = []
         if not ok:
             self.declined[job] = reason
-        return self._step(now)
+            if not any(r.author == self.me for r in self.records.of_job(job, "decline")):
+                out = self._sign_local("decline", {"job": job, "reason": reason[:1000],
+                                                   "need": min(need, 2**53), "have": min(have, 2**53)}, now)
+        return out + self._step(now)
 
     def holds(self, state: str, now: float) -> list[Effect]:
         """The driver holds ``state`` (restored from disk, or given by a test)."""

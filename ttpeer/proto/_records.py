@@ -126,6 +126,9 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         "state": _STATE_HASH, "metrics": _metrics,
     },
     "ckpt": {"job": _HEX, "round": _int(), "state": _STATE_HASH, "blob": _HEX, "size": _int(1, 2**40)},
+    # A peer sits a job out, and says why; ``need`` and ``have``: bytes of memory, both 0
+    # when the reason is not memory (e.g. its copy of the task differs).
+    "decline": {"job": _HEX, "reason": _str(1000), "need": _int(), "have": _int()},
 }
 
 

@@ -9,7 +9,8 @@ outer step, state hash) is deterministic across machines.
 from ._compress import decode_delta, encode_delta, fp32_size
 from ._errors import CheckpointError, DeltaError, ModelTooLarge, TaskError, TrainError
 from ._export import export_model, load_model
-from ._inner import InnerTrainer, estimate_memory
+from ._fit import MemoryNeed, Misfit, fit_problem, memory_need
+from ._inner import InnerTrainer
 from ._outer import outer_step
 from ._schedule import shard_indices
 from ._spec import LoadedTask, TaskSpec
@@ -21,6 +22,8 @@ __all__ = [
     "DeltaError",
     "InnerTrainer",
     "LoadedTask",
+    "MemoryNeed",
+    "Misfit",
     "ModelTooLarge",
     "OuterState",
     "TaskError",
@@ -28,12 +31,13 @@ __all__ = [
     "TrainError",
     "decode_delta",
     "encode_delta",
-    "estimate_memory",
     "export_model",
+    "fit_problem",
     "fp32_size",
     "init_state",
     "load_model",
     "load_task",
+    "memory_need",
     "outer_step",
     "shard_indices",
     "state_from_bytes",
