@@ -35,6 +35,7 @@ def ensemble_spec(members: int, rounds: int, batches: int, seed: int = 0) -> dic
 
 def run_ensemble(homes: list[Path], spec: dict[str, Any]) -> dict[str, Any]:
     """Submit ``spec`` on the first peer, wait until every peer is done; export the bundle."""
+    load = os.getloadavg()[0]  # other work on the machine: two peers need two free cores to halve the time
     started = time.monotonic()
     job = call(homes[0] / "control.sock", {"op": "submit", "spec": spec, "task_file": None}, timeout=120)["job"]
 
@@ -48,7 +49,7 @@ def run_ensemble(homes: list[Path], spec: dict[str, Any]) -> dict[str, Any]:
     out = homes[0] / "bundle.safetensors"
     digest = ttpeer("export", job, str(out), "--home", str(homes[0]))[-1]
     side = json.loads(out.with_suffix(".json").read_text())
-    return {"job": job, "wall": wall, "sidecar": side, "sha256": digest, "bundle": out}
+    return {"job": job, "wall": wall, "sidecar": side, "sha256": digest, "bundle": out, "load": load}
 
 
 def _stop(cluster: Cluster, names: list[str]) -> None:
@@ -114,13 +115,13 @@ def print_table(args: argparse.Namespace, one: dict[str, Any], two: dict[str, An
     best = max(m[metric] for m in side["members"])
     vote = side["ensemble"][metric]
     print(f"\nmnist1d ensemble: {args.members} members x {args.rounds} units x {args.steps} steps "
-          f"(batch 64), real processes on loopback\n")
-    print("| run | wall time | ratio to 1 peer | ensemble accuracy | best member |")
-    print("|---|---|---|---|---|")
+          f"(batch 64), real processes on loopback, {os.cpu_count()} CPUs\n")
+    print("| run | wall time | ratio to 1 peer | ensemble accuracy | best member | load average at start |")
+    print("|---|---|---|---|---|---|")
     for label, r in (("1 peer", one), ("2 peers", two)):
         s = r["sidecar"]
         print(f"| {args.members} members on {label} | {r['wall']:.1f} s | {r['wall'] / one['wall']:.2f}x | "
-              f"{s['ensemble'][metric]:.3f} | {max(m[metric] for m in s['members']):.3f} |")
+              f"{s['ensemble'][metric]:.3f} | {max(m[metric] for m in s['members']):.3f} | {r['load']:.1f} |")
     print("\n| member | seed | lr | weight decay | steps | test accuracy |")
     print("|---|---|---|---|---|---|")
     for m in side["members"]:
