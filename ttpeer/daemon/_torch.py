@@ -52,11 +52,11 @@ class _Job:
     last_loss: float = float("nan")
     # Ensemble: member checkpoints trained here and not yet published, by (round, member).
     units: dict[tuple[int, int], train.OuterState] = field(default_factory=dict)
-    job_fields: dict[str, Any] = field(default_factory=dict)
+    mode: str = "fused"
 
     @property
     def ensemble(self) -> bool:
-        return self.job_fields.get("mode") == "ensemble"
+        return self.mode == "ensemble"
 
 
 class TorchExecutor:
@@ -113,7 +113,7 @@ class TorchExecutor:
                 like = train.init_ensemble(task, job["members"])
             else:
                 like = train.init_state(task, job["seed"])
-            self._jobs[job.id] = _Job(task, trainer, like, job_fields=dict(job.body))
+            self._jobs[job.id] = _Job(task, trainer, like, mode=job["mode"])
             return None
 
         return await _in_thread(load)
@@ -178,6 +178,8 @@ class TorchExecutor:
                 ctx.task, self._state(job, eff.base), member, job["members"][member], eff.round,
                 job["batches"], job["batch_size"], device=self.device, should_stop=should_stop)
             if ckpt is not None:
+                # Units of closed rounds were covered by someone else first: drop them.
+                ctx.units = {k: v for k, v in ctx.units.items() if k[0] >= eff.round}
                 ctx.units[(eff.round, member)] = ckpt
             return samples
 
