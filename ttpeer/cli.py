@@ -401,8 +401,9 @@ def _status(args: argparse.Namespace) -> int:
             f"  eval loss {job['eval_loss']:.4f} {job['metric_name']} {job['eval_metric']:.4f}")
         ratio = "" if job["compression_ratio"] is None else f"  compression {job['compression_ratio']:.1f}x"
         use = "" if job.get("utilization") is None else f"  utilization {100 * job['utilization']:.0f}%"
-        print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: round {job['round']}/"
-              f"{job['rounds']}, shards {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
+        unit, parts = ("unit", "members") if job["mode"] == "ensemble" else ("round", "shards")
+        print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: {unit} {job['round']}/"
+              f"{job['rounds']}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
         if job["declined"]:
             print(f"    declined here: {job['declined']}")
     return 0
