@@ -219,6 +219,9 @@ class TorchExecutor:
                 parts = [train.decode_member(data, ctx.like) for data, _samples in deltas]
             except train.CheckpointError as exc:
                 raise JobError(str(exc)) from None
+            if sorted(i for i, _ckpt in parts) != list(range(len(job["members"]))):
+                raise JobError(f"round of job {job.id[:12]} does not hold one checkpoint per member "
+                               f"(got members {sorted(i for i, _ckpt in parts)})")
             return train.combine(self._state(job, base), parts)
         decoded = [(train.decode_delta(data, ctx.like), samples) for data, samples in deltas]
         return train.outer_step(self._state(job, base), decoded, lr=job["outer_lr"],
