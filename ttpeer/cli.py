@@ -23,6 +23,8 @@ Start here:
   machine B:  ttpeer join TOKEN
   any member: ttpeer submit --task mnist1d --mode fused --rounds 10 --inner-steps 25
               ttpeer wait JOB && ttpeer export JOB model.safetensors
+              ttpeer submit --task mnist1d --mode ensemble --members 4 --rounds 6 --inner-steps 300
+              ttpeer predict model.safetensors inputs.npy
 Or try everything on this machine: ttpeer demo
 """
 
@@ -102,9 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("submit", parents=[common], help="submit a training job to the pool")
     s.add_argument("--task", required=True,
                    help="'mnist1d', 'charlm[:key=int,...]' or a task file path/to/task.py (see README)")
-    s.add_argument("--mode", choices=["fused"], default="fused", help="fused: one model, periodic averaging")
-    s.add_argument("--rounds", type=_positive_int, default=10, help="outer rounds (default 10)")
-    s.add_argument("--inner-steps", type=_positive_int, default=25, help="inner AdamW steps per shard (default 25)")
+    s.add_argument("--mode", choices=["fused", "ensemble"], default="fused",
+                   help="fused: one model, periodic averaging; ensemble: --members diverse models that vote")
+    s.add_argument("--members", type=_positive_int, default=None,
+                   help="ensemble: how many members (each on the full data, its own seed and lr/weight decay)")
+    s.add_argument("--rounds", type=_positive_int, default=10,
+                   help="outer rounds (default 10); ensemble: units each member trains")
+    s.add_argument("--inner-steps", type=_positive_int, default=25,
+                   help="inner AdamW steps per shard (default 25); ensemble: steps per unit")
     s.add_argument("--shards", type=_positive_int, default=None,
                    help="shards per round (default: from the speeds peers publish, 2 per peer at first)")
     s.add_argument("--batch-size", type=_positive_int, default=None, help="default: the task's")
@@ -133,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", parents=[common], help="write a finished job's model as safetensors")
     e.add_argument("job", help="job id or a unique prefix")
     e.add_argument("out", type=Path, help="output file (.safetensors); a .json sidecar is written beside it")
+
+    pr = sub.add_parser("predict", parents=[common], help="print a model's predictions for an input file")
+    pr.add_argument("bundle", type=Path, help="a file 'ttpeer export' wrote (fused model or ensemble bundle)")
+    pr.add_argument("input", type=Path, help="inputs, one per row: .npy, or text (comma or whitespace separated)")
+    pr.add_argument("--task", default=None, help="the task file, for a job trained from one (built-ins are found)")
 
     d = sub.add_parser("demo", parents=[common], help="a relay and 3 peers on this machine train mnist1d")
     d.add_argument("--rounds", type=_positive_int, default=8)
@@ -206,6 +218,10 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return _wait(args)
     if cmd == "export":
         return _export(args)
+    if cmd == "predict":
+        from ttpeer._predict import predict
+
+        return predict(args.bundle, args.input, args.task)
     if cmd == "demo":
         from ttpeer.demo import run_demo
 
@@ -335,10 +351,22 @@ def _submit(args: argparse.Namespace) -> int:
         "weight_decay": args.weight_decay, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
         "bits": args.bits, "seed": args.seed, "lease": args.lease, "steal": not args.no_steal,
     }
+    if args.mode == "ensemble" or args.members is not None:
+        if args.mode != "ensemble":
+            raise UsageError("--members goes with --mode ensemble")
+        if args.members is None:
+            raise UsageError("--mode ensemble needs --members M (how many models to train)")
+        if args.shards is not None:
+            raise UsageError("an ensemble job has one shard per member: leave --shards out")
+        spec["members"] = args.members
     reply = call(home.control_socket, {"op": "submit", "spec": spec,
                                        "task_file": task_file.hex() if task_file else None}, timeout=300)
-    print(f"submitted {args.mode} job: {args.rounds} rounds x {reply.get('shards')} shards x {args.inner_steps} "
-          f"steps, lease {reply.get('lease')} s")
+    if args.mode == "ensemble":
+        print(f"submitted ensemble job: {args.members} members x {args.rounds} units x {args.inner_steps} steps, "
+              f"lease {reply.get('lease')} s")
+    else:
+        print(f"submitted {args.mode} job: {args.rounds} rounds x {reply.get('shards')} shards x "
+              f"{args.inner_steps} steps, lease {reply.get('lease')} s")
     print(reply["job"])
     return 0
 
@@ -376,8 +404,9 @@ def _status(args: argparse.Namespace) -> int:
             f"  eval loss {job['eval_loss']:.4f} {job['metric_name']} {job['eval_metric']:.4f}")
         ratio = "" if job["compression_ratio"] is None else f"  compression {job['compression_ratio']:.1f}x"
         use = "" if job.get("utilization") is None else f"  utilization {100 * job['utilization']:.0f}%"
-        print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: round {job['round']}/"
-              f"{job['rounds']}, shards {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
+        unit, parts = ("unit", "members") if job["mode"] == "ensemble" else ("round", "shards")
+        print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: {unit} {job['round']}/"
+              f"{job['rounds']}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
         for decline in job.get("declines") or []:
             who = "here" if decline["peer"] == node["id"] else f"by {decline['name']} ({decline['peer'][:12]})"
             print(f"    declined {who}: {decline['reason']}")

@@ -31,7 +31,7 @@ from typing import Any
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ttpeer.errors import DiskError, TtpeerError
+from ttpeer.errors import DiskError, TtpeerError, UsageError
 from ttpeer.net import NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
 from ttpeer.net._seal import SealError, open_direct, open_sealed, seal, seal_to
 from ttpeer.proto import (
@@ -56,6 +56,7 @@ from ttpeer.proto import (
     decode,
     default_sizing,
     encode,
+    member_variants,
     parse,
     sign,
     verify_proof,
@@ -246,7 +247,7 @@ class Node:
         """Make, seal and publish a new job from ``spec``. ``shards`` or ``lease`` left
         out (None) default from the speeds peers have published. Raises ``TtpeerError``."""
         await self._key_event.wait()
-        spec = self._sized(spec)
+        spec = self._sized(_with_members(spec))
         fixed, init_bytes = await self.executor.new_job(spec, task_file)
         init_blob = await self._put_sealed(init_bytes)
         task_blob = await self._put_sealed(task_file) if task_file is not None else ""
@@ -572,6 +573,22 @@ class Node:
         from ._status import snapshot
 
         return snapshot(self)
+
+
+def _with_members(spec: dict[str, Any]) -> dict[str, Any]:
+    """An ensemble spec gives ``members`` as a count: list each member's seed and
+    variant, one shard per member. A fused spec lists none."""
+    count = spec.get("members")
+    if spec.get("mode") != "ensemble":
+        if count is not None:
+            raise UsageError("--members goes with --mode ensemble")
+        return {k: v for k, v in spec.items() if k != "members"}
+    if type(count) is not int or not 1 <= count <= 4096:
+        raise UsageError(f"an ensemble job needs --members between 1 and 4096, got {count!r}")
+    if spec.get("shards") not in (None, count):
+        raise UsageError("an ensemble job has one shard per member: leave --shards out")
+    variants = member_variants(spec["seed"], count, spec["inner_lr"], spec["weight_decay"])
+    return {**spec, "shards": count, "members": variants}
 
 
 def _describe(eff: Effect) -> str:

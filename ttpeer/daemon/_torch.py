@@ -8,6 +8,11 @@ peer killed at any moment restarts from a state the pool agreed on; only the
 newest few are kept. Torch never runs on the event loop: each call goes through
 ``trio.to_thread.run_sync``, one at a time per job (a lock), since the inner
 trainer is not thread-safe.
+
+Ensemble jobs use the same paths with other contents (``train/_ensemble.py``): a
+held state is the whole ensemble, ``train`` runs one unit of one member from its
+checkpoint in the round's state, ``delta`` returns that member's new checkpoint,
+and ``aggregate``/``apply`` put the round's member checkpoints into the state.
 """
 
 from __future__ import annotations
@@ -46,6 +51,13 @@ class _Job:
     states: dict[str, train.OuterState] = field(default_factory=dict)
     residual: dict[str, torch.Tensor] | None = None
     last_loss: float = float("nan")
+    # Ensemble: member checkpoints trained here and not yet published, by (round, member).
+    units: dict[tuple[int, int], train.OuterState] = field(default_factory=dict)
+    mode: str = "fused"
+
+    @property
+    def ensemble(self) -> bool:
+        return self.mode == "ensemble"
 
 
 class TorchExecutor:
@@ -80,7 +92,10 @@ class TorchExecutor:
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
         def build() -> tuple[dict[str, Any], bytes]:
             task = self._load_task(spec["task"], task_file)
-            state = train.init_state(task, spec["seed"])
+            if spec["mode"] == "ensemble":
+                state = train.init_ensemble(task, spec["members"])
+            else:
+                state = train.init_state(task, spec["seed"])
             return {"task_hash": task.source_hash, "init": train.state_hash(state)}, train.state_to_bytes(state)
 
         return await _in_thread(build)
@@ -100,8 +115,11 @@ class TorchExecutor:
                 return Decline(misfit.message, need=misfit.need, have=misfit.have)
             trainer = train.InnerTrainer(task, lr=job["inner_lr"], weight_decay=job["weight_decay"],
                                          device=self.device, seed=job["seed"])
-            like = train.init_state(task, job["seed"])
-            self._jobs[job.id] = _Job(task, trainer, like)
+            if job["mode"] == "ensemble":
+                like = train.init_ensemble(task, job["members"])
+            else:
+                like = train.init_state(task, job["seed"])
+            self._jobs[job.id] = _Job(task, trainer, like, mode=job["mode"])
             return None
 
         return await _in_thread(load)
@@ -159,6 +177,18 @@ class TorchExecutor:
         job = eff.job
         ctx = self._job(job)
 
+        def unit() -> int:
+            # Ensemble: one unit of one member, continued from the member's checkpoint in ``base``.
+            member = eff.shard
+            ckpt, samples = train.train_unit(
+                ctx.task, self._state(job, eff.base), member, job["members"][member], eff.round,
+                job["batches"], job["batch_size"], device=self.device, should_stop=should_stop)
+            if ckpt is not None:
+                # Units of closed rounds were covered by someone else first: drop them.
+                ctx.units = {k: v for k, v in ctx.units.items() if k[0] >= eff.round}
+                ctx.units[(eff.round, member)] = ckpt
+            return samples
+
         def run() -> int:
             if eff.fresh:
                 ctx.trainer.start(self._state(job, eff.base))
@@ -167,10 +197,18 @@ class TorchExecutor:
             return ctx.trainer.train_shard(batches, should_stop)
 
         async with self._lock:
-            return await _in_thread(run)
+            return await _in_thread(unit if ctx.ensemble else run)
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
         ctx = self._job(eff.job)
+
+        if ctx.ensemble:
+            (member,) = eff.shards
+            ckpt = ctx.units.pop((eff.round, member), None)
+            if ckpt is None:
+                raise JobError(f"member {member} of round {eff.round} was not trained on this peer")
+            data = await _in_thread(lambda: train.encode_member(member, ckpt))
+            return data, {"fp32_bytes": float(4 * sum(t.numel() for t in ckpt.params.values()))}
 
         def run() -> tuple[bytes, dict[str, float]]:
             delta = ctx.trainer.delta(self._state(eff.job, eff.base))
@@ -182,6 +220,15 @@ class TorchExecutor:
 
     def _outer(self, job: Record, base: str, deltas: list[tuple[bytes, int]]) -> train.OuterState:
         ctx = self._job(job)
+        if ctx.ensemble:  # the round's member checkpoints replace their members in ``base``
+            try:
+                parts = [train.decode_member(data, ctx.like) for data, _samples in deltas]
+            except train.CheckpointError as exc:
+                raise JobError(str(exc)) from None
+            if sorted(i for i, _ckpt in parts) != list(range(len(job["members"]))):
+                raise JobError(f"round of job {job.id[:12]} does not hold one checkpoint per member "
+                               f"(got members {sorted(i for i, _ckpt in parts)})")
+            return train.combine(self._state(job, base), parts)
         decoded = [(train.decode_delta(data, ctx.like), samples) for data, samples in deltas]
         return train.outer_step(self._state(job, base), decoded, lr=job["outer_lr"],
                                 momentum=job["outer_momentum"], nesterov=True)
@@ -191,6 +238,11 @@ class TorchExecutor:
 
         def run() -> tuple[str, dict[str, float]]:
             new = self._outer(job, base, deltas)
+            if ctx.ensemble:
+                members, (loss, metric) = train.evaluate_ensemble(ctx.task, new, self.device)
+                best = max(m for _loss, m in members)
+                return self._hold(job, new), {"eval_loss": round(loss, 6), ctx.task.metric_name: round(metric, 6),
+                                              "best_member": round(best, 6)}
             loss, metric = ctx.trainer.evaluate(new.params)
             return self._hold(job, new), {"eval_loss": round(loss, 6), ctx.task.metric_name: round(metric, 6)}
 
@@ -234,7 +286,12 @@ class TorchExecutor:
             final = self._state(job, state)
             folder = self.home.states(job.id)
             try:
-                train.export_model(final, ctx.task, folder / "final.safetensors", metrics)
+                if ctx.ensemble:
+                    scores = train.evaluate_ensemble(ctx.task, final, self.device)
+                    train.export_ensemble(final, ctx.task, job["members"], folder / "final.safetensors",
+                                          metrics, scores)
+                else:
+                    train.export_model(final, ctx.task, folder / "final.safetensors", metrics)
             except OSError as exc:
                 raise DiskError(folder / "final.safetensors", exc) from None
             write_atomic(folder / "done.json", json.dumps(metrics, indent=2).encode())

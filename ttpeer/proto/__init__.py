@@ -21,6 +21,7 @@ from ._effects import (
     Send,
     Train,
 )
+from ._ensemble import member_variants
 from ._errors import ProofError, RecordError, TtpeerError
 from ._ledger import Chain, RecordSet, canonical_chain, checkpoints, contributions, covered, select_cover
 from ._membership import Member, members, verify_proof
@@ -65,6 +66,7 @@ __all__ = [
     "decode",
     "default_sizing",
     "encode",
+    "member_variants",
     "members",
     "parse",
     "pool_id_of",

@@ -10,7 +10,9 @@ emits the effects that move it forward:
 1. sync: reach the head of the canonical chain from the newest state it holds,
    applying closes one by one, or fetching a checkpoint when it holds none;
 2. train: claim a shard no live lease covers and train it; keep claiming while
-   shards remain, then publish one contribution for the shards trained;
+   shards remain, then publish one contribution for the shards trained (an
+   ensemble job publishes after every shard: there a shard is one member, and its
+   contribution is that member's checkpoint rather than a delta);
 3. close: once contributions cover every shard, the designated closer (smallest
    node id among the covering set's authors) aggregates and signs the close;
    others do so too if no close appears within one lease (the closer died).
@@ -546,6 +548,12 @@ class PeerMachine:
         if self.records.highest_closed_round(job.id) >= rnd:
             # Some branch is longer than ours: we are catching up (just joined, restarted,
             # or missing contributions a close names). Training this round would be wasted.
+            return out
+        if job["mode"] == "ensemble" and self._work.shards:
+            # Ensemble: a shard is a member and its contribution is the member's checkpoint,
+            # published after every unit, so whoever trains the member next continues it.
+            self._publishing = True
+            out.append(PublishDelta(job, rnd, base, tuple(self._work.shards), self._work.samples))
             return out
         shard = self._pick_shard(job, rnd, done, now)
         backup = False
