@@ -271,6 +271,32 @@ def test_others_close_the_round_when_the_closer_dies() -> None:
         assert t_dead + 20 - 0.5 <= t <= t_dead + 20 + 0.5
 
 
+def test_a_closer_dead_before_the_round_is_covered_costs_one_lease_not_two() -> None:
+    """The closer publishes its contribution and dies before the round is covered: the
+    third peer is cut off mid-shard, so the round is covered only once the second
+    retrains that shard after its lease. It must close at once then, since the closer
+    has been silent for a lease already (it used to wait a second lease)."""
+    c = Cluster(3)
+    job = c.submit_job(0, shards=3, rounds=1, lease=20)
+    closer = min(c.order)
+    y, z = [me for me in c.order if me != closer]
+    # Cut z off once y knows z's claim: y then waits out z's lease before retraining it.
+    c.run(until=10_000, stop=lambda: any(r.kind == "claim" and r.author == z for r in c.machines[y].records))
+    c.blocked |= {frozenset((y, z)), frozenset((closer, z))}
+    c.run(until=10_000, stop=lambda: any(r.kind == "contrib" and r.author == closer for r in c.machines[y].records))
+    c.dead.add(closer)
+    t_dead = c.now
+    c.run(until=10_000, stop=lambda: any(me == y for me, _ in c.aggregates))
+    agg = next(a for me, a in c.aggregates if me == y)
+    at = next(t for (me, _), t in zip(c.aggregates, c.aggregated_at, strict=True) if me == y)
+    assert closer in {p.author for p in agg.contribs}
+    # One lease for the partitioned shard to be retrained, a shard's time, and no second lease.
+    assert at <= t_dead + 20 + c.train_time + 3, at - t_dead
+    c.blocked.clear()  # z closed alone meanwhile: the two closes converge on one chain
+    c.run(until=c.now + 60, stop=lambda: False)
+    assert len({c.machines[me].chain(job).head for me in (y, z)}) == 1
+
+
 def test_peer_offline_from_the_start_catches_up_from_a_checkpoint() -> None:
     c = Cluster(3)
     late = c.order[2]

@@ -647,13 +647,16 @@ class PeerMachine:
         return min(free, key=lambda s: hashlib.sha256(f"{self.me}:{rnd}:{s}".encode()).digest())
 
     def _close_grace(self, job: Record, closer: str | None = None, now: float = 0.0) -> float:
-        """How long others wait for the designated closer before closing themselves: one
-        lease if the closer has been silent that long (it died: every live peer sends a
-        digest each ``digest_interval``), else a lease plus two digests, time for a close
-        lost on the way to be resent."""
+        """How long others wait, from the moment the round is covered, for the designated
+        closer before closing themselves: nothing once the closer has been silent for a
+        lease (it died: every live peer sends a digest each ``digest_interval``, so others
+        close at the latest one lease after its last word), else a lease plus two digests,
+        time for a close lost on the way to be resent. Waiting a lease from the cover too
+        cost a second lease when the closer died before the round was covered (its own
+        later shard requeued: the kill in scripts/bench/straggler)."""
         lease = job["lease"]
         if closer is not None and now - self._heard.get(closer, -float("inf")) >= lease:
-            return lease
+            return 0.0
         return lease + 2 * self.timing.digest_interval
 
     def _maybe_close(
