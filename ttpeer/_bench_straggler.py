@@ -1,11 +1,12 @@
 """The straggler benchmark behind ``scripts/bench/straggler``.
 
 Three ``ttpeer`` processes on loopback; carol's batches are slowed so she trains at
-a third of the others' speed. Three jobs in one pool, one after the other:
+a third of the others' speed. Four jobs in one pool, one after the other:
 
 1. stealing on (the default),
 2. stealing off (``steal: false`` in the job), to show what a straggler costs,
-3. stealing on, with bob SIGKILLed in the middle of a round.
+3. stealing on with rounds overlapped (``overlap: 1``: round r+1 trains while round r closes),
+4. stealing on, with bob SIGKILLed in the middle of a round.
 
 For each: the mean round time, and the ideal (total work / total speed, from the
 speeds the peers publish with their claims). Targets (issue 3): round time with
@@ -54,6 +55,7 @@ def _run(homes, spec, kill=None) -> dict:  # type: ignore[no-untyped-def]
         "job": job, "total": time.monotonic() - started, "round": statistics.mean(rounds or [float("nan")]),
         "ideal": work / sum(rates) if rates else float("nan"), "rates": rates,
         "dup": next(j for j in status(homes[0])["jobs"] if j["id"] == job)["duplicate_fraction"],
+        "accuracy": next(j for j in status(homes[0])["jobs"] if j["id"] == job)["eval_metric"],
     }
 
 
@@ -75,21 +77,26 @@ def main(argv: list[str] | None = None) -> int:
         _run(homes, {**spec, "rounds": 2, "seed": 9})  # warm-up: task loading, first speed measurements
         steal = _run(homes, spec)
         no_steal = _run(homes, {**spec, "steal": False, "seed": 1})
+        overlap = _run(homes, {**spec, "overlap": 1, "seed": 3})
         killed = _run(homes, {**spec, "seed": 2}, kill=(cluster.named["bob"], 2))
     shard_s = spec["batches"] / min(steal["rates"]) if steal["rates"] else float("nan")
     print(f"\n3 peers on loopback, carol {1 + SLOWDOWN:.0f}x slower; mnist1d, {args.rounds} rounds x "
           f"{steal['shards']} shards x {spec['batches']} steps, lease {steal['lease']:.0f}s "
           f"(speeds, batches/s: {', '.join(f'{r:.0f}' for r in steal['rates'])})\n")
-    print("| run | mean round | ideal round | ratio | round - ideal | job time | duplicated work |")
-    print("|---|---|---|---|---|---|---|")
-    for name, r in (("stealing on", steal), ("stealing off", no_steal), ("stealing on, bob SIGKILLed", killed)):
+    print("| run | mean round | ideal round | ratio | round - ideal | job time | duplicated work | test accuracy |")
+    print("|---|---|---|---|---|---|---|---|")
+    runs = (("stealing on", steal), ("stealing off", no_steal), ("stealing on, rounds overlapped", overlap),
+            ("stealing on, bob SIGKILLed", killed))
+    for name, r in runs:
         print(f"| {name} | {r['round']:.2f} s | {r['ideal']:.2f} s | {r['round'] / r['ideal']:.2f}x | "
-              f"{r['round'] - r['ideal']:+.2f} s | {r['total']:.1f} s | {(r['dup'] or 0):.1%} |")
+              f"{r['round'] - r['ideal']:+.2f} s | {r['total']:.1f} s | {(r['dup'] or 0):.1%} | "
+              f"{r['accuracy'] or float('nan'):.3f} |")
     extra = killed["total"] - steal["total"]
     print(f"\nkill: +{extra:.1f} s over the same job without it; bound = lease {killed['lease']:.0f} s + "
           f"one straggler shard {shard_s:.1f} s = {killed['lease'] + shard_s:.1f} s")
-    print("'round - ideal' is the per-round cost that does not shrink with longer rounds: publishing the\n"
-          "delta, closing and applying the round happen one after another (no overlap yet).")
+    print("'round - ideal' is the per-round cost that does not shrink with longer rounds: without overlap,\n"
+          "publishing the delta, closing and applying the round happen one after another while peers wait;\n"
+          "with overlap (submit --overlap) the next round trains meanwhile.")
     return 0
 
 

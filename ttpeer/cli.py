@@ -126,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "slowest peer's shard time, 15s-5m; 30s before any speed is known)")
     s.add_argument("--no-steal", action="store_true",
                    help="idle peers do not run backup copies of stragglers' shards")
+    s.add_argument("--overlap", action="store_true",
+                   help="fused: train round r+1 while round r's deltas travel (a one-round-delayed outer "
+                        "step: slow links cost little compute; see README)")
 
     st = sub.add_parser("status", parents=[common], help="peers, jobs, progress")
     st.add_argument("--json", action="store_true", help="one JSON object (schema in the README)")
@@ -359,6 +362,10 @@ def _submit(args: argparse.Namespace) -> int:
         if args.shards is not None:
             raise UsageError("an ensemble job has one shard per member: leave --shards out")
         spec["members"] = args.members
+    if args.overlap:
+        if args.mode != "fused":
+            raise UsageError("--overlap is for fused jobs")
+        spec["overlap"] = 1
     reply = call(home.control_socket, {"op": "submit", "spec": spec,
                                        "task_file": task_file.hex() if task_file else None}, timeout=300)
     if args.mode == "ensemble":

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ttpeer.proto import Chain, Record, RecordSet, contributions, covered
+from ttpeer.proto import Chain, Record, RecordSet, contributions, covered, train_base
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -77,7 +77,7 @@ def snapshot(node: Node) -> dict[str, Any]:
             state = "queued"
         done = 0
         if chain.round < job["rounds"]:
-            done = len(covered(contributions(m.records, job, chain.round, chain.head)))
+            done = len(covered(contributions(m.records, job, chain.round, train_base(job, chain, chain.round))))
         stats = node.counters.jobs.get(job.id)
         ratio = round(stats.fp32_bytes / stats.wire_bytes, 2) if stats and stats.wire_bytes else None
         jobs.append({

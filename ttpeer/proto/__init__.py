@@ -23,7 +23,17 @@ from ._effects import (
 )
 from ._ensemble import member_variants
 from ._errors import ProofError, RecordError, TtpeerError
-from ._ledger import Chain, RecordSet, canonical_chain, checkpoints, contributions, covered, select_cover
+from ._ledger import (
+    Chain,
+    RecordSet,
+    canonical_chain,
+    checkpoints,
+    contributions,
+    covered,
+    overlapped,
+    select_cover,
+    train_base,
+)
 from ._membership import Member, members, verify_proof
 from ._peer import PeerMachine, Timing
 from ._records import MAX_RECORD_BYTES, Record, parse, pool_id_of, public_hex, sign
@@ -56,7 +66,9 @@ __all__ = [
     "checkpoints",
     "contributions",
     "covered",
+    "overlapped",
     "select_cover",
+    "train_base",
     "MAX_RECORD_BYTES",
     "Member",
     "ProofError",

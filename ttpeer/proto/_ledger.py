@@ -155,17 +155,39 @@ class Chain:
         return self.states[-1]
 
 
+def overlapped(job: Record) -> bool:
+    """Whether ``job`` trains round r on the base of round r-1 (see ``train_base``)."""
+    return bool(job.body.get("overlap", 0))
+
+
+def train_base(job: Record, chain: Chain, rnd: int) -> str:
+    """The state round ``rnd`` trains on: the round's own base, or with overlap the base
+    of the round before (round 0 and 1 both train on the initial state), so that round
+    r+1 can train while round r's deltas travel and its close is made."""
+    if not overlapped(job):
+        return chain.states[rnd]
+    return chain.states[max(0, rnd - 1)]
+
+
 def canonical_chain(rs: RecordSet, job: Record) -> Chain:
-    """Longest valid chain of closes from the job's init state (ties: smallest hash)."""
+    """Longest valid chain of closes from the job's init state (ties: smallest hash).
+    With overlap, a close of round r must name as ``tbase`` the base of round r-1 on
+    its own branch (the initial state for round 0)."""
     by_id = rs.by_id
     edges: dict[tuple[int, str], dict[str, Record]] = defaultdict(dict)
+    overlap = overlapped(job)
+    parents: dict[tuple[int, str], set[str]] = defaultdict(set)  # (round, state) -> bases leading to it
     if rs._close_ok_version != rs.membership_version:
         rs._close_ok.clear()  # validity depends on who the members are
         rs._close_ok_version = rs.membership_version
-    for close in rs.of_job(job.id, "close"):
+    closes = rs.of_job(job.id, "close")
+    if overlap:
+        closes = sorted(closes, key=lambda c: c["round"])  # a round's parents before its tbase check
+    for close in closes:
         rnd = close["round"]
-        if rnd >= job["rounds"]:
+        if rnd >= job["rounds"] or ("tbase" in close.body) != overlap:
             continue
+        tbase = close["tbase"] if overlap else close["base"]
         ok = rs._close_ok.get(close.id)
         if ok is None:
             parts = [by_id.get(cid) for cid in close["contribs"]]
@@ -173,12 +195,17 @@ def canonical_chain(rs: RecordSet, job: Record) -> Chain:
                 continue  # may become valid when the missing contributions arrive
             ok = rs._close_ok[close.id] = not any(
                 p.kind != "contrib" or p["job"] != job.id or p["round"] != rnd
-                or p["base"] != close["base"] or p.author not in rs.members
+                or p["base"] != tbase or p.author not in rs.members
                 or p["shards"][-1] >= job["shards"]
                 for p in parts
             ) and covered(parts) == set(range(job["shards"]))
         if not ok:
             continue
+        if overlap:
+            on_branch = tbase == close["base"] == job["init"] if rnd == 0 else tbase in parents[(rnd, close["base"])]
+            if not on_branch:
+                continue
+        parents[(rnd + 1, close["state"])].add(close["base"])
         best = edges[(rnd, close["base"])].get(close["state"])
         if best is None or close.id < best.id:
             edges[(rnd, close["base"])][close["state"]] = close

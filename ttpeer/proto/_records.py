@@ -109,6 +109,8 @@ def _job_consistent(body: dict[str, Any]) -> str | None:
             return "an ensemble job must list exactly one member per shard"
     elif "members" in body:
         return "only an ensemble job lists members"
+    if body.get("overlap") and body["mode"] != "fused":
+        return "only a fused job overlaps rounds"
     return None
 
 
@@ -130,6 +132,9 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # Ensemble jobs only (OPTIONAL): one entry per member, its seed and hyper-parameter
         # variant; the member index is the shard index and a round is one unit of training.
         "members": _member_list,
+        # Fused jobs only (OPTIONAL): 1 = round r trains on the state before round r-1's close
+        # (a one-round-delayed outer step), so a round's delta travels while the next trains.
+        "overlap": _choice(0, 1),
     },
     # A claim with n > 0 renews the lease of claim n=0; ``done`` batches so far at ``rate``
     # batches/s let others project when it will finish. ``backup``: a copy run by an idle
@@ -146,6 +151,9 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
     "close": {
         "job": _HEX, "round": _int(), "base": _STATE_HASH, "contribs": _sorted_unique(_HEX, 4096, 1),
         "state": _STATE_HASH, "metrics": _metrics,
+        # Overlapped jobs only (OPTIONAL): the state the contributions trained on, which is
+        # the base of the round before; the outer step applies their average to ``base``.
+        "tbase": _STATE_HASH,
     },
     "ckpt": {"job": _HEX, "round": _int(), "state": _STATE_HASH, "blob": _HEX, "size": _int(1, 2**40)},
     # A peer sits a job out, and says why; ``need`` and ``have``: bytes of memory, both 0
@@ -156,7 +164,7 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
 
 # Fields a body may leave out (added after records of that kind were already in use, so
 # older records stay valid byte for byte), and rules that span several fields.
-OPTIONAL: dict[str, frozenset[str]] = {"job": frozenset({"members"})}
+OPTIONAL: dict[str, frozenset[str]] = {"job": frozenset({"members", "overlap"}), "close": frozenset({"tbase"})}
 CHECKS: dict[str, Callable[[dict[str, Any]], str | None]] = {"job": _job_consistent}
 
 
