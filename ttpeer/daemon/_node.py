@@ -31,7 +31,7 @@ import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ttpeer.errors import DiskError, TtpeerError
-from ttpeer.net import NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
+from ttpeer.net import BlobCorrupt, NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
 from ttpeer.net._seal import SealError, open_direct, open_sealed, seal, seal_to
 from ttpeer.proto import (
     Aggregate,
@@ -114,6 +114,12 @@ class Counters:
     jobs: dict[str, JobStats] = field(default_factory=dict)
     relay_ok: bool = False
     last_error: str = ""
+    # Input refused as not authentic or malformed, by what it was ("message: SealError",
+    # "blob"): a relay that tampers or forges shows up here, never in the state.
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, what: str) -> None:
+        self.rejected[what] = self.rejected.get(what, 0) + 1
 
 
 class Node:
@@ -421,7 +427,11 @@ class Node:
 
     async def _get_sealed(self, blob: str, max_size: int = MAX_BLOB) -> bytes:
         assert self.pool_key is not None
-        return open_sealed(self.pool_key, BLOB, await self.transport.get_blob(blob, max_size=max_size))
+        try:
+            return open_sealed(self.pool_key, BLOB, await self.transport.get_blob(blob, max_size=max_size))
+        except (BlobCorrupt, SealError):
+            self.counters.reject("blob")
+            raise
 
     # -- network tasks -------------------------------------------------------------------
 
@@ -491,7 +501,10 @@ class Node:
                 self._on_hello(sender, body)
             elif kind == b"K":
                 self._on_key(body)
+            elif kind != b"P":
+                self.counters.reject("message: unknown kind")
         except (SealError, RecordError, ProofError, ValueError, TypeError, KeyError) as exc:
+            self.counters.reject(f"message: {type(exc).__name__}")
             log.debug("dropped a message from %s: %s", sender[:12], exc)
 
     # -- joining: hello and key handover ---------------------------------------------------
