@@ -49,6 +49,12 @@ class Request:
     http_version: str
     receive: Receive
     body_done: bool = False  # the whole body has been received
+    # Slow-drip defence: after ``grace`` seconds the body must have arrived at
+    # ``min_rate`` bytes a second on average, or the request ends with 408.
+    min_rate: float = 0.0
+    grace: float = math.inf
+    _started: float | None = None
+    _received: int = 0
 
     @classmethod
     def from_scope(cls, scope: Scope, receive: Receive) -> Request:
@@ -59,17 +65,30 @@ class Request:
         return cls(scope["method"], scope["path"], query, headers, client[0], version, receive)
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives. Raises ``Disconnected``."""
+        """The body as it arrives. Raises ``Disconnected``, and ``HttpError`` 408 when it
+        arrives slower than ``min_rate`` allows."""
         while True:
-            message = await self.receive()
+            message = await self._next_body_message()
             if message["type"] == "http.disconnect":
                 raise Disconnected
             chunk = message.get("body", b"")
+            self._received += len(chunk)
             if chunk:
                 yield chunk
             if not message.get("more_body", False):
                 self.body_done = True
                 return
+
+    async def _next_body_message(self) -> Message:
+        if self.min_rate <= 0:
+            return await self.receive()
+        if self._started is None:
+            self._started = trio.current_time()
+        # The next byte is due when the average rate would fall under min_rate.
+        due = self._started + max(self.grace, (self._received + 1) / self.min_rate)
+        with trio.move_on_at(due):
+            return await self.receive()
+        raise HttpError(408, f"request body arrives slower than {self.min_rate:.0f} bytes a second")
 
     async def body(self, limit: int) -> bytes:
         """The whole body; 413 as soon as it passes ``limit`` bytes."""
