@@ -161,29 +161,27 @@ async def test_a_flooding_peer_gets_429_and_other_peers_are_unaffected(
         retry: set[str] = set()
         done = trio.Event()
 
-        async def flood() -> None:
+        async def flood() -> None:  # as fast as it can, with its session and without one
             async with raw_http(running) as http:
-                for _ in range(60):
+                while not done.is_set():
                     answer = await http.post(f"/v1/send/{a.peer}", content=b"spam",
                                              headers={"authorization": f"Bearer {flooder}"})
                     codes.append(answer.status_code)
-                    if answer.status_code == 429:
-                        retry.add(answer.headers["retry-after"])
-                for _ in range(60):  # and from its address without a session
-                    codes.append((await http.get("/v1/health")).status_code)
-            done.set()
+                    health = await http.get("/v1/health")
+                    codes.append(health.status_code)
+                    retry.update(r.headers.get("retry-after", "none") for r in (answer, health)
+                                 if r.status_code == 429)
 
-        honest = 0
+        honest = 8
         with trio.fail_after(20):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(flood)
-                while not done.is_set():  # b keeps talking to a at its own pace
-                    await b.send(a.peer, b"hello %d" % honest)
-                    honest += 1
+                for i in range(honest):  # meanwhile b talks to a at its own pace, never refused
+                    await b.send(a.peer, b"hello %d" % i)
                     await trio.sleep(0.25)
-        assert codes.count(429) > 60 and set(codes) == {200, 429}
-        assert retry == {"1"}
-        assert honest >= 2
+                done.set()
+        assert codes.count(429) > 100 and set(codes) == {200, 429}
+        assert retry == {"1"}  # every 429 says when to come back
         messages, _ = await a.recv(0, 0)
         assert [m.data for m in messages if m.sender == b.peer] == [b"hello %d" % i for i in range(honest)]
 
