@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ttpeer.errors import DiskError, TtpeerError
@@ -503,7 +504,9 @@ class Node:
                 self._on_key(body)
             elif kind != b"P":
                 self.counters.reject("message: unknown kind")
-        except (SealError, RecordError, ProofError, ValueError, TypeError, KeyError) as exc:
+        except (SealError, RecordError, ProofError, InvalidSignature, ValueError, TypeError, KeyError) as exc:
+            # InvalidSignature: a key handover the relay (or anyone) forged; uncaught it
+            # would end the receiver, and so the daemon, of every peer still joining.
             self.counters.reject(f"message: {type(exc).__name__}")
             log.debug("dropped a message from %s: %s", sender[:12], exc)
 
