@@ -17,12 +17,15 @@ import os
 import resource
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 import trio.testing
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,7 +33,7 @@ from ttpeer_relay.app import RelayApp
 from ttpeer_relay.config import RelayConfig
 
 from ttpeer.daemon import Home, Node, new_invite
-from ttpeer.net import MemoryRelay
+from ttpeer.net import MemoryRelay, NetError, RelayClient, RelayUnavailable
 from ttpeer.net._seal import SealError, open_direct, open_sealed, seal, seal_to
 from ttpeer.proto import RecordError, Token, encode, parse, public_hex
 from ttpeer.proto._gossip import parse_payload
@@ -97,7 +100,7 @@ async def _request(app: RelayApp, method: str, path: str, query: bytes,
 
     scope = {"type": "http", "method": method, "path": path, "query_string": query,
              "headers": headers, "client": ("192.0.2.1", 4000), "http_version": "1.1"}
-    with trio.fail_after(5):
+    with trio.fail_after(120):  # past any long-poll (30 s) or body grace: a hang, not a wait
         await app(scope, receive, answer.send)
     return answer, read
 
@@ -144,7 +147,8 @@ def test_fuzz_relay_handlers_answer_every_request_without_a_500(
         answer, _ = await _request(app, method, path, query, headers, chunks, authorized=authorized)
         return answer
 
-    answer = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))  # long-polls jump
+    # Long-polls jump the clock; blob writes run in threads, so jump only once all is idle.
+    answer = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0.1))
     assert answer.starts == 1
     assert answer.status in OK_STATUSES, (answer.status, answer.body[:200])
     if answer.status >= 400:
@@ -351,3 +355,107 @@ def test_forged_key_handover_is_refused_and_the_member_waits_for_a_real_one(pair
     trio.run(main)
     assert member.pool_key is None and member.home.pool_key() is None
     assert member.counters.rejected.get("message: InvalidSignature") == before + 1
+
+
+# -- a hostile relay's answers, as RelayClient reads them ----------------------------------
+
+SPECIAL_ANSWERS = [
+    b'{"messages":[{"seq":Infinity,"from":"a","data":""}],"cursor":1}',
+    b'{"messages":[{"seq":1,"from":"a","data":"!!"}],"cursor":1}',
+    b'{"messages":[],"cursor":NaN}', b'{"messages":[],"cursor":-Infinity}', b'{"messages":{},"cursor":1}',
+    b'{"messages":[{"seq":1e400,"from":[],"data":"AA=="}],"cursor":1}', b'{"delivered":true}',
+    b'{"delivered":1e400}', b'{"proofs":[["zz"]]}', b'{"proofs":[[1]]}', b'{"proofs":"ab"}',
+    b'{"nonce":"' + b"ab" * 32 + b'"}', b'{"nonce":"n","session":"s","limits":{"max_message_bytes":Infinity}}',
+    b'{"nonce":"n","session":"s","limits":{"max_message_bytes":NaN,"max_blob_bytes":-1}}',
+    b'{"error":1}', b'{"error":"no"}', b"[]", b"null", b"", b"\xff",
+]
+answers = st.tuples(
+    st.sampled_from([200, 201, 204, 206, 301, 400, 401, 403, 404, 408, 413, 416, 429, 500, 503, 507]),
+    st.one_of(st.none(), st.sampled_from(["nan", "inf", "-inf", "-1", "1e999", "5", "soon", "0"])),
+    st.one_of(st.sampled_from(SPECIAL_ANSWERS), st.binary(max_size=200),
+              gossip_objects.map(lambda o: json.dumps(o).encode())),
+)
+
+
+class _Body(httpx.AsyncByteStream):
+    """A body that arrives off the wire, as a real server's does (not pre-read)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def __aiter__(self):  # type: ignore[no-untyped-def]
+        for start in range(0, len(self.data), 65536):
+            yield self.data[start:start + 65536]
+
+
+def _client(reply: tuple[int, str | None, bytes]) -> RelayClient:
+    status, retry, body = reply
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        headers = {"retry-after": retry} if retry is not None else {}
+        return httpx.Response(status, headers=headers, stream=_Body(body))
+
+    key = Ed25519PrivateKey.from_private_bytes(bytes(32))
+    client = RelayClient("https://relay.invalid:1", "sha256:" + "0" * 64, pool="ef" * 16, peer_key=key, proof=[])
+    client._http = httpx.AsyncClient(base_url=client.url, transport=httpx.MockTransport(handler))
+    client._session = "s"
+    return client
+
+
+@FUZZ
+@given(reply=answers, op=st.sampled_from(["recv", "send", "broadcast", "roster", "has_blob", "get_blob",
+                                          "put_blob", "login"]))
+def test_fuzz_hostile_relay_answers_raise_only_net_errors(reply: tuple[int, str | None, bytes], op: str) -> None:
+    async def main() -> None:
+        client = _client(reply)
+        try:
+            if op == "recv":
+                messages, cursor = await client.recv(0, 0)
+                assert type(cursor) is int and all(type(m.seq) is int and type(m.data) is bytes for m in messages)
+            elif op == "send":
+                await client.send(PEER, b"x")
+            elif op == "broadcast":
+                assert type(await client.broadcast(b"x")) is int
+            elif op == "roster":
+                assert all(type(r) is bytes for proof in await client.roster() for r in proof)
+            elif op == "has_blob":
+                assert type(await client.has_blob(BLOB)) is bool
+            elif op == "get_blob":
+                await client.get_blob(BLOB, max_size=1000)
+                raise AssertionError("bytes that do not hash to the blob's name were accepted")
+            elif op == "put_blob":
+                await client.put_blob(b"x")
+            else:
+                await client._login(client._generation)
+                assert all(type(v) is int and v >= 0 for v in client._limits.values())
+        except NetError as exc:
+            retry = getattr(exc, "retry_after", None)
+            assert retry is None or 0 <= retry <= 3600  # a sane wait, whatever the header said
+        finally:
+            await client.aclose()
+
+    trio.run(main)
+
+
+def test_gzip_bombed_relay_answer_is_cut_off_without_inflating() -> None:
+    """httpx would undo Content-Encoding by itself, a whole chunk at a time: 1 GiB of
+    zeros gzips to ~1 MiB, so one 64 KiB chunk would inflate to 64 MiB."""
+    pack = zlib.compressobj(1, zlib.DEFLATED, 31)  # gzip framing
+    zeros = b"\0" * 2**20
+    bomb = b"".join(pack.compress(zeros) for _ in range(256)) + pack.flush()  # 256 MiB inflated
+    assert len(bomb) < 2 * 2**20
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-encoding": "gzip"}, stream=_Body(bomb))
+
+    async def main() -> None:
+        client = _client((200, None, b""))
+        assert client._http is not None
+        client._http = httpx.AsyncClient(base_url=client.url, transport=httpx.MockTransport(handler))
+        with pytest.raises(RelayUnavailable, match="content-encoding 'gzip'"):
+            await client.recv(0, 0)
+        await client.aclose()
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    trio.run(main)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 32 * 1024  # KiB
