@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
 import trio
 
 from ttpeer.daemon._node import BLOB
@@ -28,10 +29,11 @@ def _rejected(sim: Simulation, blob: bool) -> int:
                if (what == "blob") == blob)
 
 
-async def test_hostile_relay_then_honest_relay_all_peers_agree(tmp_path, autojump_clock):
+@pytest.mark.parametrize("seed", [7, 3])
+async def test_hostile_relay_then_honest_relay_all_peers_agree(tmp_path, autojump_clock, seed):
     relay = HostileRelay()
     async with relay:
-        sim = Simulation(tmp_path, relay, seed=7)
+        sim = Simulation(tmp_path, relay, seed=seed)
         sim.create(4)
         async with trio.open_nursery() as nursery:
             await sim.start_all(nursery)
@@ -40,8 +42,8 @@ async def test_hostile_relay_then_honest_relay_all_peers_agree(tmp_path, autojum
             with trio.fail_after(60):
                 while not all(p.node.pool_key for p in sim.peers):
                     await trio.sleep(0.1)
-            relay.hostility = Hostility(seed=7)
-            relay.faults = Faults(seed=7, drop=0.1, duplicate=0.1, delay=0.3, max_delay=1.0)
+            relay.hostility = Hostility(seed=seed)
+            relay.faults = Faults(seed=seed, drop=0.1, duplicate=0.1, delay=0.3, max_delay=1.0)
             job = await sim.submit(SPEC)
             await sim.wait_round(job, 2, timeout=900)  # the pool makes progress under attack
             relay.behave()
