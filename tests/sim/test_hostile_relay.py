@@ -6,11 +6,13 @@ recomputation gives."""
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pytest
 import trio
 
 from ttpeer.daemon._node import BLOB
+from ttpeer.daemon._status import snapshot
 from ttpeer.net import Faults
 from ttpeer.net._seal import open_sealed
 from ttpeer.proto import parse
@@ -61,6 +63,9 @@ async def test_hostile_relay_then_honest_relay_all_peers_agree(tmp_path, autojum
             assert _rejected(sim, blob=False) == sent_bad, (
                 relay.injected, [p.node.counters.rejected for p in sim.peers])
             assert _rejected(sim, blob=True) == sum(relay.injected[a] for a in BLOB_ATTACKS)
+            shown = [snapshot(p.node)["relay"]["rejected"] for p in sim.peers]  # what `ttpeer status` says
+            assert sum(n for r in shown for n in r.values()) == sent_bad + _rejected(sim, blob=True)
+            json.dumps(shown)
 
             assert_invariants(sim, job)
             # Identical hashes, and the right ones: recompute every round from the honest
