@@ -98,9 +98,9 @@ async def test_slow_drip_request_head_is_cut_while_others_are_served(start_relay
             held = trio.current_time() - opened
             cut.set()
     assert b"200" not in answer  # the request never completed
-    assert 0.9 < held < 4.0, held  # cut at the idle timeout, while still dripping
-    assert dripped >= 10
-    assert len(latencies) >= 5 and max(latencies) < 1.0
+    assert 0.9 < held < 5.0, held  # cut near the 1 s idle timeout, while still dripping
+    assert dripped >= 5
+    assert len(latencies) >= 5 and max(latencies) < 2.0  # served all along, not once after it
 
 
 async def test_slow_drip_body_gets_408_and_the_connection_closes(start_relay: StartRelay) -> None:
@@ -128,8 +128,8 @@ async def test_slow_drip_body_gets_408_and_the_connection_closes(start_relay: St
             cut.set()
     assert answer.startswith(b"HTTP/1.1 408 ")
     assert b"slower than 1000 bytes a second" in answer
-    assert 0.4 < held < 4.0, held
-    assert len(latencies) >= 3 and max(latencies) < 1.0
+    assert 0.4 < held < 5.0, held
+    assert len(latencies) >= 3 and max(latencies) < 2.0  # served all along, not once after it
 
 
 async def test_tls_handshake_that_never_completes_is_cut(start_relay: StartRelay) -> None:
@@ -147,8 +147,8 @@ async def test_tls_handshake_that_never_completes_is_cut(start_relay: StartRelay
                 assert await _closed(stream) == b""
             held = trio.current_time() - opened
             cut.set()
-    assert 0.9 < held < 4.0, held
-    assert len(latencies) >= 5 and max(latencies) < 1.0
+    assert 0.9 < held < 5.0, held
+    assert len(latencies) >= 5 and max(latencies) < 2.0  # served all along, not once after it
 
 
 async def test_a_flooding_peer_gets_429_and_other_peers_are_unaffected(
