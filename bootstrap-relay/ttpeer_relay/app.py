@@ -290,8 +290,8 @@ class RelayApp:
     async def put_blob(self, request: Request, params: dict[str, str], s: Session | None) -> Response:
         s = _member(s)
         blob, now = params["blob"], time.time()
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.config.max_blob_bytes:
+        declared = request.declared_length
+        if declared is not None and declared > self.config.max_blob_bytes:
             raise HttpError(413, f"blob is over the {self.config.max_blob_bytes}-byte cap")
         if self.blobs.stat(s.pool, blob, now) is not None:
             await request.drain(self.config.max_blob_bytes)

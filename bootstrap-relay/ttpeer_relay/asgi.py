@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 _CHUNK = 256 * 1024
+_DIGITS = re.compile(r"[0-9]{1,20}")
 
 
 class HttpError(Exception):
@@ -64,6 +66,12 @@ class Request:
         version = scope.get("http_version", "1.1")
         return cls(scope["method"], scope["path"], query, headers, client[0], version, receive)
 
+    @property
+    def declared_length(self) -> int | None:
+        """Content-Length, if it is plain ASCII digits (``isdigit`` also takes '¹')."""
+        declared = self.headers.get("content-length", "")
+        return int(declared) if _DIGITS.fullmatch(declared) else None
+
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives. Raises ``Disconnected``, and ``HttpError`` 408 when it
         arrives slower than ``min_rate`` allows."""
@@ -92,8 +100,8 @@ class Request:
 
     async def body(self, limit: int) -> bytes:
         """The whole body; 413 as soon as it passes ``limit`` bytes."""
-        declared = self.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
+        declared = self.declared_length
+        if declared is not None and declared > limit:
             raise HttpError(413, f"body is over the {limit}-byte cap")
         parts: list[bytes] = []
         size = 0
@@ -119,8 +127,8 @@ class Request:
         can be reused; for a large one, the answer's extra headers close it."""
         if self.body_done or self.method in ("GET", "HEAD"):
             return []
-        declared = self.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) <= drain_limit:
+        declared = self.declared_length
+        if declared is not None and declared <= drain_limit:
             try:
                 await self.drain(drain_limit)
                 return []
