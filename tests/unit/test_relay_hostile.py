@@ -39,12 +39,22 @@ def start_relay(nursery: trio.Nursery, tmp_path: Path) -> StartRelay:
     return start
 
 
-async def _tls(running: RelayRunning) -> trio.SSLStream[trio.SocketStream]:
+async def _tls(running: RelayRunning, alpn: str = "http/1.1") -> trio.SSLStream[trio.SocketStream]:
     context = pinned_ssl_context(cert_der(running))
-    context.set_alpn_protocols(["http/1.1"])
+    context.set_alpn_protocols([alpn])
     stream = await trio.open_ssl_over_tcp_stream("127.0.0.1", running.port, ssl_context=context)
     await stream.do_handshake()
+    assert stream.selected_alpn_protocol() == alpn
     return stream
+
+
+# The start of a request whose head then never ends: HTTP/1.1 headers, or for HTTP/2 the
+# preface, empty SETTINGS, and a HEADERS frame announcing 16000 bytes of header block.
+SLOW_HEADS = {
+    "http/1.1": b"GET /v1/health HTTP/1.1\r\nhost: relay\r\nx-slow: ",
+    "h2": b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+          + (16000).to_bytes(3, "big") + b"\x01\x04\x00\x00\x00\x01",
+}
 
 
 async def _closed(stream: trio.abc.Stream) -> bytes:
@@ -71,9 +81,10 @@ async def _served_meanwhile(running: RelayRunning, until: trio.Event, times: lis
             await trio.sleep(0.1)
 
 
-async def test_slow_drip_request_head_is_cut_while_others_are_served(start_relay: StartRelay) -> None:
+@pytest.mark.parametrize("alpn", ["http/1.1", "h2"])
+async def test_slow_drip_request_head_is_cut_while_others_are_served(start_relay: StartRelay, alpn: str) -> None:
     running = await start_relay(idle_timeout=1.0)
-    stream = await _tls(running)
+    stream = await _tls(running, alpn)
     opened = trio.current_time()
     dripped = 0
     cut = trio.Event()
@@ -81,7 +92,7 @@ async def test_slow_drip_request_head_is_cut_while_others_are_served(start_relay
 
     async def drip() -> None:  # one header byte every 50 ms: never silent, never finished
         nonlocal dripped
-        await stream.send_all(b"GET /v1/health HTTP/1.1\r\nhost: relay\r\nx-slow: ")
+        await stream.send_all(SLOW_HEADS[alpn])
         while not cut.is_set():
             try:
                 await stream.send_all(b"a")
@@ -97,7 +108,7 @@ async def test_slow_drip_request_head_is_cut_while_others_are_served(start_relay
             answer = await _closed(stream)
             held = trio.current_time() - opened
             cut.set()
-    assert b"200" not in answer  # the request never completed
+    assert b"HTTP/1.1 200" not in answer and b"\x88" not in answer  # no answer (h2: HPACK's ':status 200')
     assert 0.9 < held < 5.0, held  # cut near the 1 s idle timeout, while still dripping
     assert dripped >= 5
     assert len(latencies) >= 5 and max(latencies) < 2.0  # served all along, not once after it
