@@ -1,7 +1,7 @@
 """A relay that attacks the pool it serves, for the simulator.
 
 ``HostileRelay`` is a ``MemoryRelay`` (so it also drops, duplicates, delays and
-reorders through its ``Faults``) that, while ``hostile`` is set, also does what a
+reorders through its ``Faults``) that, while ``hostility`` is set, also does what a
 relay operator could do without the pool key:
 
 - tampers with sealed gossip messages in flight: flips one bit, or truncates them;
@@ -13,12 +13,15 @@ relay operator could do without the pool key:
   bytes past the size the fetcher asked for.
 
 Every decision comes from a ``random.Random`` seeded per (seed, what, n-th time),
-like ``Faults``. Only sealed gossip (kind ``P``) is tampered, relabelled or
-replayed, so that every tampered message is one a peer must refuse; hellos and key
-handovers are attacked by the forgeries and by the fuzz tests. ``injected`` counts what was done, by name, so a
-test can check that each tampered or forged thing was refused by a peer:
-``MESSAGE_ATTACKS`` must each show up as one rejected message, ``BLOB_ATTACKS`` as
-one rejected blob. ``behave()`` stops every attack and every fault at once.
+like ``Faults``; forgeries and blob attacks take turns through their kinds, so a
+short run still makes each. Only sealed gossip (kind ``P``) is tampered,
+relabelled or replayed, so that every tampered message is one a peer must refuse;
+hellos and key handovers are attacked by the forgeries and by the fuzz tests.
+Tampered and forged messages skip the faults (never dropped or delayed), so each
+reaches a mailbox. ``injected`` counts what was done, by name: each of
+``MESSAGE_ATTACKS`` must show up as one rejected message at the peer it reached,
+each of ``BLOB_ATTACKS`` as one rejected blob. ``behave()`` stops every attack and
+every fault at once.
 """
 
 from __future__ import annotations
