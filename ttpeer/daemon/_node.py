@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ttpeer.errors import DiskError, TtpeerError, UsageError
-from ttpeer.net import NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
+from ttpeer.net import BlobCorrupt, NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
 from ttpeer.net._seal import SealError, open_direct, open_sealed, seal, seal_to
 from ttpeer.proto import (
     Aggregate,
@@ -116,6 +117,12 @@ class Counters:
     jobs: dict[str, JobStats] = field(default_factory=dict)
     relay_ok: bool = False
     last_error: str = ""
+    # Input refused as not authentic or malformed, by what it was ("message: SealError",
+    # "blob"): a relay that tampers or forges shows up here, never in the state.
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, what: str) -> None:
+        self.rejected[what] = self.rejected.get(what, 0) + 1
 
 
 class Node:
@@ -430,7 +437,11 @@ class Node:
 
     async def _get_sealed(self, blob: str, max_size: int = MAX_BLOB) -> bytes:
         assert self.pool_key is not None
-        return open_sealed(self.pool_key, BLOB, await self.transport.get_blob(blob, max_size=max_size))
+        try:
+            return open_sealed(self.pool_key, BLOB, await self.transport.get_blob(blob, max_size=max_size))
+        except (BlobCorrupt, SealError):
+            self.counters.reject("blob")
+            raise
 
     # -- network tasks -------------------------------------------------------------------
 
@@ -500,7 +511,12 @@ class Node:
                 self._on_hello(sender, body)
             elif kind == b"K":
                 self._on_key(body)
-        except (SealError, RecordError, ProofError, ValueError, TypeError, KeyError) as exc:
+            elif kind != b"P":
+                self.counters.reject("message: unknown kind")
+        except (SealError, RecordError, ProofError, InvalidSignature, ValueError, TypeError, KeyError) as exc:
+            # InvalidSignature: a key handover the relay (or anyone) forged; uncaught it
+            # would end the receiver, and so the daemon, of every peer still joining.
+            self.counters.reject(f"message: {type(exc).__name__}")
             log.debug("dropped a message from %s: %s", sender[:12], exc)
 
     # -- joining: hello and key handover ---------------------------------------------------

@@ -100,7 +100,7 @@ def snapshot(node: Node) -> dict[str, Any]:
         "node": {"id": node.me, "name": node.cfg.name, "pool": node.cfg.pool,
                  "has_pool_key": node.pool_key is not None, "uptime_s": round(now - node.counters.started, 1)},
         "relay": {"url": node.cfg.relays[0], "connected": node.counters.relay_ok,
-                  "last_error": node.counters.last_error or None},
+                  "last_error": node.counters.last_error or None, "rejected": dict(node.counters.rejected)},
         "bytes_sent": node.bytes_sent, "bytes_received": node.bytes_received,
         "peers": peers, "jobs": jobs,
     }
