@@ -25,6 +25,7 @@ import time
 
 from ttpeer.daemon import call
 from ttpeer.demo import Cluster, job_spec, status, temporary_cluster, ttpeer, wait_for
+from ttpeer.errors import TtpeerError
 
 SLOWDOWN = 2.0  # batches take 1 + 2 = 3x as long on the straggler
 
@@ -56,6 +57,7 @@ def _run(homes, spec, kill=None) -> dict:  # type: ignore[no-untyped-def]
         "ideal": work / sum(rates) if rates else float("nan"), "rates": rates,
         "dup": next(j for j in status(homes[0])["jobs"] if j["id"] == job)["duplicate_fraction"],
         "accuracy": next(j for j in status(homes[0])["jobs"] if j["id"] == job)["eval_metric"],
+        "use": [_utilization(h, job) for h in homes],
     }
 
 
@@ -83,14 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n3 peers on loopback, carol {1 + SLOWDOWN:.0f}x slower; mnist1d, {args.rounds} rounds x "
           f"{steal['shards']} shards x {spec['batches']} steps, lease {steal['lease']:.0f}s "
           f"(speeds, batches/s: {', '.join(f'{r:.0f}' for r in steal['rates'])})\n")
-    print("| run | mean round | ideal round | ratio | round - ideal | job time | duplicated work | test accuracy |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| run | mean round | ideal round | ratio | round - ideal | job time | duplicated work | test accuracy "
+          "| utilization alice/bob/carol |")
+    print("|---|---|---|---|---|---|---|---|---|")
     runs = (("stealing on", steal), ("stealing off", no_steal), ("stealing on, rounds overlapped", overlap),
             ("stealing on, bob SIGKILLed", killed))
     for name, r in runs:
         print(f"| {name} | {r['round']:.2f} s | {r['ideal']:.2f} s | {r['round'] / r['ideal']:.2f}x | "
               f"{r['round'] - r['ideal']:+.2f} s | {r['total']:.1f} s | {(r['dup'] or 0):.1%} | "
-              f"{r['accuracy'] or float('nan'):.3f} |")
+              f"{r['accuracy'] or float('nan'):.3f} | {' / '.join(r['use'])} |")
     extra = killed["total"] - steal["total"]
     print(f"\nkill: +{extra:.1f} s over the same job without it; bound = lease {killed['lease']:.0f} s + "
           f"one straggler shard {shard_s:.1f} s = {killed['lease'] + shard_s:.1f} s")
@@ -98,6 +101,15 @@ def main(argv: list[str] | None = None) -> int:
           "publishing the delta, closing and applying the round happen one after another while peers wait;\n"
           "with overlap (submit --overlap) the next round trains meanwhile.")
     return 0
+
+
+def _utilization(home, job: str) -> str:  # type: ignore[no-untyped-def]
+    """Time in inner steps / wall on one peer since the job began there ('-' if it is gone)."""
+    try:
+        use = next(j for j in status(home)["jobs"] if j["id"] == job).get("utilization")
+    except TtpeerError:
+        return "-"
+    return "-" if use is None else f"{100 * use:.0f}%"
 
 
 def _pool(cluster: Cluster, url: str, fp: str):  # type: ignore[no-untyped-def]
