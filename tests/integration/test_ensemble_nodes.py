@@ -6,33 +6,22 @@ ensemble is bit-identical to training every member without interruption."""
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
 from typing import Any
 
 import trio
 
 from ttpeer import train
-from ttpeer.daemon import Home, Node, new_invite
+from ttpeer.daemon import Node
 from ttpeer.daemon._torch import TorchExecutor
 from ttpeer.net import MemoryRelay
-from ttpeer.proto import Timing, Token, Train
+from ttpeer.proto import Timing, Train
 
-TASK_FILE = Path(__file__).parent.parent / "unit" / "fixtures" / "task_linear.py"
-RELAY, FP = "https://relay.test.invalid", "sha256:" + "0" * 64
+from .test_torch_nodes import TASK_FILE, _homes
+
 ROUNDS, H, BATCH = 3, 150, 16
 SPEC = {"task": TASK_FILE.name, "mode": "ensemble", "members": 2, "rounds": ROUNDS, "shards": None, "batches": H,
         "batch_size": BATCH, "inner_lr": 0.02, "weight_decay": 0.01, "outer_lr": 0.7, "outer_momentum": 0.9,
         "bits": 8, "seed": 4, "lease": 2.0, "steal": True}
-
-
-def _homes(root: Path) -> list[Home]:
-    admin = Home(root / "a")
-    cfg = admin.create_pool(RELAY, FP, "a", time.time())
-    invite, key = new_invite(admin.root_key(), cfg.pool, ttl=60, uses=1, role="member", now=time.time())
-    member = Home(root / "b")
-    member.enroll(Token((RELAY,), FP, cfg.pool, invite, key.private_bytes_raw()), "b", time.time())
-    return [admin, member]
 
 
 class DiesMidUnit:
