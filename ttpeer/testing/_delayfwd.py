@@ -37,12 +37,19 @@ class Forwarder:
     def __init__(self, delay_file: Path) -> None:
         self.delay_file = delay_file
         self.delay = 0.0
+        # asyncio holds tasks weakly: a connection whose sockets are all paused would be
+        # garbage-collected mid-flight without a strong reference here.
+        self.tasks: set[asyncio.Task[None]] = set()
         self.reload()
 
     def reload(self) -> None:
         self.delay = max(0.0, float(self.delay_file.read_text().strip() or 0))
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
         delay = self.delay
         try:
             host, port = _original_destination(writer.get_extra_info("socket"))

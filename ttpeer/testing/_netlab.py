@@ -206,7 +206,7 @@ class Lab:
         if proxied:  # no forwarding, no route out: the proxy is the only way
             conf = self.dir / f"tinyproxy-{name}.conf"
             conf.write_text(f"Port {PROXY_PORT}\nListen {lan_gw}\nTimeout 600\nMaxClients 100\n"
-                            "Allow 10.200.0.0/16\nConnectPort 8443\nLogLevel Notice\n")
+                            "Allow 10.200.0.0/16\nConnectPort 8443\nLogLevel Info\n")
             host = Host(self, name, ns, addr, public, gw, (gw, "lan"), env=env)
             self.hosts[name] = host
             self.popen(Host(self, f"proxy-{name}", gw, lan_gw, public), ["tinyproxy", "-d", "-c", str(conf)],
