@@ -84,7 +84,7 @@ def _connect(lab: Lab, source: str, target: str, port: int) -> str:
 
 @pytest.fixture(scope="module")
 def lab():
-    with Lab(nat=NAT, proxied=PROXIED) as lab:
+    with Lab(nat=NAT, proxied=PROXIED, keep=bool(os.environ.get("TTPEER_NETLAB_KEEP"))) as lab:
         lab.popen(lab.relay, [sys.executable, "-c", _SERVER, str(_DOWNLOAD)], "probe-server")
         lab._wait_port(lab.relay.ns, "0.0.0.0", 9000, "the probe server")
         yield lab
@@ -177,7 +177,6 @@ def test_a_peer_cut_off_for_30s_loses_nothing_and_the_job_completes(lab, pool):
 
     def bob_busy() -> bool:
         j = _job(pool["bob"], job)
-        print(j and (j["state"], j["round"], j["training_shard"]), flush=True)
         return j is not None and j["round"] >= 1 and j["training_shard"] is not None
 
     wait_for(bob_busy, 120, "bob to be training a shard", poll=0.05)
@@ -192,10 +191,11 @@ def test_a_peer_cut_off_for_30s_loses_nothing_and_the_job_completes(lab, pool):
     finally:
         lab.restore("bob")
     wait_for(lambda: _all_done(pool, job), 180, "the job to finish on every peer after the cut", poll=0.25)
+    histories = {n: [row["state"] for row in _job(h, job)["history"]] + [_job(h, job)["state_hash"]]
+                 for n, h in pool.items()}
+    assert len(histories["bob"]) == 7 and all(h == histories["bob"] for h in histories.values()), histories
     hashes = _exports(lab, pool, job)
     assert len(set(hashes.values())) == 1, hashes
-    histories = {n: [row["state"] for row in _job(h, job)["history"]] for n, h in pool.items()}
-    assert len(histories["bob"]) == 6 and all(h == histories["bob"] for h in histories.values()), histories
     assert audit_home(pool["bob"])["records"] > 0  # every record bob holds is whole and verifies
     assert status(pool["bob"])["relay"]["connected"]
     print({n: [(p["name"], p["contributions"]) for p in _job(h, job)["peers"]] for n, h in pool.items()})
