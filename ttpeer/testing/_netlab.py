@@ -417,3 +417,27 @@ def start_pool(lab: Lab, url: str, fingerprint: str, admin: str, members: list[s
         logs = "\n".join(f"--- {n}:\n{lab.log(n)[-1500:]}" for n in homes)
         raise LabError(f"{exc}\n{logs}") from None
     return homes
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="scripts/netlab", description="network lab namespaces (ttpl-*)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("down", help="remove the namespaces and processes of labs whose process is gone")
+    d.add_argument("--all", action="store_true", help="every lab's, also of running ones")
+    sub.add_parser("list", help="the lab namespaces that exist")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("error: the network lab needs root", file=sys.stderr)
+        return 1
+    if args.cmd == "list":
+        print("\n".join(lab_namespaces()))
+        return 0
+    removed = down(all_labs=args.all)
+    print(f"removed {len(removed)} namespace(s)" + "".join(f"\n  {ns}" for ns in removed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
