@@ -215,7 +215,7 @@ class Lab:
             self._wait_port(gw, lan_gw, PROXY_PORT, f"tinyproxy for {name}")
         else:
             _sh("ip", "-n", ns, "route", "add", "default", "via", lan_gw)
-            _sh("ip", "netns", "exec", gw, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+            _sh("ip", "netns", "exec", gw, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
             self._ipt(gw, "-t", "nat", "-A", "POSTROUTING", "-o", "wan", "-j", "MASQUERADE")
             self._ipt(gw, "-A", "FORWARD", "-i", "lan", "-o", "wan", "-j", "ACCEPT")
             self._ipt(gw, "-A", "FORWARD", "-i", "wan", "-o", "lan", "-m", "conntrack", "--ctstate",
