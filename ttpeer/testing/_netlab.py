@@ -345,11 +345,12 @@ def lab_namespaces() -> list[str]:
     return [e["name"] for e in entries if str(e.get("name", "")).startswith(PREFIX)]
 
 
-def down(all_labs: bool = False) -> list[str]:
+def down(all_labs: bool = False, prefix: str = PREFIX) -> list[str]:
     """Remove the namespaces (and the processes in them) of labs whose creating process
-    has exited; with ``all_labs``, of every lab. Returns what was removed."""
+    has exited; with ``all_labs``, of every lab; only those named ``prefix...``. Returns
+    what was removed."""
     removed = []
-    for ns in lab_namespaces():
+    for ns in (n for n in lab_namespaces() if n.startswith(prefix)):
         owner = ns[len(PREFIX):].split("-", 1)[0]
         if not all_labs and owner.isdigit() and Path(f"/proc/{owner}").exists():
             continue
