@@ -173,7 +173,7 @@ async def _hold_peers(url: str, fp: str, count: int, relay_pid: int) -> dict[str
                 nursery.start_soon(_long_poll, c)
             await trio.sleep(5.0)  # let every long-poll reach the relay and park there
             out["polls_kib"] = rss_kib(relay_pid)
-            out["connections"] = _established(relay_pid)
+            out["connections"] = _established(int(url.rsplit(":", 1)[1]))
             nursery.cancel_scope.cancel()
     finally:
         for c in clients:
@@ -186,9 +186,11 @@ async def _long_poll(client: RelayClient) -> None:
         await client.recv(0, 25.0)
 
 
-def _established(pid: int) -> int:
-    """TCP connections the relay process holds open (its socket fds)."""
-    return sum(1 for fd in Path(f"/proc/{pid}/fd").iterdir() if os.readlink(fd).startswith("socket:")) - 1
+def _established(port: int) -> int:
+    """TCP connections open to the relay's port, counted on its side."""
+    out = subprocess.run(["ss", "-Htn", "state", "established", f"( sport = :{port} )"],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(1 for line in out.splitlines() if line.strip())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| idle, just started | {idle / 1024:.1f} |")
     print(f"| after the transfers above | {peak / 1024:.1f} |")
     print(f"| {args.peers} peers logged in (sessions) | {held['sessions_kib'] / 1024:.1f} |")
-    print(f"| {args.peers} peers each holding a long-poll ({held['connections']:.0f} sockets open) | "
+    print(f"| {args.peers} peers each holding a long-poll ({held['connections']:.0f} connections open) | "
           f"{held['polls_kib'] / 1024:.1f} |")
     print(f"\nper peer over idle: {per_peer:.0f} KiB; {args.peers} logins took {held['login_s']:.1f} s "
           "(the relay's per-address login rate limit: every simulated peer is 127.0.0.1)")

@@ -86,7 +86,7 @@ def _connect(lab: Lab, source: str, target: str, port: int) -> str:
 def lab():
     with Lab(nat=NAT, proxied=PROXIED, keep=bool(os.environ.get("TTPEER_NETLAB_KEEP"))) as lab:
         lab.popen(lab.relay, [sys.executable, "-c", _SERVER, str(_DOWNLOAD)], "probe-server")
-        lab._wait_port(lab.relay.ns, "0.0.0.0", 9000, "the probe server")
+        lab.wait_port(lab.relay.ns, "0.0.0.0", 9000, "the probe server")
         yield lab
     assert not [ns for ns in lab_namespaces() if ns.startswith(lab.tag + "-")]
     assert all(p.poll() is not None for p in lab.procs)

@@ -6,10 +6,10 @@ them) so parallel labs never touch each other and leftovers can be found:
 
     relay (10.200.0.1) ─┐
                         ├─ wan: a bridge, 10.200.0.0/24 ("the internet")
-    gw-alice (.0.11) ───┤      gw-NAME: a NAT router (MASQUERADE out; inbound NEW dropped)
-      └─ alice (10.200.11.2, private, default route via the router)
-    gw-carol (.0.13) ───┘      a proxied peer's gateway: tinyproxy, no forwarding at all
-      └─ carol (10.200.13.2, no route out; HTTPS_PROXY=http://10.200.13.1:8888)
+    gw1 (10.200.0.11) ──┤      a NAT router (MASQUERADE out; inbound NEW dropped)
+      └─ h1 alice (10.200.11.2, private, default route via the router)
+    gw3 (10.200.0.13) ──┘      a proxied peer's gateway: tinyproxy, no forwarding at all
+      └─ h3 carol (10.200.13.2, no route out; HTTPS_PROXY=http://10.200.13.1:8888)
 
 Links are veth pairs. ``shape(host, rate, delay)`` puts ``tbf`` on both ends of a
 host's access link (the rate each way) and, for a delay, starts ``_delayfwd.py``
@@ -118,9 +118,6 @@ class Host:
         the lab stops it on close."""
         return self.lab.popen(self, args, name, env)
 
-    def python(self, *args: str) -> list[str]:
-        return [sys.executable, *args]
-
 
 class Lab:
     """``with Lab(nat=["alice", "bob"], proxied=["carol"]) as lab:`` builds the topology
@@ -212,7 +209,7 @@ class Lab:
             self.popen(Host(self, f"proxy-{name}", gw, lan_gw, public), ["tinyproxy", "-d", "-c", str(conf)],
                        f"tinyproxy-{name}")
             env["HTTPS_PROXY"] = f"http://{lan_gw}:{PROXY_PORT}"
-            self._wait_port(gw, lan_gw, PROXY_PORT, f"tinyproxy for {name}")
+            self.wait_port(gw, lan_gw, PROXY_PORT, f"tinyproxy for {name}")
         else:
             _sh("ip", "-n", ns, "route", "add", "default", "via", lan_gw)
             _sh("ip", "netns", "exec", gw, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
@@ -222,7 +219,7 @@ class Lab:
                       "ESTABLISHED,RELATED", "-j", "ACCEPT")
             self.hosts[name] = Host(self, name, ns, addr, public, gw, (gw, "lan"), env=env)
 
-    def _wait_port(self, ns: str, addr: str, port: int, what: str, timeout: float = 20.0) -> None:
+    def wait_port(self, ns: str, addr: str, port: int, what: str, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             out = _sh("ip", "netns", "exec", ns, "ss", "-Hltn", f"src {addr}:{port}", check=False).stdout
@@ -279,7 +276,7 @@ class Lab:
         self._delays[gw] = self.popen(Host(self, f"delay-{host.name}", gw, lan_gw, lan_gw),
                                       [sys.executable, str(_DELAYFWD), lan_gw, str(DELAY_PORT), str(file)],
                                       f"delay-{host.name}")
-        self._wait_port(gw, lan_gw, DELAY_PORT, f"the delay forwarder for {host.name}")
+        self.wait_port(gw, lan_gw, DELAY_PORT, f"the delay forwarder for {host.name}")
         self._ipt(gw, "-t", "nat", "-A", "PREROUTING", "-i", "lan", "-p", "tcp", "-j", "REDIRECT",
                   "--to-ports", str(DELAY_PORT))
         self._ipt(gw, "-I", "INPUT", "-i", "lan", "-p", "tcp", "--dport", str(DELAY_PORT), "-j", "ACCEPT")
