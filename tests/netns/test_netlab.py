@@ -9,6 +9,7 @@ when a test fails (checked for a lab that fails on purpose).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -70,8 +71,6 @@ _DOWNLOAD = 2_500_000  # 1 s at 20 Mbit/s
 
 
 def _probe(lab: Lab, name: str) -> dict:
-    import json
-
     return json.loads(lab.hosts[name].run([sys.executable, "-c", _CLIENT, RELAY_ADDR], timeout=30).stdout)
 
 
