@@ -245,13 +245,14 @@ def _default_name() -> str:
     return name or "peer"
 
 
-def _check_relay(url: str, fingerprint: str) -> None:
-    """Fetch the relay's certificate and compare it with the pin, before anything else."""
+def _check_relay(url: str, fingerprint: str, proxy: str | None) -> None:
+    """Fetch the relay's certificate (through ``proxy`` when set: the daemon will use
+    it too) and compare it with the pin, before anything else."""
     import trio
 
     from ttpeer.net import RelayFingerprintMismatch, fetch_certificate, fingerprint_of
 
-    der = trio.run(fetch_certificate, url)
+    der = trio.run(lambda: fetch_certificate(url, proxy=proxy))
     got = fingerprint_of(der)
     if got != fingerprint:
         raise RelayFingerprintMismatch(expected=fingerprint, got=got, url=url)
@@ -265,7 +266,7 @@ def _pool_create(args: argparse.Namespace) -> int:
         raise UsageError("--fingerprint must look like sha256:<64 hex digits> (the relay prints it)")
     if not args.relay.startswith("https://"):
         raise UsageError("--relay must be an https:// URL")
-    _check_relay(args.relay, args.fingerprint)
+    _check_relay(args.relay, args.fingerprint, args.settings.proxy or None)
     home = _home(args)
     now = time.time()
     cfg = home.create_pool(args.relay, args.fingerprint, args.settings.name or _default_name(), now)
@@ -293,7 +294,7 @@ def _join(args: argparse.Namespace) -> int:
     from ttpeer.proto import parse_token
 
     token = parse_token(args.token, now=time.time())
-    _check_relay(token.relays[0], token.fingerprint)  # before any key is made or sent
+    _check_relay(token.relays[0], token.fingerprint, args.settings.proxy or None)  # before any key is made or sent
 
     def enroll(home) -> None:  # type: ignore[no-untyped-def]
         cfg = home.enroll(token, args.settings.name or _default_name(), time.time())

@@ -62,8 +62,10 @@ async def test_task_file_job_trains_bit_identically_on_two_torch_peers(tmp_path,
 
 async def test_two_jobs_from_the_same_initial_state_both_finish(tmp_path):
     # Same task and seed: both jobs start from one state hash, held on disk under the first job.
+    # Three rounds make the first job write more states than a job keeps (KEEP_STATES): its
+    # initial state must survive that, as the peer remembers holding it.
     home = _homes(tmp_path)[0]
-    spec = {"task": TASK_FILE.name, "mode": "fused", "rounds": 1, "shards": 2, "batches": 3, "batch_size": 16,
+    spec = {"task": TASK_FILE.name, "mode": "fused", "rounds": 3, "shards": 2, "batches": 3, "batch_size": 16,
             "inner_lr": 0.01, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
             "seed": 3, "lease": 5.0, "steal": True}
     async with MemoryRelay() as relay:

@@ -165,7 +165,10 @@ class TorchExecutor:
         digest = train.state_hash(state)
         write_atomic(self._state_file(job.id, digest), train.state_to_bytes(state))
         ctx.states[digest] = state
-        files = sorted(self.home.states(job.id).glob("*.state"), key=lambda p: p.stat().st_mtime)
+        # The initial state stays: the peer remembers holding it, and a later job of the same
+        # task and seed starts from it (found by its hash in this job's folder).
+        files = sorted((p for p in self.home.states(job.id).glob("*.state") if "sha256:" + p.stem != job["init"]),
+                       key=lambda p: p.stat().st_mtime)
         for old in files[:-KEEP_STATES]:
             old.unlink(missing_ok=True)
             ctx.states.pop("sha256:" + old.stem, None)
