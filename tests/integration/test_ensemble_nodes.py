@@ -64,6 +64,11 @@ async def test_a_member_requeued_after_its_peer_dies_continues_from_its_checkpoi
                 scopes = [await nursery.start(_run, node) for node in nodes]
                 job = await nodes[0].submit(dict(SPEC), TASK_FILE.read_bytes())
                 await victim.stalled.wait()
+                # Let its claim reach the survivor first (a claim lost with its sender would
+                # be a plain unclaimed unit, not a requeue), then kill it.
+                while not any(c.author == nodes[1].me and (c["round"], c["shard"]) == victim.unit
+                              for c in nodes[0].machine.records.of_job(job.id, "claim")):
+                    await trio.sleep(0.01)
                 scopes[1].cancel()  # SIGKILL, in one process: its claim stays, it never renews
                 nodes[1].log.close()
                 await nodes[0].done_event(job.id).wait()
