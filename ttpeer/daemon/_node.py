@@ -11,8 +11,14 @@ talk to the relay: the receiver (long-poll, cursor acknowledgement), the outbox
 Envelopes on the wire (the relay sees the first byte, sizes and timing only):
 
     H + canonical {"proof": [invite, join]}      a member announcing itself (public)
-    K + direct-sealed key handover               the pool key, sealed to one member
+    K + direct-sealed key handover               every epoch's pool key, sealed to one member
     P + pool-sealed gossip payload               records and digests
+
+Pool key epochs. ``ttpeer revoke`` rotates the pool key: the admin makes a new
+key, hands the whole list (oldest first) to each remaining member, and seals
+from then on with the newest. Everyone opens with any key it holds (so blobs of
+old epochs stay readable) and seals with the newest. A revoked node never gets
+the new key, so it cannot open what is sealed after the rotation.
 
 Losing the relay is this peer's problem, not the pool's: the node retries with
 backoff and keeps training what it has claimed; leases judge liveness, not the
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import random
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +41,7 @@ from ttpeer.errors import DiskError, TtpeerError
 from ttpeer.net import NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
 from ttpeer.net._seal import SealError, open_direct, open_sealed, seal, seal_to
 from ttpeer.proto import (
+    MAX_KEEP,
     Aggregate,
     Apply,
     Broadcast,
@@ -49,14 +57,19 @@ from ttpeer.proto import (
     PublishDelta,
     Record,
     RecordError,
+    RevokeError,
     Send,
+    TaskSignatureError,
     Timing,
     Train,
     decode,
     default_sizing,
     encode,
+    open_task,
     parse,
+    revocation_keep,
     sign,
+    sign_task,
     verify_proof,
 )
 
@@ -133,7 +146,8 @@ class Node:
         self.executor = executor
         self._key = home.node_key()
         self._seal_key = home.seal_key()
-        self.pool_key: bytes | None = home.pool_key()
+        self.pool_keys: list[bytes] = home.pool_keys()  # oldest epoch first; the last one seals
+        self.pool_key: bytes | None = self.pool_keys[-1] if self.pool_keys else None
         self._offset = 0.0  # relay outages so far: protocol time stands still while we are cut off
         self._down_since: float | None = None
         self.machine = PeerMachine(self.cfg.pool, self._key, now=self._now(), timing=timing)
@@ -242,15 +256,25 @@ class Node:
     async def submit(self, spec: dict[str, Any], task_file: bytes | None) -> Record:
         """Make, seal and publish a new job from ``spec``. ``shards`` or ``lease`` left
         out (None) default from the speeds peers have published. Raises ``TtpeerError``."""
+        signed = self._sign_task(task_file) if task_file is not None else None
         await self._key_event.wait()
         spec = self._sized(spec)
         fixed, init_bytes = await self.executor.new_job(spec, task_file)
         init_blob = await self._put_sealed(init_bytes)
-        task_blob = await self._put_sealed(task_file) if task_file is not None else ""
+        task_blob = await self._put_sealed(signed) if signed is not None else ""
         body = {**spec, **fixed, "init_blob": init_blob, "task_blob": task_blob, "at": _wall_seconds()}
         rec = sign("job", self.cfg.pool, body, self._key)
         self._process(self.machine.add_local(rec, self._now()))
         return rec
+
+    def _sign_task(self, task_file: bytes) -> bytes:
+        """Task files run as Python on every peer: only the pool admin may submit one."""
+        if not (self.home.path / "root.key").exists():
+            raise TaskSignatureError(
+                "only the pool admin can submit a job with a task file: it runs as Python on every "
+                "peer, so it must be signed with the pool's root key. Submit it on the admin machine "
+                "(the one that ran 'ttpeer pool create'), or use a built-in task")
+        return sign_task(self.home.root_key(), self.cfg.pool, task_file)
 
     def _sized(self, spec: dict[str, Any]) -> dict[str, Any]:
         if spec.get("shards") is not None and spec.get("lease") is not None:
@@ -315,7 +339,13 @@ class Node:
         try:
             match eff:
                 case PrepareJob(job=job):
-                    task_file = await self._get_sealed(job["task_blob"]) if job["task_blob"] else None
+                    try:
+                        task_file = (open_task(self.cfg.pool, await self._get_sealed(job["task_blob"]))
+                                     if job["task_blob"] else None)
+                    except TaskSignatureError as exc:
+                        log.warning("refusing job %s: %s", job.id[:12], exc)
+                        self._process(m.job_prepared(job.id, False, str(exc), now()))
+                        return
                     reason = await self.executor.prepare(job, task_file)
                     if reason:
                         log.warning("declining job %s: %s", job.id[:12], reason)
@@ -421,7 +451,16 @@ class Node:
 
     async def _get_sealed(self, blob: str, max_size: int = MAX_BLOB) -> bytes:
         assert self.pool_key is not None
-        return open_sealed(self.pool_key, BLOB, await self.transport.get_blob(blob, max_size=max_size))
+        return self._open(BLOB, await self.transport.get_blob(blob, max_size=max_size))
+
+    def _open(self, purpose: bytes, data: bytes) -> bytes:
+        """Open with whichever epoch's key sealed it, newest first. Raises ``SealError``."""
+        for key in reversed(self.pool_keys):
+            try:
+                return open_sealed(key, purpose, data)
+            except SealError:
+                continue
+        raise SealError("sealed payload does not authenticate under any pool key held here")
 
     # -- network tasks -------------------------------------------------------------------
 
@@ -485,7 +524,7 @@ class Node:
         kind, body = data[:1], data[1:]
         try:
             if kind == b"P" and self.pool_key is not None:
-                payload = open_sealed(self.pool_key, GOSSIP, body)
+                payload = self._open(GOSSIP, body)
                 self._process(self.machine.receive(sender, payload, self._now(), settle=False), wake=False)
             elif kind == b"H":
                 self._on_hello(sender, body)
@@ -521,31 +560,70 @@ class Node:
         if self.pool_key is None:
             return
         if member.node not in self.machine.records.members:
-            return  # over its invite's use limit, or the invite is unknown
-        handover = {"key": self.pool_key.hex(), "to": member.node,
+            return  # over its invite's use limit, revoked, or the invite is unknown
+        self._hand_keys(member.node, member.seal)
+
+    def _hand_keys(self, node: str, seal_pub: str) -> None:
+        keys = b"".join(self.pool_keys)
+        handover = {"keys": [k.hex() for k in self.pool_keys], "to": node,
                     "proof": [p.hex() for p in self.cfg.proof],
-                    "sig": self._key.sign(KEY_DOMAIN + member.node.encode() + self.pool_key).hex()}
-        sealed = seal_to(bytes.fromhex(member.seal), encode(handover))
-        self._outbox_send.send_nowait((member.node, b"K" + sealed))
+                    "sig": self._key.sign(KEY_DOMAIN + node.encode() + keys).hex()}
+        sealed = seal_to(bytes.fromhex(seal_pub), encode(handover))
+        self._outbox_send.send_nowait((node, b"K" + sealed))
 
     def _on_key(self, body: bytes) -> None:
-        if self.pool_key is not None:
-            return
         obj = decode(open_direct(self._seal_key, body), max_size=200_000)
-        key = bytes.fromhex(obj["key"])
+        keys = [bytes.fromhex(k) for k in obj["keys"]]
         proof = [bytes.fromhex(p) for p in obj["proof"]]
         giver = parse(proof[1])["node"]
         verify_proof(self.cfg.pool, giver, proof)
         Ed25519PublicKey.from_public_bytes(bytes.fromhex(giver)).verify(
-            bytes.fromhex(obj["sig"]), KEY_DOMAIN + self.me.encode() + key
+            bytes.fromhex(obj["sig"]), KEY_DOMAIN + self.me.encode() + b"".join(keys)
         )
-        if obj["to"] != self.me or len(key) != 32:
+        if obj["to"] != self.me or not keys or any(len(k) != 32 for k in keys):
             return
-        self.home.save_pool_key(key)
-        self.pool_key = key
+        if self.pool_keys:
+            # A rotation: only from a current (unrevoked) member, extending the keys we hold.
+            if (len(keys) <= len(self.pool_keys) or keys[: len(self.pool_keys)] != self.pool_keys
+                    or giver not in self.machine.records.members):
+                return
+        self.home.save_pool_keys(keys)
+        self.pool_keys, self.pool_key = keys, keys[-1]
         self._key_event.set()
-        log.info("received the pool key from %s", giver[:12])
+        log.info("received pool key epoch %d from %s", len(keys) - 1, giver[:12])
         self._process(self.machine.tick(self._now()))
+
+    # -- revocation (admin) ----------------------------------------------------------------
+
+    async def revoke(self, peer: str) -> Record:
+        """Revoke ``peer``: sign a ``revoke`` record with the root key, rotate the pool key
+        to the remaining members, and tell the relay to refuse the peer's sessions.
+        Raises ``TtpeerError`` (not the admin, unknown peer, too much to keep)."""
+        await self._key_event.wait()
+        if not (self.home.path / "root.key").exists():
+            raise RevokeError("only the pool admin (the machine that ran 'ttpeer pool create') can revoke a peer")
+        if peer == self.me:
+            raise RevokeError("the admin cannot revoke itself; make a new pool instead")
+        rs = self.machine.records
+        if peer not in rs.members:
+            raise RevokeError(f"{peer[:12]} is not a member of this pool (already revoked, or never joined)")
+        keep = revocation_keep(rs, peer)
+        if len(keep) > MAX_KEEP:
+            raise RevokeError(f"the peer's records on the pool's chains are too many to keep ({len(keep)} > "
+                              f"{MAX_KEEP}); wait for its jobs to finish, then revoke it")
+        rec = sign("revoke", self.cfg.pool, {"node": peer, "keep": keep, "at": _wall_seconds()},
+                   self.home.root_key())
+        self._process(self.machine.add_local(rec, self._now()))
+        # Rotate: a new key, handed (with the old ones) only to who is still a member.
+        keys = [*self.pool_keys, secrets.token_bytes(32)]
+        self.home.save_pool_keys(keys)
+        self.pool_keys, self.pool_key = keys, keys[-1]
+        for node, member in sorted(rs.members.items()):
+            if node != self.me:
+                self._hand_keys(node, member.seal)
+        await self.transport.revoke(rec.raw)
+        log.info("revoked %s; pool key rotated to epoch %d", peer[:12], len(keys) - 1)
+        return rec
 
     # -- status ---------------------------------------------------------------------------
 

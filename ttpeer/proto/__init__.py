@@ -21,12 +21,22 @@ from ._effects import (
     Send,
     Train,
 )
-from ._errors import ProofError, RecordError, TtpeerError
-from ._ledger import Chain, RecordSet, canonical_chain, checkpoints, contributions, covered, select_cover
-from ._membership import Member, members, verify_proof
+from ._errors import ProofError, RecordError, RevokeError, TtpeerError
+from ._ledger import (
+    Chain,
+    RecordSet,
+    canonical_chain,
+    checkpoints,
+    contributions,
+    covered,
+    revocation_keep,
+    select_cover,
+)
+from ._membership import Member, members, revocations, verify_proof, verify_revocation
 from ._peer import PeerMachine, Timing
-from ._records import MAX_RECORD_BYTES, Record, parse, pool_id_of, public_hex, sign
+from ._records import MAX_KEEP, MAX_RECORD_BYTES, Record, parse, pool_id_of, public_hex, sign
 from ._sizing import default_sizing
+from ._tasksig import TaskSignatureError, open_task, sign_task
 from ._token import Token, TokenError, make_token, parse_token
 
 __all__ = [
@@ -46,6 +56,9 @@ __all__ = [
     "RecordSet",
     "Send",
     "Timing",
+    "TaskSignatureError",
+    "open_task",
+    "sign_task",
     "Token",
     "TokenError",
     "make_token",
@@ -56,7 +69,11 @@ __all__ = [
     "contributions",
     "covered",
     "select_cover",
+    "revocation_keep",
+    "revocations",
+    "MAX_KEEP",
     "MAX_RECORD_BYTES",
+    "RevokeError",
     "Member",
     "ProofError",
     "Record",
@@ -71,4 +88,5 @@ __all__ = [
     "public_hex",
     "sign",
     "verify_proof",
+    "verify_revocation",
 ]
