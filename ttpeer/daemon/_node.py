@@ -65,9 +65,11 @@ from ttpeer.proto import (
     decode,
     default_sizing,
     encode,
+    lost_joins,
     open_task,
     parse,
     revocation_keep,
+    revocations,
     sign,
     sign_task,
     verify_proof,
@@ -163,6 +165,9 @@ class Node:
         self._job_done: dict[str, trio.Event] = {}
         self._key_event = trio.Event()
         self.fatal: TtpeerError | None = None
+        self._is_admin = (home.path / "root.key").exists()
+        self._lost_checked = -1  # membership version last checked for lost join races
+        self._lost_seen: set[str] = set()
         if self.pool_key is not None:
             self._key_event.set()
 
@@ -269,7 +274,7 @@ class Node:
 
     def _sign_task(self, task_file: bytes) -> bytes:
         """Task files run as Python on every peer: only the pool admin may submit one."""
-        if not (self.home.path / "root.key").exists():
+        if not self._is_admin:
             raise TaskSignatureError(
                 "only the pool admin can submit a job with a task file: it runs as Python on every "
                 "peer, so it must be signed with the pool's root key. Submit it on the admin machine "
@@ -507,6 +512,12 @@ class Node:
                 self._relay_up()
                 delay = 0.5
             except NetError as exc:
+                if isinstance(exc, RelayRejected) and exc.status == 403 and "revoked" in exc.message:
+                    self.fatal = RevokeError("this machine was revoked from the pool by its admin; "
+                                             "it can no longer take part (ask the admin for a new token)")
+                    log.error("%s", self.fatal)
+                    self.stop()
+                    return
                 if isinstance(exc, RelayUnavailable):
                     self._relay_down()
                 self.counters.last_error = str(exc)
@@ -519,6 +530,7 @@ class Node:
                 self._on_message(msg.sender, msg.data)
             if messages:  # one decision for the whole batch, not one per message
                 self._process(self.machine.settle(self._now()))
+                self._check_lost_races()
 
     def _on_message(self, sender: str, data: bytes) -> None:
         kind, body = data[:1], data[1:]
@@ -582,10 +594,14 @@ class Node:
         )
         if obj["to"] != self.me or not keys or any(len(k) != 32 for k in keys):
             return
+        for raw in proof:  # the giver's membership, so we can judge its role below
+            self._process(self.machine.add_local(parse(raw), self._now()), wake=False)
         if self.pool_keys:
-            # A rotation: only from a current (unrevoked) member, extending the keys we hold.
+            # A rotation: only from the admin (two members rotating at once would split the
+            # pool), extending the keys we hold.
+            admin = self.machine.records.members.get(giver)
             if (len(keys) <= len(self.pool_keys) or keys[: len(self.pool_keys)] != self.pool_keys
-                    or giver not in self.machine.records.members):
+                    or admin is None or admin.role != "admin"):
                 return
         self.home.save_pool_keys(keys)
         self.pool_keys, self.pool_key = keys, keys[-1]
@@ -600,7 +616,7 @@ class Node:
         to the remaining members, and tell the relay to refuse the peer's sessions.
         Raises ``TtpeerError`` (not the admin, unknown peer, too much to keep)."""
         await self._key_event.wait()
-        if not (self.home.path / "root.key").exists():
+        if not self._is_admin:
             raise RevokeError("only the pool admin (the machine that ran 'ttpeer pool create') can revoke a peer")
         if peer == self.me:
             raise RevokeError("the admin cannot revoke itself; make a new pool instead")
@@ -614,16 +630,33 @@ class Node:
         rec = sign("revoke", self.cfg.pool, {"node": peer, "keep": keep, "at": _wall_seconds()},
                    self.home.root_key())
         self._process(self.machine.add_local(rec, self._now()))
-        # Rotate: a new key, handed (with the old ones) only to who is still a member.
+        self._rotate()
+        await self.transport.revoke(rec.raw)
+        log.info("revoked %s; pool key rotated to epoch %d", peer[:12], len(self.pool_keys) - 1)
+        return rec
+
+    def _rotate(self) -> None:
+        """A new pool key, handed (with the old ones) only to who is a member now."""
         keys = [*self.pool_keys, secrets.token_bytes(32)]
         self.home.save_pool_keys(keys)
         self.pool_keys, self.pool_key = keys, keys[-1]
-        for node, member in sorted(rs.members.items()):
+        for node, member in sorted(self.machine.records.members.items()):
             if node != self.me:
                 self._hand_keys(node, member.seal)
-        await self.transport.revoke(rec.raw)
-        log.info("revoked %s; pool key rotated to epoch %d", peer[:12], len(keys) - 1)
-        return rec
+
+    def _check_lost_races(self) -> None:
+        """Admin only: a join that lost the race for an invite's last use may have been
+        handed the pool key first; rotate the key so that node reads nothing new."""
+        rs = self.machine.records
+        if self._lost_checked == rs.membership_version or not self._is_admin:
+            return
+        self._lost_checked = rs.membership_version
+        lost = lost_joins(self.cfg.pool, rs) - set(revocations(self.cfg.pool, rs)) - self._lost_seen
+        if lost:
+            self._lost_seen |= lost
+            self._rotate()
+            log.info("rotated the pool key to epoch %d: %d join(s) lost the race for an invite's last use",
+                     len(self.pool_keys) - 1, len(lost))
 
     # -- status ---------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from ._ledger import (
     revocation_keep,
     select_cover,
 )
-from ._membership import Member, members, revocations, verify_proof, verify_revocation
+from ._membership import Member, lost_joins, members, revocations, verify_proof, verify_revocation
 from ._peer import PeerMachine, Timing
 from ._records import MAX_KEEP, MAX_RECORD_BYTES, Record, parse, pool_id_of, public_hex, sign
 from ._sizing import default_sizing
@@ -83,6 +83,7 @@ __all__ = [
     "default_sizing",
     "encode",
     "members",
+    "lost_joins",
     "parse",
     "pool_id_of",
     "public_hex",

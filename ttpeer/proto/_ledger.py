@@ -40,6 +40,7 @@ class RecordSet:
     )
     _members: dict[str, Member] | None = None
     _kept: frozenset[str] = frozenset()  # records of revoked nodes that still count
+    _any_revoke: bool = False
     _jobs: list[Record] = field(default_factory=list)
     _by_round: dict[tuple[str, str, int], list[Record]] = field(default_factory=lambda: defaultdict(list))
     _closed_rounds: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
@@ -54,6 +55,7 @@ class RecordSet:
             return False
         self.by_id[rec.id] = rec
         if rec.kind in ("invite", "join", "revoke"):
+            self._any_revoke = self._any_revoke or rec.kind == "revoke"
             self._members = None
             self.membership_version += 1
         elif rec.kind == "job":
@@ -74,8 +76,13 @@ class RecordSet:
         return True
 
     def highest_closed_round(self, job: str) -> int:
-        """The highest round any close names (valid or not yet), or -1."""
-        return max(self._closed_rounds.get(job, ()), default=-1)
+        """The highest round any close names (valid or not yet), or -1. Once a node is
+        revoked, a close that names one of its contributions the revocation did not keep
+        never becomes valid (its round is redone), so it does not count here."""
+        if not self._any_revoke:
+            return max(self._closed_rounds.get(job, ()), default=-1)
+        return max((c["round"] for c in self.of_job(job, "close")
+                    if all(p is None or self.counts(p) for p in map(self.by_id.get, c["contribs"]))), default=-1)
 
     def in_round(self, job: str, kind: str, rnd: int) -> list[Record]:
         """Records of ``kind`` for round ``rnd`` of ``job`` whose author is a member."""

@@ -79,6 +79,19 @@ def members(pool: str, records: Iterable[Record]) -> dict[str, Member]:
     return out
 
 
+def lost_joins(pool: str, records: Iterable[Record]) -> set[str]:
+    """Nodes holding a genuine join that is not a membership: they lost a race for an
+    invite's last use (or were revoked). They may have been handed the pool key
+    before the winner's join reached the peer that handed it over."""
+    records = list(records)
+    invites = {r.id: r for r in records if r.kind == "invite" and r.pool == pool and pool_id_of(r.author) == pool}
+    genuine = {
+        r["node"] for r in records
+        if r.kind == "join" and r.pool == pool and r["invite"] in invites and _join_fits_invite(r, invites[r["invite"]])
+    }
+    return genuine - set(members(pool, records))
+
+
 def revocations(pool: str, records: Iterable[Record]) -> dict[str, frozenset[str]]:
     """Revoked nodes of ``pool``, each with the ids of its records that still count."""
     out: dict[str, frozenset[str]] = {}
