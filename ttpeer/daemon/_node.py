@@ -635,6 +635,16 @@ class Node:
         log.info("revoked %s; pool key rotated to epoch %d", peer[:12], len(self.pool_keys) - 1)
         return rec
 
+    def resolve_peer(self, text: str) -> str:
+        """A member's id from its name, id, or a unique id prefix. Raises ``RevokeError``."""
+        members = self.machine.records.members
+        found = [n for n, m in members.items() if text in (n, m.name)] or (
+            [n for n in members if len(text) >= 6 and n.startswith(text.lower())])
+        if len(found) != 1:
+            what = "no member" if not found else f"{len(found)} members"
+            raise RevokeError(f"{what} of this pool match {text!r}; use a peer id from 'ttpeer status'")
+        return found[0]
+
     def _rotate(self) -> None:
         """A new pool key, handed (with the old ones) only to who is a member now."""
         keys = [*self.pool_keys, secrets.token_bytes(32)]
