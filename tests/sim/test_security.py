@@ -119,3 +119,66 @@ async def test_two_machines_racing_for_a_single_use_token_leave_one_member(tmp_p
             assert len(keys) == 1 and len(next(iter(keys))) == 2
             assert next(iter(keys))[-1] not in loser.pool_keys  # type: ignore[union-attr]
             nursery.cancel_scope.cancel()
+
+
+async def test_replayed_reattributed_and_stale_gossip_is_dropped_even_after_a_restart(tmp_path, autojump_clock):
+    from ttpeer.daemon._node import GOSSIP
+    from ttpeer.net._seal import COUNTER, gossip_ad, seal
+    from ttpeer.proto import _gossip
+
+    async with MemoryRelay() as relay:
+        sim = Simulation(tmp_path, relay, seed=6)
+        sim.create(3)
+        async with trio.open_nursery() as nursery:
+            await sim.start_all(nursery)
+            admin, member, third = (p.node for p in sim.peers)
+            with trio.fail_after(60):
+                while member.pool_key is None or third.pool_key is None:  # type: ignore[union-attr]
+                    await trio.sleep(0.2)
+            pool = admin.cfg.pool  # type: ignore[union-attr]
+
+            def message(counter: int, label: int) -> tuple[bytes, str]:
+                """A genuine admin message carrying one new record (an invite), sealed as the admin's."""
+                invite, _ = new_invite(admin.home.root_key(), pool, ttl=60, uses=1, role="member",  # type: ignore
+                                       now=1000.0 + label)
+                payload = next(iter(_gossip.records_payloads([invite.raw])))
+                body = seal(admin.pool_key, gossip_ad(GOSSIP, admin.me),  # type: ignore[union-attr]
+                            counter.to_bytes(COUNTER, "big") + payload)
+                return b"P" + body, invite.id
+
+            async def deliver(sender: str, data: bytes) -> None:
+                relay._accept(pool, sender, member.me, data)  # type: ignore[union-attr]
+                await trio.sleep(1)
+
+            first, rec1 = message(admin.replay.next_counter(), 1)  # type: ignore[union-attr]
+            await deliver(admin.me, first)  # type: ignore[union-attr]
+            assert rec1 in member.machine.records  # type: ignore[union-attr]
+            dropped = member.replay.dropped  # type: ignore[union-attr]
+            await deliver(admin.me, first)  # the same bytes again  # type: ignore[union-attr]
+            assert member.replay.dropped == dropped + 1  # type: ignore[union-attr]
+
+            # Far below what the member has seen from the admin: too old, even if never seen.
+            stale, rec2 = message(1, 2)
+            await deliver(admin.me, stale)  # type: ignore[union-attr]
+            assert rec2 not in member.machine.records  # type: ignore[union-attr]
+            # The relay re-attributes a genuine admin message to the third peer: it does not open.
+            fresh, rec3 = message(admin.replay.next_counter(), 3)  # type: ignore[union-attr]
+            await deliver(third.me, fresh)  # type: ignore[union-attr]
+            assert rec3 not in member.machine.records  # type: ignore[union-attr]
+            # The member restarts; the first message replayed once more is still refused.
+            member.replay.maybe_save(0.0, force=True)  # type: ignore[union-attr]
+            sim.kill(1)
+            await sim.start(1)
+            member = sim.peers[1].node
+            await trio.sleep(2)
+            dropped = member.replay.dropped  # type: ignore[union-attr]
+            await deliver(admin.me, first)  # type: ignore[union-attr]
+            assert member.replay.dropped == dropped + 1  # type: ignore[union-attr]
+            # ... while the admin's own fresh messages still pass, also after the admin restarts.
+            sim.kill(0)
+            await sim.start(0)
+            admin = sim.peers[0].node
+            later, rec4 = message(admin.replay.next_counter(), 4)  # type: ignore[union-attr]
+            await deliver(admin.me, later)  # type: ignore[union-attr]
+            assert rec4 in member.machine.records  # type: ignore[union-attr]
+            nursery.cancel_scope.cancel()

@@ -12,7 +12,9 @@ Envelopes on the wire (the relay sees the first byte, sizes and timing only):
 
     H + canonical {"proof": [invite, join]}      a member announcing itself (public)
     K + direct-sealed key handover               every epoch's pool key, sealed to one member
-    P + pool-sealed gossip payload               records and digests
+    P + pool-sealed (counter + gossip payload)   records and digests; the sender's id is
+                                                 bound in as associated data, the counter
+                                                 feeds the receiver's replay window (_replay)
 
 Pool key epochs. ``ttpeer revoke`` rotates the pool key: the admin makes a new
 key, hands the whole list (oldest first) to each remaining member, and seals
@@ -39,7 +41,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ttpeer.errors import DiskError, TtpeerError
 from ttpeer.net import NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
-from ttpeer.net._seal import SealError, open_direct, open_sealed, seal, seal_to
+from ttpeer.net._seal import COUNTER, SealError, gossip_ad, open_direct, open_sealed, seal, seal_to
 from ttpeer.proto import (
     MAX_KEEP,
     Aggregate,
@@ -78,6 +80,7 @@ from ttpeer.proto import (
 from ._executor import Executor
 from ._home import Home, PoolConfig
 from ._recordlog import RecordLog
+from ._replay import ReplayGuard
 
 log = logging.getLogger("ttpeer.daemon")
 
@@ -155,6 +158,7 @@ class Node:
         self.machine = PeerMachine(self.cfg.pool, self._key, now=self._now(), timing=timing)
         self.me = self.machine.me
         self.log = RecordLog(home.records_log, fsync=durable)
+        self.replay = ReplayGuard(home.path, durable=durable)
         self.counters = Counters()
         self._rng = random.Random(seed)
         self._outbox_send, self._outbox_recv = trio.open_memory_channel[tuple[str | None, bytes]](10_000)
@@ -196,6 +200,7 @@ class Node:
             task_status.started()
 
     def stop(self) -> None:
+        self.replay.maybe_save(0.0, force=True)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
@@ -333,8 +338,10 @@ class Node:
     def _queue(self, peer: str | None, payload: bytes) -> None:
         if self.pool_key is None:
             return  # not a full member yet: gossip will resend once we are
+        sealed = seal(self.pool_key, gossip_ad(GOSSIP, self.me),
+                      self.replay.next_counter().to_bytes(COUNTER, "big") + payload)
         try:
-            self._outbox_send.send_nowait((peer, b"P" + seal(self.pool_key, GOSSIP, payload)))
+            self._outbox_send.send_nowait((peer, b"P" + sealed))
         except trio.WouldBlock:
             log.warning("outbox full; dropping a gossip payload (anti-entropy resends it)")
 
@@ -531,13 +538,17 @@ class Node:
             if messages:  # one decision for the whole batch, not one per message
                 self._process(self.machine.settle(self._now()))
                 self._check_lost_races()
+                self.replay.maybe_save(trio.current_time())
 
     def _on_message(self, sender: str, data: bytes) -> None:
         kind, body = data[:1], data[1:]
         try:
             if kind == b"P" and self.pool_key is not None:
-                payload = self._open(GOSSIP, body)
-                self._process(self.machine.receive(sender, payload, self._now(), settle=False), wake=False)
+                plain = self._open(gossip_ad(GOSSIP, sender), body)
+                if len(plain) < COUNTER or not self.replay.accept(sender, int.from_bytes(plain[:COUNTER], "big")):
+                    log.debug("dropped a replayed or stale message from %s", sender[:12])
+                    return
+                self._process(self.machine.receive(sender, plain[COUNTER:], self._now(), settle=False), wake=False)
             elif kind == b"H":
                 self._on_hello(sender, body)
             elif kind == b"K":

@@ -117,6 +117,7 @@ async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None
                   + (f"; metrics at {metrics_url}" if metrics_url else ""), flush=True)
     finally:
         node.log.close()
+        node.replay.maybe_save(0.0, force=True)
         with trio.CancelScope(shield=True):
             await client.aclose()
     if node.fatal is not None:
