@@ -115,3 +115,14 @@ def test_a_revoked_node_cannot_rejoin_with_a_new_join() -> None:
     rejoin = P.join(invite, B, signer=ik, name="again")
     rs = _set([*EVERYTHING, invite, rejoin])
     assert BID not in rs.members
+
+
+def test_a_close_naming_an_unkept_contribution_does_not_stall_the_round() -> None:
+    # A signed round 1 naming B's late contribution before it heard of the revocation: that
+    # close can never become valid, so nobody may wait for it ("catching up") forever.
+    stale = close(P.id, A, JOB, 1, state("s1"), [B_LATE], state("stale"))
+    rs = _set([*BEFORE, REVOKE, B_LATE, stale])
+    assert canonical_chain(rs, JOB).round == 1
+    assert rs.highest_closed_round(JOB.id) == 0
+    rs.add(CLOSE1), [rs.add(c) for c in R1]
+    assert rs.highest_closed_round(JOB.id) == 1 and canonical_chain(rs, JOB).round == 2
