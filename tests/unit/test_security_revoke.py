@@ -124,5 +124,6 @@ def test_a_close_naming_an_unkept_contribution_does_not_stall_the_round() -> Non
     rs = _set([*BEFORE, REVOKE, B_LATE, stale])
     assert canonical_chain(rs, JOB).round == 1
     assert rs.highest_closed_round(JOB.id) == 0
-    rs.add(CLOSE1), [rs.add(c) for c in R1]
+    for r in [*R1, CLOSE1]:
+        rs.add(r)
     assert rs.highest_closed_round(JOB.id) == 1 and canonical_chain(rs, JOB).round == 2
