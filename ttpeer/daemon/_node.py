@@ -39,6 +39,7 @@ from typing import Any
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from ttpeer import _logging
 from ttpeer.errors import DiskError, TtpeerError
 from ttpeer.net import NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
 from ttpeer.net._seal import COUNTER, SealError, gossip_ad, open_direct, open_sealed, seal, seal_to
@@ -614,8 +615,7 @@ class Node:
             if (len(keys) <= len(self.pool_keys) or keys[: len(self.pool_keys)] != self.pool_keys
                     or admin is None or admin.role != "admin"):
                 return
-        self.home.save_pool_keys(keys)
-        self.pool_keys, self.pool_key = keys, keys[-1]
+        self._set_keys(keys)
         self._key_event.set()
         log.info("received pool key epoch %d from %s", len(keys) - 1, giver[:12])
         self._process(self.machine.tick(self._now()))
@@ -656,11 +656,15 @@ class Node:
             raise RevokeError(f"{what} of this pool match {text!r}; use a peer id from 'ttpeer status'")
         return found[0]
 
-    def _rotate(self) -> None:
-        """A new pool key, handed (with the old ones) only to who is a member now."""
-        keys = [*self.pool_keys, secrets.token_bytes(32)]
+    def _set_keys(self, keys: list[bytes]) -> None:
+        for key in keys:
+            _logging.add_secret(key)  # the log filter's second wall knows every epoch's key
         self.home.save_pool_keys(keys)
         self.pool_keys, self.pool_key = keys, keys[-1]
+
+    def _rotate(self) -> None:
+        """A new pool key, handed (with the old ones) only to who is a member now."""
+        self._set_keys([*self.pool_keys, secrets.token_bytes(32)])
         for node, member in sorted(self.machine.records.members.items()):
             if node != self.me:
                 self._hand_keys(node, member.seal)

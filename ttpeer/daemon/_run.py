@@ -50,6 +50,9 @@ def _register_secrets(home: Home) -> None:
         path = home.path / name
         if path.exists():
             _logging.add_secret(path.read_bytes())
+    if home.path.joinpath("pool.keys").exists():
+        for key in home.pool_keys():  # every epoch's pool key, after a rotation
+            _logging.add_secret(key)
 
 
 async def run_daemon(
