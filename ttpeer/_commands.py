@@ -207,6 +207,9 @@ def revoke(args: argparse.Namespace, home: Any) -> int:
     from ttpeer.daemon import call
 
     reply = call(home.control_socket, {"op": "revoke", "peer": args.peer}, timeout=120)
-    print(f"revoked {reply['name']} ({reply['peer']}); the pool key is now at epoch {reply['epoch']}")
+    if reply.get("again"):
+        print(f"{reply['name']} ({reply['peer']}) was already revoked; the relay was told again")
+    else:
+        print(f"revoked {reply['name']} ({reply['peer']}); the pool key is now at epoch {reply['epoch']}")
     print(f"revocation record {reply['record']}")
     return 0

@@ -125,8 +125,10 @@ def test_revoke_fake_relay_and_no_secret_in_any_output(tmp_path):
         outputs += ttpeer("status", "--home", str(carol))
         bad = _cli(cluster, outputs, "join", token[:-9] + "AAAAAAAAA", "--home", str(tmp_path / "x"))
         assert bad.returncode == 1 and "token" in bad.stderr
-        gone = _cli(cluster, outputs, "revoke", "bob", "--home", str(alice))
-        assert gone.returncode == 1 and "no member" in gone.stderr
+        again = _cli(cluster, outputs, "revoke", "bob", "--home", str(alice))
+        assert again.returncode == 0 and "already revoked" in again.stdout
+        nobody = _cli(cluster, outputs, "revoke", "mallory", "--home", str(alice))
+        assert nobody.returncode == 1 and "no member" in nobody.stderr
     finally:
         cluster.close()
     logs = [p.read_text(errors="replace") for p in tmp_path.glob("*.log")]

@@ -76,6 +76,11 @@ async def test_revoked_peer_is_ignored_refused_and_locked_out_while_the_job_carr
                 for key in old_keys:
                     with pytest.raises(SealError):
                         open_sealed(key, BLOB, blobs[blob])
+            # The relay loses its disk: the next peer to start tells it again.
+            relay.revoked.clear()
+            sim.kill(3)
+            await sim.start(3)
+            assert victim.me in relay.revoked[admin.cfg.pool]
             nursery.cancel_scope.cancel()
 
 

@@ -106,10 +106,11 @@ async def _dispatch(node: Node, request: dict[str, Any], status: Callable[[], di
         job = await node.submit(request["spec"], task_file)
         return {"ok": True, "job": job.id, "shards": job["shards"], "lease": job["lease"]}
     if op == "revoke":
-        peer = node.resolve_peer(str(request.get("peer", "")))
-        name = node.machine.records.members[peer].name
+        peer, name = node.resolve_peer(str(request.get("peer", "")))
+        again = peer not in node.machine.records.members
         rec = await node.revoke(peer)
-        return {"ok": True, "peer": peer, "name": name, "record": rec.id, "epoch": len(node.pool_keys) - 1}
+        return {"ok": True, "peer": peer, "name": name, "record": rec.id, "epoch": len(node.pool_keys) - 1,
+                "again": again}
     raise ValueError(f"unknown op {op!r}")
 
 

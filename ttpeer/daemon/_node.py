@@ -211,6 +211,7 @@ class Node:
             try:
                 await self.transport.connect()
                 self._relay_up()
+                await self._repeat_revocations()
                 return
             except (RelayFingerprintMismatch, RelayRejected) as exc:
                 raise exc
@@ -221,6 +222,15 @@ class Node:
                 log.warning("relay unreachable (%s); retrying in %.0f s", exc, delay)
                 await trio.sleep(delay * (0.5 + self._rng.random()))
                 delay = min(delay * 2, 30.0)
+
+    async def _repeat_revocations(self) -> None:
+        """Hand the relay every revocation we hold: a relay that lost its disk relearns
+        them from the first peer that starts. Root-signed, so anyone may carry them."""
+        for rec in [r for r in self.machine.records if r.kind == "revoke"]:
+            try:
+                await self.transport.revoke(rec.raw)
+            except NetError as exc:
+                log.warning("the relay did not take a revocation: %s", exc)
 
     # -- time and liveness -----------------------------------------------------------
 
@@ -632,8 +642,12 @@ class Node:
         if peer == self.me:
             raise RevokeError("the admin cannot revoke itself; make a new pool instead")
         rs = self.machine.records
+        done = [r for r in rs if r.kind == "revoke" and r["node"] == peer]
+        if done and peer not in rs.members:  # already revoked: tell the relay again (it may have lost its disk)
+            await self.transport.revoke(done[0].raw)
+            return done[0]
         if peer not in rs.members:
-            raise RevokeError(f"{peer[:12]} is not a member of this pool (already revoked, or never joined)")
+            raise RevokeError(f"{peer[:12]} is not a member of this pool (never joined, or lost its invite's race)")
         keep = revocation_keep(rs, peer)
         if len(keep) > MAX_KEEP:
             raise RevokeError(f"the peer's records on the pool's chains are too many to keep ({len(keep)} > "
@@ -646,15 +660,19 @@ class Node:
         log.info("revoked %s; pool key rotated to epoch %d", peer[:12], len(self.pool_keys) - 1)
         return rec
 
-    def resolve_peer(self, text: str) -> str:
-        """A member's id from its name, id, or a unique id prefix. Raises ``RevokeError``."""
-        members = self.machine.records.members
-        found = [n for n, m in members.items() if text in (n, m.name)] or (
-            [n for n in members if len(text) >= 6 and n.startswith(text.lower())])
+    def resolve_peer(self, text: str) -> tuple[str, str]:
+        """(id, name) of a member or revoked node, from its name, id, or a unique id
+        prefix. Raises ``RevokeError``."""
+        rs = self.machine.records
+        revoked = revocations(self.cfg.pool, rs)
+        names = {r["node"]: r["name"] for r in rs if r.kind == "join" and r["node"] in revoked}
+        names.update({n: m.name for n, m in rs.members.items()})
+        found = [n for n, name in names.items() if text in (n, name)] or (
+            [n for n in names if len(text) >= 6 and n.startswith(text.lower())])
         if len(found) != 1:
             what = "no member" if not found else f"{len(found)} members"
             raise RevokeError(f"{what} of this pool match {text!r}; use a peer id from 'ttpeer status'")
-        return found[0]
+        return found[0], names[found[0]]
 
     def _set_keys(self, keys: list[bytes]) -> None:
         for key in keys:
