@@ -29,6 +29,7 @@ relay connection.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import secrets
@@ -91,6 +92,7 @@ KEY_DOMAIN = b"ttpeer/keyshare/v1\n"
 MAX_BLOB = 8 * 2**30
 RECV_WAIT = 20.0
 SUSPECT_BEATS = 3  # heartbeats missed before a peer is suspected
+REHELLO_EVERY = 30.0  # at most one hello per this many seconds for messages we cannot open
 DEAD_BEATS = 8  # ... and before it is reported dead (leases, not this, requeue its work)
 
 
@@ -173,6 +175,7 @@ class Node:
         self._is_admin = (home.path / "root.key").exists()
         self._lost_checked = -1  # membership version last checked for lost join races
         self._lost_seen: set[str] = set()
+        self._rehello_at = 0.0
         if self.pool_key is not None:
             self._key_event.set()
 
@@ -188,6 +191,9 @@ class Node:
             if raw not in logged:
                 self.log.append(raw)
         self.machine.load(logged + self.cfg.proof, now)
+        # Lost join races already in the log were handled (by a rotation) before a restart.
+        self._lost_seen = lost_joins(self.cfg.pool, self.machine.records)
+        self._lost_checked = self.machine.records.membership_version
         for job in self.machine.records.jobs():
             for state in self.executor.held_states(job):
                 self.machine.held.add(state)
@@ -560,11 +566,21 @@ class Node:
                     log.debug("dropped a replayed or stale message from %s", sender[:12])
                     return
                 self._process(self.machine.receive(sender, plain[COUNTER:], self._now(), settle=False), wake=False)
+            elif kind == b"P":
+                return  # no key yet: the hello loop is asking for it
             elif kind == b"H":
                 self._on_hello(sender, body)
             elif kind == b"K":
                 self._on_key(body)
-        except (SealError, RecordError, ProofError, ValueError, TypeError, KeyError) as exc:
+        except SealError as exc:
+            log.debug("dropped a message from %s: %s", sender[:12], exc)
+            if kind == b"P" and trio.current_time() >= self._rehello_at:
+                # Sealed under an epoch we lack (we missed a rotation): announce ourselves;
+                # members answer with every epoch's key if we are still a member.
+                self._rehello_at = trio.current_time() + REHELLO_EVERY
+                with contextlib.suppress(trio.WouldBlock):
+                    self._outbox_send.send_nowait((None, self._hello()))
+        except (RecordError, ProofError, ValueError, TypeError, KeyError) as exc:
             log.debug("dropped a message from %s: %s", sender[:12], exc)
 
     # -- joining: hello and key handover ---------------------------------------------------
@@ -619,11 +635,10 @@ class Node:
         for raw in proof:  # the giver's membership, so we can judge its role below
             self._process(self.machine.add_local(parse(raw), self._now()), wake=False)
         if self.pool_keys:
-            # A rotation: only from the admin (two members rotating at once would split the
-            # pool), extending the keys we hold.
-            admin = self.machine.records.members.get(giver)
+            # A newer epoch: only from a current (unrevoked) member, and only extending the
+            # keys we hold. Only the admin makes epochs; members pass them on.
             if (len(keys) <= len(self.pool_keys) or keys[: len(self.pool_keys)] != self.pool_keys
-                    or admin is None or admin.role != "admin"):
+                    or giver not in self.machine.records.members):
                 return
         self._set_keys(keys)
         self._key_event.set()
