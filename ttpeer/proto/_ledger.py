@@ -86,7 +86,8 @@ class RecordSet:
 
     def in_round(self, job: str, kind: str, rnd: int) -> list[Record]:
         """Records of ``kind`` for round ``rnd`` of ``job`` whose author is a member."""
-        return [r for r in self._by_round.get((job, kind, rnd), ()) if self.counts(r)]
+        mem, kept = self.members, self._kept  # hot: locals, not a call per record
+        return [r for r in self._by_round.get((job, kind, rnd), ()) if r.author in mem or r.id in kept]
 
     def __contains__(self, rec_id: str) -> bool:
         return rec_id in self.by_id
@@ -111,7 +112,8 @@ class RecordSet:
 
     def of_job(self, job: str, kind: str) -> list[Record]:
         """Records of ``kind`` for ``job`` that count (see ``counts``)."""
-        return [r for r in self.by_job.get(job, {}).get(kind, ()) if self.counts(r)]
+        mem, kept = self.members, self._kept
+        return [r for r in self.by_job.get(job, {}).get(kind, ()) if r.author in mem or r.id in kept]
 
     def jobs(self) -> list[Record]:
         """Jobs submitted by members (or kept by a revocation), oldest first (then by id)."""
