@@ -109,6 +109,7 @@ def test_revoke_fake_relay_and_no_secret_in_any_output(tmp_path):
         assert "revoked from the pool" in bob_log
         # The key went to carol, not to bob.
         assert len((carol / "pool.keys").read_bytes()) == 64
+        assert status(carol)["node"]["key_epoch"] == 1
         assert (alice / "pool.keys").read_bytes() == (carol / "pool.keys").read_bytes()
         assert (bob / "pool.keys").read_bytes() == (alice / "pool.keys").read_bytes()[:32]  # epoch 0 only
         assert (bob / "pool.key").read_bytes() != (alice / "pool.key").read_bytes()

@@ -62,6 +62,7 @@ async def test_revoked_peer_is_ignored_refused_and_locked_out_while_the_job_carr
                 assert rec.id in m.records and victim.me not in m.records.members
                 # Key rotation reached every remaining member, and only them.
                 assert p.node.pool_keys == admin.pool_keys and len(admin.pool_keys) == 2  # type: ignore[union-attr]
+                assert p.node.status()["node"]["key_epoch"] == 1  # type: ignore[union-attr]
             assert victim.pool_keys == old_keys
             # The relay refuses the revoked peer's sessions and dropped it from the roster.
             with pytest.raises(RelayRejected, match="revoked"):
@@ -175,6 +176,7 @@ async def test_replayed_reattributed_and_stale_gossip_is_dropped_even_after_a_re
             dropped = member.replay.dropped  # type: ignore[union-attr]
             await deliver(admin.me, first)  # the same bytes again  # type: ignore[union-attr]
             assert member.replay.dropped == dropped + 1  # type: ignore[union-attr]
+            assert member.status()["node"]["replays_dropped"] == dropped + 1  # type: ignore[union-attr]
 
             # Far below what the member has seen from the admin: too old, even if never seen.
             stale, rec2 = message(1, 2)
