@@ -63,7 +63,7 @@ def _service_files(cfg: Config, user: bool, home: Path) -> tuple[Path, str]:
         comment = "ttpeer settings (written by 'ttpeer service install --user'); see 'ttpeer config show'."
         return path, render_file({"home": str(home)}, comment=comment)
     comment = ("ttpeer settings for the system service and for root's ttpeer commands.\n"
-               "Keys: home, device, name, log_level, log_format, metrics, proxy, stop_grace;\n"
+               "Keys: home, device, name, log_level, log_format, metrics, proxy, stop_grace, memory_limit;\n"
                "see 'ttpeer config show'. The service always uses home = /var/lib/ttpeer.")
     return SYSTEM_FILE, render_file({"home": str(SYSTEM_HOME)}, comment=comment)
 

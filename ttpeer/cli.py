@@ -23,6 +23,8 @@ Start here:
   machine B:  ttpeer join TOKEN
   any member: ttpeer submit --task mnist1d --mode fused --rounds 10 --inner-steps 25
               ttpeer wait JOB && ttpeer export JOB model.safetensors
+              ttpeer submit --task mnist1d --mode ensemble --members 4 --rounds 6 --inner-steps 300
+              ttpeer predict model.safetensors inputs.npy
 Or try everything on this machine: ttpeer demo
 """
 
@@ -100,10 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="serve Prometheus metrics on HOST:PORT, loopback only (e.g. 127.0.0.1:9464)")
 
     s = sub.add_parser("submit", parents=[common], help="submit a training job to the pool")
-    s.add_argument("--task", required=True, help="'mnist1d' or a task file path/to/task.py (see README)")
-    s.add_argument("--mode", choices=["fused"], default="fused", help="fused: one model, periodic averaging")
-    s.add_argument("--rounds", type=_positive_int, default=10, help="outer rounds (default 10)")
-    s.add_argument("--inner-steps", type=_positive_int, default=25, help="inner AdamW steps per shard (default 25)")
+    s.add_argument("--task", required=True,
+                   help="'mnist1d', 'charlm[:key=int,...]' or a task file path/to/task.py (see README)")
+    s.add_argument("--mode", choices=["fused", "ensemble"], default="fused",
+                   help="fused: one model, periodic averaging; ensemble: --members diverse models that vote")
+    s.add_argument("--members", type=_positive_int, default=None,
+                   help="ensemble: how many members (each on the full data, its own seed and lr/weight decay)")
+    s.add_argument("--rounds", type=_positive_int, default=10,
+                   help="outer rounds (default 10); ensemble: units each member trains")
+    s.add_argument("--inner-steps", type=_positive_int, default=25,
+                   help="inner AdamW steps per shard (default 25); ensemble: steps per unit")
     s.add_argument("--shards", type=_positive_int, default=None,
                    help="shards per round (default: from the speeds peers publish, 2 per peer at first)")
     s.add_argument("--batch-size", type=_positive_int, default=None, help="default: the task's")
@@ -118,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "slowest peer's shard time, 15s-5m; 30s before any speed is known)")
     s.add_argument("--no-steal", action="store_true",
                    help="idle peers do not run backup copies of stragglers' shards")
+    s.add_argument("--overlap", action="store_true",
+                   help="fused: train round r+1 while round r's deltas travel (a one-round-delayed outer "
+                        "step: slow links cost little compute; see README)")
 
     st = sub.add_parser("status", parents=[common], help="peers, jobs, progress")
     st.add_argument("--json", action="store_true", help="one JSON object (schema in the README)")
@@ -132,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", parents=[common], help="write a finished job's model as safetensors")
     e.add_argument("job", help="job id or a unique prefix")
     e.add_argument("out", type=Path, help="output file (.safetensors); a .json sidecar is written beside it")
+
+    pr = sub.add_parser("predict", parents=[common], help="print a model's predictions for an input file")
+    pr.add_argument("bundle", type=Path, help="a file 'ttpeer export' wrote (fused model or ensemble bundle)")
+    pr.add_argument("input", type=Path, help="inputs, one per row: .npy, or text (comma or whitespace separated)")
+    pr.add_argument("--task", default=None, help="the task file, for a job trained from one (built-ins are found)")
 
     d = sub.add_parser("demo", parents=[common], help="a relay and 3 peers on this machine train mnist1d")
     d.add_argument("--rounds", type=_positive_int, default=8)
@@ -205,6 +221,10 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return _wait(args)
     if cmd == "export":
         return _export(args)
+    if cmd == "predict":
+        from ttpeer._predict import predict
+
+        return predict(args.bundle, args.input, args.task)
     if cmd == "demo":
         from ttpeer.demo import run_demo
 
@@ -227,13 +247,14 @@ def _default_name() -> str:
     return name or "peer"
 
 
-def _check_relay(url: str, fingerprint: str) -> None:
-    """Fetch the relay's certificate and compare it with the pin, before anything else."""
+def _check_relay(url: str, fingerprint: str, proxy: str | None) -> None:
+    """Fetch the relay's certificate (through ``proxy`` when set: the daemon will use
+    it too) and compare it with the pin, before anything else."""
     import trio
 
     from ttpeer.net import RelayFingerprintMismatch, fetch_certificate, fingerprint_of
 
-    der = trio.run(fetch_certificate, url)
+    der = trio.run(lambda: fetch_certificate(url, proxy=proxy))
     got = fingerprint_of(der)
     if got != fingerprint:
         raise RelayFingerprintMismatch(expected=fingerprint, got=got, url=url)
@@ -247,7 +268,7 @@ def _pool_create(args: argparse.Namespace) -> int:
         raise UsageError("--fingerprint must look like sha256:<64 hex digits> (the relay prints it)")
     if not args.relay.startswith("https://"):
         raise UsageError("--relay must be an https:// URL")
-    _check_relay(args.relay, args.fingerprint)
+    _check_relay(args.relay, args.fingerprint, args.settings.proxy or None)
     home = _home(args)
     now = time.time()
     cfg = home.create_pool(args.relay, args.fingerprint, args.settings.name or _default_name(), now)
@@ -275,7 +296,7 @@ def _join(args: argparse.Namespace) -> int:
     from ttpeer.proto import parse_token
 
     token = parse_token(args.token, now=time.time())
-    _check_relay(token.relays[0], token.fingerprint)  # before any key is made or sent
+    _check_relay(token.relays[0], token.fingerprint, args.settings.proxy or None)  # before any key is made or sent
 
     def enroll(home) -> None:  # type: ignore[no-untyped-def]
         cfg = home.enroll(token, args.settings.name or _default_name(), time.time())
@@ -303,7 +324,8 @@ def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
     options = {"slowdown": args.slowdown} if getattr(args, "slowdown", 0) else None
     notifier = Notifier.from_environ(os.environ)  # systemd's protocol, not a setting
     trio.run(lambda: run_daemon(home, device=device, task_options=options, proxy=cfg.proxy or None,
-                                metrics=cfg.metrics, stop_grace=cfg.stop_grace, notifier=notifier))
+                                metrics=cfg.metrics, stop_grace=cfg.stop_grace, notifier=notifier,
+                                memory_limit=cfg.memory_limit or None))
     return 0
 
 
@@ -326,18 +348,35 @@ def _submit(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot read task file {path}: {exc.strerror}") from None
         task = path.name
-    elif task != "mnist1d":
-        raise UsageError(f"unknown task {task!r}: use 'mnist1d' or a path to a task file ending in .py")
+    elif task != "mnist1d" and task.partition(":")[0] != "charlm":
+        raise UsageError(f"unknown task {task!r}: use 'mnist1d', 'charlm' (or 'charlm:n_layer=4,d_model=128,...') "
+                         "or a path to a task file ending in .py")
     spec: dict[str, Any] = {
         "task": task, "mode": args.mode, "rounds": args.rounds, "shards": args.shards,
         "batches": args.inner_steps, "batch_size": args.batch_size or 64, "inner_lr": args.inner_lr,
         "weight_decay": args.weight_decay, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
         "bits": args.bits, "seed": args.seed, "lease": args.lease, "steal": not args.no_steal,
     }
+    if args.mode == "ensemble" or args.members is not None:
+        if args.mode != "ensemble":
+            raise UsageError("--members goes with --mode ensemble")
+        if args.members is None:
+            raise UsageError("--mode ensemble needs --members M (how many models to train)")
+        if args.shards is not None:
+            raise UsageError("an ensemble job has one shard per member: leave --shards out")
+        spec["members"] = args.members
+    if args.overlap:
+        if args.mode != "fused":
+            raise UsageError("--overlap is for fused jobs")
+        spec["overlap"] = 1
     reply = call(home.control_socket, {"op": "submit", "spec": spec,
                                        "task_file": task_file.hex() if task_file else None}, timeout=300)
-    print(f"submitted {args.mode} job: {args.rounds} rounds x {reply.get('shards')} shards x {args.inner_steps} "
-          f"steps, lease {reply.get('lease')} s")
+    if args.mode == "ensemble":
+        print(f"submitted ensemble job: {args.members} members x {args.rounds} units x {args.inner_steps} steps, "
+              f"lease {reply.get('lease')} s")
+    else:
+        print(f"submitted {args.mode} job: {args.rounds} rounds x {reply.get('shards')} shards x "
+              f"{args.inner_steps} steps, lease {reply.get('lease')} s")
     print(reply["job"])
     return 0
 
@@ -375,9 +414,13 @@ def _status(args: argparse.Namespace) -> int:
             f"  eval loss {job['eval_loss']:.4f} {job['metric_name']} {job['eval_metric']:.4f}")
         ratio = "" if job["compression_ratio"] is None else f"  compression {job['compression_ratio']:.1f}x"
         use = "" if job.get("utilization") is None else f"  utilization {100 * job['utilization']:.0f}%"
-        print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: round {job['round']}/"
-              f"{job['rounds']}, shards {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
-        if job["declined"]:
+        unit, parts = ("unit", "members") if job["mode"] == "ensemble" else ("round", "shards")
+        print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: {unit} {job['round']}/"
+              f"{job['rounds']}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
+        for decline in job.get("declines") or []:
+            who = "here" if decline["peer"] == node["id"] else f"by {decline['name']} ({decline['peer'][:12]})"
+            print(f"    declined {who}: {decline['reason']}")
+        if job["declined"] and not any(d["peer"] == node["id"] for d in job.get("declines") or []):
             print(f"    declined here: {job['declined']}")
     return 0
 

@@ -20,6 +20,8 @@ Sources, weakest first; each value remembers where it came from
     metrics      TTPEER_METRICS         --metrics       "" (off) or HOST:PORT on loopback for Prometheus
     proxy        HTTPS_PROXY            --proxy         an HTTP CONNECT proxy for the relay
     stop_grace   TTPEER_STOP_GRACE      (none)          seconds to hand claims back on SIGTERM
+    memory_limit TTPEER_MEMORY_LIMIT    (none)          most memory a job may use on the device (e.g. 8G);
+                                                        0: what the device has free
 
 Errors: ``ConfigError`` (a ``UsageError``) names the file, key or variable that is
 wrong and what it should look like. Nothing else in ttpeer reads these variables.
@@ -122,6 +124,19 @@ def _grace(v: Any) -> float:
     return value
 
 
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def _memory(v: Any) -> int:
+    """Bytes: an int, or a number with a K/M/G/T suffix (powers of 1024)."""
+    if isinstance(v, bool) or not isinstance(v, int | str):
+        raise ValueError("must be a number of bytes, e.g. 8G, 512M or 0 for no limit")
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(v).lower())
+    if match is None:
+        raise ValueError("must be a number of bytes, e.g. 8G, 512M or 0 for no limit")
+    return int(float(match[1]) * _UNITS[match[2]])
+
+
 @dataclass(frozen=True)
 class _Key:
     check: Callable[[Any], Any]
@@ -146,13 +161,16 @@ KEYS: dict[str, _Key] = {
     "metrics": _Key(_metrics, "TTPEER_METRICS", "--metrics", "Prometheus endpoint HOST:PORT on loopback, or off"),
     "proxy": _Key(_proxy, "HTTPS_PROXY", "--proxy", "HTTP CONNECT proxy for the relay"),
     "stop_grace": _Key(_grace, "TTPEER_STOP_GRACE", None, "seconds to hand claims back on SIGTERM"),
+    "memory_limit": _Key(_memory, "TTPEER_MEMORY_LIMIT", None,
+                         "most memory a job may use on the device, e.g. 8G (0: what it has free)"),
 }
 _ALT_ENV = {"proxy": "https_proxy"}
 
 
 def _defaults() -> dict[str, Any]:
     return {"home": None, "device": "auto", "name": None, "log_level": "warning", "log_format": "text",
-            "metrics": "", "proxy": "", "stop_grace": 5.0}
+            "metrics": "", "proxy": "", "stop_grace": 5.0,
+            "memory_limit": 0}
 
 
 @dataclass(frozen=True)

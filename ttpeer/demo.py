@@ -2,15 +2,16 @@
 
 It creates a pool in a temporary directory, starts the relay and the peers the
 way a user would (``ttpeer relay``, ``ttpeer up``, ``ttpeer join TOKEN``),
-trains mnist1d in fused mode, then trains the same job on a pool of one peer and
-prints both side by side. Every process it starts is stopped before it returns,
-also when interrupted.
+trains mnist1d in fused mode, then an ensemble of 3 members with the same data
+budget, then the fused job on a pool of one peer, and prints them side by side.
+Every process it starts is stopped before it returns, also when interrupted.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import shutil
 import signal
@@ -36,6 +37,7 @@ class Outcome:
     bytes_wire: int
     ratio: float | None
     hashes: list[str]
+    best_member: float | None = None  # ensemble jobs: the best single member's test metric
 
 
 class Cluster:
@@ -149,9 +151,17 @@ def job_spec(rounds: int) -> dict[str, Any]:
             "seed": 0, "lease": 10.0, "steal": True}
 
 
+def ensemble_spec(rounds: int, members: int = 3) -> dict[str, Any]:
+    """An ensemble with the fused demo job's data budget: members x rounds x 120 steps
+    = rounds x 6 shards x 60 steps when members = 3."""
+    return {**job_spec(rounds), "mode": "ensemble", "members": members, "shards": None,
+            "batches": 360 // members}
+
+
 def run_job(homes: list[Path], spec: dict[str, Any], label: str, progress: Any = None) -> Outcome:
     from ttpeer.daemon import call
 
+    sent_before = sum(status(h)["bytes_sent"] for h in homes)  # counters are per daemon, not per job
     started = time.monotonic()
     job = call(homes[0] / "control.sock", {"op": "submit", "spec": spec, "task_file": None}, timeout=120)["job"]
     task = progress.add_task(label, total=spec["rounds"]) if progress else None
@@ -163,7 +173,9 @@ def run_job(homes: list[Path], spec: dict[str, Any], label: str, progress: Any =
             states.append(jobs[0] if jobs else None)
         if progress and states[0]:
             progress.update(task, completed=states[0]["round"])
-        return all(s is not None and s["state"] == "done" for s in states)
+        # "done" comes as the final model is being written; done.json is written after it.
+        return all(s is not None and s["state"] == "done" for s in states) and all(
+            (h / "states" / job / "done.json").exists() for h in homes)
 
     wait_for(done, 600, f"job {job[:12]} to finish on every peer", poll=0.25)
     wall = time.monotonic() - started
@@ -171,8 +183,12 @@ def run_job(homes: list[Path], spec: dict[str, Any], label: str, progress: Any =
     hashes = [ttpeer("export", job, str(h / "model.safetensors"), "--home", str(h))[-1] for h in homes]
     first = [j for j in finals[0]["jobs"] if j["id"] == job][0]
     ratios = [j["compression_ratio"] for st in finals for j in st["jobs"] if j["id"] == job and j["compression_ratio"]]
-    return Outcome(label, first["eval_metric"], wall, sum(st["bytes_sent"] for st in finals),
-                   sum(ratios) / len(ratios) if ratios else None, hashes)
+    best = None
+    if spec["mode"] == "ensemble":
+        side = json.loads((homes[0] / "model.json").read_text())
+        best = max(m[side["metric_name"]] for m in side["members"])
+    return Outcome(label, first["eval_metric"], wall, sum(st["bytes_sent"] for st in finals) - sent_before,
+                   sum(ratios) / len(ratios) if ratios else None, hashes, best)
 
 
 @contextlib.contextmanager
@@ -205,18 +221,20 @@ def run_demo(rounds: int = 8, keep: bool = False) -> int:
                    TimeElapsedColumn())
         with Progress(*columns, console=console) as progress:
             fused = run_job(pool, job_spec(rounds), "fused pool (3 peers)", progress)
+            ensemble = run_job(pool, ensemble_spec(rounds), "ensemble pool (3 peers, 3 members)", progress)
             solo_pool = make_pool(cluster, url, fp, ["solo"])
             solo = run_job(solo_pool, job_spec(rounds), "one peer alone", progress)
-    identical = len(set(fused.hashes)) == 1
-    table = Table(title=f"mnist1d, {rounds} rounds x 6 shards x 60 steps, same data budget")
-    for col in ("run", "test accuracy", "wall time", "bytes on the wire", "compression vs fp32"):
+    identical = len(set(fused.hashes)) == 1 and len(set(ensemble.hashes)) == 1
+    table = Table(title=f"mnist1d, same data budget: {rounds} rounds x 6 shards x 60 steps "
+                        f"(ensemble: 3 members x {rounds} units x 120 steps)")
+    for col in ("run", "test accuracy", "best member", "wall time", "bytes on the wire", "compression vs fp32"):
         table.add_column(col, justify="right" if col != "run" else "left")
-    for o in (solo, fused):
-        table.add_row(o.label, f"{o.accuracy:.3f}", f"{o.wall_s:.1f} s", _human(o.bytes_wire),
-                      f"{o.ratio:.1f}x" if o.ratio else "-")
+    for o in (solo, fused, ensemble):
+        table.add_row(o.label, f"{o.accuracy:.3f}", "-" if o.best_member is None else f"{o.best_member:.3f}",
+                      f"{o.wall_s:.1f} s", _human(o.bytes_wire), f"{o.ratio:.1f}x" if o.ratio else "-")
     console.print(table)
-    console.print(f"exported model sha256 on the 3 peers: {fused.hashes[0][:16]}... "
-                  f"({'bit-identical' if identical else 'DIFFERENT'})")
+    console.print(f"exported model sha256 on the 3 peers: fused {fused.hashes[0][:16]}..., ensemble bundle "
+                  f"{ensemble.hashes[0][:16]}... ({'bit-identical' if identical else 'DIFFERENT'} on every peer)")
     return 0 if identical else 1
 
 

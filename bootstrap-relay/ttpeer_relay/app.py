@@ -7,7 +7,7 @@ handed to one short handler. Status codes:
 
 - 400 malformed request, 401 unknown/expired nonce or ``session expired``,
   403 bad membership proof or signature, 404 unknown route or blob, 405 method,
-  413 body over a cap, 416 range past the end of a blob,
+  408 request body arriving too slowly, 413 body over a cap, 416 range past the end of a blob,
 - 429 rate limited (with Retry-After),
 - 507 storage full: a mailbox or the relay's mailbox memory (with Retry-After,
   since the recipient draining it frees room), the pool's blob quota or a full
@@ -135,6 +135,7 @@ class RelayApp:
             return
         self.requests_seen += 1
         request = Request.from_scope(scope, receive)
+        request.min_rate, request.grace = self.config.min_body_rate, self.config.body_grace
         response: Response | FileResponse
         try:
             response = await self._dispatch(request)
@@ -308,8 +309,8 @@ class RelayApp:
     async def put_blob(self, request: Request, params: dict[str, str], s: Session | None) -> Response:
         s = _member(s)
         blob, now = params["blob"], time.time()
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.config.max_blob_bytes:
+        declared = request.declared_length
+        if declared is not None and declared > self.config.max_blob_bytes:
             raise HttpError(413, f"blob is over the {self.config.max_blob_bytes}-byte cap")
         if self.blobs.stat(s.pool, blob, now) is not None:
             await request.drain(self.config.max_blob_bytes)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 _CHUNK = 256 * 1024
+_DIGITS = re.compile(r"[0-9]{1,20}")
 
 
 class HttpError(Exception):
@@ -49,6 +51,12 @@ class Request:
     http_version: str
     receive: Receive
     body_done: bool = False  # the whole body has been received
+    # Slow-drip defence: after ``grace`` seconds the body must have arrived at
+    # ``min_rate`` bytes a second on average, or the request ends with 408.
+    min_rate: float = 0.0
+    grace: float = math.inf
+    _started: float | None = None
+    _received: int = 0
 
     @classmethod
     def from_scope(cls, scope: Scope, receive: Receive) -> Request:
@@ -58,23 +66,42 @@ class Request:
         version = scope.get("http_version", "1.1")
         return cls(scope["method"], scope["path"], query, headers, client[0], version, receive)
 
+    @property
+    def declared_length(self) -> int | None:
+        """Content-Length, if it is plain ASCII digits (``isdigit`` also takes '¹')."""
+        declared = self.headers.get("content-length", "")
+        return int(declared) if _DIGITS.fullmatch(declared) else None
+
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives. Raises ``Disconnected``."""
+        """The body as it arrives. Raises ``Disconnected``, and ``HttpError`` 408 when it
+        arrives slower than ``min_rate`` allows."""
         while True:
-            message = await self.receive()
+            message = await self._next_body_message()
             if message["type"] == "http.disconnect":
                 raise Disconnected
             chunk = message.get("body", b"")
+            self._received += len(chunk)
             if chunk:
                 yield chunk
             if not message.get("more_body", False):
                 self.body_done = True
                 return
 
+    async def _next_body_message(self) -> Message:
+        if self.min_rate <= 0:
+            return await self.receive()
+        if self._started is None:
+            self._started = trio.current_time()
+        # The next byte is due when the average rate would fall under min_rate.
+        due = self._started + max(self.grace, (self._received + 1) / self.min_rate)
+        with trio.move_on_at(due):
+            return await self.receive()
+        raise HttpError(408, f"request body arrives slower than {self.min_rate:.0f} bytes a second")
+
     async def body(self, limit: int) -> bytes:
         """The whole body; 413 as soon as it passes ``limit`` bytes."""
-        declared = self.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
+        declared = self.declared_length
+        if declared is not None and declared > limit:
             raise HttpError(413, f"body is over the {limit}-byte cap")
         parts: list[bytes] = []
         size = 0
@@ -100,8 +127,8 @@ class Request:
         can be reused; for a large one, the answer's extra headers close it."""
         if self.body_done or self.method in ("GET", "HEAD"):
             return []
-        declared = self.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) <= drain_limit:
+        declared = self.declared_length
+        if declared is not None and declared <= drain_limit:
             try:
                 await self.drain(drain_limit)
                 return []

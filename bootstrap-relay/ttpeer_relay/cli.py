@@ -62,8 +62,10 @@ def _hypercorn_config(config: RelayConfig, cert: Path, key: Path) -> hypercorn.c
     hc.alpn_protocols = ["h2", "http/1.1"]
     hc.h11_max_incomplete_size = 16 * KiB  # request line + headers
     hc.h2_max_header_list_size = 16 * KiB
-    hc.ssl_handshake_timeout = 10.0
-    hc.keep_alive_timeout = 30.0  # idle connections
+    hc.ssl_handshake_timeout = config.handshake_timeout
+    # Hypercorn counts a connection idle until a request head is complete, so this also
+    # closes slow-drip (slowloris) connections that never finish their headers.
+    hc.keep_alive_timeout = config.idle_timeout
     hc.read_timeout = int(MAX_WAIT) + 30  # silence on a connection, longer than any long-poll
     hc.graceful_timeout = 5.0
     hc.include_server_header = False

@@ -26,6 +26,10 @@ class RelayConfig:
     rate: float = 50.0  # requests per second, per client IP (no session) or per peer
     burst: int = 200
     session_ttl: float = 3600.0
+    handshake_timeout: float = 10.0  # a TLS handshake must finish within this
+    idle_timeout: float = 30.0  # a connection without a whole request head is closed after this
+    min_body_rate: float = 4 * KiB  # bytes a second, on average, once body_grace has passed
+    body_grace: float = 10.0
     max_peers_per_pool: int = 1024
     verbose: bool = False
 
@@ -53,7 +57,8 @@ class RelayConfig:
                      "max_peers_per_pool"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        for name in ("blob_ttl", "rate", "session_ttl"):
+        for name in ("blob_ttl", "rate", "session_ttl", "handshake_timeout", "idle_timeout",
+                     "min_body_rate", "body_grace"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
 

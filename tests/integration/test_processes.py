@@ -1,7 +1,8 @@
 """Real processes on loopback: a relay over real TLS and three `ttpeer` daemons.
 
-One peer is SIGKILLed while it trains a shard; its lease expires, the survivors
-take the shard over, finish the job, and export bit-identical models (I2, I3, I4).
+Peers are SIGKILLed and SIGSTOPped while they train a shard; their leases expire,
+the others take the shards over; the stopped peer resumes, the killed one restarts
+with `ttpeer up`, and all of them export bit-identical models (I2, I3, I4).
 """
 
 from __future__ import annotations
@@ -21,34 +22,54 @@ def _job(home, job_id):
     return next((j for j in status(home)["jobs"] if j["id"] == job_id), None)
 
 
-def test_sigkill_mid_round_survivors_finish_identically(tmp_path):
+def test_killed_paused_and_returning_peers_finish_identically(tmp_path):
+    """Carol is SIGKILLed mid-shard; alice and bob close rounds without her (her lease
+    expires, her shard is requeued). Then bob is SIGSTOPped mid-shard past his lease and
+    alice closes a round alone; bob gets SIGCONT (his stale work must be dropped without
+    harm) and carol is restarted with `ttpeer up` (she catches up from her durable state).
+    All three finish on the same model."""
     cluster = Cluster(tmp_path)
     try:
         url, fp = cluster.start_relay()
-        # Slowed batches make a shard take long enough to catch carol in the middle of one.
+        # Slowed batches make a shard take long enough to catch a peer in the middle of one.
         homes = make_pool(cluster, url, fp, ["alice", "bob", "carol"], extra=("--slowdown", "4"))
-        spec = {**job_spec(rounds=4), "lease": 3.0, "batches": 60}
+        spec = {**job_spec(rounds=7), "lease": 3.0, "batches": 60}
         job = call(homes[0] / "control.sock", {"op": "submit", "spec": spec, "task_file": None},
                    timeout=120)["job"]
 
-        # Wait until carol is training a shard of round >= 1, then kill her outright.
-        def carol_busy():
-            j = _job(homes[2], job)
-            return j is not None and j["round"] >= 1 and j["training_shard"] is not None
+        def busy(home, from_round):
+            def check():
+                j = _job(home, job)
+                return j is not None and j["round"] >= from_round and j["training_shard"] is not None
+            return check
 
-        wait_for(carol_busy, 120, "carol to be training a shard", poll=0.02)
+        def alice_past(rnd):
+            return lambda: _job(homes[0], job)["round"] > rnd
+
+        wait_for(busy(homes[2], 1), 120, "carol to be training a shard", poll=0.02)
         killed_round = _job(homes[0], job)["round"]
         os.killpg(cluster.named["carol"].pid, signal.SIGKILL)
         cluster.named["carol"].wait(timeout=10)
+        wait_for(alice_past(killed_round), 120, "a round to close without carol", poll=0.1)
 
-        def survivors_done():
-            return all((j := _job(h, job)) is not None and j["state"] == "done" for h in homes[:2])
+        wait_for(busy(homes[1], killed_round + 1), 120, "bob to be training a shard", poll=0.02)
+        paused_round = _job(homes[0], job)["round"]
+        os.killpg(cluster.named["bob"].pid, signal.SIGSTOP)
+        try:
+            wait_for(alice_past(paused_round), 120, "alice to close a round while bob is stopped", poll=0.1)
+        finally:
+            os.killpg(cluster.named["bob"].pid, signal.SIGCONT)
+        assert _job(homes[0], job)["round"] < spec["rounds"], "too few rounds left to show the return"
+        cluster.spawn("carol-again", "up", "--home", str(homes[2]), "--slowdown", "4")
 
-        wait_for(survivors_done, 240, "the survivors to finish the job", poll=0.25)
-        hashes = [ttpeer("export", job, str(h / "out.safetensors"), "--home", str(h))[-1] for h in homes[:2]]
-        assert hashes[0] == hashes[1] and len(hashes[0]) == 64
+        def all_done():
+            return all((j := _job(h, job)) is not None and j["state"] == "done" for h in homes)
+
+        wait_for(all_done, 240, "all three peers to finish the job", poll=0.25)
+        hashes = [ttpeer("export", job, str(h / "out.safetensors"), "--home", str(h))[-1] for h in homes]
+        assert len(set(hashes)) == 1 and len(hashes[0]) == 64
         final = _job(homes[0], job)
-        assert final["round"] == spec["rounds"] > killed_round
+        assert final["round"] == spec["rounds"]
         assert final["eval_metric"] > 0.3  # it trained: mnist1d starts near 0.1
     finally:
         cluster.close()

@@ -98,7 +98,8 @@ def _check_status(home: Path, job: str) -> dict:
     j = job_of(home, job)
     for key in ("id", "task", "mode", "state", "round", "rounds", "shards_done", "shards_total", "eval_loss",
                 "eval_metric", "metric_name", "bytes_sent", "bytes_received", "compression_ratio",
-                "declined", "state_hash", "training_shard", "history", "peers", "utilization", "seconds"):
+                "declined", "declines", "state_hash", "training_shard", "history", "peers", "utilization",
+                "seconds"):
         assert key in j, key
     assert [h["round"] for h in j["history"]] == list(range(1, j["rounds"] + 1))
     assert j["history"][-1]["eval_loss"] == j["eval_loss"]

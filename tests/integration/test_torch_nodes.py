@@ -9,6 +9,7 @@ import hashlib
 import time
 from pathlib import Path
 
+import pytest
 import trio
 
 from ttpeer.daemon import Home, Node, new_invite
@@ -29,11 +30,13 @@ def _homes(root: Path) -> list[Home]:
     return [admin, member]
 
 
-async def test_task_file_job_trains_bit_identically_on_two_torch_peers(tmp_path):
+@pytest.mark.parametrize("overlap", [0, 1])
+async def test_task_file_job_trains_bit_identically_on_two_torch_peers(tmp_path, overlap):
+    # overlap=1: each round trains on the base of the round before while that round closes.
     homes = _homes(tmp_path)
-    spec = {"task": TASK_FILE.name, "mode": "fused", "rounds": 3, "shards": 4, "batches": 5, "batch_size": 16,
+    spec = {"task": TASK_FILE.name, "mode": "fused", "rounds": 4, "shards": 4, "batches": 5, "batch_size": 16,
             "inner_lr": 0.01, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
-            "seed": 3, "lease": 5.0, "steal": True}
+            "seed": 3, "lease": 5.0, "steal": True, "overlap": overlap}
     async with MemoryRelay() as relay:
         nodes = []
         for home in homes:
@@ -59,8 +62,10 @@ async def test_task_file_job_trains_bit_identically_on_two_torch_peers(tmp_path)
 
 async def test_two_jobs_from_the_same_initial_state_both_finish(tmp_path):
     # Same task and seed: both jobs start from one state hash, held on disk under the first job.
+    # Three rounds make the first job write more states than a job keeps (KEEP_STATES): its
+    # initial state must survive that, as the peer remembers holding it.
     home = _homes(tmp_path)[0]
-    spec = {"task": TASK_FILE.name, "mode": "fused", "rounds": 1, "shards": 2, "batches": 3, "batch_size": 16,
+    spec = {"task": TASK_FILE.name, "mode": "fused", "rounds": 3, "shards": 2, "batches": 3, "batch_size": 16,
             "inner_lr": 0.01, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
             "seed": 3, "lease": 5.0, "steal": True}
     async with MemoryRelay() as relay:

@@ -8,16 +8,18 @@ import os
 import random
 
 import trio
+import trio.testing
 
 from ttpeer.daemon._status import duplicate_fraction
 from ttpeer.net import Faults, MemoryRelay
 from ttpeer.proto import Timing
-from ttpeer.testing import Simulation
+from ttpeer.testing import Simulation, deterministic
 
 from .test_simulator import assert_invariants
 
 PEERS = int(os.environ.get("SIM_PEERS", 50))
 ROUNDS = int(os.environ.get("SIM_ROUNDS", 20))
+SEED = int(os.environ.get("SIM_SEED", 2026))
 SHARDS, BATCHES, STEP = 60, 10, 0.05
 SPEC = {
     "task": "sim", "mode": "fused", "rounds": ROUNDS, "shards": SHARDS, "batches": BATCHES, "batch_size": 8,
@@ -26,16 +28,24 @@ SPEC = {
 }
 
 
-async def test_fifty_peers_twenty_rounds_with_every_fault(tmp_path, autojump_clock):
-    rng = random.Random(2026)
+def test_fifty_peers_twenty_rounds_with_every_fault(tmp_path):
+    # Deterministic: the same seed replays this run exactly (see test_replay.py).
+    with deterministic(SEED):
+        sim, job, speeds, times, joined_at = trio.run(
+            _run, tmp_path, clock=trio.testing.MockClock(autojump_threshold=0))
+    _check(sim, job, speeds, times, joined_at)
+
+
+async def _run(tmp_path):  # type: ignore[no-untyped-def]
+    rng = random.Random(SEED)
     speeds = [rng.choice([1 / 3, 0.5, 1.0, 1.0, 1.5]) for _ in range(PEERS)]
-    faults = Faults(seed=2026, drop=0.02, duplicate=0.02, delay=0.2, max_delay=0.3)
+    faults = Faults(seed=SEED, drop=0.02, duplicate=0.02, delay=0.2, max_delay=0.3)
     late = [PEERS - 2, PEERS - 1]  # join mid-run (I5)
     killed = [5, PEERS // 3, 2 * PEERS // 3]  # SIGKILL, restarted later from their homes (I4)
     paused = [8, PEERS // 2]  # SIGSTOP past their leases, then SIGCONT
     times: list[float] = []
     async with MemoryRelay(faults=faults) as relay:
-        sim = Simulation(tmp_path, relay, seed=2026, step_time=STEP, timing=Timing(digest_interval=5.0))
+        sim = Simulation(tmp_path, relay, seed=SEED, step_time=STEP, timing=Timing(digest_interval=5.0))
         sim.create(PEERS, speeds)
         async with trio.open_nursery() as nursery:
             sim._nursery = nursery
@@ -60,7 +70,11 @@ async def test_fifty_peers_twenty_rounds_with_every_fault(tmp_path, autojump_clo
                 await sim.start(i)
             await sim.wait_done(job, timeout=3600)
             nursery.cancel_scope.cancel()
+    return sim, job, speeds, times, joined_at
 
+
+def _check(sim, job, speeds, times, joined_at) -> None:  # type: ignore[no-untyped-def]
+    late, killed = [PEERS - 2, PEERS - 1], [5, PEERS // 3, 2 * PEERS // 3]
     assert_invariants(sim, job, SPEC)
     for i in late:  # I5: a late joiner trains from the round after it joined, not from round 0
         rounds = {r for j, r, _s in sim.peers[i].executor.trained if j == job}
@@ -76,7 +90,8 @@ async def test_fifty_peers_twenty_rounds_with_every_fault(tmp_path, autojump_clo
     ideal = SHARDS * BATCHES * STEP / sum(speeds)
     dup = duplicate_fraction(node.machine.records, node.machine.records.by_id[job], chain)
     ratio = sum(steady) / len(steady) / ideal
-    print(f"\n50-peer simulation: steady round {sum(steady) / len(steady):.2f}s vs ideal {ideal:.2f}s "
+    print(f"\n{PEERS}-peer simulation (seed {SEED}): steady round {sum(steady) / len(steady):.2f}s "
+          f"vs ideal {ideal:.2f}s "
           f"({ratio:.2f}x); all rounds mean {sum(durations) / len(durations):.2f}s; "
           f"duplicated work {dup:.1%}")
     backups = [r for r in node.machine.records if r.kind == "claim" and r["backup"]]

@@ -3,6 +3,7 @@ clock, fake training. Asserts the invariants of DESIGN.md under crashes."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from ttpeer.net import Faults, MemoryRelay
@@ -43,14 +44,16 @@ def assert_invariants(sim: Simulation, job: str, spec: dict | None = None) -> No
                 assert (rnd, shard) in trained[c.author], (rnd, shard, c.author[:8])
 
 
-async def test_ten_peers_lossy_network_and_a_crash(tmp_path, autojump_clock):
+@pytest.mark.parametrize("overlap", [0, 1])
+async def test_ten_peers_lossy_network_and_a_crash(tmp_path, autojump_clock, overlap):
+    spec = {**SPEC, "overlap": overlap}
     faults = Faults(seed=11, drop=0.05, duplicate=0.05, delay=0.3, max_delay=0.4)
     async with MemoryRelay(faults=faults) as relay:
         sim = Simulation(tmp_path, relay, seed=11)
         sim.create(10)
         async with trio.open_nursery() as nursery:
             await sim.start_all(nursery)
-            job = await sim.submit(SPEC)
+            job = await sim.submit(spec)
             await sim.wait_round(job, 1, timeout=300)
             # Kill a peer while it holds a claim: its shard must come back via the lease.
             with trio.fail_after(60):
@@ -59,7 +62,7 @@ async def test_ten_peers_lossy_network_and_a_crash(tmp_path, autojump_clock):
                     await trio.sleep(0.01)
             sim.kill(victim)
             await sim.wait_done(job, timeout=600)
-            assert_invariants(sim, job)
+            assert_invariants(sim, job, spec)
             nursery.cancel_scope.cancel()
 
 

@@ -45,3 +45,12 @@ def test_pool_create_checks_the_fingerprint_format(tmp_path, capsys):
     assert main(["pool", "create", "--relay", "https://127.0.0.1:1", "--fingerprint", "abc",
                  "--home", str(tmp_path / "h")]) == 1
     assert "sha256:" in capsys.readouterr().err
+
+
+def test_submit_names_the_built_in_tasks_for_an_unknown_one(tmp_path, capsys):
+    assert main(["submit", "--task", "charm", "--home", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "unknown task 'charm'" in err and "'charlm'" in err and "'mnist1d'" in err
+    # A charlm size gets past the check (and on to the daemon, which is not running here).
+    assert main(["submit", "--task", "charlm:n_layer=4", "--home", str(tmp_path)]) == 1
+    assert "unknown task" not in capsys.readouterr().err

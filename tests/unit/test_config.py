@@ -87,3 +87,13 @@ def test_a_bad_config_is_a_clear_error_for_every_command(tmp_path, monkeypatch, 
     assert main(["status", "--home", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "error: metrics from file" in err and "loopback" in err
+
+
+def test_memory_limit_reads_sizes_and_defaults_to_no_limit(tmp_path):
+    assert config.load(file=tmp_path / "none.toml", env={}).memory_limit == 0
+    env = {"TTPEER_MEMORY_LIMIT": "512M"}
+    assert config.load(file=tmp_path / "none.toml", env=env).memory_limit == 512 * 2**20
+    assert config.load(file=_file(tmp_path, 'memory_limit = "1.5GiB"\n'), env={}).memory_limit == 3 * 2**29
+    assert config.load(file=_file(tmp_path, "memory_limit = 4096\n"), env={}).memory_limit == 4096
+    with pytest.raises(ConfigError, match="memory_limit from env TTPEER_MEMORY_LIMIT: must be a number of bytes"):
+        config.load(file=tmp_path / "none.toml", env={"TTPEER_MEMORY_LIMIT": "lots"})

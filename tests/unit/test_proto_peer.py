@@ -28,11 +28,14 @@ from ttpeer.proto import (
     PublishCheckpoint,
     PublishDelta,
     Record,
+    RecordSet,
     Send,
     Train,
+    canonical_chain,
     covered,
     public_hex,
     sign,
+    train_base,
 )
 from ttpeer.proto._gossip import MAX_DIGEST_IDS, digest_payload, parse_payload
 from ttpeer.proto._peer import CHECKPOINT_EVERY
@@ -127,6 +130,7 @@ class Cluster:
                 self.fetches.append((me, e))
                 self.later(0.1, me, lambda now, s=e.state: m.fetched(s, True, now))
             elif isinstance(e, Train):
+                assert e.base in m.held, "asked to train on a state it does not hold"
                 self.trains.append((me, e))
                 self.later(self.train_time * (1 + self.rng.random() * self.jitter), me,
                            lambda now, t=e: m.train_done(t.job.id, t.round, t.shard, 64, now))
@@ -213,7 +217,7 @@ def check_finished(c: Cluster, job: Record) -> None:
     for rnd, close in enumerate(chain.closes):  # I2: every shard of every round in its close
         parts = [rs.by_id[cid] for cid in close["contribs"]]
         assert covered(parts) == set(range(job["shards"]))
-        assert all(p["round"] == rnd and p["base"] == chain.states[rnd] for p in parts)
+        assert all(p["round"] == rnd and p["base"] == train_base(job, chain, rnd) for p in parts)
         assert close["state"] == derive(close["base"], list(close["contribs"]))
     for me in alive:
         assert chain.head in c.machines[me].held
@@ -232,19 +236,20 @@ def test_machines_finish_every_round_with_identical_chains(n: int, shards: int, 
 
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 2**16), n=st.integers(2, 3), jitter=st.floats(0, 3), duplicate=st.floats(0, 0.5),
-       submitter=st.integers(0, 2))
+       submitter=st.integers(0, 2), overlap=st.integers(0, 1))
 def test_any_delivery_order_and_duplication_reaches_the_same_end(
-    seed: int, n: int, jitter: float, duplicate: float, submitter: int
+    seed: int, n: int, jitter: float, duplicate: float, submitter: int, overlap: int
 ) -> None:
     c = Cluster(n, seed=seed, jitter=jitter, duplicate=duplicate)
-    job = c.submit_job(submitter % n, shards=4, rounds=2, lease=20)
+    job = c.submit_job(submitter % n, shards=4, rounds=3, lease=20, overlap=overlap)
     c.run(until=10_000)
     check_finished(c, job)
 
 
-def test_a_peer_that_dies_mid_round_loses_nothing() -> None:
+@pytest.mark.parametrize("overlap", [0, 1])
+def test_a_peer_that_dies_mid_round_loses_nothing(overlap: int) -> None:
     c = Cluster(3)
-    job = c.submit_job(0, shards=6, rounds=2, lease=20)
+    job = c.submit_job(0, shards=6, rounds=2, lease=20, overlap=overlap)
     victim = c.order[2]
     c.run(until=10_000, stop=lambda: any(me == victim and t.round == 0 for me, t in c.trains))
     c.dead.add(victim)
@@ -271,11 +276,38 @@ def test_others_close_the_round_when_the_closer_dies() -> None:
         assert t_dead + 20 - 0.5 <= t <= t_dead + 20 + 0.5
 
 
-def test_peer_offline_from_the_start_catches_up_from_a_checkpoint() -> None:
+def test_a_closer_dead_before_the_round_is_covered_costs_one_lease_not_two() -> None:
+    """The closer publishes its contribution and dies before the round is covered: the
+    third peer is cut off mid-shard, so the round is covered only once the second
+    retrains that shard after its lease. It must close at once then, since the closer
+    has been silent for a lease already (it used to wait a second lease)."""
+    c = Cluster(3)
+    job = c.submit_job(0, shards=3, rounds=1, lease=20)
+    closer = min(c.order)
+    y, z = [me for me in c.order if me != closer]
+    # Cut z off once y knows z's claim: y then waits out z's lease before retraining it.
+    c.run(until=10_000, stop=lambda: any(r.kind == "claim" and r.author == z for r in c.machines[y].records))
+    c.blocked |= {frozenset((y, z)), frozenset((closer, z))}
+    c.run(until=10_000, stop=lambda: any(r.kind == "contrib" and r.author == closer for r in c.machines[y].records))
+    c.dead.add(closer)
+    t_dead = c.now
+    c.run(until=10_000, stop=lambda: any(me == y for me, _ in c.aggregates))
+    agg = next(a for me, a in c.aggregates if me == y)
+    at = next(t for (me, _), t in zip(c.aggregates, c.aggregated_at, strict=True) if me == y)
+    assert closer in {p.author for p in agg.contribs}
+    # One lease for the partitioned shard to be retrained, a shard's time, and no second lease.
+    assert at <= t_dead + 20 + c.train_time + 3, at - t_dead
+    c.blocked.clear()  # z closed alone meanwhile: the two closes converge on one chain
+    c.run(until=c.now + 60, stop=lambda: False)
+    assert len({c.machines[me].chain(job).head for me in (y, z)}) == 1
+
+
+@pytest.mark.parametrize("overlap", [0, 1])
+def test_peer_offline_from_the_start_catches_up_from_a_checkpoint(overlap: int) -> None:
     c = Cluster(3)
     late = c.order[2]
     c.dead.add(late)
-    job = c.submit_job(0, shards=3, rounds=CHECKPOINT_EVERY + 2, lease=20)
+    job = c.submit_job(0, shards=3, rounds=CHECKPOINT_EVERY + 2, lease=20, overlap=overlap)
     c.run(until=10_000, stop=lambda: c.machines[c.order[0]].chain(job).round >= CHECKPOINT_EVERY + 1)
     c.dead.discard(late)
     c.run(until=10_000)
@@ -361,6 +393,20 @@ def test_a_peer_that_declines_the_job_is_left_out() -> None:
     assert c.machines[c.order[2]].declined == {job.id: "too big"}
     assert not [t for me, t in c.trains if me == c.order[2]]
     assert c.machines[c.order[2]].chain(job).round == 2  # it still follows the ledger
+
+
+def test_a_decline_is_published_once_and_every_peer_learns_who_and_why() -> None:
+    c = Cluster(3)
+    c.decline = {c.order[2]}
+    job = c.submit_job(0, shards=3, rounds=2, lease=10)
+    c.run(until=10_000)
+    check_finished(c, job)
+    for me in c.order:
+        [rec] = c.machines[me].records.of_job(job.id, "decline")
+        assert (rec.author, rec["reason"], rec["need"], rec["have"]) == (c.order[2], "too big", 0, 0)
+    # Asked again (a restart re-prepares the job), it publishes nothing new.
+    again = c.machines[c.order[2]].job_prepared(job.id, False, "too big", c.now, need=5, have=1)
+    assert not [e for e in again if isinstance(e, Persist)]
 
 
 def test_a_peer_holding_everything_is_sent_nothing() -> None:
@@ -591,3 +637,55 @@ def test_no_backup_when_the_owner_is_about_as_fast_or_stealing_is_off() -> None:
     assert not [e for e in out if isinstance(e, Train)]
     _, _, _, out = _straggler_pair(steal=False)
     assert not [e for e in out if isinstance(e, Train)]
+
+
+def test_overlap_trains_the_next_round_while_a_round_closes() -> None:
+    """With overlap, round r+1 trains on round r's base while round r closes: the same
+    job takes less time, every close names the base of the round before as ``tbase``,
+    and every contribution trained on it."""
+    times = {}
+    for overlap in (0, 1):
+        c = Cluster(3, latency=0.3)
+        job = c.submit_job(0, shards=3, rounds=5, lease=20, overlap=overlap)
+        c.run(until=10_000)
+        check_finished(c, job)
+        times[overlap] = c.now
+    chain = c.machines[c.order[0]].chain(job)
+    rs = c.machines[c.order[0]].records
+    for rnd, close in enumerate(chain.closes):
+        assert close["tbase"] == chain.states[max(0, rnd - 1)]
+        assert {rs.by_id[cid]["base"] for cid in close["contribs"]} == {close["tbase"]}
+    assert times[1] < 0.9 * times[0], times
+
+
+@pytest.mark.parametrize("overlap", [0, 1])
+def test_a_close_must_name_the_right_training_base(overlap: int) -> None:
+    """In an overlapped job a close whose ``tbase`` is not the base of the round before
+    (or that has none) is not part of the chain; in a job without overlap, neither is a
+    close that has one. Shown by swapping round 1's close for a re-signed variant."""
+    c = Cluster(2)
+    job = c.submit_job(0, shards=2, rounds=3, lease=20, overlap=overlap)
+    c.run(until=10_000)
+    check_finished(c, job)
+    m = c.machines[c.order[0]]
+    chain = m.chain(job)
+    real = chain.closes[1]
+
+    def chain_with(close_body: dict) -> int:
+        rs = RecordSet(c.pool.id)
+        for r in m.records:
+            if not (r.kind == "close" and r["round"] >= 1):
+                rs.add(r)
+        rs.add(sign("close", c.pool.id, close_body, c.keys[0]))
+        return canonical_chain(rs, job).round
+
+    assert chain_with(dict(real.body)) == 2  # the same body, re-signed: still valid
+    wrong = dict(real.body)
+    if overlap:
+        wrong["tbase"] = chain.states[1]  # its own base, not the round before's
+        assert chain_with(wrong) == 1
+        del wrong["tbase"]
+        assert chain_with(wrong) == 1
+    else:
+        wrong["tbase"] = chain.states[1]
+        assert chain_with(wrong) == 1

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ttpeer.proto import MAX_RECORD_BYTES, Record, RecordError, encode, parse, public_hex, sign
-from ttpeer.proto._records import SCHEMAS, _signed_part
+from ttpeer.proto._records import OPTIONAL, SCHEMAS, _signed_part
 
 from .proto_helpers import Pool, hex64, key, state, valid_bodies
 
@@ -58,8 +58,10 @@ OTHER_VALUES: dict[str, dict[str, Any]] = {
     },
     "ckpt": {"job": hex64("job2"), "round": 2, "state": state(2), "blob": hex64("ck2"), "size": 98},
     "revoke": {"node": hex64("node2"), "keep": [], "at": 8},
+    "decline": {"job": hex64("job2"), "reason": "task differs", "need": 0, "have": 0},
 }
-FIELD_SWAPS = [(k, f) for k in KINDS for f in SCHEMAS[k] if not (k == "job" and f == "mode")]
+FIELD_SWAPS = [(k, f) for k in KINDS for f in SCHEMAS[k]
+               if not (k == "job" and f == "mode") and f not in OPTIONAL.get(k, ())]
 
 # Values each field must refuse.
 INVALID: list[tuple[str, str, Any]] = [
@@ -85,6 +87,8 @@ INVALID: list[tuple[str, str, Any]] = [
     ("ckpt", "round", -3), ("ckpt", "size", -1), ("ckpt", "blob", ""),
     ("revoke", "node", "ab" * 31), ("revoke", "keep", [hex64(1), hex64(1)]), ("revoke", "keep", "x"),
     ("revoke", "keep", sorted(hex64(i) for i in range(901))), ("revoke", "at", -1),
+    ("decline", "reason", "x" * 1001), ("decline", "reason", None), ("decline", "need", -1),
+    ("decline", "have", 1.5), ("decline", "job", "job"),
 ]
 
 
@@ -234,7 +238,7 @@ def test_wrong_kind_for_body_is_rejected(kind: str) -> None:
         parse(forge(kind, BODIES[other], AUTHOR))
 
 
-@pytest.mark.parametrize(("kind", "field"), [(k, f) for k in KINDS for f in SCHEMAS[k]])
+@pytest.mark.parametrize(("kind", "field"), [(k, f) for k in KINDS for f in SCHEMAS[k] if f not in OPTIONAL.get(k, ())])
 def test_missing_field_is_rejected_by_sign_and_parse(kind: str, field: str) -> None:
     body = {k: v for k, v in BODIES[kind].items() if k != field}
     with pytest.raises(RecordError):
@@ -368,3 +372,32 @@ def test_fuzz_parse_record_shaped_objects_raises_only_record_error(kind: str, da
         return
     # Only re-spellings of the same signed content may pass (see the xfailed version test).
     assert isinstance(rec, Record) and target == "v" and rec.body == SIGNED[kind].body
+
+
+# -- ensemble jobs -------------------------------------------------------------------
+
+MEMBERS = [{"seed": 11, "lr": 0.001, "weight_decay": 0.01}, {"seed": 12, "lr": 0.002, "weight_decay": 0.0}]
+
+
+def test_an_ensemble_job_lists_one_member_per_shard_and_round_trips() -> None:
+    body = dict(BODIES["job"], mode="ensemble", shards=2, members=MEMBERS)
+    rec = sign("job", POOL.id, body, AUTHOR)
+    assert parse(rec.raw)["members"] == MEMBERS
+
+
+@pytest.mark.parametrize("over", [
+    {"mode": "ensemble", "shards": 2},  # no member list
+    {"mode": "ensemble", "shards": 3, "members": MEMBERS},  # one member per shard
+    {"mode": "fused", "shards": 2, "members": MEMBERS},  # fused jobs list no members
+    {"mode": "ensemble", "shards": 1, "members": [{"seed": 1, "lr": 0.0, "weight_decay": 0.0}]},
+    {"mode": "ensemble", "shards": 1, "members": [{"seed": 1, "lr": 0.1}]},
+    {"mode": "ensemble", "shards": 1, "members": [{"seed": -1, "lr": 0.1, "weight_decay": 0.0}]},
+    {"mode": "ensemble", "shards": 1, "members": [{"seed": 1, "lr": 0.1, "weight_decay": 0.0, "x": 1}]},
+    {"mode": "ensemble", "shards": 1, "members": {"seed": 1}},
+], ids=lambda o: repr(o)[:40])
+def test_inconsistent_ensemble_jobs_are_refused(over: dict[str, Any]) -> None:
+    body = dict(BODIES["job"], **over)
+    with pytest.raises(RecordError):
+        sign("job", POOL.id, body, AUTHOR)
+    with pytest.raises(RecordError):
+        parse(forge("job", body, AUTHOR))

@@ -12,7 +12,6 @@ from ttpeer.train import (
     TrainError,
     decode_delta,
     encode_delta,
-    estimate_memory,
     init_state,
     load_task,
     outer_step,
@@ -122,9 +121,3 @@ def test_divergence_raises_train_error_and_resets_adamw(linear):
     with pytest.raises(TrainError, match="diverged"):
         trainer.train_shard(shard_indices(linear.n_train, 0, 0, 0, 1, 8, linear.batch_size))
     assert not trainer.optimizer.state
-
-
-def test_estimate_memory_counts_model_optimizer_and_outer_copies(mnist):
-    params = 40 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
-    # local + eval copy + grads + 2 AdamW moments + outer params, momentum, base
-    assert estimate_memory(mnist, "cpu") == 8 * 4 * params

@@ -10,9 +10,19 @@ bytes only.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ttpeer.proto import PublishDelta, Record, Train
+
+
+@dataclass(frozen=True)
+class Decline:
+    """Why a peer sits a job out; ``need`` and ``have`` (bytes) when the model does not fit."""
+
+    reason: str
+    need: int = 0
+    have: int = 0
 
 
 class Executor(Protocol):
@@ -22,8 +32,9 @@ class Executor(Protocol):
         ``TtpeerError`` for a task that cannot load."""
         ...
 
-    async def prepare(self, job: Record, task_file: bytes | None) -> str | None:
-        """Load the job's task. Returns None when ready, else why this peer declines."""
+    async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
+        """Load the job's task and check it fits. Returns None when ready, else why this
+        peer declines (a ``Decline`` with the memory figures, or just the reason)."""
         ...
 
     async def train(self, eff: Train, should_stop: Callable[[], bool]) -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ttpeer.errors import HomeError
+from ttpeer.net._entropy import new_sealing_key, new_signing_key, random_bytes
 from ttpeer.proto import Record, Token, parse, pool_id_of, public_hex, sign
 
 from ._files import make_private_dir, write_atomic, write_secret
@@ -155,7 +155,7 @@ class Home:
         if self.enrolled:
             raise HomeError(f"{self.path} is already enrolled in pool {self.config().pool}; use another --home")
         make_private_dir(self.path)
-        node, seal = Ed25519PrivateKey.generate(), X25519PrivateKey.generate()
+        node, seal = new_signing_key(), new_sealing_key()
         write_secret(self.path / "node.key", node.private_bytes_raw())
         write_secret(self.path / "seal.key", seal.private_bytes_raw())
         return node, seal
@@ -174,12 +174,12 @@ class Home:
         """Make the root key, the pool key and this node's membership (as admin)."""
         if self.enrolled:
             raise HomeError(f"{self.path} is already enrolled in pool {self.config().pool}; use another --home")
-        root = Ed25519PrivateKey.generate()
+        root = new_signing_key()
         pool = pool_id_of(public_hex(root))
         invite, invite_key = new_invite(root, pool, ttl=3600, uses=1, role="admin", now=now)
         join = self._join_record(invite, invite_key, name, now)
         write_secret(self.path / "root.key", root.private_bytes_raw())
-        self.save_pool_key(secrets.token_bytes(32))
+        self.save_pool_key(random_bytes(32))
         cfg = PoolConfig(pool, [relay], fingerprint, name, invite.raw.hex(), join.raw.hex())
         self._write_config(cfg)
         return cfg
@@ -212,7 +212,7 @@ class Home:
 def new_invite(
     root: Ed25519PrivateKey, pool: str, *, ttl: float, uses: int, role: str, now: float
 ) -> tuple[Record, Ed25519PrivateKey]:
-    key = Ed25519PrivateKey.generate()
+    key = new_signing_key()
     invite = sign("invite", pool, {
         "key": public_hex(key), "expires": int(now + ttl), "uses": uses, "role": role,
     }, root)

@@ -32,17 +32,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ttpeer import _logging
-from ttpeer.errors import DiskError, TtpeerError
-from ttpeer.net import NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
+from ttpeer.errors import DiskError, TtpeerError, UsageError
+from ttpeer.net import BlobCorrupt, NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
+from ttpeer.net._entropy import random_bytes
 from ttpeer.net._seal import COUNTER, SealError, gossip_ad, open_direct, open_sealed, seal, seal_to
 from ttpeer.proto import (
     MAX_KEEP,
@@ -70,6 +72,7 @@ from ttpeer.proto import (
     default_sizing,
     encode,
     lost_joins,
+    member_variants,
     open_task,
     parse,
     revocation_keep,
@@ -79,7 +82,7 @@ from ttpeer.proto import (
     verify_proof,
 )
 
-from ._executor import Executor
+from ._executor import Decline, Executor
 from ._home import Home, PoolConfig
 from ._recordlog import RecordLog
 from ._replay import ReplayGuard
@@ -135,6 +138,12 @@ class Counters:
     jobs: dict[str, JobStats] = field(default_factory=dict)
     relay_ok: bool = False
     last_error: str = ""
+    # Input refused as not authentic or malformed, by what it was ("message: SealError",
+    # "blob"): a relay that tampers or forges shows up here, never in the state.
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, what: str) -> None:
+        self.rejected[what] = self.rejected.get(what, 0) + 1
 
 
 class Node:
@@ -147,6 +156,7 @@ class Node:
         timing: Timing = Timing(),
         seed: int | None = None,
         durable: bool = True,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.home = home
         self.cfg: PoolConfig = home.config()
@@ -164,6 +174,7 @@ class Node:
         self.replay = ReplayGuard(home.path, durable=durable)
         self.counters = Counters()
         self._rng = random.Random(seed)
+        self._wall = wall  # calendar time, only for the `at` of jobs this node submits
         self._outbox_send, self._outbox_recv = trio.open_memory_channel[tuple[str | None, bytes]](10_000)
         self._wake = trio.Event()
         self._cancelled: set[tuple[str, int, int]] = set()
@@ -285,11 +296,11 @@ class Node:
         out (None) default from the speeds peers have published. Raises ``TtpeerError``."""
         signed = self._sign_task(task_file) if task_file is not None else None
         await self._key_event.wait()
-        spec = self._sized(spec)
+        spec = self._sized(_with_members(spec))
         fixed, init_bytes = await self.executor.new_job(spec, task_file)
         init_blob = await self._put_sealed(init_bytes)
         task_blob = await self._put_sealed(signed) if signed is not None else ""
-        body = {**spec, **fixed, "init_blob": init_blob, "task_blob": task_blob, "at": _wall_seconds()}
+        body = {**spec, **fixed, "init_blob": init_blob, "task_blob": task_blob, "at": int(self._wall())}
         rec = sign("job", self.cfg.pool, body, self._key)
         self._process(self.machine.add_local(rec, self._now()))
         return rec
@@ -375,10 +386,15 @@ class Node:
                         log.warning("refusing job %s: %s", job.id[:12], exc)
                         self._process(m.job_prepared(job.id, False, str(exc), now()))
                         return
-                    reason = await self.executor.prepare(job, task_file)
-                    if reason:
-                        log.warning("declining job %s: %s", job.id[:12], reason)
-                    self._process(m.job_prepared(job.id, reason is None, reason or "", now()))
+                    decline = await self.executor.prepare(job, task_file)
+                    if isinstance(decline, str):
+                        decline = Decline(decline)
+                    if decline is not None:
+                        log.warning("declining job %s: %s", job.id[:12], decline.reason)
+                        self._process(m.job_prepared(job.id, False, decline.reason, now(),
+                                                     need=decline.need, have=decline.have))
+                    else:
+                        self._process(m.job_prepared(job.id, True, "", now()))
                 case Train(job=job, round=rnd, shard=shard):
                     key = (job.id, rnd, shard)
                     self._cancelled.discard(key)
@@ -480,7 +496,11 @@ class Node:
 
     async def _get_sealed(self, blob: str, max_size: int = MAX_BLOB) -> bytes:
         assert self.pool_key is not None
-        return self._open(BLOB, await self.transport.get_blob(blob, max_size=max_size))
+        try:
+            return self._open(BLOB, await self.transport.get_blob(blob, max_size=max_size))
+        except (BlobCorrupt, SealError):
+            self.counters.reject("blob")
+            raise
 
     def _open(self, purpose: bytes, data: bytes) -> bytes:
         """Open with whichever epoch's key sealed it, newest first. Raises ``SealError``."""
@@ -572,7 +592,10 @@ class Node:
                 self._on_hello(sender, body)
             elif kind == b"K":
                 self._on_key(body)
+            else:
+                self.counters.reject("message: unknown kind")
         except SealError as exc:
+            self.counters.reject("message: SealError")
             log.debug("dropped a message from %s: %s", sender[:12], exc)
             if kind == b"P" and trio.current_time() >= self._rehello_at:
                 # Sealed under an epoch we lack (we missed a rotation): announce ourselves;
@@ -580,7 +603,10 @@ class Node:
                 self._rehello_at = trio.current_time() + REHELLO_EVERY
                 with contextlib.suppress(trio.WouldBlock):
                     self._outbox_send.send_nowait((None, self._hello()))
-        except (RecordError, ProofError, ValueError, TypeError, KeyError) as exc:
+        except (RecordError, ProofError, InvalidSignature, ValueError, TypeError, KeyError) as exc:
+            # InvalidSignature: a key handover the relay (or anyone) forged; uncaught it
+            # would end the receiver, and so the daemon, of every peer still joining.
+            self.counters.reject(f"message: {type(exc).__name__}")
             log.debug("dropped a message from %s: %s", sender[:12], exc)
 
     # -- joining: hello and key handover ---------------------------------------------------
@@ -667,7 +693,7 @@ class Node:
         if len(keep) > MAX_KEEP:
             raise RevokeError(f"the peer's records on the pool's chains are too many to keep ({len(keep)} > "
                               f"{MAX_KEEP}); wait for its jobs to finish, then revoke it")
-        rec = sign("revoke", self.cfg.pool, {"node": peer, "keep": keep, "at": _wall_seconds()},
+        rec = sign("revoke", self.cfg.pool, {"node": peer, "keep": keep, "at": int(self._wall())},
                    self.home.root_key())
         self._process(self.machine.add_local(rec, self._now()))
         self._rotate()
@@ -697,7 +723,7 @@ class Node:
 
     def _rotate(self) -> None:
         """A new pool key, handed (with the old ones) only to who is a member now."""
-        self._set_keys([*self.pool_keys, secrets.token_bytes(32)])
+        self._set_keys([*self.pool_keys, random_bytes(32)])
         for node, member in sorted(self.machine.records.members.items()):
             if node != self.me:
                 self._hand_keys(node, member.seal)
@@ -735,6 +761,22 @@ class Node:
         return snapshot(self)
 
 
+def _with_members(spec: dict[str, Any]) -> dict[str, Any]:
+    """An ensemble spec gives ``members`` as a count: list each member's seed and
+    variant, one shard per member. A fused spec lists none."""
+    count = spec.get("members")
+    if spec.get("mode") != "ensemble":
+        if count is not None:
+            raise UsageError("--members goes with --mode ensemble")
+        return {k: v for k, v in spec.items() if k != "members"}
+    if type(count) is not int or not 1 <= count <= 4096:
+        raise UsageError(f"an ensemble job needs --members between 1 and 4096, got {count!r}")
+    if spec.get("shards") not in (None, count):
+        raise UsageError("an ensemble job has one shard per member: leave --shards out")
+    variants = member_variants(spec["seed"], count, spec["inner_lr"], spec["weight_decay"])
+    return {**spec, "shards": count, "members": variants}
+
+
 def _describe(eff: Effect) -> str:
     """One line per effect for debug logs: its kind and small fields, never payloads."""
     parts = [type(eff).__name__]
@@ -754,9 +796,5 @@ def _ratio(stats: JobStats) -> float | None:
     return round(stats.fp32_bytes / stats.wire_bytes, 2) if stats.wire_bytes else None
 
 
-def _wall_seconds() -> int:
-    import time
-
-    return int(time.time())
 
 

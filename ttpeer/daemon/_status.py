@@ -5,7 +5,11 @@
      "jobs": [{"id", "task", "mode", "state", "round", "rounds", "shards_done",
                "shards_total", "eval_loss", "eval_metric", "metric_name",
                "bytes_sent", "bytes_received", "compression_ratio", "declined",
-               "state_hash", "training_shard", "wasted_batches", "duplicate_fraction"}]}
+               "state_hash", "training_shard", "wasted_batches", "duplicate_fraction",
+               "declines": [{"peer", "name", "reason", "need_bytes", "have_bytes"}]}]}
+
+``declined`` is this peer's own reason for sitting a job out; ``declines`` lists every
+peer that published one (``need_bytes``/``have_bytes`` are 0 unless memory was why).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ttpeer.proto import Chain, Record, RecordSet, contributions, covered
+from ttpeer.proto import Chain, Record, RecordSet, contributions, covered, train_base
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -32,6 +36,17 @@ def duplicate_fraction(records: RecordSet, job: Record, chain: Chain) -> float |
             total += c["samples"]
             wasted += 0 if c.id in used else c["samples"]
     return round(wasted / total, 4) if total else None
+
+
+def declines(records: RecordSet, job: Record) -> list[dict[str, Any]]:
+    """The members that declined ``job`` and why, by name; a peer that contributed to
+    the job after all (restarted with more memory) is no longer listed."""
+    members = records.members
+    trained = {c.author for c in records.of_job(job.id, "contrib")}
+    out = [{"peer": r.author, "name": members[r.author].name, "reason": r["reason"],
+            "need_bytes": r["need"], "have_bytes": r["have"]}
+           for r in records.of_job(job.id, "decline") if r.author not in trained]
+    return sorted(out, key=lambda d: (d["name"], d["peer"]))
 
 
 def snapshot(node: Node) -> dict[str, Any]:
@@ -62,14 +77,14 @@ def snapshot(node: Node) -> dict[str, Any]:
             state = "queued"
         done = 0
         if chain.round < job["rounds"]:
-            done = len(covered(contributions(m.records, job, chain.round, chain.head)))
+            done = len(covered(contributions(m.records, job, chain.round, train_base(job, chain, chain.round))))
         stats = node.counters.jobs.get(job.id)
         ratio = round(stats.fp32_bytes / stats.wire_bytes, 2) if stats and stats.wire_bytes else None
         jobs.append({
             "id": job.id, "task": job["task"], "mode": job["mode"], "state": state,
             "round": min(chain.round, job["rounds"]), "rounds": job["rounds"],
             "shards_done": done if state == "running" else (job["shards"] if state != "queued" else 0),
-            "shards_total": job["shards"],
+            "shards_total": job["shards"], "lease_s": job["lease"],
             "eval_loss": last.get("eval_loss"), "eval_metric": last.get(metric_name),
             "metric_name": metric_name,
             "bytes_sent": node.bytes_sent, "bytes_received": node.bytes_received,
@@ -78,6 +93,7 @@ def snapshot(node: Node) -> dict[str, Any]:
             "training_shard": m.training[2] if m.training and m.training[0] == job.id else None,
             "wasted_batches": m.wasted_batches if active is not None and active.id == job.id else 0,
             "duplicate_fraction": duplicate_fraction(m.records, job, chain),
+            "declines": declines(m.records, job),
         })
     return {
         "version": SCHEMA_VERSION,
@@ -86,7 +102,7 @@ def snapshot(node: Node) -> dict[str, Any]:
                  "key_epoch": len(node.pool_keys) - 1 if node.pool_keys else None,
                  "replays_dropped": node.replay.dropped},
         "relay": {"url": node.cfg.relays[0], "connected": node.counters.relay_ok,
-                  "last_error": node.counters.last_error or None},
+                  "last_error": node.counters.last_error or None, "rejected": dict(node.counters.rejected)},
         "bytes_sent": node.bytes_sent, "bytes_received": node.bytes_received,
         "peers": peers, "jobs": jobs,
     }

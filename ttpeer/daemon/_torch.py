@@ -8,6 +8,11 @@ peer killed at any moment restarts from a state the pool agreed on; only the
 newest few are kept. Torch never runs on the event loop: each call goes through
 ``trio.to_thread.run_sync``, one at a time per job (a lock), since the inner
 trainer is not thread-safe.
+
+Ensemble jobs use the same paths with other contents (``train/_ensemble.py``): a
+held state is the whole ensemble, ``train`` runs one unit of one member from its
+checkpoint in the round's state, ``delta`` returns that member's new checkpoint,
+and ``aggregate``/``apply`` put the round's member checkpoints into the state.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from ttpeer import train
 from ttpeer.errors import DiskError, JobError
 from ttpeer.proto import PublishDelta, Record, Train
 
+from ._executor import Decline
 from ._files import write_atomic
 from ._home import Home
 
@@ -45,12 +51,23 @@ class _Job:
     states: dict[str, train.OuterState] = field(default_factory=dict)
     residual: dict[str, torch.Tensor] | None = None
     last_loss: float = float("nan")
+    # Ensemble: member checkpoints trained here and not yet published, by (round, member).
+    units: dict[tuple[int, int], train.OuterState] = field(default_factory=dict)
+    mode: str = "fused"
+
+    @property
+    def ensemble(self) -> bool:
+        return self.mode == "ensemble"
 
 
 class TorchExecutor:
-    def __init__(self, home: Home, *, device: str = "cpu", task_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, home: Home, *, device: str = "cpu", task_options: dict[str, Any] | None = None,
+                 memory_limit: int | None = None) -> None:
+        """``memory_limit``: bytes of the device this peer may use at most (the
+        ``memory_limit`` setting); None: what the device has free."""
         self.home = home
         self.device = device
+        self.memory_limit = memory_limit
         self.task_options = task_options or {}
         self._jobs: dict[str, _Job] = {}
         self._lock = trio.Lock()
@@ -75,27 +92,34 @@ class TorchExecutor:
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
         def build() -> tuple[dict[str, Any], bytes]:
             task = self._load_task(spec["task"], task_file)
-            state = train.init_state(task, spec["seed"])
+            if spec["mode"] == "ensemble":
+                state = train.init_ensemble(task, spec["members"])
+            else:
+                state = train.init_state(task, spec["seed"])
             return {"task_hash": task.source_hash, "init": train.state_hash(state)}, train.state_to_bytes(state)
 
         return await _in_thread(build)
 
-    async def prepare(self, job: Record, task_file: bytes | None) -> str | None:
-        def load() -> str | None:
+    async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
+        def load() -> Decline | str | None:
             task = self._load_task(job["task"], task_file)
             if task.source_hash != job["task_hash"]:
                 return (f"task {job['task']!r} here differs from the submitter's "
                         f"(hash {task.source_hash[:12]} vs {job['task_hash'][:12]})")
-            need = train.estimate_memory(task, self.device)
-            have = _available_memory(self.device)
-            if need > have:
-                return (f"the model needs about {need / 2**30:.2f} GiB on {self.device} and only "
-                        f"{have / 2**30:.2f} GiB is free; ttpeer does not split a model across "
-                        "machines, so this peer sits the job out")
+            need = train.memory_need(task, batch_size=job["batch_size"], shards=job["shards"],
+                                     held_states=KEEP_STATES)
+            device_free, host_free, limited = _available_memory(self.device, self.memory_limit)
+            misfit = train.fit_problem(need, device=self.device, device_free=device_free, host_free=host_free,
+                                       limited=limited)
+            if misfit is not None:
+                return Decline(misfit.message, need=misfit.need, have=misfit.have)
             trainer = train.InnerTrainer(task, lr=job["inner_lr"], weight_decay=job["weight_decay"],
                                          device=self.device, seed=job["seed"])
-            like = train.init_state(task, job["seed"])
-            self._jobs[job.id] = _Job(task, trainer, like)
+            if job["mode"] == "ensemble":
+                like = train.init_ensemble(task, job["members"])
+            else:
+                like = train.init_state(task, job["seed"])
+            self._jobs[job.id] = _Job(task, trainer, like, mode=job["mode"])
             return None
 
         return await _in_thread(load)
@@ -141,7 +165,10 @@ class TorchExecutor:
         digest = train.state_hash(state)
         write_atomic(self._state_file(job.id, digest), train.state_to_bytes(state))
         ctx.states[digest] = state
-        files = sorted(self.home.states(job.id).glob("*.state"), key=lambda p: p.stat().st_mtime)
+        # The initial state stays: the peer remembers holding it, and a later job of the same
+        # task and seed starts from it (found by its hash in this job's folder).
+        files = sorted((p for p in self.home.states(job.id).glob("*.state") if "sha256:" + p.stem != job["init"]),
+                       key=lambda p: p.stat().st_mtime)
         for old in files[:-KEEP_STATES]:
             old.unlink(missing_ok=True)
             ctx.states.pop("sha256:" + old.stem, None)
@@ -153,6 +180,18 @@ class TorchExecutor:
         job = eff.job
         ctx = self._job(job)
 
+        def unit() -> int:
+            # Ensemble: one unit of one member, continued from the member's checkpoint in ``base``.
+            member = eff.shard
+            ckpt, samples = train.train_unit(
+                ctx.task, self._state(job, eff.base), member, job["members"][member], eff.round,
+                job["batches"], job["batch_size"], device=self.device, should_stop=should_stop)
+            if ckpt is not None:
+                # Units of closed rounds were covered by someone else first: drop them.
+                ctx.units = {k: v for k, v in ctx.units.items() if k[0] >= eff.round}
+                ctx.units[(eff.round, member)] = ckpt
+            return samples
+
         def run() -> int:
             if eff.fresh:
                 ctx.trainer.start(self._state(job, eff.base))
@@ -161,10 +200,18 @@ class TorchExecutor:
             return ctx.trainer.train_shard(batches, should_stop)
 
         async with self._lock:
-            return await _in_thread(run)
+            return await _in_thread(unit if ctx.ensemble else run)
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
         ctx = self._job(eff.job)
+
+        if ctx.ensemble:
+            (member,) = eff.shards
+            ckpt = ctx.units.pop((eff.round, member), None)
+            if ckpt is None:
+                raise JobError(f"member {member} of round {eff.round} was not trained on this peer")
+            data = await _in_thread(lambda: train.encode_member(member, ckpt))
+            return data, {"fp32_bytes": float(4 * sum(t.numel() for t in ckpt.params.values()))}
 
         def run() -> tuple[bytes, dict[str, float]]:
             delta = ctx.trainer.delta(self._state(eff.job, eff.base))
@@ -176,6 +223,15 @@ class TorchExecutor:
 
     def _outer(self, job: Record, base: str, deltas: list[tuple[bytes, int]]) -> train.OuterState:
         ctx = self._job(job)
+        if ctx.ensemble:  # the round's member checkpoints replace their members in ``base``
+            try:
+                parts = [train.decode_member(data, ctx.like) for data, _samples in deltas]
+            except train.CheckpointError as exc:
+                raise JobError(str(exc)) from None
+            if sorted(i for i, _ckpt in parts) != list(range(len(job["members"]))):
+                raise JobError(f"round of job {job.id[:12]} does not hold one checkpoint per member "
+                               f"(got members {sorted(i for i, _ckpt in parts)})")
+            return train.combine(self._state(job, base), parts)
         decoded = [(train.decode_delta(data, ctx.like), samples) for data, samples in deltas]
         return train.outer_step(self._state(job, base), decoded, lr=job["outer_lr"],
                                 momentum=job["outer_momentum"], nesterov=True)
@@ -185,6 +241,11 @@ class TorchExecutor:
 
         def run() -> tuple[str, dict[str, float]]:
             new = self._outer(job, base, deltas)
+            if ctx.ensemble:
+                members, (loss, metric) = train.evaluate_ensemble(ctx.task, new, self.device)
+                best = max(m for _loss, m in members)
+                return self._hold(job, new), {"eval_loss": round(loss, 6), ctx.task.metric_name: round(metric, 6),
+                                              "best_member": round(best, 6)}
             loss, metric = ctx.trainer.evaluate(new.params)
             return self._hold(job, new), {"eval_loss": round(loss, 6), ctx.task.metric_name: round(metric, 6)}
 
@@ -228,7 +289,12 @@ class TorchExecutor:
             final = self._state(job, state)
             folder = self.home.states(job.id)
             try:
-                train.export_model(final, ctx.task, folder / "final.safetensors", metrics)
+                if ctx.ensemble:
+                    scores = train.evaluate_ensemble(ctx.task, final, self.device)
+                    train.export_ensemble(final, ctx.task, job["members"], folder / "final.safetensors",
+                                          metrics, scores)
+                else:
+                    train.export_model(final, ctx.task, folder / "final.safetensors", metrics)
             except OSError as exc:
                 raise DiskError(folder / "final.safetensors", exc) from None
             write_atomic(folder / "done.json", json.dumps(metrics, indent=2).encode())
@@ -251,10 +317,28 @@ async def _in_thread(fn: Callable[[], T]) -> T:
         raise JobError(f"{exc.filename or 'a file'}: {exc.strerror or exc}") from None
 
 
-def _available_memory(device: str) -> int:
+def _available_memory(device: str, limit: int | None) -> tuple[int, int, bool]:
+    """Bytes free on ``device`` and in host memory, and whether ``limit`` capped the first."""
+    host = _host_available()
     if device.startswith("cuda"):
         free, _total = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
+        device_free = int(free)
+    else:
+        device_free = host
+    if limit is not None and limit < device_free:
+        return limit, (min(host, limit) if device == "cpu" else host), True
+    return device_free, host, False
+
+
+def _host_available() -> int:
+    # MemAvailable counts the page cache the kernel would give back; free pages alone do not.
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):

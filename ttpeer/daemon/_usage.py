@@ -30,7 +30,7 @@ import trio
 
 from ttpeer.proto import PublishDelta, Record, Train
 
-from ._executor import Executor
+from ._executor import Decline, Executor
 
 
 @dataclass
@@ -103,7 +103,7 @@ class TimedExecutor:
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
         return await self.inner.new_job(spec, task_file)
 
-    async def prepare(self, job: Record, task_file: bytes | None) -> str | None:
+    async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
         return await self._timed(job.id, "compute_s", self.inner.prepare(job, task_file))
 
     async def train(self, eff: Train, should_stop: Callable[[], bool]) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ttpeer.proto import Chain, Record, RecordSet, contributions, covered
+from ttpeer.proto import Chain, Record, RecordSet, contributions, covered, train_base
 
 TIME_KEYS = ("train_s", "compute_s", "comm_s", "idle_s", "wall_s")
 
@@ -73,7 +73,7 @@ def peer_rows(rs: RecordSet, job: Record, chain: Chain) -> list[dict[str, Any]]:
         if "samples_per_s" in m:
             r["samples_per_s"] = round(float(m["samples_per_s"]), 1)
     if chain.round < job["rounds"]:
-        current = contributions(rs, job, chain.round, chain.head)
+        current = contributions(rs, job, chain.round, train_base(job, chain, chain.round))
         done = covered(current)
         for c in current:
             row(c.author)["shards_done"] += len(c["shards"])

@@ -141,6 +141,10 @@ class MemoryRelay:
         await trio.sleep(delay)
         self._deliver(box, sender, data)
 
+    def _serve_blob(self, pool: str, blob: str) -> bytes | None:
+        """The bytes the relay answers a fetch with; the transport checks them like a client."""
+        return self.blobs.get(pool, {}).get(blob)
+
     @staticmethod
     def _deliver(box: _Mailbox, sender: str, data: bytes) -> None:
         box.messages.append(Message(box.next_seq, sender, data))
@@ -291,7 +295,7 @@ class MemoryTransport:
         check_blob_name(blob)
         self._ready()
         await trio.lowlevel.checkpoint()
-        data = self._pool_blobs().get(blob)
+        data = self.relay._serve_blob(self.pool, blob)
         if data is None:
             raise BlobMissing(blob)
         if len(data) > max_size:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
+import math
 import ssl
 from typing import Any
 
@@ -38,6 +40,11 @@ from ._transport import Message, check_blob_name
 
 LOGIN_DOMAIN = b"ttpeer/relay-auth/v1\n"
 _FETCH_ATTEMPTS = 3  # a blob download resumes (Range) after a broken connection
+# JSON answers are read raw up to this many bytes, and a Content-Encoding is refused: a
+# relay cannot exhaust a peer's memory with a huge or gzip-bombed answer. The largest
+# real one, a recv answer, is about 11 MiB (8 MiB of messages in base64).
+MAX_ANSWER_BYTES = 64 * 2**20
+MAX_RETRY_AFTER = 3600.0
 
 
 def login_message(fingerprint: str, pool: str, nonce: str) -> bytes:
@@ -55,10 +62,12 @@ def _cert_rejected(exc: BaseException) -> bool:
 
 
 def _retry_after(response: httpx.Response) -> float | None:
+    """Seconds to wait, from a Retry-After in seconds; None if absent or not a sane number."""
     try:
-        return float(response.headers["retry-after"])
+        seconds = float(response.headers["retry-after"])
     except (KeyError, ValueError):
         return None
+    return min(seconds, MAX_RETRY_AFTER) if math.isfinite(seconds) and seconds >= 0 else None
 
 
 class RelayClient:
@@ -136,6 +145,7 @@ class RelayClient:
             timeout=httpx.Timeout(self._timeout),
             trust_env=False,  # the proxy is configuration, passed in; not read here
             follow_redirects=False,
+            headers={"accept-encoding": "identity"},  # answers are read raw; see _json
         )
         await self._login(self._generation)
 
@@ -161,7 +171,8 @@ class RelayClient:
             limits = answer.get("limits")
             if isinstance(limits, dict):
                 self._limits = {k: int(v) for k, v in limits.items()
-                                if isinstance(v, int | float) and not isinstance(v, bool)}
+                                if isinstance(v, int | float) and not isinstance(v, bool)
+                                and math.isfinite(v) and v >= 1}
             self._generation += 1
 
     # -- requests -------------------------------------------------------------------
@@ -218,13 +229,17 @@ class RelayClient:
         raise RelayUnavailable(self.url, "its pinned certificate no longer verifies (expired?)")
 
     async def _raise_for(self, response: httpx.Response, blob: str | None) -> None:
+        raw = bytearray()
         try:
-            await response.aread()
-            message = str(response.json()["error"])
+            async for chunk in response.aiter_raw():  # an error says little: read 64 KiB at most
+                raw += chunk
+                if len(raw) > 65536:
+                    break
+            message = str(json.loads(raw)["error"])[:500]
         except httpx.HTTPError:
             message = "(the answer broke off)"
         except (ValueError, KeyError, TypeError):
-            message = response.text[:200]
+            message = raw[:200].decode("utf-8", "replace")
         finally:
             await response.aclose()
         status = response.status_code
@@ -237,9 +252,24 @@ class RelayClient:
         raise RelayUnavailable(self.url, f"HTTP {status}: {message}")
 
     async def _json(self, method: str, path: str, *, auth: bool = True, **kwargs: Any) -> Any:
-        response = await self._send(method, path, auth=auth, **kwargs)
+        response = await self._send(method, path, auth=auth, stream=True, **kwargs)
+        body = bytearray()
         try:
-            return response.json()
+            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):  # undoing it could inflate without bound
+                raise RelayUnavailable(self.url, f"{path} answered with content-encoding {encoding[:20]!r}; "
+                                       "the relay never compresses")
+            async for chunk in response.aiter_raw():
+                body += chunk
+                if len(body) > MAX_ANSWER_BYTES:
+                    raise RelayUnavailable(self.url, f"{path} answered over {MAX_ANSWER_BYTES} bytes")
+        except httpx.HTTPError as exc:
+            raise RelayUnavailable(self.url, f"{path} answer broke off: {type(exc).__name__}") from None
+        finally:
+            self.bytes_received += len(body)
+            await response.aclose()
+        try:
+            return json.loads(body)
         except ValueError:
             raise RelayUnavailable(self.url, f"{path} answered something other than JSON") from None
 
@@ -270,7 +300,7 @@ class RelayClient:
                 for m in answer["messages"]
             ]
             return messages, int(answer["cursor"])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise RelayUnavailable(self.url, "malformed recv answer") from None
 
     async def revoke(self, record: bytes) -> None:
@@ -287,16 +317,18 @@ class RelayClient:
     async def has_blob(self, blob: str) -> bool:
         check_blob_name(blob)
         try:
-            await self._send("HEAD", f"/v1/blob/{blob}", auth=True, blob=blob)
+            response = await self._send("HEAD", f"/v1/blob/{blob}", auth=True, blob=blob, stream=True)
         except BlobMissing:
             return False
+        await response.aclose()
         return True
 
     async def put_blob(self, data: bytes) -> str:
         blob = hashlib.sha256(data).hexdigest()
         self._check_size(data, "max_blob_bytes")
         if not await self.has_blob(blob):
-            await self._send("PUT", f"/v1/blob/{blob}", auth=True, content=data)
+            response = await self._send("PUT", f"/v1/blob/{blob}", auth=True, content=data, stream=True)
+            await response.aclose()  # its small JSON answer says nothing a peer needs
         return blob
 
     async def get_blob(self, blob: str, *, max_size: int) -> bytes:

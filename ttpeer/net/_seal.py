@@ -12,8 +12,6 @@ the input and keep going.
 
 from __future__ import annotations
 
-import os
-
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -21,6 +19,8 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ttpeer.proto import TtpeerError
+
+from ._entropy import new_sealing_key, random_bytes
 
 _POOL_MAGIC = b"TS1P"
 _DIRECT_MAGIC = b"TS1D"
@@ -35,7 +35,7 @@ class SealError(TtpeerError):
 def seal(key: bytes, purpose: bytes, plaintext: bytes) -> bytes:
     if len(plaintext) > MAX_SEALED:
         raise SealError(f"cannot seal {len(plaintext)} bytes in one piece")
-    nonce = os.urandom(NONCE)
+    nonce = random_bytes(NONCE)
     return _POOL_MAGIC + nonce + ChaCha20Poly1305(key).encrypt(nonce, plaintext, purpose)
 
 
@@ -54,7 +54,7 @@ def _direct_key(shared: bytes, eph_pub: bytes, recipient_pub: bytes) -> bytes:
 
 
 def seal_to(recipient_pub: bytes, plaintext: bytes) -> bytes:
-    eph = X25519PrivateKey.generate()
+    eph = new_sealing_key()
     eph_pub = eph.public_key().public_bytes_raw()
     key = _direct_key(eph.exchange(X25519PublicKey.from_public_bytes(recipient_pub)), eph_pub, recipient_pub)
     return _DIRECT_MAGIC + eph_pub + ChaCha20Poly1305(key).encrypt(bytes(NONCE), plaintext, None)

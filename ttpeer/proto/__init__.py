@@ -21,6 +21,7 @@ from ._effects import (
     Send,
     Train,
 )
+from ._ensemble import member_variants
 from ._errors import ProofError, RecordError, RevokeError, TtpeerError
 from ._ledger import (
     Chain,
@@ -29,8 +30,10 @@ from ._ledger import (
     checkpoints,
     contributions,
     covered,
+    overlapped,
     revocation_keep,
     select_cover,
+    train_base,
 )
 from ._membership import Member, lost_joins, members, revocations, verify_proof, verify_revocation
 from ._peer import PeerMachine, Timing
@@ -68,9 +71,11 @@ __all__ = [
     "checkpoints",
     "contributions",
     "covered",
+    "overlapped",
     "select_cover",
     "revocation_keep",
     "revocations",
+    "train_base",
     "MAX_KEEP",
     "MAX_RECORD_BYTES",
     "RevokeError",
@@ -82,6 +87,7 @@ __all__ = [
     "decode",
     "default_sizing",
     "encode",
+    "member_variants",
     "members",
     "lost_joins",
     "parse",

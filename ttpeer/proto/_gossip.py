@@ -73,7 +73,7 @@ def parse_payload(data: bytes) -> tuple[str, Any]:
         ids, lo, hi = obj["ids"], obj["lo"], obj["hi"]
         if (
             type(ids) is not list or len(ids) > MAX_DIGEST_IDS
-            or not all(type(x) is str and len(x) == ID_PREFIX for x in ids)
+            or not set(map(type, ids)) <= {str} or not set(map(len, ids)) <= {ID_PREFIX}
             or type(lo) is not int or type(hi) is not int or not 0 <= lo < hi <= _SPAN
         ):
             raise RecordError("gossip digest is malformed")

@@ -48,6 +48,10 @@ class RecordSet:
     # membership change), so views can be cached until it moves.
     versions: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     membership_version: int = 0
+    # canonical_chain's verdict on each close whose contributions are all held, valid
+    # for one membership_version (the verdict is a pure function of those records).
+    _close_ok: dict[str, bool] = field(default_factory=dict)
+    _close_ok_version: int = 0
 
     def add(self, rec: Record) -> bool:
         """Add ``rec``; returns False if already held or for another pool."""
@@ -88,6 +92,11 @@ class RecordSet:
         """Records of ``kind`` for round ``rnd`` of ``job`` whose author is a member."""
         mem, kept = self.members, self._kept  # hot: locals, not a call per record
         return [r for r in self._by_round.get((job, kind, rnd), ()) if r.author in mem or r.id in kept]
+
+    def in_round_all(self, job: str, kind: str, rnd: int) -> list[Record]:
+        """Records of ``kind`` for round ``rnd`` of ``job``, members or not: a cheap count
+        of what arrived, for caches keyed on it."""
+        return self._by_round.get((job, kind, rnd), [])
 
     def __contains__(self, rec_id: str) -> bool:
         return rec_id in self.by_id
@@ -159,24 +168,57 @@ class Chain:
         return self.states[-1]
 
 
+def overlapped(job: Record) -> bool:
+    """Whether ``job`` trains round r on the base of round r-1 (see ``train_base``)."""
+    return bool(job.body.get("overlap", 0))
+
+
+def train_base(job: Record, chain: Chain, rnd: int) -> str:
+    """The state round ``rnd`` trains on: the round's own base, or with overlap the base
+    of the round before (round 0 and 1 both train on the initial state), so that round
+    r+1 can train while round r's deltas travel and its close is made."""
+    if not overlapped(job):
+        return chain.states[rnd]
+    return chain.states[max(0, rnd - 1)]
+
+
 def canonical_chain(rs: RecordSet, job: Record) -> Chain:
-    """Longest valid chain of closes from the job's init state (ties: smallest hash)."""
+    """Longest valid chain of closes from the job's init state (ties: smallest hash).
+    With overlap, a close of round r must name as ``tbase`` the base of round r-1 on
+    its own branch (the initial state for round 0)."""
     by_id = rs.by_id
     edges: dict[tuple[int, str], dict[str, Record]] = defaultdict(dict)
-    for close in rs.of_job(job.id, "close"):
+    overlap = overlapped(job)
+    parents: dict[tuple[int, str], set[str]] = defaultdict(set)  # (round, state) -> bases leading to it
+    if rs._close_ok_version != rs.membership_version:
+        rs._close_ok.clear()  # validity depends on who the members are
+        rs._close_ok_version = rs.membership_version
+    closes = rs.of_job(job.id, "close")
+    if overlap:
+        closes = sorted(closes, key=lambda c: c["round"])  # a round's parents before its tbase check
+    for close in closes:
         rnd = close["round"]
-        if rnd >= job["rounds"]:
+        if rnd >= job["rounds"] or ("tbase" in close.body) != overlap:
             continue
-        parts = [by_id.get(cid) for cid in close["contribs"]]
-        if any(
-            p is None or p.kind != "contrib" or p["job"] != job.id or p["round"] != rnd
-            or p["base"] != close["base"] or not rs.counts(p)
-            or p["shards"][-1] >= job["shards"]
-            for p in parts
-        ):
+        tbase = close["tbase"] if overlap else close["base"]
+        ok = rs._close_ok.get(close.id)
+        if ok is None:
+            parts = [by_id.get(cid) for cid in close["contribs"]]
+            if any(p is None for p in parts):
+                continue  # may become valid when the missing contributions arrive
+            ok = rs._close_ok[close.id] = not any(
+                p.kind != "contrib" or p["job"] != job.id or p["round"] != rnd
+                or p["base"] != tbase or not rs.counts(p)
+                or p["shards"][-1] >= job["shards"]
+                for p in parts
+            ) and covered(parts) == set(range(job["shards"]))
+        if not ok:
             continue
-        if covered(parts) != set(range(job["shards"])):  # type: ignore[arg-type]
-            continue
+        if overlap:
+            on_branch = tbase == close["base"] == job["init"] if rnd == 0 else tbase in parents[(rnd, close["base"])]
+            if not on_branch:
+                continue
+        parents[(rnd + 1, close["state"])].add(close["base"])
         best = edges[(rnd, close["base"])].get(close["state"])
         if best is None or close.id < best.id:
             edges[(rnd, close["base"])][close["state"]] = close

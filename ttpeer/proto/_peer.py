@@ -10,7 +10,9 @@ emits the effects that move it forward:
 1. sync: reach the head of the canonical chain from the newest state it holds,
    applying closes one by one, or fetching a checkpoint when it holds none;
 2. train: claim a shard no live lease covers and train it; keep claiming while
-   shards remain, then publish one contribution for the shards trained;
+   shards remain, then publish one contribution for the shards trained (an
+   ensemble job publishes after every shard: there a shard is one member, and its
+   contribution is that member's checkpoint rather than a delta);
 3. close: once contributions cover every shard, the designated closer (smallest
    node id among the covering set's authors) aggregates and signs the close;
    others do so too if no close appears within one lease (the closer died).
@@ -26,6 +28,7 @@ reports a state it does not hold.
 from __future__ import annotations
 
 import hashlib
+import heapq
 from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -47,7 +50,17 @@ from ._effects import (
     Train,
 )
 from ._errors import RecordError
-from ._ledger import Chain, RecordSet, canonical_chain, checkpoints, contributions, covered, select_cover
+from ._ledger import (
+    Chain,
+    RecordSet,
+    canonical_chain,
+    checkpoints,
+    contributions,
+    covered,
+    overlapped,
+    select_cover,
+    train_base,
+)
 from ._records import Record, parse, sign
 
 RETRY_AFTER = 2.0  # seconds before retrying a failed download or upload
@@ -128,6 +141,10 @@ class PeerMachine:
         self._live_claim_records: dict[tuple[str, int], list[Record]] = {}  # (job, round) -> claims
         self._stopping = False
         self._covered_at: dict[tuple[str, int, str], float] = {}
+        self._contrib_memo: dict[tuple[str, int], tuple] = {}  # see _round_contribs
+        # (job, round) -> heap of (seen, shard, author, attempt): others' lease renewals in
+        # the order they expire; entries a later renewal superseded are skipped lazily.
+        self._lease_heap: dict[tuple[str, int], list[tuple[float, int, str, int]]] = {}
         self._training: _Training | None = None
         self._work = _RoundWork()
         self._publishing = False
@@ -198,7 +215,8 @@ class PeerMachine:
         t = self._training
         # Deadlines move only when records arrive, training or retry state changes, or
         # time passes one of them: cache on exactly that.
-        key = (len(self.records), id(t), t and (t.renewed_at, t.cancelled), len(self._covered_at),
+        key = (len(self.records), t and (t.job, t.round, t.shard, t.attempt, t.renewed_at, t.cancelled),
+               len(self._covered_at),
                self._retry_at, self._next_digest)
         if self._deadline_cache is None or self._deadline_cache[0] != key or self._deadline_cache[1] <= self._now:
             future = [d for d in self._deadlines() if d > self._now]
@@ -211,16 +229,12 @@ class PeerMachine:
         if job is not None:
             lease = job["lease"]
             chain = self._chain(job)
-            rnd, me, now = chain.round, self.me, self._now
-            # Only the earliest lease still running matters.
-            expiries = [
-                claim.seen + lease
-                for shard in self._claimed_shards.get((job.id, rnd), ())
-                for (author, _att), claim in self._claims[(job.id, rnd, shard)].items()
-                if author != me and claim.seen + lease > now
-            ]
-            if expiries:
-                deadlines.append(min(expiries))
+            rnd, now = chain.round, self._now
+            # Only the earliest lease still running matters (with overlap, also the next round's).
+            for r in (rnd, rnd + 1) if overlapped(job) else (rnd,):
+                expiry = self._earliest_lease_expiry(job.id, r, lease, now)
+                if expiry is not None:
+                    deadlines.append(expiry)
             if self._training is not None and not self._training.cancelled:
                 deadlines.append(self._training.renewed_at + lease / 3)
             for (jid, rnd, _base), at in self._covered_at.items():
@@ -228,6 +242,18 @@ class PeerMachine:
                     deadlines += [at + job["lease"], at + self._close_grace(job)]
             deadlines.append(self._retry_at)
         return deadlines
+
+    def _earliest_lease_expiry(self, job: str, rnd: int, lease: float, now: float) -> float | None:
+        """When the first of others' running leases on this round expires: the heap's
+        top, once renewals that superseded it and leases already past are popped."""
+        heap = self._lease_heap.get((job, rnd))
+        while heap:
+            seen, shard, author, attempt = heap[0]
+            claim = self._claims.get((job, rnd, shard), {}).get((author, attempt))
+            if claim is not None and claim.seen == seen and seen + lease > now:
+                return seen + lease
+            heapq.heappop(heap)
+        return None
 
     def add_local(self, rec: Record, now: float) -> list[Effect]:
         """A record made on this machine outside the machine (a job, an invite)."""
@@ -237,11 +263,20 @@ class PeerMachine:
 
     # -- reports from the driver ------------------------------------------------------
 
-    def job_prepared(self, job: str, ok: bool, reason: str, now: float) -> list[Effect]:
+    def job_prepared(self, job: str, ok: bool, reason: str, now: float, *, need: int = 0,
+                     have: int = 0) -> list[Effect]:
+        """The driver loaded ``job`` (``ok``) or declines it for ``reason``; ``need`` and
+        ``have``: bytes of memory when it does not fit. A decline is published once, so
+        the pool sees who sits the job out and why; nobody waits for a decliner, since
+        only contributions' authors close rounds and leases requeue unfinished work."""
         self._prepared[job] = ok
+        out: list[Effect] = []
         if not ok:
             self.declined[job] = reason
-        return self._step(now)
+            if not any(r.author == self.me for r in self.records.of_job(job, "decline")):
+                out = self._sign_local("decline", {"job": job, "reason": reason[:1000],
+                                                   "need": min(need, 2**53), "have": min(have, 2**53)}, now)
+        return out + self._step(now)
 
     def holds(self, state: str, now: float) -> list[Effect]:
         """The driver holds ``state`` (restored from disk, or given by a test)."""
@@ -304,10 +339,13 @@ class PeerMachine:
             self._retry_at = now + RETRY_AFTER
             return self._step(now)
         self.held.add(state)
-        rec = sign("close", self.pool, {
+        body = {
             "job": job.id, "round": rnd, "base": base, "contribs": sorted(contribs),
             "state": state, "metrics": metrics,
-        }, self._key)
+        }
+        if overlapped(job):
+            body["tbase"] = self.records.by_id[contribs[0]]["base"]
+        rec = sign("close", self.pool, body, self._key)
         out = self.add_local(rec, now)
         # A checkpoint every few rounds (and of the final state) lets late joiners and
         # repairing peers skip ahead; between them they replay the closes' deltas.
@@ -401,6 +439,8 @@ class PeerMachine:
                     on_shard[key[3:]] = _Claim(now, rec["done"], rec["rate"], rec["backup"])
                 else:
                     old.seen = now
+                if rec.author != self.me:
+                    heapq.heappush(self._lease_heap.setdefault(key[:2], []), (now, key[2], key[3], key[4]))
         return True
 
     def _gossiped(self) -> dict[str, Record]:
@@ -452,7 +492,17 @@ class PeerMachine:
             return []
         chain = self._chain(job)
         if chain.head not in self.held:
-            return self._cancel_training(None) + self._sync(job, chain, now)
+            if not overlapped(job):
+                return self._cancel_training(None) + self._sync(job, chain, now)
+            # Overlap: a shard of the chain's round trains on the state before the head,
+            # so it goes on (and keeps its lease) while the head is applied.
+            out = self._cancel_training((job.id, chain.round))
+            t = self._training
+            if t is not None and not t.cancelled and now >= t.renewed_at + job["lease"] / 3:
+                t.n += 1
+                t.renewed_at = now
+                out += self._claim(job, t.round, t, now)
+            return out + self._sync(job, chain, now)
         if chain.round >= job["rounds"]:
             self.done_jobs[job.id] = chain.head
             return [JobDone(job, chain.head)] + self._step(now)
@@ -489,22 +539,77 @@ class PeerMachine:
         return [Cancel(t.job, t.round, t.shard)]
 
     def _work_on_round(self, job: Record, chain: Chain, now: float) -> list[Effect]:
+        if overlapped(job):
+            return self._work_overlapped(job, chain, now)
         rnd, base = chain.round, chain.head
         out = self._cancel_training((job.id, rnd))
         if (self._work.job, self._work.round, self._work.base) != (job.id, rnd, base):
-            self._work = _RoundWork(job.id, rnd, base)
-            for key in [k for k in self._claims if k[0] == job.id and k[1] < rnd]:
-                del self._claims[key]  # leases of closed rounds no longer matter
-            for key in [k for k in self._claimed_shards if k[0] == job.id and k[1] < rnd]:
-                del self._claimed_shards[key]
-            for key in [k for k in self._covered_at if k[0] == job.id and k[1] < rnd]:
-                del self._covered_at[key]
-            self._released = {k for k in self._released if not (k[0] == job.id and k[1] < rnd)}
-        contribs = contributions(self.records, job, rnd, base)
-        cover = select_cover(job, contribs)
+            self._new_work(job, rnd, base)
+        _contribs, cover, done = self._round_contribs(job, rnd, base)
         if cover is not None:
             return out + self._cancel_training(None) + self._maybe_close(job, rnd, base, cover, now)
-        done = covered(contribs)
+        return out + self._round_train(job, rnd, base, done, now)[0]
+
+    def _work_overlapped(self, job: Record, chain: Chain, now: float) -> list[Effect]:
+        """Overlap: round r trains on the base of round r-1, so once this peer has nothing
+        left to do in round r (the chain's round) it trains round r+1 on the chain's head
+        while round r's deltas travel and its close is made. A peer holds unpublished work
+        of one round at a time (the driver keeps one local model); round r comes first
+        whenever it has work (a requeued shard), since round r+1 cannot close before it."""
+        rnd, head = chain.round, chain.head
+        tbase = train_base(job, chain, rnd)
+        has_next = rnd + 1 < job["rounds"]
+        w = self._work
+        on_next = has_next and (w.job, w.round, w.base) == (job.id, rnd + 1, head)
+        if not on_next and (w.job, w.round, w.base) != (job.id, rnd, tbase):
+            self._new_work(job, rnd, tbase)
+        out = self._cancel_training((job.id, rnd + 1 if on_next else rnd))
+        _contribs, cover, done = self._round_contribs(job, rnd, tbase)
+        if cover is not None:
+            out += self._maybe_close(job, rnd, head, cover, now)
+        busy = self._training is not None or self._publishing or bool(self._work.shards)
+        if on_next and busy:
+            return out + self._round_train(job, rnd + 1, head, self._round_contribs(job, rnd + 1, head)[2], now)[0]
+        if not on_next and busy and cover is None:
+            return out + self._round_train(job, rnd, tbase, done, now)[0]
+        if not on_next and busy:
+            # Round r is covered: what this peer still trains or holds of it is not needed.
+            out += self._cancel_training(None)
+            if self._training is not None or self._publishing:
+                return out  # wait for the driver to report back
+            self._new_work(job, rnd, tbase)
+        # Free: round r first (if this peer holds its training base), then round r+1.
+        if cover is None and tbase in self.held:
+            if self._work.round != rnd:
+                self._new_work(job, rnd, tbase)
+            effects, idle = self._round_train(job, rnd, tbase, done, now)
+            if not idle or not has_next:
+                return out + effects
+            out += effects
+        if not has_next:
+            return out
+        if (self._work.round, self._work.base) != (rnd + 1, head):
+            self._new_work(job, rnd + 1, head)
+        return out + self._round_train(job, rnd + 1, head, self._round_contribs(job, rnd + 1, head)[2], now)[0]
+
+    def _new_work(self, job: Record, rnd: int, base: str) -> None:
+        """Start this peer's work on round ``rnd`` (trained on ``base``); forget leases and
+        releases of rounds before the chain's (they no longer matter)."""
+        older = self._work.job != job.id or self._work.round < rnd
+        self._work = _RoundWork(job.id, rnd, base)
+        if not older:
+            return
+        current = self._chain(job).round
+        for table in (self._claims, self._claimed_shards, self._covered_at, self._lease_heap):
+            for key in [k for k in table if k[0] == job.id and k[1] < current]:
+                del table[key]
+        self._released = {k for k in self._released if not (k[0] == job.id and k[1] < current)}
+
+    def _round_train(self, job: Record, rnd: int, base: str, done: set[int], now: float) -> tuple[list[Effect], bool]:
+        """Train in round ``rnd`` (this peer's ``_work``): renew or stop the shard in
+        training, else claim the next shard (or back a straggler up), else publish what
+        was trained. Returns the effects and whether there was nothing to do at all."""
+        out: list[Effect] = []
         t = self._training
         if t is not None:
             # A backup copy stops only when the shard is covered; an owner's claim also
@@ -516,13 +621,19 @@ class PeerMachine:
                 t.n += 1
                 t.renewed_at = now
                 out += self._claim(job, rnd, t, now)
-            return out
+            return out, False
         if self._publishing or self._stopping or now < self._retry_at:
-            return out
+            return out, False
         if self.records.highest_closed_round(job.id) >= rnd:
             # Some branch is longer than ours: we are catching up (just joined, restarted,
             # or missing contributions a close names). Training this round would be wasted.
-            return out
+            return out, not self._work.shards
+        if job["mode"] == "ensemble" and self._work.shards:
+            # Ensemble: a shard is a member and its contribution is the member's checkpoint,
+            # published after every unit, so whoever trains the member next continues it.
+            self._publishing = True
+            out.append(PublishDelta(job, rnd, base, tuple(self._work.shards), self._work.samples))
+            return out, False
         shard = self._pick_shard(job, rnd, done, now)
         backup = False
         if shard is None and not self._work.shards and job["steal"]:
@@ -535,7 +646,24 @@ class PeerMachine:
         elif self._work.shards:
             self._publishing = True
             out.append(PublishDelta(job, rnd, base, tuple(sorted(self._work.shards)), self._work.samples))
-        return out
+        else:
+            return out, True
+        return out, False
+
+    def _round_contribs(self, job: Record, rnd: int, base: str) -> tuple[list[Record], list[Record] | None, set[int]]:
+        """The round's contributions, its cover and the shards covered. ``_step`` runs on
+        every batch of messages; these change only when a contribution arrives or the
+        members change, so they are kept until then."""
+        members = self.records.members
+        key = (base, len(self.records.in_round_all(job.id, "contrib", rnd)))
+        memo = self._contrib_memo.get((job.id, rnd))
+        if memo is None or memo[0] != key or memo[1] is not members:
+            if len(self._contrib_memo) > 8:
+                self._contrib_memo.clear()
+            contribs = contributions(self.records, job, rnd, base)
+            memo = self._contrib_memo[(job.id, rnd)] = (
+                key, members, contribs, select_cover(job, contribs), covered(contribs))
+        return memo[2], memo[3], memo[4]
 
     def _claim(self, job: Record, rnd: int, t: _Training, now: float) -> list[Effect]:
         return self._sign_local("claim", {
@@ -603,13 +731,16 @@ class PeerMachine:
         return min(free, key=lambda s: hashlib.sha256(f"{self.me}:{rnd}:{s}".encode()).digest())
 
     def _close_grace(self, job: Record, closer: str | None = None, now: float = 0.0) -> float:
-        """How long others wait for the designated closer before closing themselves: one
-        lease if the closer has been silent that long (it died: every live peer sends a
-        digest each ``digest_interval``), else a lease plus two digests, time for a close
-        lost on the way to be resent."""
+        """How long others wait, from the moment the round is covered, for the designated
+        closer before closing themselves: nothing once the closer has been silent for a
+        lease (it died: every live peer sends a digest each ``digest_interval``, so others
+        close at the latest one lease after its last word), else a lease plus two digests,
+        time for a close lost on the way to be resent. Waiting a lease from the cover too
+        cost a second lease when the closer died before the round was covered (its own
+        later shard requeued: the kill in scripts/bench/straggler)."""
         lease = job["lease"]
         if closer is not None and now - self._heard.get(closer, -float("inf")) >= lease:
-            return lease
+            return 0.0
         return lease + 2 * self.timing.digest_interval
 
     def _maybe_close(

@@ -93,6 +93,27 @@ def _metrics(v: Any) -> bool:
     )
 
 
+def _member_list(v: Any) -> bool:
+    member = {"seed": _int(0, 2**31), "lr": _num(1e-9, 10), "weight_decay": _num(0, 10)}
+    return (
+        type(v) is list
+        and 1 <= len(v) <= 4096
+        and all(type(m) is dict and set(m) == set(member) and all(member[k](m[k]) for k in member) for m in v)
+    )
+
+
+def _job_consistent(body: dict[str, Any]) -> str | None:
+    """Cross-field rule of a job: an ensemble lists one member per shard; fused lists none."""
+    if body["mode"] == "ensemble":
+        if "members" not in body or len(body["members"]) != body["shards"]:
+            return "an ensemble job must list exactly one member per shard"
+    elif "members" in body:
+        return "only an ensemble job lists members"
+    if body.get("overlap") and body["mode"] != "fused":
+        return "only a fused job overlaps rounds"
+    return None
+
+
 _HEX = _re(_HEX64)
 MAX_KEEP = 900  # record ids a revocation can keep: 900 x 67 bytes stays under the record cap
 _STATE_HASH = _re(_STATE)
@@ -103,12 +124,18 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
     "join": {"invite": _HEX, "node": _HEX, "seal": _HEX, "name": _re(_NAME), "at": _int()},
     "job": {
         "task": _str(256), "task_hash": _HEX, "task_blob": _re(re.compile(r"^([0-9a-f]{64})?$")),
-        "mode": _choice("fused"), "rounds": _int(1, 100_000),
+        "mode": _choice("fused", "ensemble"), "rounds": _int(1, 100_000),
         "shards": _int(1, 4096), "batches": _int(1, 1_000_000), "batch_size": _int(1, 65536),
         "inner_lr": _num(0, 10), "weight_decay": _num(0, 10), "outer_lr": _num(0, 10),
         "outer_momentum": _num(0, 1), "bits": _choice(4, 8), "seed": _int(0, 2**31),
         "init": _STATE_HASH, "init_blob": _HEX, "lease": _num(1, 86_400), "steal": _choice(True, False),
         "at": _int(),
+        # Ensemble jobs only (OPTIONAL): one entry per member, its seed and hyper-parameter
+        # variant; the member index is the shard index and a round is one unit of training.
+        "members": _member_list,
+        # Fused jobs only (OPTIONAL): 1 = round r trains on the state before round r-1's close
+        # (a one-round-delayed outer step), so a round's delta travels while the next trains.
+        "overlap": _choice(0, 1),
     },
     # A claim with n > 0 renews the lease of claim n=0; ``done`` batches so far at ``rate``
     # batches/s let others project when it will finish. ``backup``: a copy run by an idle
@@ -125,6 +152,9 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
     "close": {
         "job": _HEX, "round": _int(), "base": _STATE_HASH, "contribs": _sorted_unique(_HEX, 4096, 1),
         "state": _STATE_HASH, "metrics": _metrics,
+        # Overlapped jobs only (OPTIONAL): the state the contributions trained on, which is
+        # the base of the round before; the outer step applies their average to ``base``.
+        "tbase": _STATE_HASH,
     },
     "ckpt": {"job": _HEX, "round": _int(), "state": _STATE_HASH, "blob": _HEX, "size": _int(1, 2**40)},
     # Root-signed: ``node`` is no longer a member. Of its records only those named in
@@ -132,7 +162,16 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
     # already rest on) still count; anything else it signed, before or after, is ignored.
     # ``at`` is the admin's wall time, shown to people and judged by nobody.
     "revoke": {"node": _HEX, "keep": _sorted_unique(_HEX, MAX_KEEP), "at": _int()},
+    # A peer sits a job out, and says why; ``need`` and ``have``: bytes of memory, both 0
+    # when the reason is not memory (e.g. its copy of the task differs).
+    "decline": {"job": _HEX, "reason": _str(1000), "need": _int(), "have": _int()},
 }
+
+
+# Fields a body may leave out (added after records of that kind were already in use, so
+# older records stay valid byte for byte), and rules that span several fields.
+OPTIONAL: dict[str, frozenset[str]] = {"job": frozenset({"members", "overlap"}), "close": frozenset({"tbase"})}
+CHECKS: dict[str, Callable[[dict[str, Any]], str | None]] = {"job": _job_consistent}
 
 
 @dataclass(frozen=True, eq=False)
@@ -166,11 +205,16 @@ def _check_body(kind: str, body: Any) -> None:
     schema = SCHEMAS.get(kind)
     if schema is None:
         raise RecordError(f"unknown record kind {kind!r}")
-    if type(body) is not dict or set(body) != set(schema):
+    optional = OPTIONAL.get(kind, frozenset())
+    if type(body) is not dict or not set(schema) - optional <= set(body) <= set(schema):
         raise RecordError(f"{kind} record has the wrong fields")
     for field, valid in schema.items():
-        if not valid(body[field]):
+        if field in body and not valid(body[field]):
             raise RecordError(f"{kind} record has an invalid {field!r}")
+    check = CHECKS.get(kind)
+    problem = check(body) if check is not None else None
+    if problem is not None:
+        raise RecordError(f"{kind} record: {problem}")
 
 
 def sign(kind: str, pool: str, body: Mapping[str, Any], key: Ed25519PrivateKey) -> Record:

@@ -4,7 +4,8 @@ Real ``Node`` daemons (real records, sealing, record logs on disk, the real
 protocol machine) run as tasks in one trio run over an in-memory relay that
 drops, duplicates and delays messages by a seeded RNG, with ``FakeExecutor``
 standing in for torch. Run it under ``trio.testing.MockClock(autojump_threshold=0)``
-and simulated minutes pass in wall-clock seconds.
+and simulated minutes pass in wall-clock seconds; inside ``deterministic(seed)``
+a run replays exactly.
 
 Killing a peer cancels its tasks at whatever await it is in, like SIGKILL: what
 it had in memory is gone, what it wrote to its home (record log, keys) and its
@@ -13,7 +14,8 @@ it had in memory is gone, what it wrote to its home (record log, keys) and its
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,12 +24,14 @@ import trio
 
 from ttpeer.daemon import Home, Node, new_invite
 from ttpeer.net import MemoryRelay
+from ttpeer.net._entropy import seeded
 from ttpeer.proto import Timing, Token
 
 from ._fake import FakeDisk, FakeExecutor, Gate, GatedTransport
 
 FAKE_RELAY = "https://relay.sim.invalid"
 FAKE_FP = "sha256:" + "0" * 64
+SIM_EPOCH = 1_800_000_000.0  # the calendar time a simulation starts at (2027-01-15)
 
 
 @dataclass
@@ -63,7 +67,7 @@ class Simulation:
 
     def create(self, n: int, speeds: list[float] | None = None) -> None:
         """Enrol ``n`` peers (the first is the admin) without starting them."""
-        now = time.time()
+        now = SIM_EPOCH
         admin = Home(self.root / "peer00")
         cfg = admin.create_pool(FAKE_RELAY, FAKE_FP, "peer00", now)
         self.peers.append(SimPeer("peer00", admin))
@@ -89,7 +93,7 @@ class Simulation:
         cfg = peer.home.config()
         transport = GatedTransport(self.relay.client(cfg.pool, peer.home.node_key(), cfg.proof), peer.gate)
         peer.node = Node(peer.home, transport, peer.executor, timing=self.timing, seed=self.seed * 1000 + i,
-                         durable=False)
+                         durable=False, wall=lambda: SIM_EPOCH + trio.current_time())
         peer.lives += 1
         peer.scope = await self._nursery.start(self._run_peer, peer)
 
@@ -157,3 +161,23 @@ class Simulation:
         for p in self.peers:
             out += p.trained + (p.executor.trained if p.executor else [])
         return out
+
+
+@contextmanager
+def deterministic(seed: int) -> Iterator[None]:
+    """Make a simulation replayable: inside, every key, pool key and nonce comes from
+    ``seed`` (see ``ttpeer.net._entropy``) and trio runs ready tasks in an order drawn
+    from ``seed`` (the same switch pytest-trio flips for Hypothesis). Enter it before
+    ``trio.run``; a run inside it with the same seed and inputs gives the same records,
+    in the same order, at the same simulated times (in one process: set
+    PYTHONHASHSEED to replay in another)."""
+    run = trio._core._run
+    saved = (run._ALLOW_DETERMINISTIC_SCHEDULING, run._r.getstate())
+    run._ALLOW_DETERMINISTIC_SCHEDULING = True
+    run._r.seed(seed)
+    try:
+        with seeded(seed):
+            yield
+    finally:
+        run._ALLOW_DETERMINISTIC_SCHEDULING, state = saved
+        run._r.setstate(state)

@@ -1,15 +1,28 @@
 """ttpeer's torch layer: tasks, the shared data schedule, local training,
-compressed pseudo-gradients, the outer step, checkpoints and export.
+compressed pseudo-gradients, the outer step, checkpoints and export; and the
+ensemble members, their checkpoints and the voting bundle.
 
 Nothing here does I/O with peers; the daemon moves the bytes these functions
 produce and consume. Everything peers must agree on (schedule, decoded deltas,
 outer step, state hash) is deterministic across machines.
 """
 
+from ._bundle import export_ensemble, load_bundle, read_sidecar
 from ._compress import decode_delta, encode_delta, fp32_size
+from ._ensemble import (
+    Ensemble,
+    combine,
+    decode_member,
+    encode_member,
+    init_ensemble,
+    member_steps,
+    train_unit,
+)
+from ._ensemble import evaluate as evaluate_ensemble
 from ._errors import CheckpointError, DeltaError, ModelTooLarge, TaskError, TrainError
 from ._export import export_model, load_model
-from ._inner import InnerTrainer, estimate_memory
+from ._fit import MemoryNeed, Misfit, fit_problem, memory_need
+from ._inner import InnerTrainer
 from ._outer import outer_step
 from ._schedule import shard_indices
 from ._spec import LoadedTask, TaskSpec
@@ -19,24 +32,38 @@ from ._tasks import load_task
 __all__ = [
     "CheckpointError",
     "DeltaError",
+    "Ensemble",
     "InnerTrainer",
     "LoadedTask",
+    "MemoryNeed",
+    "Misfit",
     "ModelTooLarge",
     "OuterState",
     "TaskError",
     "TaskSpec",
     "TrainError",
+    "combine",
     "decode_delta",
+    "decode_member",
     "encode_delta",
-    "estimate_memory",
+    "encode_member",
+    "evaluate_ensemble",
+    "export_ensemble",
     "export_model",
+    "fit_problem",
     "fp32_size",
+    "init_ensemble",
     "init_state",
+    "load_bundle",
     "load_model",
     "load_task",
+    "member_steps",
+    "memory_need",
     "outer_step",
+    "read_sidecar",
     "shard_indices",
     "state_from_bytes",
     "state_hash",
     "state_to_bytes",
+    "train_unit",
 ]

@@ -32,7 +32,7 @@ def export_model(state: OuterState, task: LoadedTask, out: Path, metrics: dict[s
     model file's sha256 hex digest.
 
     Both files are written atomically. The sidecar holds ``metrics``, the task
-    name and source hash, the parameter count and the state hash. Raises
+    name and source hash, the task's ``info`` (if any), the parameter count and the state hash. Raises
     ValueError if the state is not fp32 CPU, TypeError or ValueError if
     ``metrics`` is not JSON-serializable, and OSError if ``out`` is not writable.
     """
@@ -48,6 +48,8 @@ def export_model(state: OuterState, task: LoadedTask, out: Path, metrics: dict[s
         "model_sha256": digest,
         "metrics": metrics,
     }
+    if task.spec.info:
+        sidecar["task_info"] = dict(task.spec.info)
     text = json.dumps(sidecar, indent=2, sort_keys=True) + "\n"
     write_atomic(out, data)
     write_atomic(out.with_suffix(".json"), text.encode())

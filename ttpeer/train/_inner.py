@@ -22,7 +22,6 @@ from torch import Tensor, nn
 from ._errors import CheckpointError, TaskError, TrainError
 from ._spec import LoadedTask, fetch_batch
 from ._state import OuterState, floating_state
-from ._tasks import check_model
 
 GRAD_CLIP = 1.0
 EVAL_BATCH = 1024
@@ -134,27 +133,6 @@ class InnerTrainer:
     def _new_optimizer(self) -> torch.optim.Optimizer:
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         return torch.optim.AdamW(trainable, lr=self._lr, weight_decay=self._weight_decay)
-
-
-def estimate_memory(task: LoadedTask, device: str) -> int:
-    """Estimate the bytes a peer needs for ``task``, activations excluded.
-
-    Counts the local model (params and buffers), gradients and two AdamW
-    moments of trainable params, the evaluation copy of the model, and three
-    fp32 copies held outside the model (outer params, outer momentum, round
-    base). The model is built on the meta device, so nothing is allocated.
-    ``device`` names where the local model will live; the sum is the same for
-    every device and is meant to be compared with that device's free memory.
-    Raises TaskError if the model cannot be built, RuntimeError for an
-    unknown device string.
-    """
-    torch.device(device)
-    model = check_model(task.spec, f"task {task.name}")
-    state = model.state_dict()
-    local = sum(t.numel() * t.element_size() for t in state.values())
-    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    fp32 = sum(t.numel() * 4 for t in state.values() if t.is_floating_point())
-    return 2 * local + 3 * trainable + 3 * fp32
 
 
 def _load(model: nn.Module, names: list[str], params: dict[str, Tensor]) -> None:

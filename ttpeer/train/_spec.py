@@ -7,8 +7,8 @@ schedule. Nothing here reads files; see ``_tasks.py`` for that.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -26,7 +26,9 @@ class TaskSpec:
     datasets yielding ``(x, y)`` pairs, or a pair of tensors with equal first
     dimension. ``loss(output, target)`` returns a scalar tensor (mean over the
     batch); ``metric(output, target)`` returns a float, higher is better, also a
-    mean over the batch. Nothing is checked here; ``load_task`` checks.
+    mean over the batch. ``info`` is provenance worth keeping next to the results
+    (e.g. the hash of a corpus), strings only; the export sidecar records it.
+    Nothing is checked here; ``load_task`` checks.
     """
 
     model: Callable[[], torch.nn.Module]
@@ -36,6 +38,7 @@ class TaskSpec:
     metric: Callable[[Tensor, Tensor], float]
     metric_name: str = "accuracy"
     batch_size: int = 64
+    info: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Loading a task: the built-in ``mnist1d`` or a user's ``.py`` task file.
+"""Loading a task: a built-in (``mnist1d``, ``charlm``) or a user's ``.py`` task file.
 
 A task file is trusted code: it runs with the daemon's rights. Load only files
 you wrote or read; never a file received from a peer. What peers exchange is
@@ -26,11 +26,13 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
+from ._charlm import charlm_task
 from ._errors import TaskError
 from ._mnist1d import mnist1d_task
 from ._spec import LoadedTask, TaskSpec
 
 BUILTIN = "mnist1d"
+CHARLM = "charlm"  # also "charlm:key=int,...", see _charlm.py
 _OPTIONS = frozenset({"slowdown"})
 _SPEC_FIELDS = {f.name for f in fields(TaskSpec)}
 _REQUIRED_FIELDS = {"model", "train", "test", "loss", "metric"}
@@ -39,7 +41,8 @@ _module_ids = itertools.count()
 
 def load_task(spec: str | os.PathLike[str], data_dir: Path,
               options: Mapping[str, Any] | None = None) -> LoadedTask:
-    """Load the task named by ``spec``: ``"mnist1d"`` or a path ending in ``.py``.
+    """Load the task named by ``spec``: ``"mnist1d"``, ``"charlm"`` (or
+    ``"charlm:key=int,..."``) or a path ending in ``.py``.
 
     ``data_dir`` holds cached data of built-in tasks. ``options`` may set
     ``slowdown`` (float >= 0): each training batch then takes ``1 + slowdown``
@@ -56,12 +59,15 @@ def load_task(spec: str | os.PathLike[str], data_dir: Path,
     if spec == BUILTIN:
         task_spec, source_hash = mnist1d_task(Path(data_dir))
         name, origin = BUILTIN, BUILTIN
+    elif spec == CHARLM or spec.startswith(CHARLM + ":"):
+        task_spec, source_hash = charlm_task(spec)
+        name, origin = spec, CHARLM
     elif spec.endswith(".py"):
         path = Path(spec)
         task_spec, source_hash = _run_task_file(path)
         name, origin = path.stem, f"task file {path}"
     else:
-        raise TaskError(f"unknown task {spec!r}: use {BUILTIN!r} or the path of a .py task file")
+        raise TaskError(f"unknown task {spec!r}: use {BUILTIN!r}, {CHARLM!r} or the path of a .py task file")
     return _validate(task_spec, name=name, origin=origin, source_hash=source_hash,
                      slowdown=slowdown)
 
@@ -150,6 +156,9 @@ def _validate(spec: TaskSpec, *, name: str, origin: str, source_hash: str,
     if isinstance(spec.batch_size, bool) or not isinstance(spec.batch_size, int) \
             or spec.batch_size < 1:
         raise TaskError(f"{origin}: batch_size must be a positive int, got {spec.batch_size!r}")
+    if not isinstance(spec.info, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in spec.info.items()):
+        raise TaskError(f"{origin}: info must be a dict of strings to strings")
     train = _as_dataset(spec.train, "train", origin)
     test = _as_dataset(spec.test, "test", origin)
     check_model(spec, origin)

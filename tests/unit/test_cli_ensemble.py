@@ -1,0 +1,58 @@
+"""The command line refuses ensemble options that do not go together, and ``predict``
+says what is wrong with its input, before anything is sent or loaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ttpeer.cli import main
+from ttpeer.daemon._node import _with_members
+from ttpeer.errors import UsageError
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--members", "3"], "--members goes with --mode ensemble"),
+    (["--mode", "ensemble"], "needs --members"),
+    (["--mode", "ensemble", "--members", "3", "--shards", "4"], "one shard per member"),
+])
+def test_submit_refuses_ensemble_options_that_do_not_fit(tmp_path, capsys, args, message):
+    assert main(["submit", "--task", "mnist1d", *args, "--home", str(tmp_path)]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_the_daemon_lists_members_from_a_count_and_checks_it():
+    spec = {"mode": "ensemble", "members": 3, "seed": 7, "inner_lr": 1e-3, "weight_decay": 0.01, "shards": None}
+    out = _with_members(spec)
+    assert out["shards"] == 3 and len(out["members"]) == 3 and out["members"][0]["seed"] != out["members"][1]["seed"]
+    assert "members" not in _with_members({"mode": "fused", "members": None})
+    bad_specs = ({**spec, "members": 0}, {**spec, "members": "3"}, {**spec, "shards": 2},
+                 {"mode": "fused", "members": 2})
+    for bad in bad_specs:
+        with pytest.raises(UsageError):
+            _with_members(bad)
+
+
+def test_predict_explains_bad_input(tmp_path, capsys):
+    bundle = tmp_path / "model.safetensors"
+    assert main(["predict", str(bundle), str(tmp_path / "rows.csv")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    from ttpeer._predict import read_inputs
+
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("1,2,3\n4,5\n")
+    with pytest.raises(UsageError, match="same number of values"):
+        read_inputs(ragged)
+    words = tmp_path / "words.txt"
+    words.write_text("a b c\n")
+    with pytest.raises(UsageError, match="rows of numbers"):
+        read_inputs(words)
+    with pytest.raises(UsageError, match="does not exist"):
+        read_inputs(Path(tmp_path / "nope.npy"))
+    assert read_inputs(_write(tmp_path / "one.csv", "1 2 3\n")).shape == (1, 3)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path

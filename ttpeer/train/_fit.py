@@ -1,0 +1,162 @@
+"""Will a job fit on this peer? The memory training needs, against what there is.
+
+ttpeer trains a whole copy of the model on every peer; it does not split one
+model across machines. So before training, a peer estimates what the job needs
+and declines a job it cannot hold, saying what would fit instead.
+
+For a model with M bytes of state (parameters and buffers, in their dtypes), P
+bytes of trainable parameters and F bytes of fp32 floating state, a peer holds:
+
+    on the training device
+      local model                 M
+      evaluation copy             M    (InnerTrainer.evaluate keeps its own copy)
+      gradients                   P
+      AdamW moments               2P
+      activations                 one batch's forward pass, measured on the meta device
+    in host memory, fp32 (the same memory when training on the CPU)
+      template state              2F   params and outer momentum (TorchExecutor's ``like``)
+      held states                 2F each, ``held_states`` of them
+      outer step result           2F
+      error-feedback residual     F
+      delta being encoded         F
+      decoded deltas              F each, one per contribution (at most one per shard)
+
+Activations are measured by running one batch through the model on torch's
+meta device (no memory is allocated) and adding up the tensors autograd saves
+for the backward pass, plus the output and its gradient. That overcounts a
+little (weights saved for backward are counted again) and misses what a
+kernel allocates as scratch, so it is an estimate, not a promise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ._spec import LoadedTask, fetch_batch
+from ._tasks import check_model
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """Bytes a peer needs for a job, by what holds them. ``params``: a count."""
+
+    params: int
+    model: int
+    eval_copy: int
+    grads: int
+    optimizer: int
+    activations: int
+    host: int  # the outer copies, fp32 in host memory
+
+    @property
+    def device(self) -> int:
+        """Bytes on the training device."""
+        return self.model + self.eval_copy + self.grads + self.optimizer + self.activations
+
+    @property
+    def total(self) -> int:
+        return self.device + self.host
+
+
+def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: int = 3) -> MemoryNeed:
+    """Estimate what training ``task`` in a job of ``shards`` shards with batches of
+    ``batch_size`` needs; ``held_states``: outer states the executor keeps at once.
+    Nothing is allocated: the model is built on the meta device. Raises TaskError
+    if the model cannot be built."""
+    model = check_model(task.spec, f"task {task.name}")
+    state = model.state_dict()
+    local = sum(t.numel() * t.element_size() for t in state.values())
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    grads = sum(p.numel() * p.element_size() for p in trainable)
+    fp32 = sum(t.numel() * 4 for t in state.values() if t.is_floating_point())
+    copies = 2 + 2 * held_states + 2 + 1 + 1 + shards
+    return MemoryNeed(
+        params=sum(p.numel() for p in trainable), model=local, eval_copy=local, grads=grads,
+        optimizer=2 * grads, activations=_activations(model, task, batch_size, fallback=local),
+        host=copies * fp32,
+    )
+
+
+def _activations(model: nn.Module, task: LoadedTask, batch_size: int, *, fallback: int) -> int:
+    """Bytes autograd keeps for one batch's backward pass, measured on the meta device;
+    ``fallback`` when the model cannot run there (it was not built on meta, or an op
+    has no meta kernel)."""
+    if not any(p.is_meta for p in model.parameters()):
+        return fallback
+    saved = 0
+
+    def pack(t: Tensor) -> Tensor:
+        nonlocal saved
+        saved += t.numel() * t.element_size()
+        return t
+
+    x, y = fetch_batch(task.train, [i % task.n_train for i in range(batch_size)])
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = model(x.to("meta"))
+            task.spec.loss(out, y.to("meta"))
+    except Exception:  # the task's own code: anything can happen on meta tensors
+        return fallback
+    return saved + 2 * out.numel() * out.element_size() if isinstance(out, Tensor) else saved
+
+
+@dataclass(frozen=True)
+class Misfit:
+    """A job that does not fit: the message a peer declines with, and the bytes it
+    needs and has in the memory that is short."""
+
+    message: str
+    need: int
+    have: int
+
+
+def fit_problem(need: MemoryNeed, *, device: str, device_free: int, host_free: int,
+                limited: bool = False) -> Misfit | None:
+    """None if ``need`` fits in ``device_free`` bytes on ``device`` (and, off the CPU,
+    its outer copies in ``host_free`` bytes of host memory); else what the peer
+    declines with: what it needs, what there is, and the largest model that would fit.
+    ``limited``: ``device_free`` is the ``memory_limit`` setting, not what is free."""
+    on_cpu = not device.startswith(("cuda", "mps", "xpu"))
+    per_param_device = (need.model + need.eval_copy + need.grads + need.optimizer) / max(need.params, 1)
+    per_param_host = need.host / max(need.params, 1)
+    if on_cpu:
+        if need.total <= device_free:
+            return None
+        short, have, where = need.total, device_free, "memory"
+        room = (device_free - need.activations) / (per_param_device + per_param_host)
+    else:
+        if need.device <= device_free and need.host <= host_free:
+            return None
+        room = min((device_free - need.activations) / per_param_device, host_free / per_param_host)
+        if need.device > device_free:
+            short, have, where = need.device, device_free, f"memory on {device}"
+        else:
+            short, have, where = need.host, host_free, "host memory for the outer copies"
+            limited = False
+    fits = (f"a model of up to about {_count(int(room))} parameters would fit here" if room >= 1 else
+            f"no model fits here with this batch size: one batch's activations alone need about "
+            f"{_size(need.activations)} (a smaller --batch-size needs less)")
+    setting = " (its memory_limit setting)" if limited else ""
+    message = (f"training this model ({_count(need.params)} parameters) needs about {_size(short)} of {where} "
+               f"(weights, gradients, AdamW state, outer copies and activations) and this peer has "
+               f"{_size(have)}{setting}; ttpeer does not split one model across machines, so this peer "
+               f"declines the job; {fits}")
+    return Misfit(message, short, have)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _count(n: int) -> str:
+    for unit, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
