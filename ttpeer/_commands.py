@@ -35,6 +35,10 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     show = cs.add_parser("show", parents=[common], help="every setting, its value and where it came from")
     show.add_argument("--json", action="store_true", help="one JSON object")
 
+    rv = sub.add_parser("revoke", parents=[common],
+                        help="remove a machine from the pool and rotate the pool key (admin only)")
+    rv.add_argument("peer", help="the peer's name, id, or a unique id prefix (see 'ttpeer status')")
+
     rep = sub.add_parser("report", parents=[common], help="write an HTML report of a job (plots embedded)")
     rep.add_argument("job", help="job id or a unique prefix")
     rep.add_argument("out", type=Path, help="output file (.html), self-contained")
@@ -193,3 +197,19 @@ def check_interval(value: float) -> float:
     if not 0.1 <= value <= 3600:
         raise ConfigError("--interval must be between 0.1 and 3600 seconds")
     return value
+
+
+# -- revoke ------------------------------------------------------------------------------
+
+
+def revoke(args: argparse.Namespace, home: Any) -> int:
+    """Ask the running admin daemon to revoke a peer. Raises ``TtpeerError``."""
+    from ttpeer.daemon import call
+
+    reply = call(home.control_socket, {"op": "revoke", "peer": args.peer}, timeout=120)
+    if reply.get("again"):
+        print(f"{reply['name']} ({reply['peer']}) was already revoked; the relay was told again")
+    else:
+        print(f"revoked {reply['name']} ({reply['peer']}); the pool key is now at epoch {reply['epoch']}")
+    print(f"revocation record {reply['record']}")
+    return 0

@@ -237,6 +237,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return _commands.config_show(args, args.settings)
     if cmd == "report":
         return _commands.report(args, _home(args))
+    if cmd == "revoke":
+        return _commands.revoke(args, _home(args))
     raise UsageError(f"unknown command {cmd}")
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from . import asgi
-from ._proto import ProofError, verify_proof
+from ._proto import MAX_RECORD_BYTES, ProofError, verify_proof
 from .asgi import FileResponse, HttpError, Request, Response, json_response
 from .auth import Nonces, RosterFull, Rosters, Session, Sessions, login_message, signature_ok
 from .blobs import BlobError, BlobStore
@@ -95,6 +95,7 @@ class RelayApp:
             (re.compile(r"/v1/challenge"), {"POST": (self.challenge, False)}),
             (re.compile(r"/v1/session"), {"POST": (self.session, False)}),
             (re.compile(r"/v1/roster"), {"GET": (self.roster, True)}),
+            (re.compile(r"/v1/revoke"), {"POST": (self.revoke, True)}),
             (re.compile(r"/v1/send/(?P<peer>[0-9a-f]{64})"), {"POST": (self.send, True)}),
             (re.compile(r"/v1/broadcast"), {"POST": (self.broadcast, True)}),
             (re.compile(r"/v1/recv"), {"GET": (self.recv, True)}),
@@ -191,6 +192,8 @@ class RelayApp:
                 raise HttpError(429, "too many requests; slow down", retry_after=wait)
             if needs_session and session is None:
                 raise HttpError(401, "session expired")
+            if session is not None and self.rosters.is_revoked(session.pool, session.peer):
+                raise HttpError(403, "this peer was revoked from the pool")
             return await handler(request, match.groupdict(), session)
         raise HttpError(404, f"no such endpoint: {request.path}")
 
@@ -216,6 +219,8 @@ class RelayApp:
         if not self.nonces.take(nonce, pool, peer, now):
             raise HttpError(401, "unknown or expired nonce; ask for a new challenge")
         proof = [bytes.fromhex(p) for p in proof_hex]
+        if self.rosters.is_revoked(pool, peer):
+            raise HttpError(403, "this peer was revoked from the pool")
         try:
             verify_proof(pool, peer, proof)
         except ProofError as exc:
@@ -234,6 +239,20 @@ class RelayApp:
                   "max_blob_bytes": self.config.max_blob_bytes, "max_wait": MAX_WAIT}
         return json_response(200, {"session": token, "expires": self.sessions.ttl,
                                    "limits": limits})
+
+    async def revoke(self, request: Request, _: dict[str, str], s: Session | None) -> Response:
+        """A root-signed revocation (raw record bytes): refuse that peer from now on."""
+        s = _member(s)
+        body = await request.body(MAX_RECORD_BYTES)
+        try:
+            peer = self.rosters.revoke(s.pool, body)
+        except ProofError as exc:
+            raise HttpError(403, f"bad revocation: {exc}") from None
+        except RosterFull as exc:
+            raise HttpError(507, str(exc)) from None
+        await self.rosters.save(s.pool)
+        log.info("pool %s: revoked peer %s", s.pool[:12], peer[:12])
+        return json_response(200, {"revoked": peer})
 
     async def roster(self, request: Request, _: dict[str, str], s: Session | None) -> Response:
         s = _member(s)

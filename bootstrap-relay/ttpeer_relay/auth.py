@@ -11,6 +11,11 @@ Admitted proofs form the pool's roster, which peers read to discover each other
 and which broadcasts go to. The roster is kept in memory and saved best-effort
 to ``pools/<pool>/roster.json``; a lost or corrupt file only means peers show up
 again when they next log in. Every table here is bounded.
+
+Revocations: the pool admin posts a root-signed ``revoke`` record; the relay
+checks the signature chains to the pool id (``verify_revocation``), drops the
+peer from the roster, refuses its sessions from then on, and saves the record
+with the roster so a restart keeps refusing it.
 """
 
 from __future__ import annotations
@@ -27,11 +32,12 @@ import trio
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ._proto import ProofError, verify_proof
+from ._proto import ProofError, verify_proof, verify_revocation
 
 log = logging.getLogger(__name__)
 
 LOGIN_DOMAIN = b"ttpeer/relay-auth/v1\n"
+MAX_REVOKED = 4096  # revoked peers remembered per pool
 
 
 def login_message(fingerprint: str, pool: str, nonce: str) -> bytes:
@@ -109,6 +115,7 @@ class Rosters:
         self.root = root
         self.max_peers = max_peers
         self._pools: dict[str, dict[str, list[bytes]]] = {}
+        self._revoked: dict[str, dict[str, bytes]] = {}  # pool -> peer -> revoke record
         self._save_lock = trio.Lock()
 
     def admit(self, pool: str, peer: str, proof: list[bytes]) -> bool:
@@ -120,6 +127,20 @@ class Rosters:
             raise RosterFull(f"the pool already has {len(roster)} peers on this relay")
         roster[peer] = list(proof)
         return True
+
+    def revoke(self, pool: str, record: bytes) -> str:
+        """Refuse the peer a root-signed ``record`` revokes; returns it. Raises ``ProofError``,
+        ``RosterFull`` (too many revocations remembered for the pool)."""
+        peer = verify_revocation(pool, record)
+        revoked = self._revoked.setdefault(pool, {})
+        if peer not in revoked and len(revoked) >= MAX_REVOKED:
+            raise RosterFull(f"the pool already has {len(revoked)} revoked peers on this relay")
+        revoked[peer] = record
+        self._pools.get(pool, {}).pop(peer, None)
+        return peer
+
+    def is_revoked(self, pool: str, peer: str) -> bool:
+        return peer in self._revoked.get(pool, {})
 
     def peers(self, pool: str) -> list[str]:
         return sorted(self._pools.get(pool, {}))
@@ -138,7 +159,9 @@ class Rosters:
             return
         async with self._save_lock:  # one writer at a time, each with the latest snapshot
             roster = self._pools.get(pool, {})
-            body = json.dumps({"proofs": {p: [r.hex() for r in pr] for p, pr in roster.items()}})
+            revoked = self._revoked.get(pool, {})
+            body = json.dumps({"proofs": {p: [r.hex() for r in pr] for p, pr in roster.items()},
+                               "revoked": [r.hex() for r in revoked.values()]})
             await trio.to_thread.run_sync(self._write, path, body)
 
     @staticmethod
@@ -158,8 +181,13 @@ class Rosters:
         for pool_dir in self.root.iterdir():
             path = pool_dir / "roster.json"
             try:
-                saved = json.loads(path.read_text())["proofs"]
+                data = json.loads(path.read_text())
+                for raw in data.get("revoked", []):
+                    self.revoke(pool_dir.name, bytes.fromhex(raw))
+                saved = data["proofs"]
                 for peer, proof in saved.items():
+                    if self.is_revoked(pool_dir.name, peer):
+                        continue
                     raw = [bytes.fromhex(r) for r in proof]
                     verify_proof(pool_dir.name, peer, raw)
                     self.admit(pool_dir.name, peer, raw)

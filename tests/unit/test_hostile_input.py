@@ -344,7 +344,7 @@ def test_forged_key_handover_is_refused_and_the_member_waits_for_a_real_one(pair
     member = pair.member
     seal_pub = member.home.seal_key().public_key().public_bytes_raw()
     admin_proof = [p.hex() for p in pair.admin_home.config().proof]
-    forged = {"key": os.urandom(32).hex(), "to": member.me, "proof": admin_proof, "sig": os.urandom(64).hex()}
+    forged = {"keys": [os.urandom(32).hex()], "to": member.me, "proof": admin_proof, "sig": os.urandom(64).hex()}
 
     before = member.counters.rejected.get("message: InvalidSignature", 0)
 

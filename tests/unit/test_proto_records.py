@@ -57,6 +57,7 @@ OTHER_VALUES: dict[str, dict[str, Any]] = {
         "metrics": {},
     },
     "ckpt": {"job": hex64("job2"), "round": 2, "state": state(2), "blob": hex64("ck2"), "size": 98},
+    "revoke": {"node": hex64("node2"), "keep": [], "at": 8},
     "decline": {"job": hex64("job2"), "reason": "task differs", "need": 0, "have": 0},
 }
 FIELD_SWAPS = [(k, f) for k in KINDS for f in SCHEMAS[k]
@@ -84,6 +85,8 @@ INVALID: list[tuple[str, str, Any]] = [
     ("close", "contribs", [hex64(2), hex64(1)] if hex64(2) > hex64(1) else [hex64(1), hex64(2)]),
     ("close", "contribs", []), ("close", "contribs", [hex64(1), hex64(1)]), ("close", "state", "sha256:"),
     ("ckpt", "round", -3), ("ckpt", "size", -1), ("ckpt", "blob", ""),
+    ("revoke", "node", "ab" * 31), ("revoke", "keep", [hex64(1), hex64(1)]), ("revoke", "keep", "x"),
+    ("revoke", "keep", sorted(hex64(i) for i in range(901))), ("revoke", "at", -1),
     ("decline", "reason", "x" * 1001), ("decline", "reason", None), ("decline", "need", -1),
     ("decline", "have", 1.5), ("decline", "job", "job"),
 ]

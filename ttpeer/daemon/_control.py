@@ -5,7 +5,8 @@ A Unix socket at ``HOME/control.sock``, mode 0600 in a 0700 home, so only its
 owner can use it; the server also asks the kernel who connected (``SO_PEERCRED``)
 and answers only its own user and root, should the modes ever be loosened.
 One JSON request per connection, one JSON reply:
-``{"op": "status"}``, ``{"op": "submit", "spec": {...}, "task_file": hex|null}``.
+``{"op": "status"}``, ``{"op": "submit", "spec": {...}, "task_file": hex|null}``,
+``{"op": "revoke", "peer": name|id|prefix}`` (admin only).
 Replies are ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
 """
 
@@ -104,6 +105,12 @@ async def _dispatch(node: Node, request: dict[str, Any], status: Callable[[], di
         task_file = bytes.fromhex(request["task_file"]) if request.get("task_file") else None
         job = await node.submit(request["spec"], task_file)
         return {"ok": True, "job": job.id, "shards": job["shards"], "lease": job["lease"]}
+    if op == "revoke":
+        peer, name = node.resolve_peer(str(request.get("peer", "")))
+        again = peer not in node.machine.records.members
+        rec = await node.revoke(peer)
+        return {"ok": True, "peer": peer, "name": name, "record": rec.id, "epoch": len(node.pool_keys) - 1,
+                "again": again}
     raise ValueError(f"unknown op {op!r}")
 
 

@@ -124,6 +124,23 @@ class Home:
     def save_pool_key(self, key: bytes) -> None:
         write_secret(self.path / "pool.key", key)
 
+    def pool_keys(self) -> list[bytes]:
+        """Every pool key this home holds, oldest epoch first (the last one seals).
+        ``pool.keys`` appears after the first key rotation (``ttpeer revoke``)."""
+        p = self.path / "pool.keys"
+        if not p.exists():
+            key = self.pool_key()
+            return [key] if key is not None else []
+        data = p.read_bytes()
+        if not data or len(data) % 32:
+            raise HomeError(f"{p} is damaged (expected 32-byte keys)")
+        return [data[i : i + 32] for i in range(0, len(data), 32)]
+
+    def save_pool_keys(self, keys: list[bytes]) -> None:
+        """Store every epoch's key; ``pool.key`` is written last, to the newest."""
+        write_secret(self.path / "pool.keys", b"".join(keys))
+        write_secret(self.path / "pool.key", keys[-1])
+
     def _read_secret(self, name: str) -> bytes:
         p = self.path / name
         try:

@@ -11,8 +11,16 @@ talk to the relay: the receiver (long-poll, cursor acknowledgement), the outbox
 Envelopes on the wire (the relay sees the first byte, sizes and timing only):
 
     H + canonical {"proof": [invite, join]}      a member announcing itself (public)
-    K + direct-sealed key handover               the pool key, sealed to one member
-    P + pool-sealed gossip payload               records and digests
+    K + direct-sealed key handover               every epoch's pool key, sealed to one member
+    P + pool-sealed (counter + gossip payload)   records and digests; the sender's id is
+                                                 bound in as associated data, the counter
+                                                 feeds the receiver's replay window (_replay)
+
+Pool key epochs. ``ttpeer revoke`` rotates the pool key: the admin makes a new
+key, hands the whole list (oldest first) to each remaining member, and seals
+from then on with the newest. Everyone opens with any key it holds (so blobs of
+old epochs stay readable) and seals with the newest. A revoked node never gets
+the new key, so it cannot open what is sealed after the rotation.
 
 Losing the relay is this peer's problem, not the pool's: the node retries with
 backoff and keeps training what it has claimed; leases judge liveness, not the
@@ -21,6 +29,7 @@ relay connection.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -32,10 +41,13 @@ import trio
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from ttpeer import _logging
 from ttpeer.errors import DiskError, TtpeerError, UsageError
 from ttpeer.net import BlobCorrupt, NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
-from ttpeer.net._seal import SealError, open_direct, open_sealed, seal, seal_to
+from ttpeer.net._entropy import random_bytes
+from ttpeer.net._seal import COUNTER, SealError, gossip_ad, open_direct, open_sealed, seal, seal_to
 from ttpeer.proto import (
+    MAX_KEEP,
     Aggregate,
     Apply,
     Broadcast,
@@ -51,21 +63,29 @@ from ttpeer.proto import (
     PublishDelta,
     Record,
     RecordError,
+    RevokeError,
     Send,
+    TaskSignatureError,
     Timing,
     Train,
     decode,
     default_sizing,
     encode,
+    lost_joins,
     member_variants,
+    open_task,
     parse,
+    revocation_keep,
+    revocations,
     sign,
+    sign_task,
     verify_proof,
 )
 
 from ._executor import Decline, Executor
 from ._home import Home, PoolConfig
 from ._recordlog import RecordLog
+from ._replay import ReplayGuard
 
 log = logging.getLogger("ttpeer.daemon")
 
@@ -75,6 +95,7 @@ KEY_DOMAIN = b"ttpeer/keyshare/v1\n"
 MAX_BLOB = 8 * 2**30
 RECV_WAIT = 20.0
 SUSPECT_BEATS = 3  # heartbeats missed before a peer is suspected
+REHELLO_EVERY = 30.0  # at most one hello per this many seconds for messages we cannot open
 DEAD_BEATS = 8  # ... and before it is reported dead (leases, not this, requeue its work)
 
 
@@ -143,12 +164,14 @@ class Node:
         self.executor = executor
         self._key = home.node_key()
         self._seal_key = home.seal_key()
-        self.pool_key: bytes | None = home.pool_key()
+        self.pool_keys: list[bytes] = home.pool_keys()  # oldest epoch first; the last one seals
+        self.pool_key: bytes | None = self.pool_keys[-1] if self.pool_keys else None
         self._offset = 0.0  # relay outages so far: protocol time stands still while we are cut off
         self._down_since: float | None = None
         self.machine = PeerMachine(self.cfg.pool, self._key, now=self._now(), timing=timing)
         self.me = self.machine.me
         self.log = RecordLog(home.records_log, fsync=durable)
+        self.replay = ReplayGuard(home.path, durable=durable)
         self.counters = Counters()
         self._rng = random.Random(seed)
         self._wall = wall  # calendar time, only for the `at` of jobs this node submits
@@ -160,6 +183,10 @@ class Node:
         self._job_done: dict[str, trio.Event] = {}
         self._key_event = trio.Event()
         self.fatal: TtpeerError | None = None
+        self._is_admin = (home.path / "root.key").exists()
+        self._lost_checked = -1  # membership version last checked for lost join races
+        self._lost_seen: set[str] = set()
+        self._rehello_at = 0.0
         if self.pool_key is not None:
             self._key_event.set()
 
@@ -175,6 +202,9 @@ class Node:
             if raw not in logged:
                 self.log.append(raw)
         self.machine.load(logged + self.cfg.proof, now)
+        # Lost join races already in the log were handled (by a rotation) before a restart.
+        self._lost_seen = lost_joins(self.cfg.pool, self.machine.records)
+        self._lost_checked = self.machine.records.membership_version
         for job in self.machine.records.jobs():
             for state in self.executor.held_states(job):
                 self.machine.held.add(state)
@@ -188,6 +218,7 @@ class Node:
             task_status.started()
 
     def stop(self) -> None:
+        self.replay.maybe_save(0.0, force=True)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
@@ -197,6 +228,7 @@ class Node:
             try:
                 await self.transport.connect()
                 self._relay_up()
+                await self._repeat_revocations()
                 return
             except (RelayFingerprintMismatch, RelayRejected) as exc:
                 raise exc
@@ -207,6 +239,15 @@ class Node:
                 log.warning("relay unreachable (%s); retrying in %.0f s", exc, delay)
                 await trio.sleep(delay * (0.5 + self._rng.random()))
                 delay = min(delay * 2, 30.0)
+
+    async def _repeat_revocations(self) -> None:
+        """Hand the relay every revocation we hold: a relay that lost its disk relearns
+        them from the first peer that starts. Root-signed, so anyone may carry them."""
+        for rec in [r for r in self.machine.records if r.kind == "revoke"]:
+            try:
+                await self.transport.revoke(rec.raw)
+            except NetError as exc:
+                log.warning("the relay did not take a revocation: %s", exc)
 
     # -- time and liveness -----------------------------------------------------------
 
@@ -253,15 +294,25 @@ class Node:
     async def submit(self, spec: dict[str, Any], task_file: bytes | None) -> Record:
         """Make, seal and publish a new job from ``spec``. ``shards`` or ``lease`` left
         out (None) default from the speeds peers have published. Raises ``TtpeerError``."""
+        signed = self._sign_task(task_file) if task_file is not None else None
         await self._key_event.wait()
         spec = self._sized(_with_members(spec))
         fixed, init_bytes = await self.executor.new_job(spec, task_file)
         init_blob = await self._put_sealed(init_bytes)
-        task_blob = await self._put_sealed(task_file) if task_file is not None else ""
+        task_blob = await self._put_sealed(signed) if signed is not None else ""
         body = {**spec, **fixed, "init_blob": init_blob, "task_blob": task_blob, "at": int(self._wall())}
         rec = sign("job", self.cfg.pool, body, self._key)
         self._process(self.machine.add_local(rec, self._now()))
         return rec
+
+    def _sign_task(self, task_file: bytes) -> bytes:
+        """Task files run as Python on every peer: only the pool admin may submit one."""
+        if not self._is_admin:
+            raise TaskSignatureError(
+                "only the pool admin can submit a job with a task file: it runs as Python on every "
+                "peer, so it must be signed with the pool's root key. Submit it on the admin machine "
+                "(the one that ran 'ttpeer pool create'), or use a built-in task")
+        return sign_task(self.home.root_key(), self.cfg.pool, task_file)
 
     def _sized(self, spec: dict[str, Any]) -> dict[str, Any]:
         if spec.get("shards") is not None and spec.get("lease") is not None:
@@ -315,8 +366,10 @@ class Node:
     def _queue(self, peer: str | None, payload: bytes) -> None:
         if self.pool_key is None:
             return  # not a full member yet: gossip will resend once we are
+        sealed = seal(self.pool_key, gossip_ad(GOSSIP, self.me),
+                      self.replay.next_counter().to_bytes(COUNTER, "big") + payload)
         try:
-            self._outbox_send.send_nowait((peer, b"P" + seal(self.pool_key, GOSSIP, payload)))
+            self._outbox_send.send_nowait((peer, b"P" + sealed))
         except trio.WouldBlock:
             log.warning("outbox full; dropping a gossip payload (anti-entropy resends it)")
 
@@ -326,7 +379,13 @@ class Node:
         try:
             match eff:
                 case PrepareJob(job=job):
-                    task_file = await self._get_sealed(job["task_blob"]) if job["task_blob"] else None
+                    try:
+                        task_file = (open_task(self.cfg.pool, await self._get_sealed(job["task_blob"]))
+                                     if job["task_blob"] else None)
+                    except TaskSignatureError as exc:
+                        log.warning("refusing job %s: %s", job.id[:12], exc)
+                        self._process(m.job_prepared(job.id, False, str(exc), now()))
+                        return
                     decline = await self.executor.prepare(job, task_file)
                     if isinstance(decline, str):
                         decline = Decline(decline)
@@ -438,10 +497,19 @@ class Node:
     async def _get_sealed(self, blob: str, max_size: int = MAX_BLOB) -> bytes:
         assert self.pool_key is not None
         try:
-            return open_sealed(self.pool_key, BLOB, await self.transport.get_blob(blob, max_size=max_size))
+            return self._open(BLOB, await self.transport.get_blob(blob, max_size=max_size))
         except (BlobCorrupt, SealError):
             self.counters.reject("blob")
             raise
+
+    def _open(self, purpose: bytes, data: bytes) -> bytes:
+        """Open with whichever epoch's key sealed it, newest first. Raises ``SealError``."""
+        for key in reversed(self.pool_keys):
+            try:
+                return open_sealed(key, purpose, data)
+            except SealError:
+                continue
+        raise SealError("sealed payload does not authenticate under any pool key held here")
 
     # -- network tasks -------------------------------------------------------------------
 
@@ -488,6 +556,12 @@ class Node:
                 self._relay_up()
                 delay = 0.5
             except NetError as exc:
+                if isinstance(exc, RelayRejected) and exc.status == 403 and "revoked" in exc.message:
+                    self.fatal = RevokeError("this machine was revoked from the pool by its admin; "
+                                             "it can no longer take part (ask the admin for a new token)")
+                    log.error("%s", self.fatal)
+                    self.stop()
+                    return
                 if isinstance(exc, RelayUnavailable):
                     self._relay_down()
                 self.counters.last_error = str(exc)
@@ -500,20 +574,36 @@ class Node:
                 self._on_message(msg.sender, msg.data)
             if messages:  # one decision for the whole batch, not one per message
                 self._process(self.machine.settle(self._now()))
+                self._check_lost_races()
+                self.replay.maybe_save(trio.current_time())
 
     def _on_message(self, sender: str, data: bytes) -> None:
         kind, body = data[:1], data[1:]
         try:
             if kind == b"P" and self.pool_key is not None:
-                payload = open_sealed(self.pool_key, GOSSIP, body)
-                self._process(self.machine.receive(sender, payload, self._now(), settle=False), wake=False)
+                plain = self._open(gossip_ad(GOSSIP, sender), body)
+                if len(plain) < COUNTER or not self.replay.accept(sender, int.from_bytes(plain[:COUNTER], "big")):
+                    log.debug("dropped a replayed or stale message from %s", sender[:12])
+                    return
+                self._process(self.machine.receive(sender, plain[COUNTER:], self._now(), settle=False), wake=False)
+            elif kind == b"P":
+                return  # no key yet: the hello loop is asking for it
             elif kind == b"H":
                 self._on_hello(sender, body)
             elif kind == b"K":
                 self._on_key(body)
-            elif kind != b"P":
+            else:
                 self.counters.reject("message: unknown kind")
-        except (SealError, RecordError, ProofError, InvalidSignature, ValueError, TypeError, KeyError) as exc:
+        except SealError as exc:
+            self.counters.reject("message: SealError")
+            log.debug("dropped a message from %s: %s", sender[:12], exc)
+            if kind == b"P" and trio.current_time() >= self._rehello_at:
+                # Sealed under an epoch we lack (we missed a rotation): announce ourselves;
+                # members answer with every epoch's key if we are still a member.
+                self._rehello_at = trio.current_time() + REHELLO_EVERY
+                with contextlib.suppress(trio.WouldBlock):
+                    self._outbox_send.send_nowait((None, self._hello()))
+        except (RecordError, ProofError, InvalidSignature, ValueError, TypeError, KeyError) as exc:
             # InvalidSignature: a key handover the relay (or anyone) forged; uncaught it
             # would end the receiver, and so the daemon, of every peer still joining.
             self.counters.reject(f"message: {type(exc).__name__}")
@@ -546,31 +636,111 @@ class Node:
         if self.pool_key is None:
             return
         if member.node not in self.machine.records.members:
-            return  # over its invite's use limit, or the invite is unknown
-        handover = {"key": self.pool_key.hex(), "to": member.node,
+            return  # over its invite's use limit, revoked, or the invite is unknown
+        self._hand_keys(member.node, member.seal)
+
+    def _hand_keys(self, node: str, seal_pub: str) -> None:
+        keys = b"".join(self.pool_keys)
+        handover = {"keys": [k.hex() for k in self.pool_keys], "to": node,
                     "proof": [p.hex() for p in self.cfg.proof],
-                    "sig": self._key.sign(KEY_DOMAIN + member.node.encode() + self.pool_key).hex()}
-        sealed = seal_to(bytes.fromhex(member.seal), encode(handover))
-        self._outbox_send.send_nowait((member.node, b"K" + sealed))
+                    "sig": self._key.sign(KEY_DOMAIN + node.encode() + keys).hex()}
+        sealed = seal_to(bytes.fromhex(seal_pub), encode(handover))
+        self._outbox_send.send_nowait((node, b"K" + sealed))
 
     def _on_key(self, body: bytes) -> None:
-        if self.pool_key is not None:
-            return
         obj = decode(open_direct(self._seal_key, body), max_size=200_000)
-        key = bytes.fromhex(obj["key"])
+        keys = [bytes.fromhex(k) for k in obj["keys"]]
         proof = [bytes.fromhex(p) for p in obj["proof"]]
         giver = parse(proof[1])["node"]
         verify_proof(self.cfg.pool, giver, proof)
         Ed25519PublicKey.from_public_bytes(bytes.fromhex(giver)).verify(
-            bytes.fromhex(obj["sig"]), KEY_DOMAIN + self.me.encode() + key
+            bytes.fromhex(obj["sig"]), KEY_DOMAIN + self.me.encode() + b"".join(keys)
         )
-        if obj["to"] != self.me or len(key) != 32:
+        if obj["to"] != self.me or not keys or any(len(k) != 32 for k in keys):
             return
-        self.home.save_pool_key(key)
-        self.pool_key = key
+        for raw in proof:  # the giver's membership, so we can judge its role below
+            self._process(self.machine.add_local(parse(raw), self._now()), wake=False)
+        if self.pool_keys:
+            # A newer epoch: only from a current (unrevoked) member, and only extending the
+            # keys we hold. Only the admin makes epochs; members pass them on.
+            if (len(keys) <= len(self.pool_keys) or keys[: len(self.pool_keys)] != self.pool_keys
+                    or giver not in self.machine.records.members):
+                return
+        self._set_keys(keys)
         self._key_event.set()
-        log.info("received the pool key from %s", giver[:12])
+        log.info("received pool key epoch %d from %s", len(keys) - 1, giver[:12])
         self._process(self.machine.tick(self._now()))
+
+    # -- revocation (admin) ----------------------------------------------------------------
+
+    async def revoke(self, peer: str) -> Record:
+        """Revoke ``peer``: sign a ``revoke`` record with the root key, rotate the pool key
+        to the remaining members, and tell the relay to refuse the peer's sessions.
+        Raises ``TtpeerError`` (not the admin, unknown peer, too much to keep)."""
+        await self._key_event.wait()
+        if not self._is_admin:
+            raise RevokeError("only the pool admin (the machine that ran 'ttpeer pool create') can revoke a peer")
+        if peer == self.me:
+            raise RevokeError("the admin cannot revoke itself; make a new pool instead")
+        rs = self.machine.records
+        done = [r for r in rs if r.kind == "revoke" and r["node"] == peer]
+        if done and peer not in rs.members:  # already revoked: tell the relay again (it may have lost its disk)
+            await self.transport.revoke(done[0].raw)
+            return done[0]
+        if peer not in rs.members:
+            raise RevokeError(f"{peer[:12]} is not a member of this pool (never joined, or lost its invite's race)")
+        keep = revocation_keep(rs, peer)
+        if len(keep) > MAX_KEEP:
+            raise RevokeError(f"the peer's records on the pool's chains are too many to keep ({len(keep)} > "
+                              f"{MAX_KEEP}); wait for its jobs to finish, then revoke it")
+        rec = sign("revoke", self.cfg.pool, {"node": peer, "keep": keep, "at": int(self._wall())},
+                   self.home.root_key())
+        self._process(self.machine.add_local(rec, self._now()))
+        self._rotate()
+        await self.transport.revoke(rec.raw)
+        log.info("revoked %s; pool key rotated to epoch %d", peer[:12], len(self.pool_keys) - 1)
+        return rec
+
+    def resolve_peer(self, text: str) -> tuple[str, str]:
+        """(id, name) of a member or revoked node, from its name, id, or a unique id
+        prefix. Raises ``RevokeError``."""
+        rs = self.machine.records
+        revoked = revocations(self.cfg.pool, rs)
+        names = {r["node"]: r["name"] for r in rs if r.kind == "join" and r["node"] in revoked}
+        names.update({n: m.name for n, m in rs.members.items()})
+        found = [n for n, name in names.items() if text in (n, name)] or (
+            [n for n in names if len(text) >= 6 and n.startswith(text.lower())])
+        if len(found) != 1:
+            what = "no member" if not found else f"{len(found)} members"
+            raise RevokeError(f"{what} of this pool match {text!r}; use a peer id from 'ttpeer status'")
+        return found[0], names[found[0]]
+
+    def _set_keys(self, keys: list[bytes]) -> None:
+        for key in keys:
+            _logging.add_secret(key)  # the log filter's second wall knows every epoch's key
+        self.home.save_pool_keys(keys)
+        self.pool_keys, self.pool_key = keys, keys[-1]
+
+    def _rotate(self) -> None:
+        """A new pool key, handed (with the old ones) only to who is a member now."""
+        self._set_keys([*self.pool_keys, random_bytes(32)])
+        for node, member in sorted(self.machine.records.members.items()):
+            if node != self.me:
+                self._hand_keys(node, member.seal)
+
+    def _check_lost_races(self) -> None:
+        """Admin only: a join that lost the race for an invite's last use may have been
+        handed the pool key first; rotate the key so that node reads nothing new."""
+        rs = self.machine.records
+        if self._lost_checked == rs.membership_version or not self._is_admin:
+            return
+        self._lost_checked = rs.membership_version
+        lost = lost_joins(self.cfg.pool, rs) - set(revocations(self.cfg.pool, rs)) - self._lost_seen
+        if lost:
+            self._lost_seen |= lost
+            self._rotate()
+            log.info("rotated the pool key to epoch %d: %d join(s) lost the race for an invite's last use",
+                     len(self.pool_keys) - 1, len(lost))
 
     # -- status ---------------------------------------------------------------------------
 

@@ -50,6 +50,9 @@ def _register_secrets(home: Home) -> None:
         path = home.path / name
         if path.exists():
             _logging.add_secret(path.read_bytes())
+    if home.path.joinpath("pool.keys").exists():
+        for key in home.pool_keys():  # every epoch's pool key, after a rotation
+            _logging.add_secret(key)
 
 
 async def run_daemon(
@@ -120,6 +123,7 @@ async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None
                   + (f"; metrics at {metrics_url}" if metrics_url else ""), flush=True)
     finally:
         node.log.close()
+        node.replay.maybe_save(0.0, force=True)
         with trio.CancelScope(shield=True):
             await client.aclose()
     if node.fatal is not None:

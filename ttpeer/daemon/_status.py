@@ -98,7 +98,9 @@ def snapshot(node: Node) -> dict[str, Any]:
     return {
         "version": SCHEMA_VERSION,
         "node": {"id": node.me, "name": node.cfg.name, "pool": node.cfg.pool,
-                 "has_pool_key": node.pool_key is not None, "uptime_s": round(now - node.counters.started, 1)},
+                 "has_pool_key": node.pool_key is not None, "uptime_s": round(now - node.counters.started, 1),
+                 "key_epoch": len(node.pool_keys) - 1 if node.pool_keys else None,
+                 "replays_dropped": node.replay.dropped},
         "relay": {"url": node.cfg.relays[0], "connected": node.counters.relay_ok,
                   "last_error": node.counters.last_error or None, "rejected": dict(node.counters.rejected)},
         "bytes_sent": node.bytes_sent, "bytes_received": node.bytes_received,

@@ -28,7 +28,7 @@ from types import TracebackType
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ..proto import ProofError, public_hex, verify_proof
+from ..proto import ProofError, public_hex, verify_proof, verify_revocation
 from ._errors import BlobCorrupt, BlobMissing, RelayLimit, RelayRejected, RelayUnavailable
 from ._transport import RECV_MAX_BYTES, RECV_MAX_COUNT, Message, check_blob_name
 
@@ -88,6 +88,7 @@ class MemoryRelay:
         self.pool_quota = pool_quota
         self.available = True
         self.rosters: dict[str, dict[str, list[bytes]]] = {}
+        self.revoked: dict[str, set[str]] = {}  # pool -> peers whose sessions are refused
         self.blobs: dict[str, dict[str, bytes]] = {}  # pool -> sha256 hex -> bytes
         self._mailboxes: dict[tuple[str, str], _Mailbox] = {}
         self._nursery: trio.Nursery | None = None
@@ -178,9 +179,15 @@ class MemoryTransport:
         self.relay._check_up()
         if not self._connected:
             raise RelayUnavailable(URL, "not connected; call connect() first")
+        self._check_revoked()
+
+    def _check_revoked(self) -> None:
+        if self.peer in self.relay.revoked.get(self.pool, ()):
+            raise RelayRejected(URL, 403, "this peer was revoked from the pool")
 
     async def connect(self) -> None:
         self.relay._check_up()
+        self._check_revoked()
         try:
             verify_proof(self.pool, self.peer, self._proof)
         except ProofError as exc:
@@ -243,6 +250,16 @@ class MemoryTransport:
             size += len(message.data)
         self.bytes_received += sum(len(m.data) for m in messages)
         return messages, messages[-1].seq if messages else after
+
+    async def revoke(self, record: bytes) -> None:
+        self._ready()
+        try:
+            node = verify_revocation(self.pool, record)
+        except ProofError as exc:
+            raise RelayRejected(URL, 403, f"bad revocation: {exc}") from None
+        self.relay.revoked.setdefault(self.pool, set()).add(node)
+        self.relay.rosters.get(self.pool, {}).pop(node, None)
+        await trio.lowlevel.checkpoint()
 
     async def roster(self) -> list[list[bytes]]:
         self._ready()

@@ -303,6 +303,10 @@ class RelayClient:
         except (KeyError, TypeError, ValueError, OverflowError):
             raise RelayUnavailable(self.url, "malformed recv answer") from None
 
+    async def revoke(self, record: bytes) -> None:
+        """Hand the relay a root-signed revocation. Raises ``RelayRejected``."""
+        await self._json("POST", "/v1/revoke", content=record)
+
     async def roster(self) -> list[list[bytes]]:
         answer = await self._json("GET", "/v1/roster")
         try:

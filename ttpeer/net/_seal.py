@@ -70,3 +70,62 @@ def open_direct(private: X25519PrivateKey, data: bytes) -> bytes:
         return ChaCha20Poly1305(key).decrypt(bytes(NONCE), body, None)
     except (InvalidTag, ValueError):
         raise SealError("direct-sealed payload does not authenticate") from None
+
+
+# -- replay window for pool-sealed messages ------------------------------------------------
+
+COUNTER = 8  # bytes of the big-endian message counter sealed in front of each gossip payload
+
+
+def gossip_ad(purpose: bytes, sender: str) -> bytes:
+    """Associated data of a gossip message: the purpose and the sender's id, so a message
+    the relay re-attributes to another peer does not authenticate."""
+    return purpose + bytes.fromhex(sender)
+
+
+class ReplayWindow:
+    """Per-sender sliding windows of message counters already accepted.
+
+    A sender numbers its sealed messages with a counter that only grows (across its
+    restarts too: see ``ttpeer.daemon._replay``). ``accept`` takes a counter once:
+    a duplicate, or one more than ``size`` below the highest seen from that sender,
+    is refused. Memory is bounded: ``size`` bits per sender, ``max_senders`` senders
+    (the least recently heard is forgotten first)."""
+
+    def __init__(self, *, size: int = 4096, max_senders: int = 4096) -> None:
+        self.size = size
+        self.max_senders = max_senders
+        self._top: dict[str, int] = {}  # sender -> highest counter accepted (insertion order = LRU)
+        self._seen: dict[str, int] = {}  # sender -> bitmask: bit i set = counter top - i accepted
+
+    def floor(self, sender: str, counter: int) -> None:
+        """Treat every counter up to ``counter`` from ``sender`` as seen (restored marks)."""
+        if counter > self._top.get(sender, -1):
+            self._top[sender] = counter
+            self._seen[sender] = (1 << self.size) - 1
+
+    def accept(self, sender: str, counter: int) -> bool:
+        top = self._top.pop(sender, None)
+        if top is None:
+            if len(self._top) >= self.max_senders:
+                oldest = next(iter(self._top))
+                del self._top[oldest], self._seen[oldest]
+            self._top[sender], self._seen[sender] = counter, 1
+            return True
+        seen = self._seen[sender]
+        if counter > top:
+            shift = counter - top
+            seen = ((seen << shift) | 1) & ((1 << self.size) - 1) if shift < self.size else 1
+            top = counter
+            ok = True
+        elif top - counter >= self.size or seen >> (top - counter) & 1:
+            ok = False
+        else:
+            seen |= 1 << (top - counter)
+            ok = True
+        self._top[sender], self._seen[sender] = top, seen
+        return ok
+
+    def marks(self) -> dict[str, int]:
+        """The highest counter accepted from each sender."""
+        return dict(self._top)

@@ -58,6 +58,10 @@ class Transport(Protocol):
     async def recv(self, after: int, wait: float) -> tuple[list[Message], int]:
         """Acknowledge up to ``after``; return (messages, cursor) within ``wait`` seconds."""
 
+    async def revoke(self, record: bytes) -> None:
+        """Hand the relay a root-signed ``revoke`` record: from then on it refuses the
+        revoked peer's sessions and drops it from the roster. Raises ``RelayRejected``."""
+
     async def roster(self) -> list[list[bytes]]:
         """Every membership proof ([invite, join]) admitted for this pool."""
 

@@ -22,7 +22,7 @@ from ._effects import (
     Train,
 )
 from ._ensemble import member_variants
-from ._errors import ProofError, RecordError, TtpeerError
+from ._errors import ProofError, RecordError, RevokeError, TtpeerError
 from ._ledger import (
     Chain,
     RecordSet,
@@ -31,13 +31,15 @@ from ._ledger import (
     contributions,
     covered,
     overlapped,
+    revocation_keep,
     select_cover,
     train_base,
 )
-from ._membership import Member, members, verify_proof
+from ._membership import Member, lost_joins, members, revocations, verify_proof, verify_revocation
 from ._peer import PeerMachine, Timing
-from ._records import MAX_RECORD_BYTES, Record, parse, pool_id_of, public_hex, sign
+from ._records import MAX_KEEP, MAX_RECORD_BYTES, Record, parse, pool_id_of, public_hex, sign
 from ._sizing import default_sizing
+from ._tasksig import TaskSignatureError, open_task, sign_task
 from ._token import Token, TokenError, make_token, parse_token
 
 __all__ = [
@@ -57,6 +59,9 @@ __all__ = [
     "RecordSet",
     "Send",
     "Timing",
+    "TaskSignatureError",
+    "open_task",
+    "sign_task",
     "Token",
     "TokenError",
     "make_token",
@@ -68,8 +73,12 @@ __all__ = [
     "covered",
     "overlapped",
     "select_cover",
+    "revocation_keep",
+    "revocations",
     "train_base",
+    "MAX_KEEP",
     "MAX_RECORD_BYTES",
+    "RevokeError",
     "Member",
     "ProofError",
     "Record",
@@ -80,9 +89,11 @@ __all__ = [
     "encode",
     "member_variants",
     "members",
+    "lost_joins",
     "parse",
     "pool_id_of",
     "public_hex",
     "sign",
     "verify_proof",
+    "verify_revocation",
 ]

@@ -22,3 +22,7 @@ class RecordError(TtpeerError):
 
 class ProofError(TtpeerError):
     """A membership proof does not chain from the pool root to the claimed node."""
+
+
+class RevokeError(TtpeerError):
+    """A revocation cannot be made: not the admin, not a member, or too much to keep."""

@@ -25,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ._membership import Member, members
+from ._membership import Member, members, revocations
 from ._records import Record
 
 
@@ -39,6 +39,8 @@ class RecordSet:
         default_factory=lambda: defaultdict(lambda: defaultdict(list))
     )
     _members: dict[str, Member] | None = None
+    _kept: frozenset[str] = frozenset()  # records of revoked nodes that still count
+    _any_revoke: bool = False
     _jobs: list[Record] = field(default_factory=list)
     _by_round: dict[tuple[str, str, int], list[Record]] = field(default_factory=lambda: defaultdict(list))
     _closed_rounds: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
@@ -56,7 +58,8 @@ class RecordSet:
         if rec.pool != self.pool or rec.id in self.by_id:
             return False
         self.by_id[rec.id] = rec
-        if rec.kind in ("invite", "join"):
+        if rec.kind in ("invite", "join", "revoke"):
+            self._any_revoke = self._any_revoke or rec.kind == "revoke"
             self._members = None
             self.membership_version += 1
         elif rec.kind == "job":
@@ -77,13 +80,18 @@ class RecordSet:
         return True
 
     def highest_closed_round(self, job: str) -> int:
-        """The highest round any close names (valid or not yet), or -1."""
-        return max(self._closed_rounds.get(job, ()), default=-1)
+        """The highest round any close names (valid or not yet), or -1. Once a node is
+        revoked, a close that names one of its contributions the revocation did not keep
+        never becomes valid (its round is redone), so it does not count here."""
+        if not self._any_revoke:
+            return max(self._closed_rounds.get(job, ()), default=-1)
+        return max((c["round"] for c in self.of_job(job, "close")
+                    if all(p is None or self.counts(p) for p in map(self.by_id.get, c["contribs"]))), default=-1)
 
     def in_round(self, job: str, kind: str, rnd: int) -> list[Record]:
         """Records of ``kind`` for round ``rnd`` of ``job`` whose author is a member."""
-        mem = self.members
-        return [r for r in self._by_round.get((job, kind, rnd), ()) if r.author in mem]
+        mem, kept = self.members, self._kept  # hot: locals, not a call per record
+        return [r for r in self._by_round.get((job, kind, rnd), ()) if r.author in mem or r.id in kept]
 
     def in_round_all(self, job: str, kind: str, rnd: int) -> list[Record]:
         """Records of ``kind`` for round ``rnd`` of ``job``, members or not: a cheap count
@@ -103,17 +111,22 @@ class RecordSet:
     def members(self) -> dict[str, Member]:
         if self._members is None:
             self._members = members(self.pool, self.by_id.values())
+            revoked = revocations(self.pool, self.by_id.values())
+            self._kept = frozenset().union(*revoked.values())
         return self._members
 
+    def counts(self, rec: Record) -> bool:
+        """Whether ``rec`` counts: its author is a member, or a revocation kept it."""
+        return rec.author in self.members or rec.id in self._kept
+
     def of_job(self, job: str, kind: str) -> list[Record]:
-        """Records of ``kind`` for ``job`` whose author is a member."""
-        mem = self.members
-        return [r for r in self.by_job.get(job, {}).get(kind, ()) if r.author in mem]
+        """Records of ``kind`` for ``job`` that count (see ``counts``)."""
+        mem, kept = self.members, self._kept
+        return [r for r in self.by_job.get(job, {}).get(kind, ()) if r.author in mem or r.id in kept]
 
     def jobs(self) -> list[Record]:
-        """Jobs submitted by members, oldest first (then by id)."""
-        mem = self.members
-        return sorted((r for r in self._jobs if r.author in mem), key=lambda r: (r["at"], r.id))
+        """Jobs submitted by members (or kept by a revocation), oldest first (then by id)."""
+        return sorted((r for r in self._jobs if self.counts(r)), key=lambda r: (r["at"], r.id))
 
 
 def contributions(rs: RecordSet, job: Record, rnd: int, base: str) -> list[Record]:
@@ -195,7 +208,7 @@ def canonical_chain(rs: RecordSet, job: Record) -> Chain:
                 continue  # may become valid when the missing contributions arrive
             ok = rs._close_ok[close.id] = not any(
                 p.kind != "contrib" or p["job"] != job.id or p["round"] != rnd
-                or p["base"] != tbase or p.author not in rs.members
+                or p["base"] != tbase or not rs.counts(p)
                 or p["shards"][-1] >= job["shards"]
                 for p in parts
             ) and covered(parts) == set(range(job["shards"]))
@@ -235,3 +248,22 @@ def checkpoints(rs: RecordSet, job: Record) -> dict[str, Record]:
     for ck in sorted(rs.of_job(job.id, "ckpt"), key=lambda r: r.id):
         out.setdefault(ck["state"], ck)
     return out
+
+
+def revocation_keep(rs: RecordSet, node: str) -> list[str]:
+    """Ids of ``node``'s records that a revocation of it should keep: the jobs it
+    submitted, and the contributions, closes and checkpoints on each job's canonical
+    chain. Its claims, releases and anything off the chain are dropped, so its
+    unfinished work is requeued. Sorted; the caller checks the length cap."""
+    keep: set[str] = set()
+    for job in rs.jobs():
+        if job.author == node:
+            keep.add(job.id)
+        chain = canonical_chain(rs, job)
+        for close in chain.closes:
+            if close.author == node:
+                keep.add(close.id)
+            keep.update(c for c in close["contribs"] if rs.by_id[c].author == node)
+        on_chain = set(chain.states)
+        keep.update(ck.id for ck in rs.of_job(job.id, "ckpt") if ck.author == node and ck["state"] in on_chain)
+    return sorted(keep)

@@ -7,6 +7,13 @@ invite expired. An invite admits at most ``uses`` joins; when more race for it,
 the joins with the lowest ids win, so every peer that holds the same records
 picks the same members (I1). A node that joined twice counts once.
 
+Revocation. A root-signed ``revoke`` names a node and the ids of its records that
+stay valid (``keep``). The node is no member, whatever joins it holds; of its
+records only the kept ones count. "After the revocation" is thus defined by the
+record set, not by anyone's clock: every peer holding the same records gives the
+same answer, whichever order they arrived in. Several revocations of one node keep
+the union of their ``keep`` lists.
+
 ``verify_proof`` checks the two-record chain (invite, join) a node presents to
 the relay; it needs nothing but the proof itself.
 """
@@ -46,6 +53,8 @@ def members(pool: str, records: Iterable[Record]) -> dict[str, Member]:
     """Members of ``pool`` by node id, from any collection of verified records."""
     invites: dict[str, Record] = {}
     joins: list[Record] = []
+    records = list(records)
+    revoked = revocations(pool, records)
     for rec in records:
         if rec.pool != pool:
             continue
@@ -61,11 +70,48 @@ def members(pool: str, records: Iterable[Record]) -> dict[str, Member]:
             continue
         if used.get(invite.id, 0) >= invite["uses"] or join["node"] in out:
             continue
-        used[invite.id] = used.get(invite.id, 0) + 1
+        used[invite.id] = used.get(invite.id, 0) + 1  # a revoked node still used its invite
+        if join["node"] in revoked:
+            continue
         out[join["node"]] = Member(
             join["node"], join["seal"], join["name"], invite["role"], join.id, invite.id
         )
     return out
+
+
+def lost_joins(pool: str, records: Iterable[Record]) -> set[str]:
+    """Nodes holding a genuine join that is not a membership: they lost a race for an
+    invite's last use (or were revoked). They may have been handed the pool key
+    before the winner's join reached the peer that handed it over."""
+    records = list(records)
+    invites = {r.id: r for r in records if r.kind == "invite" and r.pool == pool and pool_id_of(r.author) == pool}
+    genuine = {
+        r["node"] for r in records
+        if r.kind == "join" and r.pool == pool and r["invite"] in invites and _join_fits_invite(r, invites[r["invite"]])
+    }
+    return genuine - set(members(pool, records))
+
+
+def revocations(pool: str, records: Iterable[Record]) -> dict[str, frozenset[str]]:
+    """Revoked nodes of ``pool``, each with the ids of its records that still count."""
+    out: dict[str, frozenset[str]] = {}
+    for rec in records:
+        if rec.kind == "revoke" and rec.pool == pool and pool_id_of(rec.author) == pool:
+            out[rec["node"]] = out.get(rec["node"], frozenset()) | frozenset(rec["keep"])
+    return out
+
+
+def verify_revocation(pool: str, raw: bytes) -> str:
+    """Check that ``raw`` is a revocation signed by ``pool``'s root; returns the revoked
+    node. The relay uses it to refuse that node's sessions. Raises ``ProofError``."""
+    try:
+        rec = parse(raw)
+    except RecordError as exc:
+        raise ProofError(f"revocation is not a valid record: {exc}") from None
+    if rec.kind != "revoke" or rec.pool != pool or pool_id_of(rec.author) != pool:
+        raise ProofError("not a revocation signed by this pool's root key")
+    node: str = rec["node"]
+    return node
 
 
 def verify_proof(pool: str, peer: str, proof: Sequence[bytes]) -> Member:

@@ -8,8 +8,8 @@ canonical bytes; records are held in sets keyed by id, so duplicates collapse.
 
 ``parse`` is the only way bytes from outside become a ``Record``: size cap,
 canonical form, schema of the kind, then the signature. Which author may write
-which kind (the root signs invites, an invite key signs joins, members sign the
-rest) is judged by the views, because it depends on other records.
+which kind (the root signs invites and revocations, an invite key signs joins,
+members sign the rest) is judged by the views, because it depends on other records.
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ def _job_consistent(body: dict[str, Any]) -> str | None:
 
 
 _HEX = _re(_HEX64)
+MAX_KEEP = 900  # record ids a revocation can keep: 900 x 67 bytes stays under the record cap
 _STATE_HASH = _re(_STATE)
 
 # The table of kinds: every field, and nothing else, must be present and valid.
@@ -156,6 +157,11 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         "tbase": _STATE_HASH,
     },
     "ckpt": {"job": _HEX, "round": _int(), "state": _STATE_HASH, "blob": _HEX, "size": _int(1, 2**40)},
+    # Root-signed: ``node`` is no longer a member. Of its records only those named in
+    # ``keep`` (by id: the jobs, contributions, closes and checkpoints the pool's chains
+    # already rest on) still count; anything else it signed, before or after, is ignored.
+    # ``at`` is the admin's wall time, shown to people and judged by nobody.
+    "revoke": {"node": _HEX, "keep": _sorted_unique(_HEX, MAX_KEEP), "at": _int()},
     # A peer sits a job out, and says why; ``need`` and ``have``: bytes of memory, both 0
     # when the reason is not memory (e.g. its copy of the task differs).
     "decline": {"job": _HEX, "reason": _str(1000), "need": _int(), "have": _int()},

@@ -84,6 +84,7 @@ class FakeExecutor:
         self.step_time = step_time
         self.gate = gate or Gate()
         self.trained: list[tuple[str, int, int]] = []  # (job, round, shard) actually trained
+        self.task_files: dict[str, bytes | None] = {}  # job -> the task file prepare was given
         self._local: dict[str, tuple[str, list[int]]] = {}  # job -> (base, shards in local model)
 
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
@@ -91,6 +92,7 @@ class FakeExecutor:
         return {"task_hash": hashlib.sha256(spec["task"].encode()).hexdigest(), "init": init}, init.encode()
 
     async def prepare(self, job: Record, task_file: bytes | None) -> str | None:
+        self.task_files[job.id] = task_file
         return None
 
     async def train(self, eff: Train, should_stop: Callable[[], bool]) -> int:

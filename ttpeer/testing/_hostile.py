@@ -5,8 +5,9 @@ reorders through its ``Faults``) that, while ``hostility`` is set, also does wha
 relay operator could do without the pool key:
 
 - tampers with sealed gossip messages in flight: flips one bit, or truncates them;
-- replays old messages, to the same or another peer, under their original sender;
-- relabels the sender of a real message;
+- replays old messages, to the same or another peer, under their original sender
+  (dropped by the receiver's replay window, counted in `replays_dropped`);
+- relabels the sender of a real message (refused: the sender is bound into the seal);
 - inserts forgeries: gossip sealed under a key that is not the pool's, hellos whose
   membership proof is signed by keys outside the pool, and bytes of no known kind;
 - serves tampered blobs: a flipped bit, a truncation, another blob's bytes, or
@@ -38,7 +39,7 @@ from ttpeer.net._seal import seal
 from ttpeer.proto import encode, pool_id_of, public_hex, sign
 
 GOSSIP = b"ttpeer/gossip/v1"
-MESSAGE_ATTACKS = ("flip", "truncate", "forge_sealed", "forge_hello", "forge_kind")
+MESSAGE_ATTACKS = ("flip", "truncate", "relabel", "forge_sealed", "forge_hello", "forge_kind")
 BLOB_ATTACKS = ("blob_flip", "blob_truncate", "blob_swap", "blob_oversize")
 
 
@@ -90,8 +91,9 @@ class HostileRelay(MemoryRelay):
             self._inject(box, sender, bytes(tampered), "flip")
         elif sealed and roll < h.flip + h.truncate:
             self._inject(box, sender, data[: rng.randrange(1, len(data))], "truncate")
-        elif sealed and roll < h.flip + h.truncate + h.relabel:  # harmless: only liveness uses it
-            others = [p for p in self.rosters.get(pool, {}) if p != sender] or [sender]
+        elif sealed and roll < h.flip + h.truncate + h.relabel and len(self.rosters.get(pool, {})) > 1:
+            # Refused: the sender's id is bound into the seal (associated data).
+            others = [p for p in self.rosters.get(pool, {}) if p != sender]
             self._inject(box, rng.choice(sorted(others)), data, "relabel")
         else:
             super()._accept(pool, sender, recipient, data)
