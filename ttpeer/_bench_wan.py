@@ -26,7 +26,7 @@ moment every peer is connected; ttpeer: from the job's submission), bytes sent p
 count for every system, headers, heartbeats and retransmissions included), bytes per
 training sample, utilization (a peer's seconds in inner steps / wall, mean over peers;
 ttpeer's own ``status`` reports it) and the eval loss at equal samples (the most samples
-every row reached; each row's last evaluation at or before that). Writes a markdown
+every row reached; linear between a row's evaluations around it). Writes a markdown
 table to stdout and ``--markdown``, and a PNG of eval loss against wall time.
 
 torchft is installed into the running venv if missing (not a ttpeer dependency).
@@ -43,6 +43,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,8 +67,11 @@ class Row:
         return next((t for t, _, loss in self.curve if loss <= target), None)
 
     def loss_at(self, samples: int) -> float | None:
-        before = [loss for _, s, loss in self.curve if s <= samples]
-        return before[-1] if before else None
+        """The eval loss after ``samples``, linear between the evaluations around it."""
+        for (_, s0, l0), (_, s1, l1) in zip(self.curve, self.curve[1:], strict=False):
+            if s0 <= samples <= s1:
+                return l0 if s1 == s0 else l0 + (l1 - l0) * (samples - s0) / (s1 - s0)
+        return self.curve[-1][2] if self.curve and self.curve[-1][1] == samples else None
 
 
 def _tx_bytes(host: Host) -> int:
@@ -134,7 +138,8 @@ def _ttpeer(lab: Lab, args: argparse.Namespace, rounds: int) -> Row:
                timeout=120)["job"]
     row = Row("ttpeer fused")
     row.curve.append((0.0, 0, math.nan))
-    seen, done_at, util = 0, {}, {}
+    seen, done_at, util, split = 0, {}, {}, {}
+    started: float | None = None
     while len(done_at) < len(homes):
         if time.monotonic() - t0 > args.seconds + 300:
             raise RuntimeError(f"the ttpeer job did not finish in time:\n{lab.log('alice')[-2000:]}")
@@ -144,6 +149,8 @@ def _ttpeer(lab: Lab, args: argparse.Namespace, rounds: int) -> Row:
             entry = next((j for j in status(home)["jobs"] if j["id"] == job), None)
             if entry is None:
                 continue
+            if name == "alice" and started is None and (entry["round"] > 0 or entry.get("training_shard") is not None):
+                started = time.monotonic() - t0
             if name == "alice" and entry["round"] > seen:
                 seen = entry["round"]
                 row.curve.append((time.monotonic() - t0, seen * PEERS * args.H * BATCH, entry["eval_loss"]))
@@ -151,12 +158,16 @@ def _ttpeer(lab: Lab, args: argparse.Namespace, rounds: int) -> Row:
                 done_at[name] = time.monotonic() - t0
                 secs = entry.get("seconds") or {}
                 util[name] = secs["train"] / done_at[name] if secs.get("train") is not None else None
+                split[name] = secs
         time.sleep(0.1)
     row.curve = [c for c in row.curve if not math.isnan(c[2])]
     row.sent = [_tx_bytes(h) - b for h, b in zip(hosts, before, strict=True)]
     row.wall, row.samples = max(done_at.values()), rounds * PEERS * args.H * BATCH
     known = [u for u in util.values() if u is not None]
     row.utilization = sum(known) / len(known) if known else None
+    row.note = (f"alice trained her first shard {started:.1f} s after the submission; " if started is not None
+                else "") + "seconds per peer (ttpeer status): " + "; ".join(
+        f"{n} " + ", ".join(f"{k} {v:.1f}" for k, v in secs.items()) for n, secs in split.items())
     return row
 
 
@@ -213,14 +224,25 @@ def run(args: argparse.Namespace) -> list[Row]:
                     _lighthouse(lab, p0, 29510)
                     lh = [f"--lighthouse={p0.addr}:29510"]
                     rows.append(_baseline(lab, f"torchft DiLoCo (H={args.H})", "diloco", [p0, p1],
-                                          [*common, "--seconds", str(args.seconds)], args.seconds, [lh, lh]))
+                                          [*common, "--rounds", str(args.rounds)], args.seconds * 3, [lh, lh]))
                 except RuntimeError as exc:
                     print(exc, file=sys.stderr)
                     rows.append(Row("torchft DiLoCo", note=f"did not run: {str(exc).splitlines()[0][:120]}"))
+        if "hivemind" in args.rows:
+            print("hivemind...", file=sys.stderr)
+            why = _ensure("hivemind", "hivemind==1.1.12")
+            if why:
+                rows.append(Row("hivemind DiLoCo", note=f"did not run: {why}"))
+            else:
+                try:
+                    rows.append(_baseline(lab, f"hivemind DiLoCo (H={args.H})", "hivemind", [p0, p1],
+                                          [*common, "--rounds", str(args.rounds)], args.seconds * 3, [[], []]))
+                except RuntimeError as exc:
+                    print(exc, file=sys.stderr)
+                    rows.append(Row("hivemind DiLoCo", note=f"did not run: {str(exc).splitlines()[0][:120]}"))
         if "ttpeer" in args.rows:
             print("ttpeer fused...", file=sys.stderr)
             rows.append(_ttpeer(lab, args, args.rounds))
-    rows.append(Row("hivemind", note="did not run: not attempted (time); see docs/benchmarks.md"))
     return rows
 
 
@@ -251,7 +273,44 @@ def table(rows: list[Row], target: float) -> tuple[str, int]:
         at_txt = f"{at:.4f}" if at is not None else "n/a"
         lines.append(f"| {r.name} | {t_txt} | {vs} | {sent / 1e6:.2f} MB | {per_sample:,.1f} | {util} | "
                      f"{r.samples} | {at_txt} | {r.curve[-1][2]:.4f} |")
+    lines += ["", _targets(rows, target, equal)]
     return "\n".join(lines), equal
+
+
+def _targets(rows: list[Row], target: float, equal: int) -> str:
+    """The issue's targets, each as measured in this run."""
+    def find(prefix: str) -> Row | None:
+        return next((r for r in rows if r.name.startswith(prefix) and r.curve), None)
+
+    ours, single, ddp, ft = find("ttpeer"), find("one peer"), find("gloo"), find("torchft")
+    if ours is None:
+        return ""
+    t = ours.time_to(target)
+    out = ["| target | measured | met |", "|---|---|---|"]
+
+    def ratio(name: str, a: float | None, b: float | None, goal: str, ok: Callable[[float], bool],
+              bound: str = "") -> None:
+        if a is None or b is None or not b:
+            out.append(f"| {name} ({goal}) | n/a{bound} | no |")
+        else:
+            out.append(f"| {name} ({goal}) | {a / b:.2f}{bound} | {'yes' if ok(a / b) else 'no'} |")
+
+    if single:
+        ratio("ttpeer time to target / one peer's", t, single.time_to(target), "<= 0.6, limit 0.5", lambda x: x <= 0.6)
+    if ddp:
+        d = ddp.time_to(target)
+        ratio("DDP time to target / ttpeer's", d if d is not None else ddp.wall, t, ">= 20", lambda x: x >= 20,
+              "" if d is not None else " (DDP never reached it: a lower bound)")
+        ratio("DDP bytes per sample / ttpeer's", sum(ddp.sent) / ddp.samples, sum(ours.sent) / ours.samples,
+              ">= 1000", lambda x: x >= 1000)
+        a, b = ours.loss_at(equal), ddp.loss_at(equal)
+        ratio(f"ttpeer eval loss / DDP's at {equal} samples", a, b, "<= 1.02", lambda x: x <= 1.02)
+    if ft:
+        ratio("ttpeer time to target / torchft DiLoCo's", t, ft.time_to(target), "<= 1", lambda x: x <= 1)
+    util = ours.utilization
+    out.append(f"| ttpeer utilization (>= 97%) | {util:.1%} | {'yes' if util >= 0.97 else 'no'} |"
+               if util is not None else "| ttpeer utilization (>= 97%) | n/a | no |")
+    return "\n".join(out)
 
 
 def plot(rows: list[Row], target: float, path: Path, title: str) -> None:
@@ -289,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="emulated compute: each step lasts (1 + S) x its real time (sleeping), in every row")
     ap.add_argument("--seconds", type=float, default=0, help="time budget of a baseline run")
     ap.add_argument("--ddp-seconds", type=float, default=0)
-    ap.add_argument("--rows", default="single,ddp,diloco,ttpeer", help="which rows to run (comma-separated)")
+    ap.add_argument("--rows", default="single,ddp,diloco,hivemind,ttpeer", help="which rows to run (comma-separated)")
     ap.add_argument("--png", type=Path, default=Path("docs/bench-wan.png"))
     ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     ap.add_argument("--json", type=Path, default=None, help="also write every row's curve and counts here")
@@ -310,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
             f"batch {BATCH}, H={args.H}, steps slowed {1 + args.slowdown:g}x; ttpeer {args.rounds} rounds; "
             f"load average at start "
             f"{load[0]:.2f}, at end {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    notes = "\n".join(f"- {r.name}: {r.note}" for r in rows if r.curve and r.note)
+    text = f"{text}\n\n{notes}" if notes else text
     print(f"\n{head}\n\n{text}\n")
     args.png.parent.mkdir(parents=True, exist_ok=True)
     plot(rows, args.target, args.png, head)

@@ -6,8 +6,9 @@ ttpeer's fused jobs (batch 64, AdamW lr 2e-3 weight decay 0.01, gradients clippe
 1.0; DiLoCo outer: SGD Nesterov lr 0.7 momentum 0.9 every H steps) and writes JSON
 lines to ``--out``: ``{"t", "samples", "loss", "busy"}`` per evaluation (rank 0 only),
 where ``t`` counts from the moment every rank is connected, ``samples`` are summed over
-ranks and ``busy`` is this process's seconds of inner-step compute. It stops after
-``--seconds`` or once ``--target`` is reached and ``--samples`` are done.
+ranks and ``busy`` is this process's seconds of inner-step compute. The single and DDP
+modes stop after ``--seconds``; the DiLoCo modes after ``--rounds`` syncs (every rank
+the same number, so none is left waiting for a partner).
 
 ``busy`` for DDP cannot be timed directly (the all-reduce runs inside backward), so it
 is the step count times the compute time of one step, measured on 20 warm-up steps
@@ -87,11 +88,8 @@ class Run:
             self.out.flush()
         return loss
 
-    def over(self, loss: float | None, world: int) -> bool:
-        a = self.args
-        if time.monotonic() - self.t0 > a.seconds:
-            return True
-        return loss is not None and loss <= a.target and self.steps * BATCH * world >= a.samples
+    def over(self) -> bool:
+        return time.monotonic() - self.t0 > self.args.seconds
 
     def finish(self, world: int) -> None:
         if self.out is not None:
@@ -103,10 +101,11 @@ class Run:
 def single(run: Run) -> None:
     opt = torch.optim.AdamW(run.model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     run.t0 = time.monotonic()
-    loss = run.evaluate(run.model, 1)
-    while not run.over(loss, 1):
+    run.evaluate(run.model, 1)
+    while not run.over():
         run.step(run.model, opt)
-        loss = run.evaluate(run.model, 1) if run.steps % run.args.eval_every == 0 else None
+        if run.steps % run.args.eval_every == 0:
+            run.evaluate(run.model, 1)
     run.finish(1)
 
 
@@ -138,10 +137,15 @@ def ddp(run: Run) -> None:
     opt.zero_grad(set_to_none=True)
     dist.barrier()
     run.t0 = time.monotonic()
-    loss = run.evaluate(model, a.world) if a.rank == 0 else None
-    while not _decide(a.rank == 0 and run.over(loss, a.world)):
+    if a.rank == 0:
+        run.evaluate(model, a.world)
+    while True:
         run.step(model, opt)
-        loss = run.evaluate(model, a.world) if a.rank == 0 and run.steps % a.eval_every == 0 else None
+        if run.steps % a.eval_every == 0:  # only then: a decision costs a round trip
+            if a.rank == 0:
+                run.evaluate(model, a.world)
+            if _decide(a.rank == 0 and run.over()):
+                break
     run.finish(a.world)
     dist.barrier()
     dist.destroy_process_group()
@@ -180,23 +184,75 @@ def diloco(run: Run) -> None:
         connect_timeout=timedelta(seconds=60),
     )
     run.t0 = time.monotonic()
-    loss = run.evaluate(model, a.world) if a.rank == 0 else None
+    if a.rank == 0:
+        run.evaluate(model, a.world)
     run.sync_every = a.H
+    # Both replicas sync every H steps and stop after the same number of syncs: neither waits for the other.
     with DiLoCo(manager, [model], inner, outer, sync_every=a.H, pin_memory=False):
-        while True:
+        for _ in range(a.rounds * a.H):
             run.step(model, inner)
-            if run.steps % a.H == 0:
-                loss = run.evaluate(model, a.world) if a.rank == 0 else None
-                # Both replicas sync every H steps; stop at a sync so neither waits for the other.
-                if run.over(loss, a.world) or time.monotonic() - run.t0 > a.seconds:
-                    break
+            if run.steps % a.H == 0 and a.rank == 0:
+                run.evaluate(model, a.world)
     run.finish(a.world)
     manager.shutdown(wait=False)
 
 
+def hivemind_diloco(run: Run) -> None:
+    """DiLoCo over hivemind 1.1.12: every H steps a ``DecentralizedAverager`` (all-reduce in a
+    group of 2 found through its DHT) averages the pseudo-gradients, then each peer applies the
+    same outer Nesterov SGD. Rank 0's DHT address goes through ``--out``'s directory."""
+    import hivemind
+    from hivemind.averaging import DecentralizedAverager
+
+    a = run.args
+    port = 29600 + a.rank
+    meet = Path(a.out).with_suffix(".maddr")
+    initial: list[str] = []
+    if a.rank > 0:
+        deadline = time.monotonic() + 120
+        while not meet.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        initial = [meet.read_text().strip()]
+    dht = hivemind.DHT(host_maddrs=[f"/ip4/0.0.0.0/tcp/{port}"], announce_maddrs=[f"/ip4/{a.host}/tcp/{port}"],
+                       initial_peers=initial, start=True)
+    if a.rank == 0:
+        mine = [str(m) for m in dht.get_visible_maddrs() if a.host in str(m)]
+        meet.write_text(mine[0] + "\n")
+    model = run.model
+    params = list(model.parameters())
+    inner = torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+    outer = torch.optim.SGD(params, lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True)
+    averager = DecentralizedAverager([torch.zeros_like(p) for p in params], dht, prefix="wan", start=True,
+                                     target_group_size=a.world, min_group_size=a.world, min_matchmaking_time=1.0,
+                                     request_timeout=5.0)
+    base = [p.detach().clone() for p in params]
+    run.sync_every = 0
+    run.t0 = time.monotonic()
+    run.evaluate(model, a.world)
+    for _ in range(a.rounds):
+        for _ in range(a.H):
+            run.step(model, inner)
+        with torch.no_grad(), averager.get_tensors() as tensors:
+            for t, p, b in zip(tensors, params, base, strict=True):
+                t.copy_(b - p)
+        if averager.step(timeout=120) is None:
+            raise RuntimeError("hivemind found no group to average with in 120 s")
+        with torch.no_grad(), averager.get_tensors() as tensors:
+            for t, p, b in zip(tensors, params, base, strict=True):
+                p.copy_(b)
+                p.grad = t.clone()
+        outer.step()
+        outer.zero_grad(set_to_none=True)
+        base = [p.detach().clone() for p in params]
+        run.evaluate(model, a.world)
+    run.finish(a.world)
+    averager.shutdown()
+    dht.shutdown()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ttpeer._bench_wan_worker")
-    ap.add_argument("mode", choices=["single", "ddp", "diloco"])
+    ap.add_argument("mode", choices=["single", "ddp", "diloco", "hivemind"])
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--world", type=int, default=1)
     ap.add_argument("--master", default="")
@@ -204,16 +260,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default="")
     ap.add_argument("--H", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--target", type=float, default=0.0)
-    ap.add_argument("--samples", type=int, default=0)
+    ap.add_argument("--target", type=float, default=0.0, help="only recorded: every run goes to its end")
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--slowdown", type=float, default=0.0)
+    ap.add_argument("--rounds", type=int, default=4, help="DiLoCo modes: rounds of H steps")
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    {"single": single, "ddp": ddp, "diloco": diloco}[args.mode](Run(args))
+    {"single": single, "ddp": ddp, "diloco": diloco, "hivemind": hivemind_diloco}[args.mode](Run(args))
     return 0
 
 
