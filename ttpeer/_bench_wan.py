@@ -42,6 +42,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -328,7 +329,7 @@ def plot(rows: list[Row], target: float, path: Path, title: str) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("wall time, s (log)")
     ax.set_ylabel("mnist1d eval loss")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 110), fontsize=7)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
