@@ -160,6 +160,9 @@ def _ttpeer(lab: Lab, args: argparse.Namespace, rounds: int) -> Row:
                 secs = entry.get("seconds") or {}
                 util[name] = secs["train"] / done_at[name] if secs.get("train") is not None else None
                 split[name] = secs
+                work = {p["name"]: p for p in entry.get("peers") or []}.get(name, {})
+                split[name] = {**secs, "shards": float(work.get("shards") or 0),
+                               "samples/s": float(work.get("samples_per_s") or 0)}
         time.sleep(0.1)
     row.curve = [c for c in row.curve if not math.isnan(c[2])]
     row.sent = [_tx_bytes(h) - b for h, b in zip(hosts, before, strict=True)]
