@@ -11,6 +11,10 @@ them) so parallel labs never touch each other and leftovers can be found:
     gw3 (10.200.0.13) ──┘      a proxied peer's gateway: tinyproxy, no forwarding at all
       └─ h3 carol (10.200.13.2, no route out; HTTPS_PROXY=http://10.200.13.1:8888)
 
+``routed=[...]`` peers sit behind a plain router instead (no NAT, inbound allowed, a
+route to every other routed peer's LAN): they reach each other directly at their own
+addresses, as the synchronous baselines of ``scripts/bench/wan`` (gloo, torchft) need.
+
 Links are veth pairs. ``shape(host, rate, delay)`` puts ``tbf`` on both ends of a
 host's access link (the rate each way) and, for a delay, starts ``_delayfwd.py``
 in the host's gateway: an ``iptables REDIRECT`` sends the LAN's TCP connections
@@ -124,12 +128,13 @@ class Lab:
     above; ``lab.hosts[NAME]`` (and ``lab.relay``) are its ``Host``s."""
 
     def __init__(self, nat: list[str] | tuple[str, ...] = (), proxied: list[str] | tuple[str, ...] = (),
-                 root: Path | None = None, keep: bool = False) -> None:
+                 root: Path | None = None, keep: bool = False, routed: list[str] | tuple[str, ...] = ()) -> None:
         self.tag = f"{PREFIX}{os.getpid()}-{next(_counter)}"
         self.dir = root or Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
         self.keep = keep
         self.nat = list(nat)
         self.proxied = list(proxied)
+        self.routed = list(routed)
         self.namespaces: list[str] = []
         self.procs: list[subprocess.Popen[bytes]] = []
         self.hosts: dict[str, Host] = {}
@@ -172,7 +177,7 @@ class Lab:
         _sh("ip", "netns", "exec", ns, "iptables", "-w", *rule)
 
     def build(self) -> None:
-        names = [*self.nat, *self.proxied]
+        names = [*self.nat, *self.proxied, *self.routed]
         if len(set(names)) != len(names) or "relay" in names or len(names) > 200:
             raise LabError(f"peer names must be distinct, not 'relay', at most 200: {names}")
         wan = self._ns("wan")
@@ -185,6 +190,7 @@ class Lab:
         self.hosts["relay"] = Host(self, "relay", relay_ns, RELAY_ADDR, RELAY_ADDR, None, (wan, "p0"))
         for i, name in enumerate(names, start=1):
             self._add_peer(wan, i, name, proxied=name in self.proxied)
+        self._route_between([self.hosts[name] for name in self.routed])
 
     def _add_peer(self, wan: str, i: int, name: str, *, proxied: bool) -> None:
         gw, ns = self._ns(f"gw{i}"), self._ns(f"h{i}")
@@ -218,6 +224,19 @@ class Lab:
             self._ipt(gw, "-A", "FORWARD", "-i", "wan", "-o", "lan", "-m", "conntrack", "--ctstate",
                       "ESTABLISHED,RELATED", "-j", "ACCEPT")
             self.hosts[name] = Host(self, name, ns, addr, public, gw, (gw, "lan"), env=env)
+
+    def _route_between(self, hosts: list[Host]) -> None:
+        """Turn the NAT routers of ``hosts`` into plain routers that reach each other's LANs."""
+        routers = {host.name: host.public for host in hosts}  # each gateway's address on the wan
+        for host in hosts:
+            assert host.gateway is not None
+            self._ipt(host.gateway, "-t", "nat", "-F", "POSTROUTING")
+            self._ipt(host.gateway, "-A", "FORWARD", "-i", "wan", "-o", "lan", "-j", "ACCEPT")
+            for other in hosts:
+                if other is not host:
+                    lan = other.addr.rsplit(".", 1)[0] + ".0/24"
+                    _sh("ip", "-n", host.gateway, "route", "add", lan, "via", routers[other.name])
+            host.public = host.addr
 
     def wait_port(self, ns: str, addr: str, port: int, what: str, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout

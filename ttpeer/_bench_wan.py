@@ -1,0 +1,390 @@
+"""The WAN benchmark behind ``scripts/bench/wan`` (issue 7, part 3).
+
+Two peers on a shaped link of the network lab (``ttpeer/testing/_netlab.py``): each
+peer's access link is ``--rate`` each way (tbf) with ``--delay`` added to each
+direction of its TCP connections. One model and data set for all rows: ttpeer's
+built-in mnist1d MLP, batch 64, AdamW lr 2e-3 weight decay 0.01, gradients clipped
+to 1.0; DiLoCo rows average every H inner steps with Nesterov SGD lr 0.7 momentum 0.9.
+
+Rows, one after the other in one lab:
+
+- ``one peer alone``: a plain loop with no network (``_bench_wan_worker single``);
+- ``gloo DDP``: all-reduce of gradients every step, 2 processes;
+- ``torchft DiLoCo``: torchft 0.2.0's ``DiLoCo`` with the same H, a lighthouse on peer 0;
+- ``ttpeer fused``: a relay and 2 ttpeer peers behind NAT routers, one job with 2 shards
+  of H batches per round (each peer trains one shard a round).
+
+The synchronous baselines need peers that reach each other: they run on ``routed``
+lab hosts (plain routers, still shaped). ttpeer's peers sit behind NAT and talk only
+through the relay, so each byte between them crosses two shaped links and two delays
+(the baselines' direct connections cross one delay): the comparison is tilted towards
+the baselines, not against them.
+
+Measured per row: wall time until the eval loss first reaches ``--target`` (from the
+moment every peer is connected; ttpeer: from the job's submission), bytes sent per peer
+(``tx_bytes`` of each peer's ``eth0`` from ``/proc/net/dev`` in its namespace: the same
+count for every system, headers, heartbeats and retransmissions included), bytes per
+training sample, utilization (a peer's seconds in inner steps / wall, mean over peers;
+ttpeer's own ``status`` reports it) and the eval loss at equal samples (the most samples
+every row reached; linear between a row's evaluations around it). Writes a markdown
+table to stdout and ``--markdown``, and a PNG of eval loss against wall time.
+
+torchft is installed into the running venv if missing (not a ttpeer dependency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ttpeer.testing._netlab import Host, Lab, start_pool, start_relay, unavailable
+
+BATCH = 64
+PEERS = 2
+
+
+@dataclass
+class Row:
+    name: str
+    curve: list[tuple[float, int, float]] = field(default_factory=list)  # (t, samples, loss)
+    sent: list[int] = field(default_factory=list)  # bytes per peer
+    samples: int = 0
+    wall: float = 0.0
+    utilization: float | None = None
+    note: str = ""
+
+    def time_to(self, target: float) -> float | None:
+        return next((t for t, _, loss in self.curve if loss <= target), None)
+
+    def loss_at(self, samples: int) -> float | None:
+        """The eval loss after ``samples``, linear between the evaluations around it."""
+        for (_, s0, l0), (_, s1, l1) in zip(self.curve, self.curve[1:], strict=False):
+            if s0 <= samples <= s1:
+                return l0 if s1 == s0 else l0 + (l1 - l0) * (samples - s0) / (s1 - s0)
+        return self.curve[-1][2] if self.curve and self.curve[-1][1] == samples else None
+
+
+def _tx_bytes(host: Host) -> int:
+    for line in host.run(["cat", "/proc/net/dev"]).stdout.splitlines():
+        name, _, rest = line.partition(":")
+        if name.strip() == host.near:
+            return int(rest.split()[8])
+    raise RuntimeError(f"no {host.near} in /proc/net/dev of {host.name}")
+
+
+def _worker(mode: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "ttpeer._bench_wan_worker", mode, *args]
+
+
+def _wait_all(procs: list[subprocess.Popen[bytes]], timeout: float, what: str, lab: Lab, logs: list[str]) -> None:
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{what} did not finish in {timeout:.0f} s:\n"
+                               + "\n".join(lab.log(n)[-1500:] for n in logs)) from None
+        if code != 0:
+            raise RuntimeError(f"{what} failed ({code}):\n" + "\n".join(lab.log(n)[-3000:] for n in logs))
+
+
+def _read_curve(row: Row, path: Path) -> Row:
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if "end" in rec:
+            row.wall, row.samples = rec["end"], rec["samples"]
+        else:
+            row.curve.append((rec["t"], rec["samples"], rec["loss"]))
+    return row
+
+
+def _baseline(lab: Lab, name: str, mode: str, hosts: list[Host], common: list[str], seconds: float,
+              extra: list[list[str]]) -> Row:
+    out = lab.dir / f"{mode}.jsonl"
+    before = [_tx_bytes(h) for h in hosts]
+    procs = [h.popen(_worker(mode, "--rank", str(i), "--world", str(len(hosts)), "--host", h.addr,
+                             "--out", str(out), *common, *extra[i]), f"{mode}-{i}",
+                     env={"GLOO_SOCKET_IFNAME": "eth0"})
+             for i, h in enumerate(hosts)]
+    _wait_all(procs, seconds + 240, name, lab, [f"{mode}-{i}" for i in range(len(hosts))])
+    row = _read_curve(Row(name), out)
+    row.sent = [_tx_bytes(h) - b for h, b in zip(hosts, before, strict=True)]
+    busy = [json.loads(line)["busy"] for line in out.read_text().splitlines() if '"end"' in line]
+    row.utilization = busy[0] / row.wall if row.wall else None  # rank 0's (only rank 0 writes)
+    return row
+
+
+def _ttpeer(lab: Lab, args: argparse.Namespace, rounds: int) -> Row:
+    from ttpeer.daemon import call
+    from ttpeer.demo import job_spec, status
+
+    url, fp = start_relay(lab)
+    homes = start_pool(lab, url, fp, "alice", ["bob"], extra=("--slowdown", str(args.slowdown)))
+    spec = {**job_spec(rounds), "shards": PEERS, "batches": args.H, "lease": 60.0}
+    hosts = [lab.hosts["alice"], lab.hosts["bob"]]
+    before = [_tx_bytes(h) for h in hosts]
+    t0 = time.monotonic()
+    job = call(homes["alice"] / "control.sock", {"op": "submit", "spec": spec, "task_file": None},
+               timeout=120)["job"]
+    row = Row("ttpeer fused")
+    row.curve.append((0.0, 0, math.nan))
+    seen, done_at, util, split = 0, {}, {}, {}
+    started: float | None = None
+    while len(done_at) < len(homes):
+        if time.monotonic() - t0 > args.seconds + 300:
+            raise RuntimeError(f"the ttpeer job did not finish in time:\n{lab.log('alice')[-2000:]}")
+        for name, home in homes.items():
+            if name in done_at:
+                continue
+            entry = next((j for j in status(home)["jobs"] if j["id"] == job), None)
+            if entry is None:
+                continue
+            if name == "alice" and started is None and (entry["round"] > 0 or entry.get("training_shard") is not None):
+                started = time.monotonic() - t0
+            if name == "alice" and entry["round"] > seen:
+                seen = entry["round"]
+                row.curve.append((time.monotonic() - t0, seen * PEERS * args.H * BATCH, entry["eval_loss"]))
+            if entry["state"] == "done":
+                done_at[name] = time.monotonic() - t0
+                secs = entry.get("seconds") or {}
+                util[name] = secs["train"] / done_at[name] if secs.get("train") is not None else None
+                split[name] = secs
+                work = {p["name"]: p for p in entry.get("peers") or []}.get(name, {})
+                split[name] = {**secs, "shards": float(work.get("shards") or 0),
+                               "samples/s": float(work.get("samples_per_s") or 0)}
+        time.sleep(0.1)
+    row.curve = [c for c in row.curve if not math.isnan(c[2])]
+    row.sent = [_tx_bytes(h) - b for h, b in zip(hosts, before, strict=True)]
+    row.wall, row.samples = max(done_at.values()), rounds * PEERS * args.H * BATCH
+    known = [u for u in util.values() if u is not None]
+    row.utilization = sum(known) / len(known) if known else None
+    row.note = (f"alice trained her first shard {started:.1f} s after the submission; " if started is not None
+                else "") + "seconds per peer (ttpeer status): " + "; ".join(
+        f"{n} " + ", ".join(f"{k} {v:.1f}" for k, v in secs.items()) for n, secs in split.items())
+    return row
+
+
+def _ensure(module: str, requirement: str) -> str | None:
+    """Install ``requirement`` into this venv if ``module`` is missing; the reason if it can't be."""
+    if importlib.util.find_spec(module) is not None:
+        return None
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", requirement], capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"pip install {requirement} failed: {done.stderr.strip()[-200:]}"
+    importlib.invalidate_caches()
+    return None
+
+
+def _lighthouse(lab: Lab, host: Host, port: int) -> None:
+    exe = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent))
+    if exe is None:
+        raise RuntimeError("torchft_lighthouse is not in the venv's bin")
+    host.popen([exe, "--min_replicas", str(PEERS), "--quorum_tick_ms", "50", "--join_timeout_ms", "2000",
+                "--bind", f"0.0.0.0:{port}"], "lighthouse")
+    lab.wait_port(host.ns, "0.0.0.0", port, "the torchft lighthouse")
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    from ttpeer.train._mnist1d import mnist1d_task
+
+    rows: list[Row] = []
+    with Lab(nat=["alice", "bob"], routed=["p0", "p1"], keep=args.keep) as lab:
+        for name in ("alice", "bob", "p0", "p1"):
+            lab.shape(name, args.rate, args.delay)
+        data = lab.dir / "data"
+        mnist1d_task(data)  # the workers find the cache
+        p0, p1 = lab.hosts["p0"], lab.hosts["p1"]
+        common = ["--data", str(data), "--H", str(args.H), "--target", str(args.target),
+                  "--slowdown", str(args.slowdown)]
+        print(f"lab in {lab.dir}", file=sys.stderr)
+        if "single" in args.rows:
+            print("one peer alone...", file=sys.stderr)
+            rows.append(_baseline(lab, "one peer alone", "single", [p0], [*common, "--seconds", str(args.seconds),
+                                                                       "--eval-every", "25"], args.seconds, [[]]))
+        master = [f"--master={p0.addr}:29500"]
+        if "ddp" in args.rows:
+            print("gloo DDP...", file=sys.stderr)
+            rows.append(_baseline(lab, "gloo DDP (all-reduce every step)", "ddp", [p0, p1],
+                              [*common, "--seconds", str(args.ddp_seconds), "--eval-every", "10"],
+                              args.ddp_seconds, [master, master]))
+        if "diloco" in args.rows:
+            print("torchft DiLoCo...", file=sys.stderr)
+            why = _ensure("torchft", "torchft==0.2.0")
+            if why:
+                rows.append(Row("torchft DiLoCo", note=f"did not run: {why}"))
+            else:
+                try:
+                    _lighthouse(lab, p0, 29510)
+                    lh = [f"--lighthouse={p0.addr}:29510"]
+                    rows.append(_baseline(lab, f"torchft DiLoCo (H={args.H})", "diloco", [p0, p1],
+                                          [*common, "--rounds", str(args.rounds)], args.seconds * 3, [lh, lh]))
+                except RuntimeError as exc:
+                    print(exc, file=sys.stderr)
+                    rows.append(Row("torchft DiLoCo", note=f"did not run: {str(exc).splitlines()[0][:120]}"))
+        if "hivemind" in args.rows:
+            print("hivemind...", file=sys.stderr)
+            why = _ensure("hivemind", "hivemind==1.1.12")
+            if why:
+                rows.append(Row("hivemind DiLoCo", note=f"did not run: {why}"))
+            else:
+                try:
+                    rows.append(_baseline(lab, f"hivemind DiLoCo (H={args.H})", "hivemind", [p0, p1],
+                                          [*common, "--rounds", str(args.rounds)], args.seconds * 3, [[], []]))
+                except RuntimeError as exc:
+                    print(exc, file=sys.stderr)
+                    rows.append(Row("hivemind DiLoCo", note=f"did not run: {str(exc).splitlines()[0][:120]}"))
+        if "ttpeer" in args.rows:
+            print("ttpeer fused...", file=sys.stderr)
+            rows.append(_ttpeer(lab, args, args.rounds))
+    return rows
+
+
+def table(rows: list[Row], target: float) -> tuple[str, int]:
+    ran = [r for r in rows if r.curve]
+    equal = min(r.samples for r in ran)
+    ours = next((r for r in ran if r.name.startswith("ttpeer")), None)
+    lines = [f"| system | time to eval loss {target:g} | vs ttpeer | bytes sent / peer | bytes / sample | "
+             f"utilization | samples | eval loss at {equal} samples | final eval loss |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    ref = ours.time_to(target) if ours else None
+    for r in rows:
+        if not r.curve:
+            lines.append(f"| {r.name} | {r.note} | | | | | | | |")
+            continue
+        t = r.time_to(target)
+        vs = f"{t / ref:.2f}x" if t is not None and ref else "n/a"
+        if t is None:
+            last = r.curve[-1]
+            t_txt = f"not reached in {r.wall:.0f} s (at {last[2]:.3f})"
+            vs = f"> {r.wall / ref:.1f}x" if ref else "n/a"
+        else:
+            t_txt = f"{t:.1f} s"
+        sent = sum(r.sent) / len(r.sent) if r.sent else 0
+        per_sample = sum(r.sent) / r.samples if r.samples else math.nan
+        util = f"{r.utilization:.1%}" if r.utilization is not None else "n/a"
+        at = r.loss_at(equal)
+        at_txt = f"{at:.4f}" if at is not None else "n/a"
+        lines.append(f"| {r.name} | {t_txt} | {vs} | {sent / 1e6:.2f} MB | {per_sample:,.1f} | {util} | "
+                     f"{r.samples} | {at_txt} | {r.curve[-1][2]:.4f} |")
+    lines += ["", _targets(rows, target, equal)]
+    return "\n".join(lines), equal
+
+
+def _targets(rows: list[Row], target: float, equal: int) -> str:
+    """The issue's targets, each as measured in this run."""
+    def find(prefix: str) -> Row | None:
+        return next((r for r in rows if r.name.startswith(prefix) and r.curve), None)
+
+    ours, single, ddp, ft = find("ttpeer"), find("one peer"), find("gloo"), find("torchft")
+    if ours is None:
+        return ""
+    t = ours.time_to(target)
+    out = ["| target | measured | met |", "|---|---|---|"]
+
+    def ratio(name: str, a: float | None, b: float | None, goal: str, ok: Callable[[float], bool],
+              bound: str = "") -> None:
+        if a is None or b is None or not b:
+            out.append(f"| {name} ({goal}) | n/a{bound} | no |")
+        else:
+            out.append(f"| {name} ({goal}) | {a / b:.2f}{bound} | {'yes' if ok(a / b) else 'no'} |")
+
+    if single:
+        ratio("ttpeer time to target / one peer's", t, single.time_to(target), "<= 0.6, limit 0.5", lambda x: x <= 0.6)
+    if ddp:
+        d = ddp.time_to(target)
+        ratio("DDP time to target / ttpeer's", d if d is not None else ddp.wall, t, ">= 20", lambda x: x >= 20,
+              "" if d is not None else " (DDP never reached it: a lower bound)")
+        ratio("DDP bytes per sample / ttpeer's", sum(ddp.sent) / ddp.samples, sum(ours.sent) / ours.samples,
+              ">= 1000", lambda x: x >= 1000)
+        a, b = ours.loss_at(equal), ddp.loss_at(equal)
+        ratio(f"ttpeer eval loss / DDP's at {equal} samples", a, b, "<= 1.02", lambda x: x <= 1.02)
+    if ft:
+        ratio("ttpeer time to target / torchft DiLoCo's", t, ft.time_to(target), "<= 1", lambda x: x <= 1)
+    util = ours.utilization
+    out.append(f"| ttpeer utilization (>= 97%) | {util:.1%} | {'yes' if util >= 0.97 else 'no'} |"
+               if util is not None else "| ttpeer utilization (>= 97%) | n/a | no |")
+    return "\n".join(out)
+
+
+def plot(rows: list[Row], target: float, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=80)
+    for r in rows:
+        if r.curve:
+            ax.plot([max(t, 0.1) for t, _, _ in r.curve], [loss for _, _, loss in r.curve], label=r.name,
+                    marker="." if len(r.curve) < 40 else None)
+    ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("wall time, s (log)")
+    ax.set_ylabel("mnist1d eval loss")
+    ax.set_title(textwrap.fill(title, 110), fontsize=7)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="scripts/bench/wan", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short runs (about 4 minutes in all)")
+    ap.add_argument("--rate", default="20mbit")
+    ap.add_argument("--delay", type=float, default=0.05, help="seconds added to each direction")
+    ap.add_argument("--H", type=int, default=100, help="inner steps per round (ttpeer, torchft DiLoCo)")
+    ap.add_argument("--rounds", type=int, default=0, help="ttpeer rounds (default: from --seconds)")
+    ap.add_argument("--target", type=float, default=1.3, help="target eval loss")
+    ap.add_argument("--slowdown", type=float, default=10.0,
+                    help="emulated compute: each step lasts (1 + S) x its real time (sleeping), in every row")
+    ap.add_argument("--seconds", type=float, default=0, help="time budget of a baseline run")
+    ap.add_argument("--ddp-seconds", type=float, default=0)
+    ap.add_argument("--rows", default="single,ddp,diloco,hivemind,ttpeer", help="which rows to run (comma-separated)")
+    ap.add_argument("--png", type=Path, default=Path("docs/bench-wan.png"))
+    ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")
+    ap.add_argument("--json", type=Path, default=None, help="also write every row's curve and counts here")
+    ap.add_argument("--keep", action="store_true", help="keep the lab's directory (logs)")
+    args = ap.parse_args(argv)
+    args.rows = set(args.rows.split(","))
+    args.seconds = args.seconds or (30.0 if args.quick else 60.0)
+    args.ddp_seconds = args.ddp_seconds or (60.0 if args.quick else 120.0)
+    args.rounds = args.rounds or 4  # more rounds of H=100 only show mnist1d overfitting
+    why = unavailable()
+    if why:
+        print(f"scripts/bench/wan needs the network lab: {why}", file=sys.stderr)
+        return 2
+    load = os.getloadavg()
+    rows = run(args)
+    text, equal = table(rows, args.target)
+    head = (f"2 peers, each link {args.rate} each way + {args.delay * 1000:.0f} ms each direction; mnist1d MLP, "
+            f"batch {BATCH}, H={args.H}, steps slowed {1 + args.slowdown:g}x; ttpeer {args.rounds} rounds; "
+            f"load average at start "
+            f"{load[0]:.2f}, at end {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    notes = "\n".join(f"- {r.name}: {r.note}" for r in rows if r.curve and r.note)
+    text = f"{text}\n\n{notes}" if notes else text
+    print(f"\n{head}\n\n{text}\n")
+    args.png.parent.mkdir(parents=True, exist_ok=True)
+    plot(rows, args.target, args.png, head)
+    print(f"plot: {args.png}")
+    if args.json:
+        args.json.write_text(json.dumps({"head": head, "rows": [r.__dict__ for r in rows]}, indent=1))
+    if args.markdown:
+        args.markdown.write_text(f"{head}\n\n{text}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
