@@ -28,6 +28,17 @@ def test_need_counts_model_optimizer_outer_copies_and_activations():
     assert wider.activations > need.activations and wider.host == need.host
 
 
+def test_an_ensemble_needs_host_memory_for_every_member():
+    task = load_task(str(FIXTURE), Path("/nonexistent"))
+    p = 18 * 4
+    one = memory_need(task, batch_size=16, shards=4, held_states=3, members=1)
+    four = memory_need(task, batch_size=16, shards=4, held_states=3, members=4)
+    # held states of 6 copies a member, the round's checkpoints (3 a member), the vote (1 a member)
+    assert four.host == (2 + 6 * 4 * 3 + 3 * 4 + 4) * p
+    assert four.host - one.host == 3 * (6 * 3 + 3 + 1) * p
+    assert four.device == one.device  # one member trains at a time
+
+
 def test_need_grows_with_the_model_and_nothing_is_allocated():
     small = memory_need(load_task("charlm:n_layer=1", Path("/x")), batch_size=8, shards=2)
     # 24 layers of width 1024: about 300M parameters, 1.2 GB each copy, never allocated here

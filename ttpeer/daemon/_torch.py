@@ -107,7 +107,8 @@ class TorchExecutor:
                 return (f"task {job['task']!r} here differs from the submitter's "
                         f"(hash {task.source_hash[:12]} vs {job['task_hash'][:12]})")
             need = train.memory_need(task, batch_size=job["batch_size"], shards=job["shards"],
-                                     held_states=KEEP_STATES)
+                                     held_states=KEEP_STATES,
+                                     members=len(job["members"]) if job["mode"] == "ensemble" else 0)
             device_free, host_free, limited = _available_memory(self.device, self.memory_limit)
             misfit = train.fit_problem(need, device=self.device, device_free=device_free, host_free=host_free,
                                        limited=limited)

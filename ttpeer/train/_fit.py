@@ -61,9 +61,11 @@ class MemoryNeed:
         return self.device + self.host
 
 
-def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: int = 3) -> MemoryNeed:
+def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: int = 3,
+                members: int = 0) -> MemoryNeed:
     """Estimate what training ``task`` in a job of ``shards`` shards with batches of
-    ``batch_size`` needs; ``held_states``: outer states the executor keeps at once.
+    ``batch_size`` needs; ``held_states``: outer states the executor keeps at once;
+    ``members``: for an ensemble, how many members every held state carries.
     Nothing is allocated: the model is built on the meta device. Raises TaskError
     if the model cannot be built."""
     model = check_model(task.spec, f"task {task.name}")
@@ -73,6 +75,11 @@ def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: 
     grads = sum(p.numel() * p.element_size() for p in trainable)
     fp32 = sum(t.numel() * 4 for t in state.values() if t.is_floating_point())
     copies = 2 + 2 * held_states + 2 + 1 + 1 + shards
+    if members:
+        # An ensemble state holds every member's weights, AdamW moments and a spare
+        # section (6 fp32 copies a member); the round's member checkpoints (weights and
+        # moments) arrive beside the held states, and the vote holds every member once.
+        copies = 2 + 6 * members * held_states + 3 * members + members
     return MemoryNeed(
         params=sum(p.numel() for p in trainable), model=local, eval_copy=local, grads=grads,
         optimizer=2 * grads, activations=_activations(model, task, batch_size, fallback=local),
