@@ -85,3 +85,31 @@ async def test_a_peer_too_small_for_charlm_declines_and_the_rest_finish(tmp_path
     assert len(sidecar["task_info"]["corpus_sha256"]) == 64
     val = sidecar["metrics"]["eval"]
     assert abs(val["perplexity"] - math.exp(val["eval_loss"])) < 1e-3 * val["perplexity"]
+
+
+async def test_charlm_trains_as_an_ensemble_and_reports_perplexity(tmp_path):
+    """charlm runs in both modes: here two members on two real torch daemons; the vote's
+    validation loss and perplexity (exp of the loss) come with the last close."""
+    homes = _homes(tmp_path, ["a", "b"])
+    spec = {"task": TINY, "mode": "ensemble", "members": 2, "rounds": 2, "shards": None, "batches": 3,
+            "batch_size": 8, "inner_lr": 3e-3, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9,
+            "bits": 8, "seed": 1, "lease": 10.0, "steal": False}
+    async with MemoryRelay() as relay:
+        nodes = []
+        for home in homes:
+            cfg = home.config()
+            nodes.append(Node(home, relay.client(cfg.pool, home.node_key(), cfg.proof), TorchExecutor(home),
+                              timing=Timing(digest_interval=0.5)))
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for node in nodes:
+                    await nursery.start(node.run)
+                job = await nodes[0].submit(spec, None)
+                for node in nodes:
+                    await node.done_event(job.id).wait()
+                nursery.cancel_scope.cancel()
+    chain = nodes[0].machine.chain(job)
+    assert chain.round == 2 and nodes[1].machine.chain(job).head == chain.head
+    metrics = chain.closes[-1]["metrics"]
+    assert math.isclose(metrics["perplexity"], math.exp(metrics["eval_loss"]), rel_tol=1e-4)
+    assert metrics["eval_loss"] < math.log(256)  # better than a uniform guess over bytes
