@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/bench/ensemble", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--members", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=6, help="units per member (default 6)")
-    ap.add_argument("--steps", type=int, default=250, help="AdamW steps per unit (default 250)")
+    ap.add_argument("--rounds", type=int, default=3, help="units per member (default 3)")
+    ap.add_argument("--steps", type=int, default=1000, help="AdamW steps per unit (default 1000)")
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args(argv)
     spec = ensemble_spec(args.members, args.rounds, args.steps)
