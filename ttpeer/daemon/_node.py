@@ -95,6 +95,7 @@ KEY_DOMAIN = b"ttpeer/keyshare/v1\n"
 MAX_BLOB = 8 * 2**30
 RECV_WAIT = 20.0
 SUSPECT_BEATS = 3  # heartbeats missed before a peer is suspected
+EXPIRY_GRACE = 15 * 60.0  # clock skew and a slow first hello, past an invite's expiry
 REHELLO_EVERY = 30.0  # at most one hello per this many seconds for messages we cannot open
 DEAD_BEATS = 8  # ... and before it is reported dead (leases, not this, requeue its work)
 
@@ -637,7 +638,28 @@ class Node:
             return
         if member.node not in self.machine.records.members:
             return  # over its invite's use limit, revoked, or the invite is unknown
+        late = self._joined_late(member.node, proof)
+        if late is not None:
+            self.counters.reject("hello: invite expired")
+            log.warning("not handing the pool key to %s: its invite expired %.0f min ago by this machine's clock "
+                        "and it has taken no part yet (a token used after it expired; it needs a new one)",
+                        member.node[:12], late / 60)
+            return
         self._hand_keys(member.node, member.seal)
+
+    def _joined_late(self, node: str, proof: list[bytes]) -> float | None:
+        """Seconds past its invite's expiry, by this machine's calendar clock, if ``node``
+        asks for the pool key after that (plus ``EXPIRY_GRACE``) and has never signed
+        anything but its join; else None. A join's own time is the joiner's claim, so a
+        stolen token used late passes the membership rules: this is where it is stopped,
+        since without the pool key it can neither read nor send anything. Members who
+        took part (a claim, a contribution...) still get keys after a rotation."""
+        past = self._wall() - parse(proof[0])["expires"]
+        if past <= EXPIRY_GRACE:
+            return None
+        if any(r.author == node and r.kind != "join" for r in self.machine.records):
+            return None
+        return past
 
     def _hand_keys(self, node: str, seal_pub: str) -> None:
         keys = b"".join(self.pool_keys)
