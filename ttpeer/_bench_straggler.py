@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         _run(homes, {**spec, "rounds": 2, "seed": 9})  # warm-up: task loading, first speed measurements
         steal = _run(homes, spec)
         no_steal = _run(homes, {**spec, "steal": False, "seed": 1})
-        overlap = _run(homes, {**spec, "overlap": 1, "seed": 3})
+        overlap = _run(homes, {**spec, "overlap": 1, "outer_momentum": 0.0, "seed": 3})  # as `submit --overlap`
         # Bob dies in the last round: the extra time is then what the requeue costs (lease
         # expiry, the shard trained again), not the capacity the pool lost for later rounds.
         killed = _run(homes, {**spec, "seed": 2}, kill=(cluster.named["bob"], args.rounds - 1, homes[1]))

@@ -132,12 +132,16 @@ def _ttpeer(lab: Lab, args: argparse.Namespace, rounds: int) -> Row:
     url, fp = start_relay(lab)
     homes = start_pool(lab, url, fp, "alice", ["bob"], extra=("--slowdown", str(args.slowdown)))
     spec = {**job_spec(rounds), "shards": PEERS, "batches": args.H, "lease": 60.0}
+    if args.overlap:
+        spec["overlap"] = 1  # round r+1 trains while round r's deltas cross the link
+    if args.outer_momentum is not None or args.overlap:  # as `ttpeer submit`: 0 with overlap unless given
+        spec["outer_momentum"] = args.outer_momentum if args.outer_momentum is not None else 0.0
     hosts = [lab.hosts["alice"], lab.hosts["bob"]]
     before = [_tx_bytes(h) for h in hosts]
     t0 = time.monotonic()
     job = call(homes["alice"] / "control.sock", {"op": "submit", "spec": spec, "task_file": None},
                timeout=120)["job"]
-    row = Row("ttpeer fused")
+    row = Row("ttpeer fused, overlapped" if args.overlap else "ttpeer fused")
     row.curve.append((0.0, 0, math.nan))
     seen, done_at, util, split = 0, {}, {}, {}
     started: float | None = None
@@ -352,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="emulated compute: each step lasts (1 + S) x its real time (sleeping), in every row")
     ap.add_argument("--seconds", type=float, default=0, help="time budget of a baseline run")
     ap.add_argument("--ddp-seconds", type=float, default=0)
+    ap.add_argument("--overlap", action="store_true", help="ttpeer: overlapped rounds (submit --overlap)")
+    ap.add_argument("--outer-momentum", type=float, default=None,
+                    help="ttpeer: outer momentum (default 0.9; 0 with --overlap)")
     ap.add_argument("--rows", default="single,ddp,diloco,hivemind,ttpeer", help="which rows to run (comma-separated)")
     ap.add_argument("--png", type=Path, default=Path("docs/bench-wan.png"))
     ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")

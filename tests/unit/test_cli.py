@@ -54,3 +54,14 @@ def test_submit_names_the_built_in_tasks_for_an_unknown_one(tmp_path, capsys):
     # A charlm size gets past the check (and on to the daemon, which is not running here).
     assert main(["submit", "--task", "charlm:n_layer=4", "--home", str(tmp_path)]) == 1
     assert "unknown task" not in capsys.readouterr().err
+
+
+def test_overlapped_jobs_default_to_no_outer_momentum():
+    from ttpeer.cli import _outer_momentum, build_parser
+
+    def momentum(*extra: str) -> float:
+        return _outer_momentum(build_parser().parse_args(["submit", "--task", "mnist1d", *extra]))
+
+    assert momentum() == 0.9  # DiLoCo's
+    assert momentum("--overlap") == 0.0  # the one-round delay acts as momentum already
+    assert momentum("--overlap", "--outer-momentum", "0.5") == 0.5  # what the user says wins
