@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ttpeer.demo import stop_processes
 from ttpeer.errors import TtpeerError
 
 PREFIX = "ttpl-"
@@ -312,18 +313,7 @@ class Lab:
     # -- tearing down --------------------------------------------------------------------
 
     def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_processes(self.procs)
         for ns in reversed(self.namespaces):
             _remove_namespace(ns)
         self.namespaces.clear()
