@@ -8,7 +8,7 @@ EXPECTED = {
     "export_model", "fit_problem", "fp32_size", "init_state", "load_model", "load_task", "memory_need",
     "outer_step", "shard_indices", "state_from_bytes", "state_hash", "state_to_bytes",
     "Ensemble", "combine", "decode_member", "encode_member", "evaluate_ensemble", "export_ensemble",
-    "init_ensemble", "load_bundle", "member_steps", "read_sidecar", "train_unit",
+    "init_ensemble", "load_bundle", "member_steps", "read_sidecar", "train_unit", "warm_up",
 }
 
 

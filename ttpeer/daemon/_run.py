@@ -88,9 +88,8 @@ async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None
     client = RelayClient(cfg.relays[0], cfg.fingerprint, pool=cfg.pool, peer_key=home.node_key(),
                          proof=cfg.proof, proxy=proxy)
     usage = Usage()
-    node = Node(home, TimedTransport(client, usage),
-                TimedExecutor(TorchExecutor(home, device=device, task_options=task_options, memory_limit=memory_limit),
-                              usage), timing=timing)
+    executor = TorchExecutor(home, device=device, task_options=task_options, memory_limit=memory_limit)
+    node = Node(home, TimedTransport(client, usage), TimedExecutor(executor, usage), timing=timing)
     repairs: list[str] = []
     metrics_url: str | None = None
     ready = trio.Event()
@@ -101,6 +100,7 @@ async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signal, node, nursery.cancel_scope, notifier, stop_grace)
+            nursery.start_soon(executor.warm_up)  # off the first job's critical path
             await nursery.start(partial(serve_control, node, home.control_socket, status=status, ready=ready))
             notifier.send(ready=1, status="checking the home directory")
             nursery.start_soon(notifier.watchdog, lambda: _progress_line(node))

@@ -21,7 +21,7 @@ from ._ensemble import (
 from ._ensemble import evaluate as evaluate_ensemble
 from ._errors import CheckpointError, DeltaError, ModelTooLarge, TaskError, TrainError
 from ._export import export_model, load_model
-from ._fit import MemoryNeed, Misfit, fit_problem, memory_need
+from ._fit import MemoryNeed, Misfit, fit_problem, memory_need, warm_up
 from ._inner import InnerTrainer
 from ._outer import outer_step
 from ._schedule import shard_indices
@@ -59,6 +59,7 @@ __all__ = [
     "load_task",
     "member_steps",
     "memory_need",
+    "warm_up",
     "outer_step",
     "read_sidecar",
     "shard_indices",

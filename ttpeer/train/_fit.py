@@ -20,6 +20,8 @@ bytes of trainable parameters and F bytes of fp32 floating state, a peer holds:
       error-feedback residual     F
       delta being encoded         F
       decoded deltas              F each, one per contribution (at most one per shard)
+      with overlap: eager start   2F   params and outer momentum of this round's start
+                    own delta     F    the last pseudo-gradient this peer published
 
 Activations are measured by running one batch through the model on torch's
 meta device (no memory is allocated) and adding up the tensors autograd saves
@@ -33,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._spec import LoadedTask, fetch_batch
@@ -62,10 +65,11 @@ class MemoryNeed:
 
 
 def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: int = 3,
-                members: int = 0) -> MemoryNeed:
+                members: int = 0, overlap: bool = False) -> MemoryNeed:
     """Estimate what training ``task`` in a job of ``shards`` shards with batches of
     ``batch_size`` needs; ``held_states``: outer states the executor keeps at once;
-    ``members``: for an ensemble, how many members every held state carries.
+    ``members``: for an ensemble, how many members every held state carries; ``overlap``:
+    the job overlaps rounds (an eager start and the peer's own last delta are held).
     Nothing is allocated: the model is built on the meta device. Raises TaskError
     if the model cannot be built."""
     model = check_model(task.spec, f"task {task.name}")
@@ -74,7 +78,7 @@ def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: 
     trainable = [p for p in model.parameters() if p.requires_grad]
     grads = sum(p.numel() * p.element_size() for p in trainable)
     fp32 = sum(t.numel() * 4 for t in state.values() if t.is_floating_point())
-    copies = 2 + 2 * held_states + 2 + 1 + 1 + shards
+    copies = 2 + 2 * held_states + 2 + 1 + 1 + shards + (3 if overlap else 0)
     if members:
         # An ensemble state holds every member's weights, AdamW moments and a spare
         # section (6 fp32 copies a member); the round's member checkpoints (weights and
@@ -85,6 +89,28 @@ def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: 
         optimizer=2 * grads, activations=_activations(model, task, batch_size, fallback=local),
         host=copies * fp32,
     )
+
+
+def warm_up() -> None:
+    """Load what the first ``memory_need`` of a process would otherwise load on a job's
+    critical path: torch's meta-device kernels and decompositions (about a second on a
+    cold process, measured on the mnist1d MLP). The daemon calls it in a worker thread
+    at start-up, while it logs in and syncs records; it allocates nothing."""
+    saved = 0
+
+    def pack(t: Tensor) -> Tensor:
+        nonlocal saved
+        saved += t.numel()
+        return t
+
+    tokens = torch.zeros(2, 3, dtype=torch.long, device="meta")
+    embed = nn.Embedding(8, 4, device="meta")
+    layers = nn.Sequential(nn.LayerNorm(4, device="meta"), nn.Linear(4, 4, device="meta"), nn.ReLU(),
+                           nn.GELU(), nn.Linear(4, 8, device="meta"))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = layers(embed(tokens))
+        F.cross_entropy(logits.view(-1, 8), tokens.view(-1))
+        F.cross_entropy(layers(torch.zeros(2, 4, device="meta")), tokens[:, 0])
 
 
 def _activations(model: nn.Module, task: LoadedTask, batch_size: int, *, fallback: int) -> int:
