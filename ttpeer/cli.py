@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("submit", parents=[common], help="submit a training job to the pool")
     s.add_argument("--task", required=True,
-                   help="'mnist1d', 'charlm[:key=int,...]' or a task file path/to/task.py (see README)")
+                   help="'mnist1d[:samples=N]', 'charlm[:key=int,...]' or a task file path/to/task.py (see README)")
     s.add_argument("--mode", choices=["fused", "ensemble"], default="fused",
                    help="fused: one model, periodic averaging; ensemble: --members diverse models that vote")
     s.add_argument("--members", type=_positive_int, default=None,
@@ -359,9 +359,9 @@ def _submit(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot read task file {path}: {exc.strerror}") from None
         task = path.name
-    elif task != "mnist1d" and task.partition(":")[0] != "charlm":
-        raise UsageError(f"unknown task {task!r}: use 'mnist1d', 'charlm' (or 'charlm:n_layer=4,d_model=128,...') "
-                         "or a path to a task file ending in .py")
+    elif task.partition(":")[0] not in ("mnist1d", "charlm"):
+        raise UsageError(f"unknown task {task!r}: use 'mnist1d' (or 'mnist1d:samples=60000'), 'charlm' "
+                         "(or 'charlm:n_layer=4,d_model=128,...') or a path to a task file ending in .py")
     spec: dict[str, Any] = {
         "task": task, "mode": args.mode, "rounds": args.rounds, "shards": args.shards,
         "batches": args.inner_steps, "batch_size": args.batch_size or 64, "inner_lr": args.inner_lr,

@@ -111,3 +111,24 @@ def test_mnist1d_is_cached_and_hashed(tmp_path):
     assert torch.equal(second.test.tensors[0], first.test.tensors[0])
     (tmp_path / "mnist1d.npz").write_bytes(b"torn")
     assert load_task("mnist1d", tmp_path).source_hash == first.source_hash  # regenerated
+
+
+def test_mnist1d_with_more_samples_is_its_own_task_and_cache(tmp_path):
+    default = load_task("mnist1d", tmp_path)
+    more = load_task("mnist1d:samples=6000", tmp_path)
+    assert (more.n_train, more.n_test) == (4800, 1200)
+    assert (tmp_path / "mnist1d-6000.npz").exists() and (tmp_path / "mnist1d.npz").exists()
+    assert more.source_hash != default.source_hash and more.name == "mnist1d:samples=6000"
+    # the same generator with more draws: every peer that asks for 6000 gets the same signals
+    (tmp_path / "mnist1d-6000.npz").unlink()
+    assert load_task("mnist1d:samples=6000", tmp_path).source_hash == more.source_hash
+    # a cache of another size under the name is not trusted
+    (tmp_path / "mnist1d-6000.npz").write_bytes((tmp_path / "mnist1d.npz").read_bytes())
+    assert load_task("mnist1d:samples=6000", tmp_path).n_train == 4800
+
+
+@pytest.mark.parametrize("spec", ["mnist1d:samples=", "mnist1d:samples=12", "mnist1d:size=6000",
+                                  "mnist1d:samples=-5", "mnist1d:samples=99999999"])
+def test_bad_mnist1d_options_say_what_is_allowed(tmp_path, spec):
+    with pytest.raises(TaskError, match="samples=N"):
+        load_task(spec, tmp_path)

@@ -28,7 +28,7 @@ from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from ._charlm import charlm_task
 from ._errors import TaskError
-from ._mnist1d import mnist1d_task
+from ._mnist1d import mnist1d_task, parse_samples
 from ._spec import LoadedTask, TaskSpec
 
 BUILTIN = "mnist1d"
@@ -41,8 +41,8 @@ _module_ids = itertools.count()
 
 def load_task(spec: str | os.PathLike[str], data_dir: Path,
               options: Mapping[str, Any] | None = None) -> LoadedTask:
-    """Load the task named by ``spec``: ``"mnist1d"``, ``"charlm"`` (or
-    ``"charlm:key=int,..."``) or a path ending in ``.py``.
+    """Load the task named by ``spec``: ``"mnist1d"`` (or ``"mnist1d:samples=N"``),
+    ``"charlm"`` (or ``"charlm:key=int,..."``) or a path ending in ``.py``.
 
     ``data_dir`` holds cached data of built-in tasks. ``options`` may set
     ``slowdown`` (float >= 0): each training batch then takes ``1 + slowdown``
@@ -56,9 +56,13 @@ def load_task(spec: str | os.PathLike[str], data_dir: Path,
     """
     slowdown = _check_options(options)
     spec = os.fspath(spec)
-    if spec == BUILTIN:
-        task_spec, source_hash = mnist1d_task(Path(data_dir))
-        name, origin = BUILTIN, BUILTIN
+    if spec == BUILTIN or spec.startswith(BUILTIN + ":"):
+        try:
+            samples = parse_samples(spec)
+        except ValueError as exc:
+            raise TaskError(str(exc)) from None
+        task_spec, source_hash = mnist1d_task(Path(data_dir), samples)
+        name, origin = spec, BUILTIN
     elif spec == CHARLM or spec.startswith(CHARLM + ":"):
         task_spec, source_hash = charlm_task(spec)
         name, origin = spec, CHARLM
