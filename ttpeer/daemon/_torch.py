@@ -32,7 +32,7 @@ import trio
 
 from ttpeer import train
 from ttpeer.errors import DiskError, JobError
-from ttpeer.proto import PublishDelta, Record, Train
+from ttpeer.proto import PublishDelta, Record, Train, overlapped
 
 from ._executor import Decline
 from ._files import write_atomic
@@ -54,6 +54,11 @@ class _Job:
     # Ensemble: member checkpoints trained here and not yet published, by (round, member).
     units: dict[tuple[int, int], train.OuterState] = field(default_factory=dict)
     mode: str = "fused"
+    # The state the local model started this round's work from, as (round, base, state):
+    # the round's base, or with overlap the eager start (see ``_start``).
+    start: tuple[int, str, train.OuterState] | None = None
+    # This peer's latest published pseudo-gradient, unquantized, as (round, delta).
+    own: tuple[int, dict[str, torch.Tensor]] | None = None
 
     @property
     def ensemble(self) -> bool:
@@ -71,6 +76,11 @@ class TorchExecutor:
         self.task_options = task_options or {}
         self._jobs: dict[str, _Job] = {}
         self._lock = trio.Lock()
+
+    async def warm_up(self) -> None:
+        """Load torch's lazily imported pieces that a job's first step would wait for
+        (see ``train.warm_up``), in a worker thread: the daemon calls it at start-up."""
+        await trio.to_thread.run_sync(train.warm_up)
 
     # -- tasks ---------------------------------------------------------------------------
 
@@ -108,7 +118,8 @@ class TorchExecutor:
                         f"(hash {task.source_hash[:12]} vs {job['task_hash'][:12]})")
             need = train.memory_need(task, batch_size=job["batch_size"], shards=job["shards"],
                                      held_states=KEEP_STATES,
-                                     members=len(job["members"]) if job["mode"] == "ensemble" else 0)
+                                     members=len(job["members"]) if job["mode"] == "ensemble" else 0,
+                                     overlap=overlapped(job))
             device_free, host_free, limited = _available_memory(self.device, self.memory_limit)
             misfit = train.fit_problem(need, device=self.device, device_free=device_free, host_free=host_free,
                                        limited=limited)
@@ -195,7 +206,9 @@ class TorchExecutor:
 
         def run() -> int:
             if eff.fresh:
-                ctx.trainer.start(self._state(job, eff.base))
+                start = self._start(ctx, eff)
+                ctx.trainer.start(start)
+                ctx.start = (eff.round, eff.base, start)
             batches = train.shard_indices(ctx.task.n_train, job["seed"], eff.round, eff.shard,
                                           job["shards"], job["batches"], job["batch_size"])
             return ctx.trainer.train_shard(batches, should_stop)
@@ -215,12 +228,36 @@ class TorchExecutor:
             return data, {"fp32_bytes": float(4 * sum(t.numel() for t in ckpt.params.values()))}
 
         def run() -> tuple[bytes, dict[str, float]]:
-            delta = ctx.trainer.delta(self._state(eff.job, eff.base))
+            began = ctx.start
+            start = began[2] if began is not None and began[:2] == (eff.round, eff.base) else None
+            delta = ctx.trainer.delta(start if start is not None else self._state(eff.job, eff.base))
+            ctx.own = (eff.round, delta)
             data, ctx.residual = train.encode_delta(delta, ctx.residual, bits=eff.job["bits"])
             return data, {"fp32_bytes": float(train.fp32_size(delta))}
 
         async with self._lock:
             return await _in_thread(run)
+
+    def _start(self, ctx: _Job, eff: Train) -> train.OuterState:
+        """Where this round's local model starts: the round's base; with overlap, an eager
+        start. An overlapped round r trains on the base of round r-1 while round r-1's
+        deltas travel; restarting from that base would throw away round r-1's progress and
+        apply it a round late (one-round-stale outer steps oscillate at DiLoCo's outer lr,
+        and need an outer momentum of 0 to converge at all). Instead the local model starts
+        from this peer's estimate of round r's base: the outer step of round r-1 taken with
+        its own delta for the pool's mean, as in "eager updates" (Kale et al., 2025). The
+        delta it then publishes is measured from that start, so the close, which applies
+        it to round r's real base, counts round r's progress once. Local only: the closes,
+        and so every peer's states, are the same whatever each peer started from. A peer
+        without its own delta of round r-1 (it trained none, or restarted) starts from the
+        base, as before."""
+        base = self._state(eff.job, eff.base)
+        own = ctx.own
+        if not overlapped(eff.job) or own is None or own[0] != eff.round - 1:
+            return base
+        job = eff.job
+        return train.outer_step(base, [(own[1], 1)], lr=job["outer_lr"], momentum=job["outer_momentum"],
+                                nesterov=True)
 
     def _outer(self, job: Record, base: str, deltas: list[tuple[bytes, int]]) -> train.OuterState:
         ctx = self._job(job)
