@@ -11,6 +11,7 @@ process, over the in-memory relay.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from pathlib import Path
 
@@ -95,3 +96,28 @@ async def test_overlapped_rounds_train_as_well_as_rounds_that_wait(tmp_path: Pat
     overlapped, finals_overlapped = await _final_loss(tmp_path / "overlap", 1)
     assert len(finals_waiting) == 1 and len(finals_overlapped) == 1  # bit-identical on both peers
     assert overlapped <= 1.25 * waiting, (overlapped, waiting)
+
+
+async def test_a_round_closes_while_the_next_round_trains(tmp_path: Path) -> None:
+    # With overlap the closer aggregates round r while its own shard of round r+1 trains;
+    # the close used to wait for that shard (one executor lock), so the sync was not hidden.
+    home = Home(tmp_path / "a")
+    home.create_pool(RELAY, FP, "a", time.time())
+    executor = TorchExecutor(home)
+    job, s0 = await _job(home, executor, {**SPEC, "overlap": 1})
+    samples = await executor.train(Train(job, 0, 0, 0, s0, fresh=True), lambda: False)
+    delta, _ = await executor.delta(PublishDelta(job, 0, s0, (0,), samples))
+    in_step, release = threading.Event(), threading.Event()
+
+    def hold() -> bool:  # the training thread sits inside round 1's shard until released
+        in_step.set()
+        return not release.wait(30)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(executor.train, Train(job, 1, 1, 0, s0, fresh=True), hold)
+        await trio.to_thread.run_sync(in_step.wait, 10)
+        with trio.fail_after(20):
+            state, metrics = await executor.aggregate(job, s0, [(delta, samples)])
+            assert await executor.apply(job, s0, [(delta, samples)], state)
+        assert not release.is_set() and "eval_loss" in metrics
+        release.set()

@@ -75,7 +75,13 @@ class TorchExecutor:
         self.memory_limit = memory_limit
         self.task_options = task_options or {}
         self._jobs: dict[str, _Job] = {}
-        self._lock = trio.Lock()
+        # Training (train, delta) and closing rounds (aggregate, apply) take different
+        # locks: with overlapped rounds, the close of round r runs while round r+1 trains.
+        # Under one lock the close waited for the shard in training to end, so the round's
+        # sync was not hidden at all. They share no tensors: evaluation has its own model
+        # copy, and a training round's base is never among the states a close prunes.
+        self._train_lock = trio.Lock()
+        self._close_lock = trio.Lock()
 
     async def warm_up(self) -> None:
         """Load torch's lazily imported pieces that a job's first step would wait for
@@ -213,7 +219,7 @@ class TorchExecutor:
                                           job["shards"], job["batches"], job["batch_size"])
             return ctx.trainer.train_shard(batches, should_stop)
 
-        async with self._lock:
+        async with self._train_lock:
             return await _in_thread(unit if ctx.ensemble else run)
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
@@ -235,7 +241,7 @@ class TorchExecutor:
             data, ctx.residual = train.encode_delta(delta, ctx.residual, bits=eff.job["bits"])
             return data, {"fp32_bytes": float(train.fp32_size(delta))}
 
-        async with self._lock:
+        async with self._train_lock:
             return await _in_thread(run)
 
     def _start(self, ctx: _Job, eff: Train) -> train.OuterState:
@@ -287,7 +293,7 @@ class TorchExecutor:
             loss, metric = ctx.trainer.evaluate(new.params)
             return self._hold(job, new), {"eval_loss": round(loss, 6), ctx.task.metric_name: round(metric, 6)}
 
-        async with self._lock:
+        async with self._close_lock:
             return await _in_thread(run)
 
     async def apply(self, job: Record, base: str, deltas: list[tuple[bytes, int]], expect: str) -> bool:
@@ -298,7 +304,7 @@ class TorchExecutor:
             self._hold(job, new)
             return True
 
-        async with self._lock:
+        async with self._close_lock:
             return await _in_thread(run)
 
     async def export_state(self, job: Record, state: str) -> bytes:

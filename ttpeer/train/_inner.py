@@ -48,7 +48,9 @@ class InnerTrainer:
             torch.default_generator.manual_seed(seed)
             self.model: nn.Module = task.spec.model().to(self.device)
         self._names = [n for n, t in self.model.state_dict().items() if t.is_floating_point()]
-        self._eval_model: nn.Module | None = None
+        # Evaluation has its own copy, made now: a round's close evaluates while the next
+        # round trains (overlapped rounds), and must not copy a model in mid-step.
+        self._eval_model = copy.deepcopy(self.model)
         self.optimizer = self._new_optimizer()
 
     def start(self, base: OuterState) -> None:
@@ -113,8 +115,6 @@ class InnerTrainer:
         weighted by batch size. Raises CheckpointError if ``params`` does not
         have the model's tensors, TaskError if the metric is not a number.
         """
-        if self._eval_model is None:
-            self._eval_model = copy.deepcopy(self.model)
         model = self._eval_model
         _load(model, self._names, params)
         model.eval()
