@@ -75,6 +75,11 @@ class Cluster:
     blocked: set[frozenset[str]] = field(default_factory=set)  # partitioned pairs
     fail_apply: set[str] = field(default_factory=set)  # machines whose next Apply does not reproduce
     decline: set[str] = field(default_factory=set)  # machines that refuse every job
+    encode: bool = False  # report delta_encoded before the upload (the daemon does)
+    upload_time: float = 0.1
+    fail_upload: set[str] = field(default_factory=set)  # machines whose next upload fails
+    uploads: list[tuple[str, PublishDelta, float]] = field(default_factory=list)  # (me, effect, started)
+    train_at: list[tuple[str, float]] = field(default_factory=list)  # (me, when a Train was issued)
     steps: int = 0
 
     def __post_init__(self) -> None:
@@ -132,13 +137,21 @@ class Cluster:
             elif isinstance(e, Train):
                 assert e.base in m.held, "asked to train on a state it does not hold"
                 self.trains.append((me, e))
+                self.train_at.append((me, self.now))
                 self.later(self.train_time * (1 + self.rng.random() * self.jitter), me,
                            lambda now, t=e: m.train_done(t.job.id, t.round, t.shard, 64, now))
             elif isinstance(e, Cancel):
                 self.cancels.append((me, e))
             elif isinstance(e, PublishDelta):
-                self.later(0.1, me, lambda now, d=e: m.delta_published(
-                    d.job, d.round, d.base, d.shards, d.samples, BLOB, 100, {"loss": 1.0}, now))
+                self.uploads.append((me, e, self.now))
+                blob = BLOB
+                if me in self.fail_upload:
+                    self.fail_upload.discard(me)
+                    blob = None
+                if self.encode:
+                    self.later(0.01, me, lambda now, d=e: m.delta_encoded(d.job, d.round, d.base, d.shards, now))
+                self.later(self.upload_time, me, lambda now, d=e, b=blob: m.delta_published(
+                    d.job, d.round, d.base, d.shards, d.samples, b, 100, {"loss": 1.0}, now))
             elif isinstance(e, Aggregate):
                 self.aggregates.append((me, e))
                 self.aggregated_at.append(self.now)
@@ -689,3 +702,36 @@ def test_a_close_must_name_the_right_training_base(overlap: int) -> None:
     else:
         wrong["tbase"] = chain.states[1]
         assert chain_with(wrong) == 1
+
+
+def test_the_next_shard_trains_while_a_delta_uploads() -> None:
+    """Once the driver has taken the delta from the local model (``delta_encoded``) the
+    peer trains on during the upload: an overlapped job over slow uploads ends sooner,
+    with every shard in its close and no shard trained twice by its own peer. (Without
+    overlap a peer publishes when its round has nothing left to train: nothing to gain.)"""
+    times = {}
+    for encode in (False, True):
+        c = Cluster(2, latency=0.1, encode=encode, upload_time=0.8)
+        job = c.submit_job(0, shards=4, rounds=4, lease=30, overlap=1, steal=False)
+        c.run(until=10_000)
+        check_finished(c, job)
+        times[encode] = c.now
+        per_peer = [(me, t.round, t.shard) for me, t in c.trains]
+        assert len(per_peer) == len(set(per_peer)), "a peer trained a shard it was still uploading"
+    assert times[True] < times[False] - 0.5 * 4, times
+    during = [(me, t) for me, t in c.train_at for up_me, _e, began in c.uploads
+              if up_me == me and began < t < began + c.upload_time]
+    assert during, "no shard started while its peer's upload was in flight"
+
+
+def test_a_delta_given_up_after_release_is_trained_again() -> None:
+    """The local model moved on once the delta was taken, so a failed upload cannot be
+    retried from it: its shard is claimed and trained again and the job completes."""
+    c = Cluster(2, latency=0.1, encode=True, upload_time=0.5)
+    c.fail_upload.add(c.order[1])
+    job = c.submit_job(0, shards=2, rounds=2, lease=5, overlap=0, steal=False)
+    c.run(until=10_000)
+    check_finished(c, job)
+    first = next(e for me, e, _t in c.uploads if me == c.order[1])
+    again = [(me, t) for me, t in c.trains if (t.round, t.shard) == (first.round, first.shards[0])]
+    assert len(again) == 2, again

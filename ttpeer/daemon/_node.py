@@ -98,6 +98,8 @@ SUSPECT_BEATS = 3  # heartbeats missed before a peer is suspected
 EXPIRY_GRACE = 15 * 60.0  # clock skew and a slow first hello, past an invite's expiry
 REHELLO_EVERY = 30.0  # at most one hello per this many seconds for messages we cannot open
 DEAD_BEATS = 8  # ... and before it is reported dead (leases, not this, requeue its work)
+DELTA_UPLOAD_TRIES = 3  # then the delta is given up and its shards trained again
+RETRY_AFTER = 2.0  # seconds between tries of a failed delta upload
 
 
 @dataclass
@@ -414,10 +416,10 @@ class Node:
                     self._process(m.train_done(job.id, rnd, shard, samples, now(), batches=batches, seconds=seconds))
                 case PublishDelta(job=job, round=rnd, base=base, shards=shards, samples=samples):
                     data, metrics = await self.executor.delta(eff)
-                    try:
-                        blob = await self._put_sealed(data)
-                    except NetError as exc:
-                        log.warning("delta upload failed (%s); will retry", exc)
+                    # The local model is free: the next shard trains while this delta uploads.
+                    self._process(m.delta_encoded(job, rnd, base, shards, now()))
+                    blob = await self._upload_delta(data)
+                    if blob is None:
                         self._process(m.delta_published(job, rnd, base, shards, samples, None, 0, {}, now()))
                         return
                     stats = self._stats(job.id)
@@ -490,6 +492,20 @@ class Node:
         log.info("job %s done: state %s", job.id[:12], state)
 
     # -- blobs ------------------------------------------------------------------------
+
+    async def _upload_delta(self, data: bytes) -> str | None:
+        """Upload a delta, retrying a failed upload a few times (the local model has moved
+        on, so a delta given up on is trained again); None if every try failed."""
+        for attempt in range(DELTA_UPLOAD_TRIES):
+            try:
+                return await self._put_sealed(data)
+            except NetError as exc:
+                last = attempt == DELTA_UPLOAD_TRIES - 1
+                log.warning("delta upload failed (%s); %s", exc,
+                            "its shards will be trained again" if last else "retrying")
+                if not last:
+                    await trio.sleep(RETRY_AFTER)
+        return None
 
     async def _put_sealed(self, data: bytes) -> str:
         assert self.pool_key is not None

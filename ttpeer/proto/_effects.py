@@ -66,7 +66,8 @@ class Cancel:
 @dataclass(frozen=True)
 class PublishDelta:
     """Compress, seal and upload the local model's delta against ``base``.
-    Report: ``delta_published``."""
+    Report: ``delta_encoded`` once the delta is taken from the local model (optional:
+    the next shard may then train during the upload), then ``delta_published``."""
 
     job: Record
     round: int

@@ -147,7 +147,11 @@ class PeerMachine:
         self._lease_heap: dict[tuple[str, int], list[tuple[float, int, str, int]]] = {}
         self._training: _Training | None = None
         self._work = _RoundWork()
-        self._publishing = False
+        self._publishing = False  # a PublishDelta is in flight and the local model still holds it
+        # (job, round, shard) whose delta the driver has taken from the local model and is
+        # uploading (``delta_encoded``): the next shard may train meanwhile, but these are
+        # not this peer's to train again unless the upload fails.
+        self._uploading: set[tuple[str, int, int]] = set()
         self._aggregating: tuple[str, int] | None = None
         self._syncing: str | None = None  # target state of the Apply/Fetch in flight
         self._bad_apply: set[str] = set()  # states our own recomputation did not reproduce
@@ -314,16 +318,33 @@ class PeerMachine:
                 self.wasted_batches += batches or 1
         return self._step(now)
 
+    def delta_encoded(self, job: Record, rnd: int, base: str, shards: tuple[int, ...], now: float) -> list[Effect]:
+        """The driver has taken the delta of ``shards`` from the local model and is
+        uploading it: the local model is free, so the next shard (of this round or, with
+        overlap, the next) may start while the upload crosses the link. ``delta_published``
+        follows; if the upload fails, those shards are trained again (by whoever claims
+        them), since the local model has moved on."""
+        if not self._publishing:
+            return []
+        self._publishing = False
+        self._uploading |= {(job.id, rnd, s) for s in shards}
+        if (self._work.job, self._work.round, self._work.base) == (job.id, rnd, base):
+            self._work.shards, self._work.samples = [], 0
+        return self._step(now)
+
     def delta_published(
         self, job: Record, rnd: int, base: str, shards: tuple[int, ...], samples: int,
         blob: str | None, size: int, metrics: dict[str, float], now: float,
     ) -> list[Effect]:
         self._publishing = False
+        self._uploading -= {(job.id, rnd, s) for s in shards}
         if blob is None:
             self._retry_at = now + RETRY_AFTER
             return self._step(now)
-        if (self._work.job, self._work.round, self._work.base) == (job.id, rnd, base):
-            self._work.shards, self._work.samples = [], 0
+        w = self._work
+        if (w.job, w.round, w.base) == (job.id, rnd, base) and set(shards) <= set(w.shards):
+            # Not released by ``delta_encoded``: the published shards leave the work now.
+            w.shards, w.samples = [x for x in w.shards if x not in shards], max(0, w.samples - samples)
         rec = sign("contrib", self.pool, {
             "job": job.id, "round": rnd, "base": base, "shards": sorted(shards),
             "samples": samples, "blob": blob, "size": size, "metrics": metrics,
@@ -610,6 +631,8 @@ class PeerMachine:
         training, else claim the next shard (or back a straggler up), else publish what
         was trained. Returns the effects and whether there was nothing to do at all."""
         out: list[Effect] = []
+        if self._uploading:  # shards whose delta is on its way count as done for this peer
+            done = done | {s for j, r, s in self._uploading if (j, r) == (job.id, rnd)}
         t = self._training
         if t is not None:
             # A backup copy stops only when the shard is covered; an owner's claim also
