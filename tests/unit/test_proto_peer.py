@@ -76,7 +76,9 @@ class Cluster:
     fail_apply: set[str] = field(default_factory=set)  # machines whose next Apply does not reproduce
     decline: set[str] = field(default_factory=set)  # machines that refuse every job
     encode: bool = False  # report delta_encoded before the upload (the daemon does)
+    encode_time: float = 0.01
     upload_time: float = 0.1
+    taking: dict[str, set[tuple[int, tuple[int, ...]]]] = field(default_factory=dict)  # deltas being taken
     fail_upload: set[str] = field(default_factory=set)  # machines whose next upload fails
     uploads: list[tuple[str, PublishDelta, float]] = field(default_factory=list)  # (me, effect, started)
     train_at: list[tuple[str, float]] = field(default_factory=list)  # (me, when a Train was issued)
@@ -136,6 +138,7 @@ class Cluster:
                 self.later(0.1, me, lambda now, s=e.state: m.fetched(s, True, now))
             elif isinstance(e, Train):
                 assert e.base in m.held, "asked to train on a state it does not hold"
+                assert not self.taking.get(me), "asked to train while a delta is taken from the local model"
                 self.trains.append((me, e))
                 self.train_at.append((me, self.now))
                 self.later(self.train_time * (1 + self.rng.random() * self.jitter), me,
@@ -148,10 +151,22 @@ class Cluster:
                 if me in self.fail_upload:
                     self.fail_upload.discard(me)
                     blob = None
+                taking = self.taking.setdefault(me, set())
+                assert not taking, "asked to publish while another delta is taken from the local model"
+                taking.add((e.round, e.shards))
+
+                def encoded(now: float, d: PublishDelta = e, taking: set = taking) -> list[Effect]:
+                    taking.discard((d.round, d.shards))
+                    return m.delta_encoded(d.job, d.round, d.base, d.shards, now)
+
+                def published(now: float, d: PublishDelta = e, b: str | None = blob, taking: set = taking
+                              ) -> list[Effect]:
+                    taking.discard((d.round, d.shards))
+                    return m.delta_published(d.job, d.round, d.base, d.shards, d.samples, b, 100, {"loss": 1.0}, now)
+
                 if self.encode:
-                    self.later(0.01, me, lambda now, d=e: m.delta_encoded(d.job, d.round, d.base, d.shards, now))
-                self.later(self.upload_time, me, lambda now, d=e, b=blob: m.delta_published(
-                    d.job, d.round, d.base, d.shards, d.samples, b, 100, {"loss": 1.0}, now))
+                    self.later(self.encode_time, me, encoded)
+                self.later(self.encode_time + self.upload_time, me, published)
             elif isinstance(e, Aggregate):
                 self.aggregates.append((me, e))
                 self.aggregated_at.append(self.now)
@@ -735,3 +750,14 @@ def test_a_delta_given_up_after_release_is_trained_again() -> None:
     first = next(e for me, e, _t in c.uploads if me == c.order[1])
     again = [(me, t) for me, t in c.trains if (t.round, t.shard) == (first.round, first.shards[0])]
     assert len(again) == 2, again
+
+
+def test_an_upload_ending_never_frees_the_local_model_of_a_later_delta() -> None:
+    """Uploads outlast a shard: delta 1's upload may end while delta 2 is still being taken
+    from the local model; the peer must not train or publish again until delta 2 is
+    taken. The cluster asserts that on every Train and PublishDelta (a version that let
+    any upload's end free the local model published delta 2 twice here)."""
+    c = Cluster(2, latency=0.05, encode=True, encode_time=0.2, upload_time=1.1, train_time=1.0)
+    job = c.submit_job(0, shards=2, rounds=6, lease=30, overlap=1, steal=False)
+    c.run(until=10_000)
+    check_finished(c, job)

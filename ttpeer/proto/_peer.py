@@ -147,7 +147,9 @@ class PeerMachine:
         self._lease_heap: dict[tuple[str, int], list[tuple[float, int, str, int]]] = {}
         self._training: _Training | None = None
         self._work = _RoundWork()
-        self._publishing = False  # a PublishDelta is in flight and the local model still holds it
+        # The PublishDelta in flight whose delta the local model still holds, as (job,
+        # round, shards); None when there is none, or its delta is taken (``delta_encoded``).
+        self._publishing: tuple[str, int, tuple[int, ...]] | None = None
         # (job, round, shard) whose delta the driver has taken from the local model and is
         # uploading (``delta_encoded``): the next shard may train meanwhile, but these are
         # not this peer's to train again unless the upload fails.
@@ -324,9 +326,9 @@ class PeerMachine:
         overlap, the next) may start while the upload crosses the link. ``delta_published``
         follows; if the upload fails, those shards are trained again (by whoever claims
         them), since the local model has moved on."""
-        if not self._publishing:
+        if self._publishing != (job.id, rnd, tuple(shards)):
             return []
-        self._publishing = False
+        self._publishing = None
         self._uploading |= {(job.id, rnd, s) for s in shards}
         if (self._work.job, self._work.round, self._work.base) == (job.id, rnd, base):
             self._work.shards, self._work.samples = [], 0
@@ -336,7 +338,8 @@ class PeerMachine:
         self, job: Record, rnd: int, base: str, shards: tuple[int, ...], samples: int,
         blob: str | None, size: int, metrics: dict[str, float], now: float,
     ) -> list[Effect]:
-        self._publishing = False
+        if self._publishing == (job.id, rnd, tuple(shards)):
+            self._publishing = None
         self._uploading -= {(job.id, rnd, s) for s in shards}
         if blob is None:
             self._retry_at = now + RETRY_AFTER
@@ -588,7 +591,7 @@ class PeerMachine:
         _contribs, cover, done = self._round_contribs(job, rnd, tbase)
         if cover is not None:
             out += self._maybe_close(job, rnd, head, cover, now)
-        busy = self._training is not None or self._publishing or bool(self._work.shards)
+        busy = self._training is not None or self._publishing is not None or bool(self._work.shards)
         if on_next and busy:
             return out + self._round_train(job, rnd + 1, head, self._round_contribs(job, rnd + 1, head)[2], now)[0]
         if not on_next and busy and cover is None:
@@ -596,7 +599,7 @@ class PeerMachine:
         if not on_next and busy:
             # Round r is covered: what this peer still trains or holds of it is not needed.
             out += self._cancel_training(None)
-            if self._training is not None or self._publishing:
+            if self._training is not None or self._publishing is not None:
                 return out  # wait for the driver to report back
             self._new_work(job, rnd, tbase)
         # Free: round r first (if this peer holds its training base), then round r+1.
@@ -645,7 +648,7 @@ class PeerMachine:
                 t.renewed_at = now
                 out += self._claim(job, rnd, t, now)
             return out, False
-        if self._publishing or self._stopping or now < self._retry_at:
+        if self._publishing is not None or self._stopping or now < self._retry_at:
             return out, False
         if self.records.highest_closed_round(job.id) >= rnd:
             # Some branch is longer than ours: we are catching up (just joined, restarted,
@@ -654,7 +657,7 @@ class PeerMachine:
         if job["mode"] == "ensemble" and self._work.shards:
             # Ensemble: a shard is a member and its contribution is the member's checkpoint,
             # published after every unit, so whoever trains the member next continues it.
-            self._publishing = True
+            self._publishing = (job.id, rnd, tuple(self._work.shards))
             out.append(PublishDelta(job, rnd, base, tuple(self._work.shards), self._work.samples))
             return out, False
         shard = self._pick_shard(job, rnd, done, now)
@@ -667,7 +670,7 @@ class PeerMachine:
             out += self._claim(job, rnd, self._training, now)
             out.append(Train(job, rnd, shard, attempt, base, fresh=not self._work.shards))
         elif self._work.shards:
-            self._publishing = True
+            self._publishing = (job.id, rnd, tuple(sorted(self._work.shards)))
             out.append(PublishDelta(job, rnd, base, tuple(sorted(self._work.shards)), self._work.samples))
         else:
             return out, True
