@@ -38,7 +38,7 @@ from ttpeer.proto import (
     train_base,
 )
 from ttpeer.proto._gossip import MAX_DIGEST_IDS, digest_payload, parse_payload
-from ttpeer.proto._peer import CHECKPOINT_EVERY
+from ttpeer.proto._peer import CHECKPOINT_DELTA_RATIO
 
 from .proto_helpers import Pool, hex64, job_body, key
 
@@ -78,6 +78,7 @@ class Cluster:
     encode: bool = False  # report delta_encoded before the upload (the daemon does)
     encode_time: float = 0.01
     upload_time: float = 0.1
+    ckpt_size: int = 100
     taking: dict[str, set[tuple[int, tuple[int, ...]]]] = field(default_factory=dict)  # deltas being taken
     fail_upload: set[str] = field(default_factory=set)  # machines whose next upload fails
     uploads: list[tuple[str, PublishDelta, float]] = field(default_factory=list)  # (me, effect, started)
@@ -182,7 +183,7 @@ class Cluster:
                 self.later(0.1, me, lambda now, s=e.close["state"], ok=ok: m.applied(s, ok, now))
             elif isinstance(e, PublishCheckpoint):
                 self.later(0.1, me, lambda now, c=e: m.checkpoint_published(
-                    c.job, c.round, c.state, hex64(c.state), 100, now))
+                    c.job, c.round, c.state, hex64(c.state), self.ckpt_size, now))
             elif isinstance(e, JobDone):
                 assert self.done.get(me) != e.state, "JobDone twice for the same state"
                 self.done[me] = e.state
@@ -335,15 +336,39 @@ def test_peer_offline_from_the_start_catches_up_from_a_checkpoint(overlap: int) 
     c = Cluster(3)
     late = c.order[2]
     c.dead.add(late)
-    job = c.submit_job(0, shards=3, rounds=CHECKPOINT_EVERY + 2, lease=20, overlap=overlap)
-    c.run(until=10_000, stop=lambda: c.machines[c.order[0]].chain(job).round >= CHECKPOINT_EVERY + 1)
+    job = c.submit_job(0, shards=3, rounds=30, lease=20, overlap=overlap)
+    first = c.machines[c.order[0]]
+
+    def checkpointed() -> int | None:
+        return min((r["round"] for r in first.records.of_job(job.id, "ckpt")), default=None)
+
+    c.run(until=10_000, stop=lambda: (checkpointed() or 10**9) < first.chain(job).round)
+    ckpt = checkpointed()
+    assert ckpt is not None and 1 < ckpt < job["rounds"]
     c.dead.discard(late)
     c.run(until=10_000)
     check_finished(c, job)
     got = [f.state for me, f in c.fetches if me == late]
     chain = c.machines[late].chain(job)
-    assert got and got[0] == chain.states[CHECKPOINT_EVERY], "the late peer should start from the checkpoint"
-    assert any(t.round >= CHECKPOINT_EVERY for me, t in c.trains if me == late) or chain.round == job["rounds"]
+    assert got and got[0] == chain.states[ckpt], "the late peer should start from the checkpoint"
+    assert any(t.round >= ckpt for me, t in c.trains if me == late) or chain.round == job["rounds"]
+
+
+def test_checkpoints_add_at_most_a_quarter_to_the_delta_bytes() -> None:
+    """Fused jobs checkpoint once the deltas since the last checkpoint add up to
+    CHECKPOINT_DELTA_RATIO checkpoints (the first one's size estimated from a delta's:
+    fp32 parameters and momentum against 4-bit values, 16x), plus the final state."""
+    c = Cluster(2, ckpt_size=1600)  # the cluster's deltas are 100 bytes
+    job = c.submit_job(0, shards=2, rounds=40, lease=20, bits=4, steal=False)
+    c.run(until=10_000)
+    check_finished(c, job)
+    c.run(until=c.now + 5, stop=lambda: False)  # the final checkpoint's record
+    rs = c.machines[c.order[0]].records
+    rounds = sorted(r["round"] for r in rs.of_job(job.id, "ckpt"))
+    deltas = sum(r["size"] for r in rs.of_job(job.id, "contrib"))
+    ckpt_bytes = sum(r["size"] for r in rs.of_job(job.id, "ckpt") if r["round"] < job["rounds"])
+    assert rounds[-1] == job["rounds"] and len(rounds) >= 2, rounds
+    assert ckpt_bytes <= deltas / CHECKPOINT_DELTA_RATIO, (ckpt_bytes, deltas)
 
 
 @pytest.mark.parametrize("heal_after", [8.0, 10.0, 12.0])

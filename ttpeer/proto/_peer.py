@@ -64,7 +64,10 @@ from ._ledger import (
 from ._records import Record, parse, sign
 
 RETRY_AFTER = 2.0  # seconds before retrying a failed download or upload
-CHECKPOINT_EVERY = 4  # rounds between the checkpoints a round's closer publishes
+CHECKPOINT_EVERY = 4  # rounds between the checkpoints a round's closer publishes (ensembles)
+# Fused jobs: a checkpoint once the deltas closed since the last one add up to this many
+# checkpoints' bytes (see ``_checkpoint_due``).
+CHECKPOINT_DELTA_RATIO = 4
 
 
 @dataclass(frozen=True)
@@ -371,13 +374,38 @@ class PeerMachine:
             body["tbase"] = self.records.by_id[contribs[0]]["base"]
         rec = sign("close", self.pool, body, self._key)
         out = self.add_local(rec, now)
-        # A checkpoint every few rounds (and of the final state) lets late joiners and
-        # repairing peers skip ahead; between them they replay the closes' deltas.
-        due = (rnd + 1) % CHECKPOINT_EVERY == 0 or rnd + 1 == job["rounds"]
-        if due and (job.id, rnd + 1) not in self._ckpt_done:
+        # Checkpoints (and one of the final state) let late joiners and repairing peers
+        # skip ahead; between them they replay the closes' deltas.
+        if self._checkpoint_due(job, rnd, contribs) and (job.id, rnd + 1) not in self._ckpt_done:
             self._ckpt_done.add((job.id, rnd + 1))
             out.append(PublishCheckpoint(job, rnd + 1, state))
         return out
+
+    def _checkpoint_due(self, job: Record, rnd: int, contribs: tuple[str, ...]) -> bool:
+        """Whether the closer of round ``rnd`` publishes a checkpoint of the state it made.
+
+        The final state always. Fused jobs: once the deltas closed since the last
+        checkpoint add up to ``CHECKPOINT_DELTA_RATIO`` checkpoints. A peer catching up
+        fetches the checkpoint and replays at most that many checkpoints' worth of deltas,
+        and checkpoints add at most 1/ratio to the bytes the pool uploads: a fixed "every
+        4 rounds" was most of the traffic when deltas are 4-bit (a checkpoint is the fp32
+        parameters and outer momentum: 16x a 4-bit delta). Before the first checkpoint its
+        size is estimated from the largest delta and the job's bits. Ensembles (whose
+        contributions are member checkpoints): every ``CHECKPOINT_EVERY`` rounds."""
+        if rnd + 1 == job["rounds"]:
+            return True
+        if job["mode"] == "ensemble":
+            return (rnd + 1) % CHECKPOINT_EVERY == 0
+        by_id = self.records.by_id
+        ckpts = [c for c in self.records.of_job(job.id, "ckpt") if c["round"] <= rnd]
+        since = max((c["round"] for c in ckpts), default=0)
+        chain = self._chain(job)
+        closed = [tuple(chain.closes[r]["contribs"]) for r in range(since, min(rnd, len(chain.closes)))]
+        sizes = [by_id[c]["size"] for ids in [*closed, contribs] for c in ids if c in by_id]
+        if not sizes:
+            return False
+        size = max((c["size"] for c in ckpts if c["round"] == since), default=0) or max(sizes) * 64 // job["bits"]
+        return sum(sizes) >= CHECKPOINT_DELTA_RATIO * size
 
     def applied(self, target: str, ok: bool, now: float) -> list[Effect]:
         self._syncing = None
