@@ -108,6 +108,8 @@ class Answer:
             if not chunk:
                 raise EOFError("the connection closed before the answer's head ended")
             raw += chunk
+        if end > MAX_HEAD_BYTES:
+            raise Malformed(f"an answer head over {MAX_HEAD_BYTES} bytes")
         self.status, self.headers = parse_head(raw[:end])
         if "transfer-encoding" in self.headers:
             raise Malformed("a chunked answer (the relay frames every body with content-length)")
