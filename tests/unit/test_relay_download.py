@@ -6,17 +6,25 @@ answer-head parser on bytes a broken or hostile server might send.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import ssl
+import tempfile
 from functools import partial
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 import trio.testing
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from ttpeer_relay import RelayConfig, RelayRunning, serve
+from ttpeer_relay.tls import ensure_certificate
 
-from ttpeer.net import BlobCorrupt, RelayClient, RelayUnavailable
+from ttpeer.net import BlobCorrupt, NetError, RelayClient, RelayUnavailable, pinned_ssl_context
 from ttpeer.net._download import MAX_HEAD_BYTES, Answer, Body, Malformed, parse_head
 
 from .test_relay import Pool, StartRelay, _connect_proxy, member
@@ -208,3 +216,71 @@ async def test_answers_are_framed_by_content_length_or_refused() -> None:
             await _answer(head + b"\r\n\r\nabc")
     with pytest.raises(Malformed, match="over"):
         await _answer(b"HTTP/1.1 200 OK\r\n" + b"x: y\r\n" * (MAX_HEAD_BYTES // 6 + 10) + b"\r\n")
+
+
+# -- a hostile server's answers to a blob GET ------------------------------------------
+
+
+@functools.cache
+def _server_tls() -> tuple[ssl.SSLContext, bytes]:
+    cert, key = ensure_certificate(Path(tempfile.mkdtemp(prefix="ttpeer-test-tls-")), "127.0.0.1")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context, ssl.PEM_cert_to_DER_cert(cert.read_text())
+
+
+def _head(status: int, framing: str, retry: str | None, body: bytes) -> bytes:
+    fields = {"ok": f"content-length: {len(body)}", "short": f"content-length: {len(body) + 7}",
+              "none": "", "chunked": "transfer-encoding: chunked", "junk": "content-length: 1e3"}[framing]
+    head = f"HTTP/1.1 {status} X\r\n{fields}\r\n" + (f"retry-after: {retry}\r\n" if retry else "")
+    return head.encode() + b"\r\n"
+
+
+class _Refusal(httpx.AsyncByteStream):
+    """A 403 body that arrives off the wire, as a real server's does (not pre-read)."""
+
+    async def __aiter__(self):  # type: ignore[no-untyped-def]
+        yield b'{"error":"no"}'
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(status=st.sampled_from([200, 204, 206, 301, 400, 401, 403, 404, 413, 416, 429, 500, 507]),
+       framing=st.sampled_from(["ok", "ok", "short", "none", "chunked", "junk", "raw"]),
+       retry=st.one_of(st.none(), st.sampled_from(["nan", "inf", "-1", "1e999", "5", "soon"])),
+       body=st.binary(max_size=300))
+def test_hostile_blob_answers_raise_only_net_errors(status: int, framing: str, retry: str | None,
+                                                     body: bytes) -> None:
+    """Whatever a relay (or something in its place) answers to a blob GET, over real
+    TLS: a NetError (bytes that do not hash to the blob's name included), nothing else."""
+    server_context, der = _server_tls()
+    answer = body if framing == "raw" else _head(status, framing, retry, body) + body
+
+    async def reply(stream: trio.SSLStream) -> None:
+        try:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += await stream.receive_some(65536)
+            await stream.send_all(answer)
+        except trio.BrokenResourceError:
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(partial(trio.serve_ssl_over_tcp, reply, 0, server_context,
+                                                    host="127.0.0.1"))
+            url = f"https://127.0.0.1:{listeners[0].transport_listener.socket.getsockname()[1]}"
+            client = RelayClient(url, "sha256:" + "0" * 64, pool="ef" * 16,
+                                 peer_key=Ed25519PrivateKey.from_private_bytes(bytes(32)), proof=[], timeout=5)
+            # Connected by hand (no login): the pinned context for downloads, and a
+            # re-login after a 401 that the relay refuses.
+            client._blob_context = pinned_ssl_context(der)
+            client._http = httpx.AsyncClient(base_url=url, transport=httpx.MockTransport(
+                lambda request: httpx.Response(403, stream=_Refusal())))
+            with pytest.raises(NetError):
+                await client.get_blob(hashlib.sha256(b"wanted").hexdigest(), max_size=1000)
+            await client.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
