@@ -142,11 +142,13 @@ async def test_download_through_a_connect_proxy(
         blob = await a.put_blob(data)
         tunnels = len(seen)
         assert await b.get_blob(blob, max_size=len(data)) == data
-        assert len(seen) == tunnels + 1  # the download had a tunnel of its own
+        assert len(seen) == tunnels + 1  # the download had a tunnel of its own...
+        assert await b.get_blob(blob, max_size=len(data)) == data
+        assert len(seen) == tunnels + 1  # ...which the next one reused
     assert all(line == f"CONNECT 127.0.0.1:{running.port} HTTP/1.1".encode() for line in seen)
 
 
-async def test_a_download_after_a_relay_restart_logs_in_again(tmp_path: Path, pool: Pool) -> None:
+async def test_a_download_after_a_relay_restart_reconnects_and_logs_in_again(tmp_path: Path, pool: Pool) -> None:
     stop, stopped = trio.Event(), trio.Event()
     config = RelayConfig(data=tmp_path / "relay", listen="127.0.0.1:0")
 
@@ -159,11 +161,13 @@ async def test_a_download_after_a_relay_restart_logs_in_again(tmp_path: Path, po
         first: RelayRunning = await nursery.start(first_relay)
         async with member(first, pool, "a") as a:
             blob = await a.put_blob(data)
+            assert await a.get_blob(blob, max_size=len(data)) == data  # leaves a spare connection
             stop.set()
             with trio.fail_after(10):
                 await stopped.wait()
             again = RelayConfig(data=tmp_path / "relay", listen=f"127.0.0.1:{first.port}")
             second: RelayRunning = await nursery.start(serve, again)
+            # The spare is dead (the relay restarted): a new connection, then 401, login, retry.
             assert await a.get_blob(blob, max_size=len(data)) == data
             assert second.app.requests_seen == 4  # GET (401), challenge, session, GET again
         nursery.cancel_scope.cancel()

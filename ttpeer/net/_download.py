@@ -7,12 +7,12 @@ machine the client's CPU was the download's speed (``scripts/bench/relay``: abou
 
 What it does: send a request head, read the answer's head (at most 64 KiB), then read
 a body framed by ``content-length``, which the relay sends with every blob and every
-error; an answer without one, or chunked, is refused rather than guessed at. The
-request says ``connection: close``: one GET per connection, so no pooled connection
-can go stale, at the price of a TLS handshake per blob. Opening the stream (pinned
-context, CONNECT proxy), authentication and error mapping are the caller's
-(``RelayClient``); this module raises ``OSError`` subclasses, ``trio`` stream errors
-and ``Malformed``.
+error; an answer without one, or chunked, is refused rather than guessed at. An
+answer read to its end leaves the connection ``reusable`` for the next GET (a new
+TLS connection costs two round trips, more through a proxy). Opening the stream
+(pinned context, CONNECT proxy), keeping one spare, authentication and error mapping
+are the caller's (``RelayClient``); this module raises ``OSError`` subclasses,
+``trio`` stream errors and ``Malformed``.
 
 The body goes into a ``Body``: the chunks OpenSSL returned, joined once at the end
 (appending to one growing bytearray copied a large blob several times over), and
@@ -41,7 +41,7 @@ class Malformed(Exception):
 def request_head(target: str, host: str, headers: dict[str, str]) -> bytes:
     """The bytes of a body-less GET for ``target`` on ``host`` (``HOST:PORT``)."""
     lines = [f"GET {target} HTTP/1.1", f"host: {host}", "accept-encoding: identity",
-             "connection: close", *(f"{k}: {v}" for k, v in headers.items())]
+             *(f"{k}: {v}" for k, v in headers.items())]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
@@ -50,7 +50,7 @@ def parse_head(raw: bytes) -> tuple[int, dict[str, str]]:
     status_line, *lines = raw.decode("latin-1").split("\r\n")
     version, _, rest = status_line.partition(" ")
     code = rest[:3]
-    if version not in ("HTTP/1.1", "HTTP/1.0") or not (code.isdigit() and code.isascii()):
+    if version != "HTTP/1.1" or not (code.isdigit() and code.isascii()):
         raise Malformed(f"status line {status_line[:80]!r}")
     headers: dict[str, str] = {}
     for line in lines:
@@ -79,20 +79,27 @@ class Body:
 
 
 class Answer:
-    """The answer to one GET: ``status``, ``headers``, ``length``, then the body."""
+    """The answer to one GET: ``status``, ``headers``, ``length``, then the body.
 
-    def __init__(self, stream: trio.abc.ReceiveStream, idle: trio.CancelScope, timeout: float) -> None:
+    ``started``: some of it arrived (else a reused connection may just have gone stale).
+    ``reusable``: read to its end, nothing after it, and the server keeps the connection.
+    """
+
+    def __init__(self, stream: trio.SSLStream, idle: trio.CancelScope,
+                 timeout: float) -> None:
+        self.stream = stream
         self.status = 0
         self.headers: dict[str, str] = {}
         self.length = 0  # of the body, from content-length
-        self._stream = stream
+        self.started = False
+        self.reusable = False
         self._idle = idle
         self._timeout = timeout
         self._next_push = trio.current_time() + timeout / 8
         self._rest = b""  # body bytes that came with the head
 
     async def _receive(self) -> bytes:
-        chunk = await self._stream.receive_some(_READ_BYTES)
+        chunk = await self.stream.receive_some(_READ_BYTES)
         now = trio.current_time()
         if now >= self._next_push:
             self._idle.deadline = now + self._timeout
@@ -107,6 +114,7 @@ class Answer:
             chunk = await self._receive()
             if not chunk:
                 raise EOFError("the connection closed before the answer's head ended")
+            self.started = True
             raw += chunk
         if end > MAX_HEAD_BYTES:
             raise Malformed(f"an answer head over {MAX_HEAD_BYTES} bytes")
@@ -117,21 +125,24 @@ class Answer:
         if not (length.isdigit() and length.isascii() and len(length) <= 20):
             raise Malformed(f"content-length {length[:30]!r}")
         self.length = int(length)
-        self._rest = raw[end + 4:][:self.length]
+        self._rest = raw[end + 4:]
 
     async def read_into(self, parts: Body, most: int | None = None) -> None:
         """Append the body (or its first ``most`` bytes) to ``parts``, chunk by chunk; call
         once. Raises ``EOFError`` if the connection ends first; what arrived stays appended."""
         want = self.length if most is None else min(most, self.length)
+        extra = len(self._rest) > want  # more than the body: not a connection to reuse
         if self._rest:
-            piece, self._rest = self._rest[:want], self._rest[want:]
+            piece, self._rest = self._rest[:want], b""
             parts.append(piece)
             want -= len(piece)
         while want > 0:
             chunk = await self._receive()
             if not chunk:
                 raise EOFError(f"the connection closed {want} bytes before the answer's end")
-            if len(chunk) > want:  # never, with connection: close; but never read past the body
-                chunk = chunk[:want]
+            if len(chunk) > want:  # never read past the body
+                chunk, extra = chunk[:want], True
             parts.append(chunk)
             want -= len(chunk)
+        self.reusable = (most is None or most >= self.length) and not extra and \
+            "close" not in self.headers.get("connection", "").lower()

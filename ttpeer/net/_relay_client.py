@@ -9,9 +9,10 @@ with the membership proof to ``/v1/session``. A request answered 401 (the
 session expired, or the relay restarted) logs in again once and is retried;
 concurrent requests share one re-login.
 
-Blob downloads skip httpx: each is one GET on a TLS connection of its own, opened
-the same way (the pinned certificate, the CONNECT proxy if configured) and read by
-``_download``, since httpx's per-record overhead made it the download's limit.
+Blob downloads skip httpx: each is one GET on a TLS connection of the client's own,
+opened the same way (the pinned certificate, the CONNECT proxy if configured), read
+by ``_download`` and kept as a spare for the next download; httpx's per-record
+overhead had made it the download's limit.
 
 Errors are translated here, at the boundary: no httpx, ssl or trio exception
 leaves this module, only ``NetError`` subclasses.
@@ -121,6 +122,7 @@ class RelayClient:
         self._timeout = timeout
         self._http: httpx.AsyncClient | None = None
         self._blob_context: ssl.SSLContext | None = None  # pinned, for _fetch_into's connections
+        self._spare: trio.SSLStream | None = None  # an idle one of them
         self._session = ""
         self._generation = 0  # bumped by every login
         self._login_lock = trio.Lock()
@@ -155,6 +157,7 @@ class RelayClient:
             raise RelayFingerprintMismatch(self.url, self.fingerprint, got)
         if self._http is not None:
             await self._http.aclose()
+        await self._drop_spare()
         self._http = httpx.AsyncClient(
             base_url=self.url,
             verify=pinned_ssl_context(der),
@@ -170,6 +173,7 @@ class RelayClient:
 
     async def aclose(self) -> None:
         self._blob_context = None
+        await self._drop_spare()
         if self._http is not None:
             http, self._http = self._http, None
             with trio.CancelScope(shield=True):
@@ -374,7 +378,8 @@ class RelayClient:
 
     async def _fetch_into(self, body: Body, blob: str, max_size: int) -> None:
         """Append the rest of ``blob`` to ``body`` (all of it if the relay ignores the
-        Range): one GET on a connection of its own, logging in again once on 401."""
+        Range): one GET, on the spare blob connection or a new one, logging in again
+        once on 401."""
         host, port = host_port(self.url)
         target = f"{urlsplit(self.url).path}/v1/blob/{blob}"
         authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -385,21 +390,19 @@ class RelayClient:
             if body.size:
                 headers["range"] = f"bytes={body.size}-"
             generation, error = self._generation, Body()
+            request = request_head(target, authority, headers)
             with trio.CancelScope(deadline=trio.current_time() + self._timeout) as idle:
                 try:
-                    tls = trio.SSLStream(await open_tcp(host, port, self._proxy), self._blob_context,
-                                         server_hostname=host, https_compatible=True)
+                    answer = await self._ask(host, port, request, idle)
                     try:
-                        await tls.send_all(request_head(target, authority, headers))
-                        answer = Answer(tls, idle, self._timeout)
-                        await answer.read_head()
                         if answer.status >= 300:
                             await answer.read_into(error, MAX_ERROR_BYTES)
                         else:
                             await self._read_blob(answer, body, blob, max_size)
-                            return
                     finally:
-                        await trio.aclose_forcefully(tls)
+                        await self._keep_or_close(answer)
+                    if answer.status < 300:
+                        return
                 except (OSError, EOFError, Malformed, trio.BrokenResourceError) as exc:
                     if _cert_rejected(exc):
                         await self._certificate_changed()
@@ -410,6 +413,48 @@ class RelayClient:
                 await self._login(generation)
                 continue
             self._raise_status(answer.status, _error_message(b"".join(error.parts)), answer.headers, blob)
+
+    async def _ask(self, host: str, port: int, request: bytes, idle: trio.CancelScope) -> Answer:
+        """Send ``request`` on the spare connection, or on a new one if there is none or
+        the spare turns out closed (nothing at all came back: the relay dropped it idle)."""
+        tls, self._spare = self._spare, None
+        if tls is not None:
+            answer = Answer(tls, idle, self._timeout)
+            try:
+                await tls.send_all(request)
+                await answer.read_head()
+                return answer
+            except (OSError, EOFError, trio.BrokenResourceError):
+                await trio.aclose_forcefully(tls)
+                if answer.started:
+                    raise
+            except BaseException:
+                await trio.aclose_forcefully(tls)
+                raise
+        if self._blob_context is None:
+            raise RelayUnavailable(self.url, "the client was closed")
+        tls = trio.SSLStream(await open_tcp(host, port, self._proxy), self._blob_context,
+                             server_hostname=host, https_compatible=True)
+        answer = Answer(tls, idle, self._timeout)
+        try:
+            await tls.send_all(request)
+            await answer.read_head()
+        except BaseException:
+            await trio.aclose_forcefully(tls)
+            raise
+        return answer
+
+    async def _keep_or_close(self, answer: Answer) -> None:
+        """Keep the answer's connection as the spare if it can carry another GET."""
+        if answer.reusable and self._spare is None and self._blob_context is not None:
+            self._spare = answer.stream
+        else:
+            await trio.aclose_forcefully(answer.stream)
+
+    async def _drop_spare(self) -> None:
+        if self._spare is not None:
+            spare, self._spare = self._spare, None
+            await trio.aclose_forcefully(spare)
 
     async def _read_blob(self, answer: Answer, body: Body, blob: str, max_size: int) -> None:
         if answer.status != 206:
