@@ -9,6 +9,11 @@ with the membership proof to ``/v1/session``. A request answered 401 (the
 session expired, or the relay restarted) logs in again once and is retried;
 concurrent requests share one re-login.
 
+Blob downloads skip httpx: each is one GET on a TLS connection of the client's own,
+opened the same way (the pinned certificate, the CONNECT proxy if configured), read
+by ``_download`` and kept as a spare for the next download; httpx's per-record
+overhead had made it the download's limit.
+
 Errors are translated here, at the boundary: no httpx, ssl or trio exception
 leaves this module, only ``NetError`` subclasses.
 """
@@ -20,13 +25,16 @@ import hashlib
 import json
 import math
 import ssl
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 import httpx
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..proto import public_hex
+from ._download import Answer, Body, Malformed, request_head
 from ._errors import (
     BlobCorrupt,
     BlobMissing,
@@ -35,7 +43,7 @@ from ._errors import (
     RelayRejected,
     RelayUnavailable,
 )
-from ._tls import fetch_certificate, fingerprint, host_port, pinned_ssl_context
+from ._tls import fetch_certificate, fingerprint, host_port, open_tcp, pinned_ssl_context
 from ._transport import Message, check_blob_name
 
 LOGIN_DOMAIN = b"ttpeer/relay-auth/v1\n"
@@ -45,6 +53,7 @@ _FETCH_ATTEMPTS = 3  # a blob download resumes (Range) after a broken connection
 # real one, a recv answer, is about 11 MiB (8 MiB of messages in base64).
 MAX_ANSWER_BYTES = 64 * 2**20
 MAX_RETRY_AFTER = 3600.0
+MAX_ERROR_BYTES = 65536  # an error answer says little: read this much of it at most
 
 
 def login_message(fingerprint: str, pool: str, nonce: str) -> bytes:
@@ -61,13 +70,21 @@ def _cert_rejected(exc: BaseException) -> bool:
     return False
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def _retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds to wait, from a Retry-After in seconds; None if absent or not a sane number."""
     try:
-        seconds = float(response.headers["retry-after"])
+        seconds = float(headers["retry-after"])
     except (KeyError, ValueError):
         return None
     return min(seconds, MAX_RETRY_AFTER) if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _error_message(raw: bytes) -> str:
+    """What an error answer's body says: its JSON ``error``, or the start of its text."""
+    try:
+        return str(json.loads(raw)["error"])[:500]
+    except (ValueError, KeyError, TypeError):
+        return raw[:200].decode("utf-8", "replace")
 
 
 class RelayClient:
@@ -104,6 +121,8 @@ class RelayClient:
         self._proxy = proxy
         self._timeout = timeout
         self._http: httpx.AsyncClient | None = None
+        self._blob_context: ssl.SSLContext | None = None  # pinned, for _fetch_into's connections
+        self._spare: trio.SSLStream | None = None  # an idle one of them
         self._session = ""
         self._generation = 0  # bumped by every login
         self._login_lock = trio.Lock()
@@ -138,6 +157,7 @@ class RelayClient:
             raise RelayFingerprintMismatch(self.url, self.fingerprint, got)
         if self._http is not None:
             await self._http.aclose()
+        await self._drop_spare()
         self._http = httpx.AsyncClient(
             base_url=self.url,
             verify=pinned_ssl_context(der),
@@ -147,9 +167,13 @@ class RelayClient:
             follow_redirects=False,
             headers={"accept-encoding": "identity"},  # answers are read raw; see _json
         )
+        self._blob_context = pinned_ssl_context(der)
+        self._blob_context.set_alpn_protocols(["http/1.1"])
         await self._login(self._generation)
 
     async def aclose(self) -> None:
+        self._blob_context = None
+        await self._drop_spare()
         if self._http is not None:
             http, self._http = self._http, None
             with trio.CancelScope(shield=True):
@@ -228,23 +252,24 @@ class RelayClient:
         # Same certificate, yet it no longer verifies: it has expired (a --cert one).
         raise RelayUnavailable(self.url, "its pinned certificate no longer verifies (expired?)")
 
-    async def _raise_for(self, response: httpx.Response, blob: str | None) -> None:
+    async def _raise_for(self, response: httpx.Response, blob: str | None) -> NoReturn:
         raw = bytearray()
         try:
-            async for chunk in response.aiter_raw():  # an error says little: read 64 KiB at most
+            async for chunk in response.aiter_raw():
                 raw += chunk
-                if len(raw) > 65536:
+                if len(raw) > MAX_ERROR_BYTES:
                     break
-            message = str(json.loads(raw)["error"])[:500]
+            message = _error_message(raw)
         except httpx.HTTPError:
             message = "(the answer broke off)"
-        except (ValueError, KeyError, TypeError):
-            message = raw[:200].decode("utf-8", "replace")
         finally:
             await response.aclose()
-        status = response.status_code
+        self._raise_status(response.status_code, message, response.headers, blob)
+
+    def _raise_status(self, status: int, message: str, headers: Mapping[str, str],
+                      blob: str | None) -> NoReturn:
         if status in (413, 429, 507):
-            raise RelayLimit(self.url, status, message, _retry_after(response))
+            raise RelayLimit(self.url, status, message, _retry_after(headers))
         if status in (404, 416) and blob is not None:
             raise BlobMissing(blob)
         if 400 <= status < 500:
@@ -338,35 +363,106 @@ class RelayClient:
         ``max_size``), ``RelayUnavailable``.
         """
         check_blob_name(blob)
-        data = bytearray()
+        body = Body()
         for attempt in range(1, _FETCH_ATTEMPTS + 1):
-            before = len(data)
+            before = body.size
             try:
-                await self._fetch_into(data, blob, max_size)
+                await self._fetch_into(body, blob, max_size)
                 break
             except RelayUnavailable:
-                if attempt == _FETCH_ATTEMPTS or len(data) == before:
+                if attempt == _FETCH_ATTEMPTS or body.size == before:
                     raise
-        if hashlib.sha256(data).hexdigest() != blob:
+        if body.sha256.hexdigest() != blob:
             raise BlobCorrupt(blob, "its bytes do not hash to its name")
-        return bytes(data)
+        return b"".join(body.parts)
 
-    async def _fetch_into(self, data: bytearray, blob: str, max_size: int) -> None:
-        headers = {"range": f"bytes={len(data)}-"} if data else {}
-        response = await self._send("GET", f"/v1/blob/{blob}", auth=True, stream=True,
-                                    blob=blob, headers=headers)
+    async def _fetch_into(self, body: Body, blob: str, max_size: int) -> None:
+        """Append the rest of ``blob`` to ``body`` (all of it if the relay ignores the
+        Range): one GET, on the spare blob connection or a new one, logging in again
+        once on 401."""
+        host, port = host_port(self.url)
+        target = f"{urlsplit(self.url).path}/v1/blob/{blob}"
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        for attempt in (1, 2):
+            if self._blob_context is None:
+                raise RelayUnavailable(self.url, "not connected; call connect() first")
+            headers = {"authorization": f"Bearer {self._session}"}
+            if body.size:
+                headers["range"] = f"bytes={body.size}-"
+            generation, error = self._generation, Body()
+            request = request_head(target, authority, headers)
+            with trio.CancelScope(deadline=trio.current_time() + self._timeout) as idle:
+                try:
+                    answer = await self._ask(host, port, request, idle)
+                    try:
+                        if answer.status >= 300:
+                            await answer.read_into(error, MAX_ERROR_BYTES)
+                        else:
+                            await self._read_blob(answer, body, blob, max_size)
+                    finally:
+                        await self._keep_or_close(answer)
+                    if answer.status < 300:
+                        return
+                except (OSError, EOFError, Malformed, trio.BrokenResourceError) as exc:
+                    if _cert_rejected(exc):
+                        await self._certificate_changed()
+                    raise RelayUnavailable(self.url, f"download broke: {type(exc).__name__}: {exc}") from None
+            if idle.cancelled_caught:
+                raise RelayUnavailable(self.url, f"download timed out (nothing for {self._timeout:g} s)")
+            if answer.status == 401 and attempt == 1:
+                await self._login(generation)
+                continue
+            self._raise_status(answer.status, _error_message(b"".join(error.parts)), answer.headers, blob)
+
+    async def _ask(self, host: str, port: int, request: bytes, idle: trio.CancelScope) -> Answer:
+        """Send ``request`` on the spare connection, or on a new one if there is none or
+        the spare turns out closed (nothing at all came back: the relay dropped it idle)."""
+        tls, self._spare = self._spare, None
+        if tls is not None:
+            answer = Answer(tls, idle, self._timeout)
+            try:
+                await tls.send_all(request)
+                await answer.read_head()
+                return answer
+            except (OSError, EOFError, trio.BrokenResourceError):
+                await trio.aclose_forcefully(tls)
+                if answer.started:
+                    raise
+            except BaseException:
+                await trio.aclose_forcefully(tls)
+                raise
+        if self._blob_context is None:
+            raise RelayUnavailable(self.url, "the client was closed")
+        tls = trio.SSLStream(await open_tcp(host, port, self._proxy), self._blob_context,
+                             server_hostname=host, https_compatible=True)
+        answer = Answer(tls, idle, self._timeout)
         try:
-            if response.status_code != 206:
-                data.clear()  # a full answer: start over
-            length = int(response.headers.get("content-length", "0") or 0)
-            if len(data) + length > max_size:
-                raise BlobCorrupt(blob, f"it is {len(data) + length} bytes, over {max_size}")
-            async for chunk in response.aiter_raw():
-                data += chunk
-                self.bytes_received += len(chunk)
-                if len(data) > max_size:
-                    raise BlobCorrupt(blob, f"it is over {max_size} bytes")
-        except httpx.HTTPError as exc:
-            raise RelayUnavailable(self.url, f"download broke: {type(exc).__name__}") from None
+            await tls.send_all(request)
+            await answer.read_head()
+        except BaseException:
+            await trio.aclose_forcefully(tls)
+            raise
+        return answer
+
+    async def _keep_or_close(self, answer: Answer) -> None:
+        """Keep the answer's connection as the spare if it can carry another GET."""
+        if answer.reusable and self._spare is None and self._blob_context is not None:
+            self._spare = answer.stream
+        else:
+            await trio.aclose_forcefully(answer.stream)
+
+    async def _drop_spare(self) -> None:
+        if self._spare is not None:
+            spare, self._spare = self._spare, None
+            await trio.aclose_forcefully(spare)
+
+    async def _read_blob(self, answer: Answer, body: Body, blob: str, max_size: int) -> None:
+        if answer.status != 206:
+            body.clear()  # a full answer: start over
+        if body.size + answer.length > max_size:  # refused before its body is read
+            raise BlobCorrupt(blob, f"it is {body.size + answer.length} bytes, over {max_size}")
+        start = body.size
+        try:
+            await answer.read_into(body)
         finally:
-            await response.aclose()
+            self.bytes_received += body.size - start

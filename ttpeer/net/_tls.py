@@ -75,6 +75,16 @@ async def _open_via_proxy(proxy: str, host: str, port: int) -> trio.SocketStream
     return stream
 
 
+async def open_tcp(host: str, port: int, proxy: str | None) -> trio.SocketStream:
+    """A TCP stream to ``host:port``, tunnelled with CONNECT through ``proxy`` if given.
+
+    Raises ``OSError`` (the proxy's refusal included), ``ValueError`` for a malformed proxy.
+    """
+    if proxy is None:
+        return await trio.open_tcp_stream(host, port)
+    return await _open_via_proxy(proxy, host, port)
+
+
 async def fetch_certificate(url: str, *, proxy: str | None = None, timeout: float = 30.0) -> bytes:
     """The DER certificate the relay at ``url`` presents, verification off.
 
@@ -89,11 +99,7 @@ async def fetch_certificate(url: str, *, proxy: str | None = None, timeout: floa
     context.verify_mode = ssl.CERT_NONE  # we only read the certificate, then compare it
     try:
         with trio.fail_after(timeout):
-            if proxy is None:
-                raw: trio.SocketStream = await trio.open_tcp_stream(host, port)
-            else:
-                raw = await _open_via_proxy(proxy, host, port)
-            tls = trio.SSLStream(raw, context, server_hostname=host)
+            tls = trio.SSLStream(await open_tcp(host, port, proxy), context, server_hostname=host)
             try:
                 await tls.do_handshake()
                 der = tls.getpeercert(binary_form=True)
