@@ -51,11 +51,21 @@ class JobError(TtpeerError):
     """A job failed, timed out, was declined, or is not known to this peer."""
 
 
+class StateMissing(JobError):
+    """A state the protocol counted as held is not on this peer's disk: states are named
+    by their hash, so two jobs can share one, and each job keeps only its newest few."""
+
+    def __init__(self, state: str) -> None:
+        super().__init__(f"state {state[:19]} is not on this peer")
+        self.state = state
+
+
 __all__ = [
     "DaemonNotRunning",
     "DiskError",
     "HomeError",
     "JobError",
+    "StateMissing",
     "ProofError",
     "RecordError",
     "TokenError",

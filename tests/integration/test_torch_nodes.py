@@ -83,3 +83,37 @@ async def test_two_jobs_from_the_same_initial_state_both_finish(tmp_path):
     assert first["init"] == second["init"]
     for job in (first, second):
         assert (home.path / "states" / job.id / "final.safetensors").exists()
+
+
+@pytest.mark.parametrize("overlap", [0, 1])
+async def test_a_second_job_through_the_same_states_finishes_on_both_peers(tmp_path, overlap):
+    # Same task and seed: when the peers train the same shards in the same order, the second
+    # job's first rounds make the same state hashes as the first job's, whose files the first
+    # job pruned (it keeps its newest few). In the WAN bench the member then counted them as
+    # held and retried Train and Apply on a missing file forever; now the executor says which
+    # state is missing and the peer recomputes it (test_proto_peer: a lost state, forced).
+    homes = _homes(tmp_path)
+    spec = {"task": TASK_FILE.name, "mode": "fused", "rounds": 6, "shards": 2, "batches": 3, "batch_size": 16,
+            "inner_lr": 0.01, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
+            "seed": 3, "lease": 5.0, "steal": False, "overlap": overlap}
+    async with MemoryRelay() as relay:
+        nodes = []
+        for home in homes:
+            cfg = home.config()
+            nodes.append(Node(home, relay.client(cfg.pool, home.node_key(), cfg.proof), TorchExecutor(home),
+                              timing=Timing(digest_interval=0.5)))
+        with trio.fail_after(90):
+            async with trio.open_nursery() as nursery:
+                for node in nodes:
+                    await nursery.start(node.run)
+                jobs = []
+                for _ in range(2):
+                    job = await nodes[0].submit(spec, TASK_FILE.read_bytes())
+                    for node in nodes:
+                        await node.done_event(job.id).wait()
+                    jobs.append(job)
+                nursery.cancel_scope.cancel()
+    for job in jobs:
+        finals = {hashlib.sha256((h.path / "states" / job.id / "final.safetensors").read_bytes()).hexdigest()
+                  for h in homes}
+        assert len(finals) == 1

@@ -79,6 +79,10 @@ class Cluster:
     encode_time: float = 0.01
     upload_time: float = 0.1
     ckpt_size: int = 100
+    lose_at: dict[str, int] = field(default_factory=dict)  # machine -> round whose training base it lacks
+    lost: list[tuple[str, str]] = field(default_factory=list)  # (me, state) found missing
+    still_held: list[bool] = field(default_factory=list)  # whether the machine still counted it held
+    applies: list[tuple[str, str]] = field(default_factory=list)  # (me, target state)
     taking: dict[str, set[tuple[int, tuple[int, ...]]]] = field(default_factory=dict)  # deltas being taken
     fail_upload: set[str] = field(default_factory=set)  # machines whose next upload fails
     uploads: list[tuple[str, PublishDelta, float]] = field(default_factory=list)  # (me, effect, started)
@@ -140,6 +144,16 @@ class Cluster:
             elif isinstance(e, Train):
                 assert e.base in m.held, "asked to train on a state it does not hold"
                 assert not self.taking.get(me), "asked to train while a delta is taken from the local model"
+                if self.lose_at.get(me) == e.round:  # found missing once; the driver makes it anew
+                    del self.lose_at[me]
+                    self.lost.append((me, e.base))
+                    def missing(now: float, t: Train = e) -> list[Effect]:
+                        out = m.state_lost(t.base, now)
+                        self.still_held.append(t.base in m.held)
+                        return out + m.train_done(t.job.id, t.round, t.shard, 0, now, failed=True)
+
+                    self.later(0.01, me, missing)
+                    continue
                 self.trains.append((me, e))
                 self.train_at.append((me, self.now))
                 self.later(self.train_time * (1 + self.rng.random() * self.jitter), me,
@@ -175,6 +189,7 @@ class Cluster:
                 self.later(0.1, me, lambda now, a=e, ids=ids: m.aggregated(
                     a.job, a.round, a.base, ids, derive(a.base, list(ids)), {}, now))
             elif isinstance(e, Apply):
+                self.applies.append((me, e.close["state"]))
                 ok = derive(e.close["base"], [c.id for c in e.contribs]) == e.close["state"]
                 if me in self.fail_apply:
                     self.fail_apply.discard(me)
@@ -786,3 +801,23 @@ def test_an_upload_ending_never_frees_the_local_model_of_a_later_delta() -> None
     job = c.submit_job(0, shards=2, rounds=6, lease=30, overlap=1, steal=False)
     c.run(until=10_000)
     check_finished(c, job)
+
+
+@pytest.mark.parametrize("overlap", [0, 1])
+def test_a_peer_whose_held_state_is_gone_recomputes_it(overlap: int) -> None:
+    """The driver may not have a state the machine counts as held (two jobs share a state
+    hash and the first pruned its file). ``state_lost`` makes the peer stop counting it,
+    so it gets it again (from a close it can replay, or a checkpoint) or moves on, instead
+    of retrying Train or Apply on it forever (the WAN bench's second job, before)."""
+    c = Cluster(2)
+    job = c.submit_job(0, shards=2, rounds=6, lease=20, overlap=overlap, steal=False)
+    member = c.order[1]
+    c.lose_at[member] = 3  # its driver lacks the base it is asked to train round 3 on
+    c.run(until=10_000)
+    check_finished(c, job)
+    assert [me for me, _ in c.lost] == [member], "the lost state was never used: the test did not test"
+    assert c.still_held == [False], "the machine should stop counting the lost state as held"
+    if not overlap:  # an overlapped peer may also skip to the next round's base instead
+        lost = c.lost[0][1]
+        again = [s for me, s in c.applies if me == member] + [f.state for me, f in c.fetches if me == member]
+        assert lost in again, "the peer should have recomputed or fetched the state it lost"

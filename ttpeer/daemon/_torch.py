@@ -31,7 +31,7 @@ import torch
 import trio
 
 from ttpeer import train
-from ttpeer.errors import DiskError, JobError
+from ttpeer.errors import DiskError, JobError, StateMissing
 from ttpeer.proto import PublishDelta, Record, Train, overlapped
 
 from ._executor import Decline
@@ -171,7 +171,7 @@ class TorchExecutor:
             try:
                 data = path.read_bytes()
             except FileNotFoundError:
-                raise JobError(f"state {state[:19]} is not on this peer") from None
+                raise StateMissing(state) from None
             loaded = train.state_from_bytes(data, like=ctx.like)
             if train.state_hash(loaded) != state:
                 raise JobError(f"state file for {state[:19]} is corrupt")

@@ -407,6 +407,14 @@ class PeerMachine:
         size = max((c["size"] for c in ckpts if c["round"] == since), default=0) or max(sizes) * 64 // job["bits"]
         return sum(sizes) >= CHECKPOINT_DELTA_RATIO * size
 
+    def state_lost(self, state: str, now: float) -> list[Effect]:
+        """The driver does not have ``state`` after all (a job that shares a state hash with
+        an earlier one, whose file was pruned): stop counting it as held, so the peer
+        recomputes it from a close or fetches a checkpoint, instead of retrying forever.
+        A failure report for the effect that found it missing follows."""
+        self.held.discard(state)
+        return []
+
     def applied(self, target: str, ok: bool, now: float) -> list[Effect]:
         self._syncing = None
         if ok:
