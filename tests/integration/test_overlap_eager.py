@@ -95,7 +95,9 @@ async def test_overlapped_rounds_train_as_well_as_rounds_that_wait(tmp_path: Pat
     waiting, finals_waiting = await _final_loss(tmp_path / "wait", 0)
     overlapped, finals_overlapped = await _final_loss(tmp_path / "overlap", 1)
     assert len(finals_waiting) == 1 and len(finals_overlapped) == 1  # bit-identical on both peers
-    assert overlapped <= 1.25 * waiting, (overlapped, waiting)
+    # Measured over 6 runs each (who trains which shard varies): eager 0.87-1.11x the loss
+    # of the rounds that wait (1.34x once), the stale start 2.4-2.8x.
+    assert overlapped <= 1.8 * waiting, (overlapped, waiting)
 
 
 async def test_a_round_closes_while_the_next_round_trains(tmp_path: Path) -> None:
