@@ -2,14 +2,19 @@
 
 Two peers on a shaped link of the network lab (``ttpeer/testing/_netlab.py``): each
 peer's access link is ``--rate`` each way (tbf) with ``--delay`` added to each
-direction of its TCP connections. One model and data set for all rows: ttpeer's
-built-in mnist1d MLP, batch 64, AdamW lr 2e-3 weight decay 0.01, gradients clipped
-to 1.0; DiLoCo rows average every H inner steps with Nesterov SGD lr 0.7 momentum 0.9.
+direction of its TCP connections. One model and data set for all rows: the ttpeer task
+``--task`` (default the mnist1d MLP on 60,000 generated signals), batch 64, AdamW lr 2e-3
+weight decay 0.01, gradients clipped to 1.0; DiLoCo rows average every H inner steps with
+Nesterov SGD lr 0.7 momentum 0.9.
 
 Rows, one after the other in one lab:
 
 - ``one peer alone``: a plain loop with no network (``_bench_wan_worker single``);
 - ``gloo DDP``: all-reduce of gradients every step, 2 processes;
+- ``DDP, same math on loopback``: the same DDP run to ttpeer's sample count with both
+  processes on one host (no shaped link, no slowdown), only for the loss at equal samples:
+  synchronous DDP computes the same model whatever the link, and on the shaped link it
+  would take many minutes to train that many samples;
 - ``torchft DiLoCo``: torchft 0.2.0's ``DiLoCo`` with the same H, a lighthouse on peer 0;
 - ``ttpeer fused``: a relay and 2 ttpeer peers behind NAT routers, one job with 2 shards
   of H batches per round (each peer trains one shard a round).
@@ -25,8 +30,8 @@ moment every peer is connected; ttpeer: from the job's submission), bytes sent p
 (``tx_bytes`` of each peer's ``eth0`` from ``/proc/net/dev`` in its namespace: the same
 count for every system, headers, heartbeats and retransmissions included), bytes per
 training sample, utilization (a peer's seconds in inner steps / wall, mean over peers;
-ttpeer's own ``status`` reports it) and the eval loss at equal samples (the most samples
-every row reached; linear between a row's evaluations around it). Writes a markdown
+ttpeer's own ``status`` reports it) and the eval loss at ttpeer's sample count (linear
+between a row's evaluations around it; n/a for a row that trained fewer). Writes a markdown
 table to stdout and ``--markdown``, and a PNG of eval loss against wall time.
 
 torchft is installed into the running venv if missing (not a ttpeer dependency).
@@ -63,9 +68,13 @@ class Row:
     wall: float = 0.0
     utilization: float | None = None
     note: str = ""
+    reference: bool = False  # only its loss against samples counts, not its time or bytes
 
     def time_to(self, target: float) -> float | None:
         return next((t for t, _, loss in self.curve if loss <= target), None)
+
+    def samples_to(self, target: float) -> int | None:
+        return next((n for _, n, loss in self.curve if loss <= target), None)
 
     def loss_at(self, samples: int) -> float | None:
         """The eval loss after ``samples``, linear between the evaluations around it."""
@@ -110,14 +119,15 @@ def _read_curve(row: Row, path: Path) -> Row:
 
 
 def _baseline(lab: Lab, name: str, mode: str, hosts: list[Host], common: list[str], seconds: float,
-              extra: list[list[str]]) -> Row:
-    out = lab.dir / f"{mode}.jsonl"
+              extra: list[list[str]], tag: str = "", ifname: str = "eth0") -> Row:
+    tag = tag or mode
+    out = lab.dir / f"{tag}.jsonl"
     before = [_tx_bytes(h) for h in hosts]
     procs = [h.popen(_worker(mode, "--rank", str(i), "--world", str(len(hosts)), "--host", h.addr,
-                             "--out", str(out), *common, *extra[i]), f"{mode}-{i}",
-                     env={"GLOO_SOCKET_IFNAME": "eth0"})
+                             "--out", str(out), *common, *extra[i]), f"{tag}-{i}",
+                     env={"GLOO_SOCKET_IFNAME": ifname})
              for i, h in enumerate(hosts)]
-    _wait_all(procs, seconds + 240, name, lab, [f"{mode}-{i}" for i in range(len(hosts))])
+    _wait_all(procs, seconds + 240, name, lab, [f"{tag}-{i}" for i in range(len(hosts))])
     row = _read_curve(Row(name), out)
     row.sent = [_tx_bytes(h) - b for h, b in zip(hosts, before, strict=True)]
     busy = [json.loads(line)["busy"] for line in out.read_text().splitlines() if '"end"' in line]
@@ -125,23 +135,33 @@ def _baseline(lab: Lab, name: str, mode: str, hosts: list[Host], common: list[st
     return row
 
 
-def _ttpeer(lab: Lab, args: argparse.Namespace, rounds: int) -> Row:
+def _pool(lab: Lab, args: argparse.Namespace) -> dict[str, Path]:
+    """A relay and ttpeer on alice and bob (NAT), enrolled; the data in their homes."""
+    url, fp = start_relay(lab)
+    homes = start_pool(lab, url, fp, "alice", ["bob"], extra=("--slowdown", str(args.slowdown)))
+    for home in homes.values():  # the baselines found the data generated too: no row pays for it
+        (home / "data").mkdir(exist_ok=True)
+        for cached in (lab.dir / "data").iterdir():
+            shutil.copy(cached, home / "data" / cached.name)
+    return homes
+
+
+def _ttpeer(lab: Lab, homes: dict[str, Path], args: argparse.Namespace, rounds: int, overlap: bool) -> Row:
     from ttpeer.daemon import call
     from ttpeer.demo import job_spec, status
 
-    url, fp = start_relay(lab)
-    homes = start_pool(lab, url, fp, "alice", ["bob"], extra=("--slowdown", str(args.slowdown)))
-    spec = {**job_spec(rounds), "shards": PEERS, "batches": args.H, "lease": 60.0}
-    if args.overlap:
+    spec = {**job_spec(rounds), "task": args.task, "bits": args.bits, "shards": PEERS, "batches": args.H,
+            "lease": 60.0}
+    if overlap:
         spec["overlap"] = 1  # round r+1 trains while round r's deltas cross the link
-    if args.outer_momentum is not None or args.overlap:  # as `ttpeer submit`: 0 with overlap unless given
-        spec["outer_momentum"] = args.outer_momentum if args.outer_momentum is not None else 0.0
+    if args.outer_momentum is not None:
+        spec["outer_momentum"] = args.outer_momentum
     hosts = [lab.hosts["alice"], lab.hosts["bob"]]
     before = [_tx_bytes(h) for h in hosts]
     t0 = time.monotonic()
     job = call(homes["alice"] / "control.sock", {"op": "submit", "spec": spec, "task_file": None},
                timeout=120)["job"]
-    row = Row("ttpeer fused, overlapped" if args.overlap else "ttpeer fused")
+    row = Row("ttpeer fused, overlapped" if overlap else "ttpeer fused")
     row.curve.append((0.0, 0, math.nan))
     seen, done_at, util, split = 0, {}, {}, {}
     started: float | None = None
@@ -200,16 +220,17 @@ def _lighthouse(lab: Lab, host: Host, port: int) -> None:
 
 
 def run(args: argparse.Namespace) -> list[Row]:
-    from ttpeer.train._mnist1d import mnist1d_task
+    from ttpeer.train import load_task
 
     rows: list[Row] = []
     with Lab(nat=["alice", "bob"], routed=["p0", "p1"], keep=args.keep) as lab:
         for name in ("alice", "bob", "p0", "p1"):
             lab.shape(name, args.rate, args.delay)
         data = lab.dir / "data"
-        mnist1d_task(data)  # the workers find the cache
+        data.mkdir()
+        load_task(args.task, data)  # generated once: the workers and the peers find the cache
         p0, p1 = lab.hosts["p0"], lab.hosts["p1"]
-        common = ["--data", str(data), "--H", str(args.H), "--target", str(args.target),
+        common = ["--data", str(data), "--task", args.task, "--H", str(args.H), "--target", str(args.target),
                   "--slowdown", str(args.slowdown)]
         print(f"lab in {lab.dir}", file=sys.stderr)
         if "single" in args.rows:
@@ -222,6 +243,15 @@ def run(args: argparse.Namespace) -> list[Row]:
             rows.append(_baseline(lab, "gloo DDP (all-reduce every step)", "ddp", [p0, p1],
                               [*common, "--seconds", str(args.ddp_seconds), "--eval-every", "10"],
                               args.ddp_seconds, [master, master]))
+        if "ddp-ref" in args.rows:
+            print("DDP on loopback, for the loss at equal samples...", file=sys.stderr)
+            local = ["--master=127.0.0.1:29501"]
+            ref = [*common, "--slowdown", "0", "--steps", str(args.rounds * args.H), "--eval-every",
+                   str(max(1, args.H // 5))]
+            row = _baseline(lab, "DDP, same math on loopback (loss at equal samples only)", "ddp", [p0, p0],
+                            ref, args.ddp_seconds, [local, local], tag="ddp-ref", ifname="lo")
+            row.reference, row.sent, row.utilization = True, [], None  # its time and bytes mean nothing here
+            rows.append(row)
         if "diloco" in args.rows:
             print("torchft DiLoCo...", file=sys.stderr)
             why = _ensure("torchft", "torchft==0.2.0")
@@ -248,16 +278,20 @@ def run(args: argparse.Namespace) -> list[Row]:
                 except RuntimeError as exc:
                     print(exc, file=sys.stderr)
                     rows.append(Row("hivemind DiLoCo", note=f"did not run: {str(exc).splitlines()[0][:120]}"))
+        homes = _pool(lab, args) if args.rows & {"ttpeer", "ttpeer-overlap"} else {}
         if "ttpeer" in args.rows:
             print("ttpeer fused...", file=sys.stderr)
-            rows.append(_ttpeer(lab, args, args.rounds))
+            rows.append(_ttpeer(lab, homes, args, args.rounds, overlap=False))
+        if "ttpeer-overlap" in args.rows:
+            print("ttpeer fused, overlapped...", file=sys.stderr)
+            rows.append(_ttpeer(lab, homes, args, args.rounds, overlap=True))
     return rows
 
 
 def table(rows: list[Row], target: float) -> tuple[str, int]:
     ran = [r for r in rows if r.curve]
-    equal = min(r.samples for r in ran)
     ours = next((r for r in ran if r.name.startswith("ttpeer")), None)
+    equal = ours.samples if ours else min(r.samples for r in ran)
     lines = [f"| system | time to eval loss {target:g} | vs ttpeer | bytes sent / peer | bytes / sample | "
              f"utilization | samples | eval loss at {equal} samples | final eval loss |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -268,6 +302,10 @@ def table(rows: list[Row], target: float) -> tuple[str, int]:
             continue
         t = r.time_to(target)
         vs = f"{t / ref:.2f}x" if t is not None and ref else "n/a"
+        if r.reference:
+            lines.append(f"| {r.name} | - | - | - | - | - | {r.samples} | "
+                         f"{_fmt(r.loss_at(equal))} | {r.curve[-1][2]:.4f} |")
+            continue
         if t is None:
             last = r.curve[-1]
             t_txt = f"not reached in {r.wall:.0f} s (at {last[2]:.3f})"
@@ -277,20 +315,25 @@ def table(rows: list[Row], target: float) -> tuple[str, int]:
         sent = sum(r.sent) / len(r.sent) if r.sent else 0
         per_sample = sum(r.sent) / r.samples if r.samples else math.nan
         util = f"{r.utilization:.1%}" if r.utilization is not None else "n/a"
-        at = r.loss_at(equal)
-        at_txt = f"{at:.4f}" if at is not None else "n/a"
         lines.append(f"| {r.name} | {t_txt} | {vs} | {sent / 1e6:.2f} MB | {per_sample:,.1f} | {util} | "
-                     f"{r.samples} | {at_txt} | {r.curve[-1][2]:.4f} |")
-    lines += ["", _targets(rows, target, equal)]
+                     f"{r.samples} | {_fmt(r.loss_at(equal))} | {r.curve[-1][2]:.4f} |")
+    for r in ran:
+        if r.name.startswith("ttpeer"):
+            lines += ["", f"Targets, {r.name}:", "", _targets(rows, target, equal, r)]
     return "\n".join(lines), equal
 
 
-def _targets(rows: list[Row], target: float, equal: int) -> str:
-    """The issue's targets, each as measured in this run."""
+def _fmt(loss: float | None) -> str:
+    return f"{loss:.4f}" if loss is not None else "n/a"
+
+
+def _targets(rows: list[Row], target: float, equal: int, ours: Row) -> str:
+    """The issue's targets for the ttpeer row ``ours``, each as measured in this run."""
     def find(prefix: str) -> Row | None:
         return next((r for r in rows if r.name.startswith(prefix) and r.curve), None)
 
-    ours, single, ddp, ft = find("ttpeer"), find("one peer"), find("gloo"), find("torchft")
+    single, ddp, ft = find("one peer"), find("gloo"), find("torchft")
+    same_math = find("DDP, same math") or ddp
     if ours is None:
         return ""
     t = ours.time_to(target)
@@ -311,10 +354,16 @@ def _targets(rows: list[Row], target: float, equal: int) -> str:
               "" if d is not None else " (DDP never reached it: a lower bound)")
         ratio("DDP bytes per sample / ttpeer's", sum(ddp.sent) / ddp.samples, sum(ours.sent) / ours.samples,
               ">= 1000", lambda x: x >= 1000)
-        a, b = ours.loss_at(equal), ddp.loss_at(equal)
+    if same_math:
+        a, b = ours.loss_at(equal), same_math.loss_at(equal)
         ratio(f"ttpeer eval loss / DDP's at {equal} samples", a, b, "<= 1.02", lambda x: x <= 1.02)
     if ft:
         ratio("ttpeer time to target / torchft DiLoCo's", t, ft.time_to(target), "<= 1", lambda x: x <= 1)
+    if single and same_math:  # not a target: the ceiling the first one runs into
+        a, b = single.samples_to(target), same_math.samples_to(target)
+        out.append("| (not a target) one peer's steps to target / DDP's: what perfect 2-peer data parallelism "
+                   f"buys on this task | {a / BATCH / (b / BATCH / PEERS):.2f} | |" if a and b else
+                   "| (not a target) one peer's steps to target / DDP's | n/a | |")
     util = ours.utilization
     out.append(f"| ttpeer utilization (>= 97%) | {util:.1%} | {'yes' if util >= 0.97 else 'no'} |"
                if util is not None else "| ttpeer utilization (>= 97%) | n/a | no |")
@@ -335,7 +384,7 @@ def plot(rows: list[Row], target: float, path: Path, title: str) -> None:
     ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
     ax.set_xscale("log")
     ax.set_xlabel("wall time, s (log)")
-    ax.set_ylabel("mnist1d eval loss")
+    ax.set_ylabel("eval loss")
     ax.set_title(textwrap.fill(title, 110), fontsize=7)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -346,29 +395,32 @@ def plot(rows: list[Row], target: float, path: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/bench/wan", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short runs (about 4 minutes in all)")
+    ap.add_argument("--quick", action="store_true", help="short runs: 6 rounds, DDP for 60 s (about 5 minutes)")
     ap.add_argument("--rate", default="20mbit")
     ap.add_argument("--delay", type=float, default=0.05, help="seconds added to each direction")
-    ap.add_argument("--H", type=int, default=100, help="inner steps per round (ttpeer, torchft DiLoCo)")
-    ap.add_argument("--rounds", type=int, default=0, help="ttpeer rounds (default: from --seconds)")
-    ap.add_argument("--target", type=float, default=1.3, help="target eval loss")
-    ap.add_argument("--slowdown", type=float, default=10.0,
+    ap.add_argument("--task", default="mnist1d:samples=60000", help="the ttpeer task every row trains")
+    ap.add_argument("--H", type=int, default=250, help="inner steps per round (ttpeer, torchft DiLoCo)")
+    ap.add_argument("--rounds", type=int, default=0, help="DiLoCo rounds (ttpeer, torchft, hivemind; default 20)")
+    ap.add_argument("--bits", type=int, choices=(4, 8), default=4, help="ttpeer: bits per delta value")
+    ap.add_argument("--target", type=float, default=0.6, help="target eval loss")
+    ap.add_argument("--slowdown", type=float, default=3.0,
                     help="emulated compute: each step lasts (1 + S) x its real time (sleeping), in every row")
-    ap.add_argument("--seconds", type=float, default=0, help="time budget of a baseline run")
-    ap.add_argument("--ddp-seconds", type=float, default=0)
-    ap.add_argument("--overlap", action="store_true", help="ttpeer: overlapped rounds (submit --overlap)")
+    ap.add_argument("--seconds", type=float, default=0, help="time budget of one peer alone (default 30 s)")
+    ap.add_argument("--ddp-seconds", type=float, default=0,
+                    help="time budget of DDP on the shaped link (default 420 s: long enough to reach the target)")
     ap.add_argument("--outer-momentum", type=float, default=None,
-                    help="ttpeer: outer momentum (default 0.9; 0 with --overlap)")
-    ap.add_argument("--rows", default="single,ddp,diloco,hivemind,ttpeer", help="which rows to run (comma-separated)")
+                    help="ttpeer: outer momentum (default 0.9, as the other DiLoCo rows)")
+    ap.add_argument("--rows", default="single,ddp,ddp-ref,diloco,hivemind,ttpeer,ttpeer-overlap",
+                    help="which rows to run (comma-separated)")
     ap.add_argument("--png", type=Path, default=Path("docs/bench-wan.png"))
     ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     ap.add_argument("--json", type=Path, default=None, help="also write every row's curve and counts here")
     ap.add_argument("--keep", action="store_true", help="keep the lab's directory (logs)")
     args = ap.parse_args(argv)
     args.rows = set(args.rows.split(","))
-    args.seconds = args.seconds or (30.0 if args.quick else 60.0)
-    args.ddp_seconds = args.ddp_seconds or (60.0 if args.quick else 120.0)
-    args.rounds = args.rounds or 4  # more rounds of H=100 only show mnist1d overfitting
+    args.seconds = args.seconds or (20.0 if args.quick else 30.0)
+    args.ddp_seconds = args.ddp_seconds or (60.0 if args.quick else 420.0)
+    args.rounds = args.rounds or (6 if args.quick else 20)
     why = unavailable()
     if why:
         print(f"scripts/bench/wan needs the network lab: {why}", file=sys.stderr)
@@ -376,8 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     rows = run(args)
     text, equal = table(rows, args.target)
-    head = (f"2 peers, each link {args.rate} each way + {args.delay * 1000:.0f} ms each direction; mnist1d MLP, "
-            f"batch {BATCH}, H={args.H}, steps slowed {1 + args.slowdown:g}x; ttpeer {args.rounds} rounds; "
+    head = (f"2 peers, each link {args.rate} each way + {args.delay * 1000:.0f} ms each direction; task {args.task}, "
+            f"batch {BATCH}, H={args.H}, {args.rounds} rounds, ttpeer {args.bits}-bit deltas"
+            f", steps slowed {1 + args.slowdown:g}x; "
             f"load average at start "
             f"{load[0]:.2f}, at end {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     notes = "\n".join(f"- {r.name}: {r.note}" for r in rows if r.curve and r.note)

@@ -1,14 +1,15 @@
 """One process of a baseline in ``scripts/bench/wan``: a peer alone, gloo DDP, or torchft DiLoCo.
 
 Run by ``ttpeer._bench_wan`` inside a lab host (``python -m ttpeer._bench_wan_worker
-MODE ...``). Every mode trains ttpeer's built-in mnist1d model with the settings of
-ttpeer's fused jobs (batch 64, AdamW lr 2e-3 weight decay 0.01, gradients clipped to
-1.0; DiLoCo outer: SGD Nesterov lr 0.7 momentum 0.9 every H steps) and writes JSON
+MODE ...``). Every mode trains the model of the ttpeer task ``--task`` (loaded with
+ttpeer's own ``load_task``, so the same model, data and loss as the ttpeer row) with the
+settings of ttpeer's fused jobs (batch 64, AdamW lr 2e-3 weight decay 0.01, gradients
+clipped to 1.0; DiLoCo outer: SGD Nesterov lr 0.7 momentum 0.9 every H steps) and writes JSON
 lines to ``--out``: ``{"t", "samples", "loss", "busy"}`` per evaluation (rank 0 only),
 where ``t`` counts from the moment every rank is connected, ``samples`` are summed over
 ranks and ``busy`` is this process's seconds of inner-step compute. The single and DDP
-modes stop after ``--seconds``; the DiLoCo modes after ``--rounds`` syncs (every rank
-the same number, so none is left waiting for a partner).
+modes stop after ``--seconds`` (or ``--steps``); the DiLoCo modes after ``--rounds`` syncs
+(every rank the same number, so none is left waiting for a partner).
 
 ``busy`` for DDP cannot be timed directly (the all-reduce runs inside backward), so it
 is the step count times the compute time of one step, measured on 20 warm-up steps
@@ -26,10 +27,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ttpeer.train._mnist1d import build_model, mnist1d_task
+from ttpeer.train import load_task
+from ttpeer.train._spec import fetch_batch
 
 BATCH, LR, WEIGHT_DECAY, CLIP = 64, 2e-3, 0.01, 1.0
 OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9
@@ -38,16 +39,17 @@ OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9
 class Run:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        spec, _ = mnist1d_task(Path(args.data))
-        self.x, self.y = spec.train
-        self.x_test, self.y_test = spec.test
+        self.task = load_task(args.task, Path(args.data))
+        self.loss = self.task.spec.loss
+        self.x_test, self.y_test = fetch_batch(self.task.test, range(self.task.n_test))
         torch.manual_seed(args.seed)
-        self.model: nn.Module = build_model()
+        self.model: nn.Module = self.task.spec.model()
         self.gen = torch.Generator().manual_seed(1000 + args.rank)
         self.order = torch.empty(0, dtype=torch.long)
         self.out = open(args.out, "a") if args.rank == 0 else None  # noqa: SIM115
         self.t0 = time.monotonic()
         self.busy = 0.0
+        self.evaluating = 0.0  # seconds rank 0 spent evaluating: off every row's clock
         self.steps = 0
         self.sync_every = 0  # DiLoCo: every such step's optimizer step also averages (not compute)
         self._last = 0.0
@@ -55,15 +57,15 @@ class Run:
 
     def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         if len(self.order) < BATCH:
-            self.order = torch.randperm(len(self.x), generator=self.gen)
+            self.order = torch.randperm(self.task.n_train, generator=self.gen)
         idx, self.order = self.order[:BATCH], self.order[BATCH:]
-        return self.x[idx], self.y[idx]
+        return fetch_batch(self.task.train, idx.tolist())
 
     def step(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
         began = time.perf_counter()
         x, y = self.batch()
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
+        self.loss(model(x), y).backward()
         nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         took = time.perf_counter() - began
@@ -77,23 +79,30 @@ class Run:
             time.sleep(self.args.slowdown * took)
         self.busy += took * (1 + self.args.slowdown)
 
+    def clock(self) -> float:
+        return time.monotonic() - self.t0 - self.evaluating
+
     def evaluate(self, model: nn.Module, world: int) -> float:
+        began = time.monotonic()
         with torch.no_grad():
             model.eval()
-            loss = float(F.cross_entropy(model(self.x_test), self.y_test))
+            loss = float(self.loss(model(self.x_test), self.y_test))
             model.train()
         if self.out is not None:
-            self.out.write(json.dumps({"t": time.monotonic() - self.t0, "samples": self.steps * BATCH * world,
+            self.out.write(json.dumps({"t": self.clock(), "samples": self.steps * BATCH * world,
                                        "loss": loss, "busy": self.busy}) + "\n")
             self.out.flush()
+        self.evaluating += time.monotonic() - began
         return loss
 
     def over(self) -> bool:
-        return time.monotonic() - self.t0 > self.args.seconds
+        if self.args.steps:
+            return self.steps >= self.args.steps
+        return self.clock() > self.args.seconds
 
     def finish(self, world: int) -> None:
         if self.out is not None:
-            self.out.write(json.dumps({"end": time.monotonic() - self.t0, "busy": self.busy,
+            self.out.write(json.dumps({"end": self.clock(), "busy": self.busy,
                                        "samples": self.steps * BATCH * world}) + "\n")
             self.out.close()
 
@@ -131,7 +140,7 @@ def ddp(run: Run) -> None:
     with model.no_sync():
         for _ in range(warm):
             x, y = run.batch()
-            F.cross_entropy(model(x), y).backward()
+            run.loss(model(x), y).backward()
             nn.utils.clip_grad_norm_(model.parameters(), CLIP)
     run.fixed = (time.perf_counter() - began) / warm
     opt.zero_grad(set_to_none=True)
@@ -260,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default="")
     ap.add_argument("--H", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--steps", type=int, default=0, help="single, DDP: stop after this many steps instead")
+    ap.add_argument("--task", default="mnist1d", help="a ttpeer task name, as `ttpeer submit --task`")
     ap.add_argument("--target", type=float, default=0.0, help="only recorded: every run goes to its end")
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
