@@ -118,9 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--inner-lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     s.add_argument("--weight-decay", type=float, default=0.01)
     s.add_argument("--outer-lr", type=float, default=0.7, help="outer Nesterov SGD lr (default 0.7)")
-    s.add_argument("--outer-momentum", type=float, default=None,
-                   help="outer Nesterov momentum (default 0.9; 0 with --overlap, where the one-round delay "
-                        "already acts as momentum)")
+    s.add_argument("--outer-momentum", type=float, default=0.9, help="outer Nesterov momentum (default 0.9)")
     s.add_argument("--bits", type=int, choices=[4, 8], default=8, help="delta quantization (default 8)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--lease", type=_duration, default=None,
@@ -129,8 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-steal", action="store_true",
                    help="idle peers do not run backup copies of stragglers' shards")
     s.add_argument("--overlap", action="store_true",
-                   help="fused: train round r+1 while round r's deltas travel (a one-round-delayed outer "
-                        "step: slow links cost little compute; see README)")
+                   help="fused: train round r+1 while round r's deltas travel, starting from this peer's "
+                        "own estimate of round r's result (slow links cost little compute; see README)")
 
     st = sub.add_parser("status", parents=[common], help="peers, jobs, progress")
     st.add_argument("--json", action="store_true", help="one JSON object (schema in the README)")
@@ -337,15 +335,6 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _outer_momentum(args: argparse.Namespace) -> float:
-    """0.9 as in DiLoCo; 0 for overlapped rounds unless given: there each update is one
-    round old, the delay itself acts as momentum, and 0.9 on top diverged in the WAN
-    benchmark (eval loss 6.2 against 1.18 with 0)."""
-    if args.outer_momentum is not None:
-        return args.outer_momentum
-    return 0.0 if args.overlap else 0.9
-
-
 def _submit(args: argparse.Namespace) -> int:
     from ttpeer.daemon import call
 
@@ -365,7 +354,7 @@ def _submit(args: argparse.Namespace) -> int:
     spec: dict[str, Any] = {
         "task": task, "mode": args.mode, "rounds": args.rounds, "shards": args.shards,
         "batches": args.inner_steps, "batch_size": args.batch_size or 64, "inner_lr": args.inner_lr,
-        "weight_decay": args.weight_decay, "outer_lr": args.outer_lr, "outer_momentum": _outer_momentum(args),
+        "weight_decay": args.weight_decay, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
         "bits": args.bits, "seed": args.seed, "lease": args.lease, "steal": not args.no_steal,
     }
     if args.mode == "ensemble" or args.members is not None:
