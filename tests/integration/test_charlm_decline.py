@@ -19,6 +19,8 @@ from ttpeer.daemon._torch import TorchExecutor
 from ttpeer.net import MemoryRelay
 from ttpeer.proto import Timing, Token
 
+from .test_torch_nodes import run_jobs
+
 torch.set_num_threads(1)
 
 RELAY, FP = "https://relay.test.invalid", "sha256:" + "0" * 64
@@ -94,20 +96,7 @@ async def test_charlm_trains_as_an_ensemble_and_reports_perplexity(tmp_path):
     spec = {"task": TINY, "mode": "ensemble", "members": 2, "rounds": 2, "shards": None, "batches": 3,
             "batch_size": 8, "inner_lr": 3e-3, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9,
             "bits": 8, "seed": 1, "lease": 10.0, "steal": False}
-    async with MemoryRelay() as relay:
-        nodes = []
-        for home in homes:
-            cfg = home.config()
-            nodes.append(Node(home, relay.client(cfg.pool, home.node_key(), cfg.proof), TorchExecutor(home),
-                              timing=Timing(digest_interval=0.5)))
-        with trio.fail_after(60):
-            async with trio.open_nursery() as nursery:
-                for node in nodes:
-                    await nursery.start(node.run)
-                job = await nodes[0].submit(spec, None)
-                for node in nodes:
-                    await node.done_event(job.id).wait()
-                nursery.cancel_scope.cancel()
+    (job,), nodes = await run_jobs(homes, [spec], None, timeout=60)
     chain = nodes[0].machine.chain(job)
     assert chain.round == 2 and nodes[1].machine.chain(job).head == chain.head
     metrics = chain.closes[-1]["metrics"]

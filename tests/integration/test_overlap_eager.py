@@ -18,12 +18,11 @@ from pathlib import Path
 import trio
 
 from ttpeer import train
-from ttpeer.daemon import Home, Node
+from ttpeer.daemon import Home
 from ttpeer.daemon._torch import TorchExecutor
-from ttpeer.net import MemoryRelay
-from ttpeer.proto import PublishDelta, Timing, Train, sign
+from ttpeer.proto import PublishDelta, Train, sign
 
-from .test_torch_nodes import FP, RELAY, TASK_FILE, _homes
+from .test_torch_nodes import FP, RELAY, TASK_FILE, _homes, run_jobs
 
 SPEC = {"task": TASK_FILE.name, "mode": "fused", "rounds": 12, "shards": 2, "batches": 8, "batch_size": 16,
         "inner_lr": 0.05, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
@@ -70,21 +69,8 @@ async def test_an_overlapped_round_starts_from_the_own_estimate_of_its_base(tmp_
 
 async def _final_loss(tmp_path: Path, overlap: int) -> tuple[float, set[str]]:
     homes = _homes(tmp_path)
-    async with MemoryRelay() as relay:
-        nodes = []
-        for home in homes:
-            cfg = home.config()
-            nodes.append(Node(home, relay.client(cfg.pool, home.node_key(), cfg.proof), TorchExecutor(home),
-                              timing=Timing(digest_interval=0.5)))
-        with trio.fail_after(150):
-            async with trio.open_nursery() as nursery:
-                for node in nodes:
-                    await nursery.start(node.run)
-                job = await nodes[0].submit({**SPEC, "overlap": overlap}, TASK_FILE.read_bytes())
-                for node in nodes:
-                    await node.done_event(job.id).wait()
-                losses = {j["eval_loss"] for node in nodes for j in node.status()["jobs"] if j["id"] == job.id}
-                nursery.cancel_scope.cancel()
+    (job,), nodes = await run_jobs(homes, [{**SPEC, "overlap": overlap}], TASK_FILE.read_bytes(), timeout=150)
+    losses = {j["eval_loss"] for node in nodes for j in node.status()["jobs"] if j["id"] == job.id}
     finals = {hashlib.sha256((h.path / "states" / job.id / "final.safetensors").read_bytes()).hexdigest()
               for h in homes}
     assert len(losses) == 1, losses

@@ -30,6 +30,31 @@ def _homes(root: Path) -> list[Home]:
     return [admin, member]
 
 
+async def run_jobs(homes: list[Home], specs: list[dict], task_file: bytes | None, timeout: float = 120
+                   ) -> tuple[list, list[Node]]:
+    """A ``Node`` with a ``TorchExecutor`` per home over one in-memory relay: submit each
+    spec in turn from the first node and wait until every node has finished it. Returns
+    the jobs and the (stopped) nodes."""
+    jobs = []
+    async with MemoryRelay() as relay:
+        nodes = []
+        for home in homes:
+            cfg = home.config()
+            nodes.append(Node(home, relay.client(cfg.pool, home.node_key(), cfg.proof), TorchExecutor(home),
+                              timing=Timing(digest_interval=0.5)))
+        with trio.fail_after(timeout):
+            async with trio.open_nursery() as nursery:
+                for node in nodes:
+                    await nursery.start(node.run)
+                for spec in specs:
+                    job = await nodes[0].submit(spec, task_file)
+                    for node in nodes:
+                        await node.done_event(job.id).wait()
+                    jobs.append(job)
+                nursery.cancel_scope.cancel()
+    return jobs, nodes
+
+
 @pytest.mark.parametrize("overlap", [0, 1])
 async def test_task_file_job_trains_bit_identically_on_two_torch_peers(tmp_path, overlap):
     # overlap=1: each round trains on the base of the round before while that round closes.
@@ -37,20 +62,7 @@ async def test_task_file_job_trains_bit_identically_on_two_torch_peers(tmp_path,
     spec = {"task": TASK_FILE.name, "mode": "fused", "rounds": 4, "shards": 4, "batches": 5, "batch_size": 16,
             "inner_lr": 0.01, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
             "seed": 3, "lease": 5.0, "steal": True, "overlap": overlap}
-    async with MemoryRelay() as relay:
-        nodes = []
-        for home in homes:
-            cfg = home.config()
-            transport = relay.client(cfg.pool, home.node_key(), cfg.proof)
-            nodes.append(Node(home, transport, TorchExecutor(home), timing=Timing(digest_interval=0.5)))
-        with trio.fail_after(120):
-            async with trio.open_nursery() as nursery:
-                for node in nodes:
-                    await nursery.start(node.run)
-                job = await nodes[0].submit(spec, TASK_FILE.read_bytes())
-                for node in nodes:
-                    await node.done_event(job.id).wait()
-                nursery.cancel_scope.cancel()
+    (job,), _ = await run_jobs(homes, [spec], TASK_FILE.read_bytes())
     finals = [home.path / "states" / job.id / "final.safetensors" for home in homes]
     digests = {hashlib.sha256(f.read_bytes()).hexdigest() for f in finals}
     assert len(digests) == 1
@@ -96,23 +108,7 @@ async def test_a_second_job_through_the_same_states_finishes_on_both_peers(tmp_p
     spec = {"task": TASK_FILE.name, "mode": "fused", "rounds": 6, "shards": 2, "batches": 3, "batch_size": 16,
             "inner_lr": 0.01, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
             "seed": 3, "lease": 5.0, "steal": False, "overlap": overlap}
-    async with MemoryRelay() as relay:
-        nodes = []
-        for home in homes:
-            cfg = home.config()
-            nodes.append(Node(home, relay.client(cfg.pool, home.node_key(), cfg.proof), TorchExecutor(home),
-                              timing=Timing(digest_interval=0.5)))
-        with trio.fail_after(90):
-            async with trio.open_nursery() as nursery:
-                for node in nodes:
-                    await nursery.start(node.run)
-                jobs = []
-                for _ in range(2):
-                    job = await nodes[0].submit(spec, TASK_FILE.read_bytes())
-                    for node in nodes:
-                        await node.done_event(job.id).wait()
-                    jobs.append(job)
-                nursery.cancel_scope.cancel()
+    jobs, _ = await run_jobs(homes, [spec, spec], TASK_FILE.read_bytes(), timeout=90)
     for job in jobs:
         finals = {hashlib.sha256((h.path / "states" / job.id / "final.safetensors").read_bytes()).hexdigest()
                   for h in homes}
