@@ -4,7 +4,7 @@ Run by ``ttpeer._bench_wan`` inside a lab host (``python -m ttpeer._bench_wan_wo
 MODE ...``). Every mode trains the model of the ttpeer task ``--task`` (loaded with
 ttpeer's own ``load_task``, so the same model, data and loss as the ttpeer row) with the
 settings of ttpeer's fused jobs (batch 64, AdamW lr 2e-3 weight decay 0.01, gradients
-clipped to 1.0; DiLoCo outer: SGD Nesterov lr 0.7 momentum 0.9 every H steps) and writes JSON
+clipped to 1.0; DiLoCo outer: SGD Nesterov lr 0.7, momentum ``--outer-momentum``, every H steps) and writes JSON
 lines to ``--out``: ``{"t", "samples", "loss", "busy"}`` per evaluation (rank 0 only),
 where ``t`` counts from the moment every rank is connected, ``samples`` are summed over
 ranks and ``busy`` is this process's seconds of inner-step compute. The single and DDP
@@ -33,7 +33,7 @@ from ttpeer.train import load_task
 from ttpeer.train._spec import fetch_batch
 
 BATCH, LR, WEIGHT_DECAY, CLIP = 64, 2e-3, 0.01, 1.0
-OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9
+OUTER_LR = 0.7
 
 
 class Run:
@@ -175,7 +175,7 @@ def diloco(run: Run) -> None:
     store = TCPStore(a.host, 0, is_master=True, wait_for_workers=False)
     model = run.model
     inner = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    outer = torch.optim.SGD(model.parameters(), lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True)
+    outer = torch.optim.SGD(model.parameters(), lr=OUTER_LR, momentum=a.outer_momentum, nesterov=True)
 
     def state_dict() -> dict[str, object]:
         return {"model": model.state_dict(), "inner": inner.state_dict()}
@@ -230,7 +230,7 @@ def hivemind_diloco(run: Run) -> None:
     model = run.model
     params = list(model.parameters())
     inner = torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
-    outer = torch.optim.SGD(params, lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True)
+    outer = torch.optim.SGD(params, lr=OUTER_LR, momentum=a.outer_momentum, nesterov=True)
     averager = DecentralizedAverager([torch.zeros_like(p) for p in params], dht, prefix="wan", start=True,
                                      target_group_size=a.world, min_group_size=a.world, min_matchmaking_time=1.0,
                                      request_timeout=5.0)
@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--slowdown", type=float, default=0.0)
     ap.add_argument("--rounds", type=int, default=4, help="DiLoCo modes: rounds of H steps")
+    ap.add_argument("--outer-momentum", type=float, default=0.9, help="DiLoCo modes: outer Nesterov momentum")
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
