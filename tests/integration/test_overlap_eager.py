@@ -24,7 +24,7 @@ from ttpeer.proto import PublishDelta, Train, sign
 
 from .test_torch_nodes import FP, RELAY, TASK_FILE, _homes, run_jobs
 
-SPEC = {"task": TASK_FILE.name, "mode": "fused", "rounds": 12, "shards": 2, "batches": 8, "batch_size": 16,
+SPEC = {"task": TASK_FILE.name, "mode": "fused", "rounds": 20, "shards": 2, "batches": 8, "batch_size": 16,
         "inner_lr": 0.05, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
         "seed": 5, "lease": 5.0, "steal": False}
 
@@ -81,8 +81,10 @@ async def test_overlapped_rounds_train_as_well_as_rounds_that_wait(tmp_path: Pat
     waiting, finals_waiting = await _final_loss(tmp_path / "wait", 0)
     overlapped, finals_overlapped = await _final_loss(tmp_path / "overlap", 1)
     assert len(finals_waiting) == 1 and len(finals_overlapped) == 1  # bit-identical on both peers
-    # Measured over 6 runs each (who trains which shard varies): eager 0.87-1.11x the loss
-    # of the rounds that wait (1.34x once), the stale start 2.4-2.8x.
+    # Who trains which shard varies run to run. 12 rounds, 6 runs each: eager 0.87-1.11x the
+    # loss of the rounds that wait (1.34x once, and 2.08x once in a fresh-clone CI run), the
+    # stale start 2.4-2.8x. 20 rounds (this test): eager 0.92-1.18x over 18 runs, stale
+    # 2.35-3.99x over 6.
     assert overlapped <= 1.8 * waiting, (overlapped, waiting)
 
 
