@@ -85,22 +85,6 @@ class Pool:
 StartRelay = Callable[..., Awaitable[RelayRunning]]
 
 
-@pytest.fixture
-def pool() -> Pool:
-    return Pool.create()
-
-
-@pytest.fixture
-def start_relay(nursery: trio.Nursery, tmp_path: Path) -> StartRelay:
-    async def start(**overrides: object) -> RelayRunning:
-        fields: dict[str, object] = {"data": tmp_path / "relay", "listen": "127.0.0.1:0"}
-        fields.update(overrides)
-        running: RelayRunning = await nursery.start(serve, RelayConfig(**fields))  # type: ignore[arg-type]
-        return running
-
-    return start
-
-
 @asynccontextmanager
 async def member(
     running: RelayRunning, pool: Pool, name: str,

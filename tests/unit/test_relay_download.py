@@ -29,22 +29,6 @@ from ttpeer.net._download import MAX_HEAD_BYTES, Answer, Body, Malformed, parse_
 
 from .test_relay import Pool, StartRelay, _connect_proxy, member
 
-
-@pytest.fixture
-def pool() -> Pool:
-    return Pool.create()
-
-
-@pytest.fixture
-def start_relay(nursery: trio.Nursery, tmp_path: Path) -> StartRelay:
-    async def start(**overrides: object) -> RelayRunning:
-        config = RelayConfig(**{"data": tmp_path / "relay", "listen": "127.0.0.1:0", **overrides})  # type: ignore[arg-type]
-        running: RelayRunning = await nursery.start(serve, config)
-        return running
-
-    return start
-
-
 BIG = 5 * 2**20 + 12345  # hundreds of TLS records, not a multiple of any chunk size
 
 

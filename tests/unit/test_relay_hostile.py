@@ -11,32 +11,16 @@ from __future__ import annotations
 import hashlib
 import os
 import ssl
-from pathlib import Path
 
 import httpx
 import pytest
 import trio
-from ttpeer_relay import RelayConfig, RelayRunning, serve
+from ttpeer_relay import RelayRunning
 from ttpeer_relay.ratelimit import RateLimiter
 
 from ttpeer.net import BlobCorrupt, RelayUnavailable, pinned_ssl_context
 
 from .test_relay import Pool, StartRelay, cert_der, member, raw_http, session_of
-
-
-@pytest.fixture
-def pool() -> Pool:
-    return Pool.create()
-
-
-@pytest.fixture
-def start_relay(nursery: trio.Nursery, tmp_path: Path) -> StartRelay:
-    async def start(**overrides: object) -> RelayRunning:
-        config = RelayConfig(**{"data": tmp_path / "relay", "listen": "127.0.0.1:0", **overrides})  # type: ignore[arg-type]
-        running: RelayRunning = await nursery.start(serve, config)
-        return running
-
-    return start
 
 
 async def _tls(running: RelayRunning, alpn: str = "http/1.1") -> trio.SSLStream[trio.SocketStream]:
