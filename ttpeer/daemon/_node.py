@@ -48,6 +48,7 @@ from ttpeer.net._entropy import random_bytes
 from ttpeer.net._seal import COUNTER, SealError, gossip_ad, open_direct, open_sealed, seal, seal_to
 from ttpeer.proto import (
     MAX_KEEP,
+    RETRY_AFTER,
     Aggregate,
     Apply,
     Broadcast,
@@ -99,7 +100,6 @@ EXPIRY_GRACE = 15 * 60.0  # clock skew and a slow first hello, past an invite's 
 REHELLO_EVERY = 30.0  # at most one hello per this many seconds for messages we cannot open
 DEAD_BEATS = 8  # ... and before it is reported dead (leases, not this, requeue its work)
 DELTA_UPLOAD_TRIES = 3  # then the delta is given up and its shards trained again
-RETRY_AFTER = 2.0  # seconds between tries of a failed delta upload
 
 
 @dataclass

@@ -36,7 +36,7 @@ from ._ledger import (
     train_base,
 )
 from ._membership import Member, lost_joins, members, revocations, verify_proof, verify_revocation
-from ._peer import PeerMachine, Timing
+from ._peer import RETRY_AFTER, PeerMachine, Timing
 from ._records import MAX_KEEP, MAX_RECORD_BYTES, Record, parse, pool_id_of, public_hex, sign
 from ._sizing import default_sizing
 from ._tasksig import TaskSignatureError, open_task, sign_task
@@ -58,6 +58,7 @@ __all__ = [
     "PublishDelta",
     "RecordSet",
     "Send",
+    "RETRY_AFTER",
     "Timing",
     "TaskSignatureError",
     "open_task",
