@@ -128,7 +128,8 @@ def test_mnist1d_with_more_samples_is_its_own_task_and_cache(tmp_path):
 
 
 @pytest.mark.parametrize("spec", ["mnist1d:samples=", "mnist1d:samples=12", "mnist1d:size=6000",
-                                  "mnist1d:samples=-5", "mnist1d:samples=99999999"])
+                                  "mnist1d:samples=-5", "mnist1d:samples=99999999",
+                                  "mnist1d:samples=\u00b2\u00b2\u00b2"])
 def test_bad_mnist1d_options_say_what_is_allowed(tmp_path, spec):
     with pytest.raises(TaskError, match="samples=N"):
         load_task(spec, tmp_path)

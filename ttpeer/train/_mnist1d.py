@@ -80,7 +80,7 @@ def parse_samples(spec: str) -> int:
     if not options:
         return DEFAULT_SAMPLES
     key, _, value = options.partition("=")
-    if key != "samples" or not value.isdigit() or not 100 <= int(value) <= MAX_SAMPLES:
+    if key != "samples" or not (value.isascii() and value.isdigit()) or not 100 <= int(value) <= MAX_SAMPLES:
         raise ValueError(f"bad mnist1d option {options!r}: the only option is samples=N, "
                          f"N from 100 to {MAX_SAMPLES:,} (e.g. 'mnist1d:samples=60000')")
     return int(value)
