@@ -209,6 +209,19 @@ def _ensure(module: str, requirement: str) -> str | None:
     return None
 
 
+def _optional(name: str, module: str, requirement: str, run: Callable[[], Row]) -> Row:
+    """A baseline row from a package ttpeer does not depend on: installed if missing; a row
+    that says why if it cannot be installed or does not run."""
+    why = _ensure(module, requirement)
+    if why:
+        return Row(name, note=f"did not run: {why}")
+    try:
+        return run()
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return Row(name, note=f"did not run: {str(exc).splitlines()[0][:120]}")
+
+
 def _lighthouse(lab: Lab, host: Host, port: int) -> None:
     exe = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent))
     if exe is None:
@@ -251,32 +264,21 @@ def run(args: argparse.Namespace) -> list[Row]:
                             ref, args.ddp_seconds, [local, local], tag="ddp-ref", ifname="lo")
             row.reference, row.sent, row.utilization = True, [], None  # its time and bytes mean nothing here
             rows.append(row)
+        rounds = [*common, "--rounds", str(args.rounds)]
         if "diloco" in args.rows:
             print("torchft DiLoCo...", file=sys.stderr)
-            why = _ensure("torchft", "torchft==0.2.0")
-            if why:
-                rows.append(Row("torchft DiLoCo", note=f"did not run: {why}"))
-            else:
-                try:
-                    _lighthouse(lab, p0, 29510)
-                    lh = [f"--lighthouse={p0.addr}:29510"]
-                    rows.append(_baseline(lab, f"torchft DiLoCo (H={args.H})", "diloco", [p0, p1],
-                                          [*common, "--rounds", str(args.rounds)], args.seconds * 3, [lh, lh]))
-                except RuntimeError as exc:
-                    print(exc, file=sys.stderr)
-                    rows.append(Row("torchft DiLoCo", note=f"did not run: {str(exc).splitlines()[0][:120]}"))
+
+            def torchft() -> Row:
+                _lighthouse(lab, p0, 29510)
+                lh = [f"--lighthouse={p0.addr}:29510"]
+                return _baseline(lab, f"torchft DiLoCo (H={args.H})", "diloco", [p0, p1], rounds,
+                                 args.seconds * 3, [lh, lh])
+
+            rows.append(_optional("torchft DiLoCo", "torchft", "torchft==0.2.0", torchft))
         if "hivemind" in args.rows:
             print("hivemind...", file=sys.stderr)
-            why = _ensure("hivemind", "hivemind==1.1.12")
-            if why:
-                rows.append(Row("hivemind DiLoCo", note=f"did not run: {why}"))
-            else:
-                try:
-                    rows.append(_baseline(lab, f"hivemind DiLoCo (H={args.H})", "hivemind", [p0, p1],
-                                          [*common, "--rounds", str(args.rounds)], args.seconds * 3, [[], []]))
-                except RuntimeError as exc:
-                    print(exc, file=sys.stderr)
-                    rows.append(Row("hivemind DiLoCo", note=f"did not run: {str(exc).splitlines()[0][:120]}"))
+            rows.append(_optional("hivemind DiLoCo", "hivemind", "hivemind==1.1.12", lambda: _baseline(
+                lab, f"hivemind DiLoCo (H={args.H})", "hivemind", [p0, p1], rounds, args.seconds * 3, [[], []])))
         homes = _pool(lab, args) if args.rows & {"ttpeer", "ttpeer-overlap"} else {}
         if "ttpeer" in args.rows:
             print("ttpeer fused...", file=sys.stderr)
