@@ -7,6 +7,7 @@ Nothing here sleeps and hopes: waits are bounded with ``trio.fail_after``.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -27,6 +28,7 @@ import trio.testing
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+import ttpeer.net._relay_client as relay_client
 from ttpeer.net import (
     BlobCorrupt,
     BlobMissing,
@@ -40,6 +42,7 @@ from ttpeer.net import (
     login_message,
     pinned_ssl_context,
 )
+from ttpeer.net._relay_client import ASK_FIRST_BYTES, UPLOAD_PIECE, _pieces
 from ttpeer.proto import Record, pool_id_of, public_hex, sign
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -329,6 +332,54 @@ async def test_blob_put_get_head_range(start_relay: StartRelay, pool: Pool) -> N
             assert not await z.has_blob(blob)
 
 
+async def test_large_upload_goes_out_in_pieces_under_its_content_length(
+    start_relay: StartRelay, pool: Pool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    running = await start_relay()
+    data = os.urandom(2 * UPLOAD_PIECE + 12_345)
+    assert [len(p) async for p in _pieces(data)] == [UPLOAD_PIECE, UPLOAD_PIECE, 12_345]
+    assert b"".join([bytes(p) async for p in _pieces(data)]) == data
+    async with member(running, pool, "a") as a, member(running, pool, "b") as b:
+        seen: list[httpx.Request] = []
+        pieces: list[int] = []
+        transmit, cut = a._transmit, relay_client._pieces
+
+        async def counted(body: bytes) -> AsyncIterator[bytes]:
+            async for piece in cut(body):
+                pieces.append(len(piece))
+                yield piece
+
+        monkeypatch.setattr(relay_client, "_pieces", counted)
+
+        async def spy(request: httpx.Request, stream: bool) -> httpx.Response:
+            seen.append(request)
+            return await transmit(request, stream)
+
+        monkeypatch.setattr(a, "_transmit", spy)
+        sent = a.bytes_sent
+        blob = await a.put_blob(data)
+        assert [r.method for r in seen] == ["HEAD", "PUT"]  # a large blob: asked for first
+        assert seen[1].headers["content-length"] == str(len(data))  # sized, not chunked
+        assert "transfer-encoding" not in seen[1].headers
+        assert pieces == [UPLOAD_PIECE, UPLOAD_PIECE, 12_345]
+        assert a.bytes_sent - sent == len(data)
+        assert await b.get_blob(blob, max_size=len(data)) == data
+
+
+async def test_a_small_blob_is_put_without_asking_first(start_relay: StartRelay, pool: Pool) -> None:
+    running = await start_relay()
+    data = os.urandom(ASK_FIRST_BYTES)
+    async with member(running, pool, "a") as a:
+        before, sent = running.app.requests_seen, a.bytes_sent
+        blob = await a.put_blob(data)
+        assert running.app.requests_seen == before + 1  # the PUT alone: no HEAD round trip
+        assert await a.put_blob(data) == blob  # there already: the relay drains it, keeps one
+        assert running.app.requests_seen == before + 2 and a.bytes_sent - sent == 2 * len(data)
+        blob_dir = running.app.config.data / "pools" / pool.id / "blobs"
+        assert [p.name for p in blob_dir.iterdir()] == [blob]
+        assert (blob_dir / blob).read_bytes() == data
+
+
 async def test_oversize_upload_is_cut_off_while_streaming(start_relay: StartRelay, pool: Pool) -> None:
     running = await start_relay(max_blob_bytes=256 * 1024)
     async with member(running, pool, "a") as a:
@@ -399,6 +450,34 @@ async def test_restart_forgets_sessions_and_client_logs_in_again(
             # roster (401), challenge, session, roster again: transparent to the caller
             assert second.app.requests_seen == 4
             assert proof_b in proofs  # b's admission survived the restart on disk
+        nursery.cancel_scope.cancel()
+
+
+async def test_uploads_on_a_forgotten_session_log_in_again(tmp_path: Path, pool: Pool) -> None:
+    # After a relay restart the session is unknown: a small blob's PUT is answered 401
+    # (its body drained) and sent again, body and all, after a new login; a large one's
+    # HEAD is answered 401 first.
+    data = os.urandom(ASK_FIRST_BYTES), os.urandom(16 * 2**20)
+    expected = (4, 5)  # PUT (401), challenge, session, PUT | HEAD (401), ..., HEAD, PUT
+    async with trio.open_nursery() as nursery:
+        scope = trio.CancelScope()
+
+        async def relay(task_status: trio.TaskStatus[RelayRunning]) -> None:
+            with scope:
+                await serve(RelayConfig(data=tmp_path / "relay", listen=f"127.0.0.1:{port}"),
+                            task_status=task_status)
+
+        port = 0
+        running: RelayRunning = await nursery.start(relay)
+        port = running.port
+        async with member(running, pool, "a") as a:
+            for body, requests in zip(data, expected, strict=True):
+                scope.cancel()  # the relay goes away and comes back on the same port
+                scope = trio.CancelScope()
+                running = await nursery.start(relay)
+                blob = await a.put_blob(body)
+                assert running.app.requests_seen == requests
+                assert (running.app.config.data / "pools" / pool.id / "blobs" / blob).read_bytes() == body
         nursery.cancel_scope.cancel()
 
 
@@ -615,6 +694,53 @@ async def test_blob_store_ttl_quota_and_restart(tmp_path: Path) -> None:
     assert not (blobs.directory("p") / name_one).exists()
     await reloaded.put("p", name_two, chunks(two), now=1200.0)  # its room is free again
     assert reloaded.stat("p", name_two, 1200.0) == 900
+
+
+async def _in_chunks(data: bytes, sizes: tuple[int, ...] = (16384, 1000, 70_001)) -> AsyncIterator[bytes]:
+    """``data`` cut in chunks of uneven sizes, as records arrive."""
+    at, i = 0, 0
+    while at < len(data):
+        yield data[at:at + sizes[i % len(sizes)]]
+        at += sizes[i % len(sizes)]
+        i += 1
+
+
+async def test_blob_store_writes_everything_through_short_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    writev, calls = os.writev, []
+
+    def short(fd: int, buffers: list[memoryview]) -> int:  # the kernel may take less than asked
+        calls.append(len(buffers))
+        return writev(fd, [b"".join(buffers)[:100_003]])
+
+    monkeypatch.setattr(os, "writev", short)
+    blobs = BlobStore(tmp_path, max_blob_bytes=8 * 2**20, ttl=100.0, quota=2**30)
+    data = os.urandom(3 * 2**20 + 17)
+    name = hashlib.sha256(data).hexdigest()
+    await blobs.put("p", name, _in_chunks(data), now=1.0)
+    assert (blobs.directory("p") / name).read_bytes() == data
+    assert len(calls) > len(data) // 100_003 and max(calls) > 1  # short, and gathered
+
+
+async def test_blob_store_full_disk_is_507_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def full(fd: int, buffers: list[memoryview]) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    blobs = BlobStore(tmp_path, max_blob_bytes=8 * 2**20, ttl=100.0, quota=2**30)
+    data = os.urandom(3 * 2**20)
+    name = hashlib.sha256(data).hexdigest()
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "writev", full)
+        with pytest.raises(BlobError) as info:
+            await blobs.put("p", name, _in_chunks(data), now=1.0)
+    assert info.value.status == 507 and info.value.message == "the relay's disk is full"
+    assert list(blobs.directory("p").iterdir()) == []  # no partial file left
+    assert blobs.stat("p", name, 1.0) is None
+    await blobs.put("p", name, _in_chunks(data), now=2.0)  # room again: nothing was lost
+    assert (blobs.directory("p") / name).read_bytes() == data
 
 
 async def test_early_answers_over_http2_leave_the_relay_up(start_relay: StartRelay) -> None:
