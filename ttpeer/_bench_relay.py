@@ -13,7 +13,10 @@ Everything on loopback, every server a real process, measured side by side in on
    drops each chunk once hashed; ``get_blob`` must hand back the whole blob, so a
    second direct row also keeps the bytes (joined into one ``bytes``, as ``get_blob``
    does): what holding 128 MiB costs by itself (page faults, one copy).
-3. The relay's resident memory idle, then with PEERS simulated peers logged in
+3. Uploads, likewise: ``put_blob`` against a direct TLS upload of the same bytes to a
+   plain Python sink that does what keeping a blob takes (hash it, write it, fsync),
+   the client hashing first as ``put_blob`` does (a blob is named by its hash).
+4. The relay's resident memory idle, then with PEERS simulated peers logged in
    (admitted to the roster, a session each) and each holding a long-poll open.
 """
 
@@ -36,6 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ttpeer.demo import Cluster
 from ttpeer.net import RelayClient, RelayLimit
+from ttpeer.net._relay_client import UPLOAD_PIECE
 from ttpeer.proto import pool_id_of, public_hex, sign
 
 MiB = 2**20
@@ -54,6 +58,38 @@ while True:
     with ctx.wrap_socket(raw, server_side=True) as conn, open(path, "rb") as f:
         while chunk := f.read(256 * 1024):
             conn.sendall(chunk)
+"""
+
+# A plain TLS upload sink: per connection, reads a decimal size and a newline, then that
+# many bytes, hashing them and writing them to a file (1 MiB writes) that it fsyncs, then
+# answers "ok": what storing an uploaded blob durably takes, with no HTTP.
+_DIRECT_SINK = r"""
+import hashlib, os, socket, ssl, sys
+path, cert, key = sys.argv[1:4]
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+ctx.load_cert_chain(cert, key)
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen()
+print(srv.getsockname()[1], flush=True)
+while True:
+    raw, _ = srv.accept()
+    with ctx.wrap_socket(raw, server_side=True) as conn, open(path, "wb") as f:
+        head = b""
+        while b"\n" not in head:
+            head += conn.recv(64)
+        line, _, body = head.partition(b"\n")
+        left, digest, buffer = int(line), hashlib.sha256(), bytearray(body)
+        left -= len(body)
+        while left > 0:
+            chunk = conn.recv(min(left, 1 << 20))
+            if not chunk:
+                break
+            left -= len(chunk)
+            buffer += chunk
+            if len(buffer) >= 1 << 20 or left <= 0:
+                digest.update(buffer); f.write(buffer); buffer.clear()
+        f.flush(); os.fsync(f.fileno())
+        conn.sendall(b"ok " + digest.hexdigest().encode())
 """
 
 
@@ -165,6 +201,28 @@ async def _direct_download(port: int, size: int, keep: bool = False) -> float:
     return elapsed
 
 
+async def _direct_upload(port: int, data: bytes) -> float:
+    """``data`` to the plain sink over TLS, hashed first as ``put_blob`` hashes it (a blob's
+    name is its hash), sent in the same 1 MiB pieces; until the sink has it on disk."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    t = time.perf_counter()
+    name = hashlib.sha256(data).hexdigest()
+    tls = trio.SSLStream(await trio.open_tcp_stream("127.0.0.1", port), ctx, server_hostname="127.0.0.1")
+    await tls.send_all(b"%d\n" % len(data))
+    view = memoryview(data)
+    for start in range(0, len(view), UPLOAD_PIECE):
+        await tls.send_all(view[start:start + UPLOAD_PIECE])
+    answer = b""
+    while len(answer) < 67 and (chunk := await tls.receive_some(128)):
+        answer += chunk
+    elapsed = time.perf_counter() - t
+    await trio.aclose_forcefully(tls)
+    if answer != b"ok " + name.encode():
+        raise RuntimeError(f"the direct sink answered {answer[:80]!r}")
+    return elapsed
+
+
 async def _hold_peers(url: str, fp: str, count: int, relay_pid: int) -> dict[str, float]:
     pool = _Pool()
     clients: list[RelayClient] = []
@@ -209,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="ttpeer-bench-relay-"))
     cluster = Cluster(root)
-    direct = None
+    direct = sink = None
     try:
         url, fp = cluster.start_relay()
         relay_pid = cluster.named["relay"].pid
@@ -224,7 +282,11 @@ def main(argv: list[str] | None = None) -> int:
                                    str(tls / "key.pem")], stdout=subprocess.PIPE, text=True)
         assert direct.stdout is not None
         port = int(direct.stdout.readline())
-        ups, downs, raws, directs, kepts = [], [], [], [], []
+        sink = subprocess.Popen([sys.executable, "-c", _DIRECT_SINK, str(root / "sunk"), str(tls / "cert.pem"),
+                                 str(tls / "key.pem")], stdout=subprocess.PIPE, text=True)
+        assert sink.stdout is not None
+        sink_port = int(sink.stdout.readline())
+        ups, downs, raws, directs, kepts, sunk = [], [], [], [], [], []
         for _ in range(args.runs):  # interleaved, so that load from elsewhere hits both alike
             up, down, raw = trio.run(_relay_transfer, url, fp, data)
             ups.append(up)
@@ -232,17 +294,19 @@ def main(argv: list[str] | None = None) -> int:
             raws.append(raw)
             directs.append(trio.run(_direct_download, port, size))
             kepts.append(trio.run(_direct_download, port, size, True))
+            sunk.append(trio.run(_direct_upload, sink_port, data))
         peak = rss_kib(relay_pid)
         held = trio.run(_hold_peers, url, fp, args.peers, relay_pid)
     finally:
-        if direct is not None:
-            direct.kill()
-            direct.wait()
+        for server in (direct, sink):
+            if server is not None:
+                server.kill()
+                server.wait()
         cluster.close()
         shutil.rmtree(root, ignore_errors=True)
     mb = size / 1e6
     rate = {k: mb / min(v) for k, v in (("up", ups), ("down", downs), ("raw", raws), ("direct", directs),
-                                        ("kept", kepts))}
+                                        ("kept", kepts), ("sunk", sunk))}
     print(f"\nrelay benchmark: {args.mib} MiB blob, best of {args.runs}, loopback, {os.cpu_count()} CPUs\n")
     print("| transfer | MB/s | vs direct TLS |")
     print("|---|---|---|")
@@ -251,11 +315,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| relay download (`get_blob`, hash checked) | {rate['down']:.0f} | {rate['down'] / rate['direct']:.2f}x |")
     print(f"| relay download, bare HTTP/1.1 client (no httpx) | {rate['raw']:.0f} | "
           f"{rate['raw'] / rate['direct']:.2f}x |")
-    print(f"| relay upload (`put_blob`, stored + fsync) | {rate['up']:.0f} | {rate['up'] / rate['direct']:.2f}x |")
+    print("\n| upload | MB/s | vs direct TLS upload |")
+    print("|---|---|---|")
+    print(f"| direct TLS upload (hashed, sent in 1 MiB pieces; plain TLS 1.3 sink: hash, write, fsync) | "
+          f"{rate['sunk']:.0f} | 1.00x |")
+    print(f"| relay upload (`put_blob`: hashed, stored, fsync) | {rate['up']:.0f} | {rate['up'] / rate['sunk']:.2f}x |")
+    print(f"\nrelay upload vs the direct download: {rate['up'] / rate['direct']:.2f}x")
     print(f"\n`get_blob` vs the direct download that keeps its bytes: {rate['down'] / rate['kept']:.2f}x")
     print(f"\nall runs (s): direct {_fmt(directs)}; direct kept {_fmt(kepts)}; relay down {_fmt(downs)}; "
           f"bare {_fmt(raws)}; "
-          f"relay up {_fmt(ups)}; load average {os.getloadavg()[0]:.1f}\n")
+          f"relay up {_fmt(ups)}; direct up {_fmt(sunk)}; load average {os.getloadavg()[0]:.1f}\n")
     per_peer = (held["polls_kib"] - idle) / args.peers
     print("| relay memory (RSS) | MiB |")
     print("|---|---|")
