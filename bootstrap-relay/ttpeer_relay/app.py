@@ -10,8 +10,8 @@ handed to one short handler. Status codes:
   408 request body arriving too slowly, 413 body over a cap, 416 range past the end of a blob,
 - 429 rate limited (with Retry-After),
 - 507 storage full: a mailbox or the relay's mailbox memory (with Retry-After,
-  since the recipient draining it frees room), the pool's blob quota or a full
-  roster (without: waiting alone will not help).
+  since the recipient draining it frees room), the pool's blob quota, the relay's
+  disk or a full roster (without: waiting alone will not help).
 """
 
 from __future__ import annotations
