@@ -44,15 +44,20 @@ from ttpeer.proto import pool_id_of, public_hex, sign
 
 MiB = 2**20
 
-# A plain TLS server: serves the file argv[1] once per connection, on 127.0.0.1, port printed.
-_DIRECT_SERVER = r"""
-import socket, ssl, sys
+# The plain TLS servers' start: TLS 1.3 with the relay's certificate, listening on
+# 127.0.0.1, the port printed; argv[1] is the file to serve or to write.
+_LISTEN = r"""
+import hashlib, os, socket, ssl, sys
 path, cert, key = sys.argv[1:4]
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 ctx.minimum_version = ssl.TLSVersion.TLSv1_3
 ctx.load_cert_chain(cert, key)
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen()
 print(srv.getsockname()[1], flush=True)
+"""
+
+# A plain TLS server: serves the file once per connection.
+_DIRECT_SERVER = _LISTEN + r"""
 while True:
     raw, _ = srv.accept()
     with ctx.wrap_socket(raw, server_side=True) as conn, open(path, "rb") as f:
@@ -63,14 +68,7 @@ while True:
 # A plain TLS upload sink: per connection, reads a decimal size and a newline, then that
 # many bytes, hashing them and writing them to a file (1 MiB writes) that it fsyncs, then
 # answers "ok": what storing an uploaded blob durably takes, with no HTTP.
-_DIRECT_SINK = r"""
-import hashlib, os, socket, ssl, sys
-path, cert, key = sys.argv[1:4]
-ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-ctx.load_cert_chain(cert, key)
-srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen()
-print(srv.getsockname()[1], flush=True)
+_DIRECT_SINK = _LISTEN + r"""
 while True:
     raw, _ = srv.accept()
     with ctx.wrap_socket(raw, server_side=True) as conn, open(path, "wb") as f:
@@ -278,14 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         path = root / "blob"
         path.write_bytes(data)
         tls = root / "relay" / "tls"
-        direct = subprocess.Popen([sys.executable, "-c", _DIRECT_SERVER, str(path), str(tls / "cert.pem"),
-                                   str(tls / "key.pem")], stdout=subprocess.PIPE, text=True)
-        assert direct.stdout is not None
-        port = int(direct.stdout.readline())
-        sink = subprocess.Popen([sys.executable, "-c", _DIRECT_SINK, str(root / "sunk"), str(tls / "cert.pem"),
-                                 str(tls / "key.pem")], stdout=subprocess.PIPE, text=True)
-        assert sink.stdout is not None
-        sink_port = int(sink.stdout.readline())
+        direct, port = _start_server(_DIRECT_SERVER, path, tls)
+        sink, sink_port = _start_server(_DIRECT_SINK, root / "sunk", tls)
         ups, downs, raws, directs, kepts, sunk = [], [], [], [], [], []
         for _ in range(args.runs):  # interleaved, so that load from elsewhere hits both alike
             up, down, raw = trio.run(_relay_transfer, url, fp, data)
@@ -336,6 +328,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nper peer over idle: {per_peer:.0f} KiB; {args.peers} logins took {held['login_s']:.1f} s "
           "(the relay's per-address login rate limit: every simulated peer is 127.0.0.1)")
     return 0
+
+
+def _start_server(script: str, path: Path, tls: Path) -> tuple[subprocess.Popen[str], int]:
+    server = subprocess.Popen([sys.executable, "-c", script, str(path), str(tls / "cert.pem"),
+                               str(tls / "key.pem")], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    return server, int(server.stdout.readline())
 
 
 def _fmt(xs: list[float]) -> str:
