@@ -127,3 +127,40 @@ async def test_relay_outage_declares_nobody_dead_and_requeues_nothing(tmp_path, 
             assert attempts and max(attempts) == 0  # nobody's lease ran out because of the relay
             assert_invariants(sim, job)
             nursery.cancel_scope.cancel()
+
+
+async def test_status_says_done_only_once_the_final_model_is_written(tmp_path, autojump_clock):
+    # The protocol knows a job is done before the driver has written the final model
+    # (what `ttpeer export` reads); status says "finishing" in between, not "done".
+    async with MemoryRelay() as relay:
+        sim = Simulation(tmp_path, relay, seed=3)
+        sim.create(2)
+        async with trio.open_nursery() as nursery:
+            await sim.start_all(nursery)
+            release = trio.Event()
+            for p in sim.peers:
+                assert p.executor is not None
+                finish = p.executor.finish
+
+                async def held(*args, finish=finish):
+                    await release.wait()
+                    await finish(*args)
+
+                p.executor.finish = held  # type: ignore[method-assign]
+            job = await sim.submit({**SPEC, "rounds": 2})
+            node, disk = sim.peers[0].node, sim.peers[0].disk
+            assert node is not None
+
+            def state() -> str:
+                return next(j["state"] for j in node.status()["jobs"] if j["id"] == job)
+
+            with trio.fail_after(300):
+                while job not in node.machine.done_jobs:
+                    await trio.sleep(0.5)
+            assert state() == "finishing" and job not in disk.finished
+            release.set()
+            with trio.fail_after(30):
+                while state() != "done":
+                    await trio.sleep(0.1)
+            assert disk.finished[job] == node.machine.done_jobs[job]
+            nursery.cancel_scope.cancel()

@@ -184,6 +184,7 @@ class Node:
         self._progress: dict[tuple[str, int, int], _Progress] = {}
         self._nursery: trio.Nursery | None = None
         self._job_done: dict[str, trio.Event] = {}
+        self.finished: dict[str, str] = {}  # job -> the state whose final files this peer wrote
         self._key_event = trio.Event()
         self.fatal: TtpeerError | None = None
         self._is_admin = (home.path / "root.key").exists()
@@ -490,6 +491,7 @@ class Node:
                    "eval": metrics, "compression_ratio": _ratio(stats),
                    "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
         await self.executor.finish(job, state, summary)
+        self.finished[job.id] = state  # status says "done" from here: the final files exist
         self.done_event(job.id).set()
         log.info("job %s done: state %s", job.id[:12], state)
 

@@ -70,7 +70,9 @@ def snapshot(node: Node) -> dict[str, Any]:
         if job.id in m.declined:
             state = "declined"
         elif chain.round >= job["rounds"]:
-            state = "done" if m.done_jobs.get(job.id) == chain.head else "finishing"
+            # Done once this peer wrote the final model (export reads it), not before.
+            finished = m.done_jobs.get(job.id) == chain.head == node.finished.get(job.id)
+            state = "done" if finished else "finishing"
         elif active is not None and active.id == job.id:
             state = "running"
         else:
