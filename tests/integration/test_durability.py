@@ -26,7 +26,7 @@ from ttpeer.daemon._integrity import scan_log
 from ttpeer.demo import Cluster, job_spec, make_pool, status, ttpeer, wait_for
 from ttpeer.errors import TtpeerError
 
-from ._helpers import audit_home, job_of
+from ._helpers import audit_home, job_finished, job_of
 
 pytestmark = pytest.mark.slow
 KILLS = 16
@@ -39,8 +39,7 @@ def _submit(home: Path, **changes) -> str:
 
 
 def _done_everywhere(homes: list[Path], job: str, timeout: float) -> list[str]:
-    wait_for(lambda: all((j := job_of(h, job)) is not None and j["state"] == "done" for h in homes), timeout,
-             f"job {job[:12]} to finish on every peer", poll=0.25)
+    wait_for(lambda: job_finished(homes, job), timeout, f"job {job[:12]} to finish on every peer", poll=0.25)
     return [ttpeer("export", job, str(h / "out.safetensors"), "--home", str(h))[-1] for h in homes]
 
 
