@@ -30,7 +30,14 @@ from ._helpers import audit_home, job_finished, job_of
 
 pytestmark = pytest.mark.slow
 KILLS = 16
-ROUNDS = 18  # the kills take 10-13 rounds of the job (fewer since start-up got faster); the rest runs with both peers
+ROUNDS = 18  # the kills are paced over its first ROUNDS-3 rounds (``_kill_round``); the rest runs with both peers
+
+
+def _kill_round(i: int) -> int:
+    """Alice's round that kill ``i`` waits for: the kills spread over the job's first
+    ROUNDS-3 rounds by progress, not by time, so they land during the job and across
+    many rounds however fast or slow this machine trains and bob starts."""
+    return i * (ROUNDS - 3) // KILLS
 
 
 def _submit(home: Path, **changes) -> str:
@@ -73,14 +80,17 @@ def test_sigkill_at_many_points_never_corrupts_and_the_job_finishes(tmp_path):
         proc = cluster.named["bob"]
         started = time.monotonic()
         for i in range(KILLS):
-            if i % 3 == 0:  # somewhere in start-up: imports, the home check, log replay, connecting
+            if i % 3 == 0:  # somewhere in start-up (imports, the home check, log replay, connecting): timed
+                # from bob's spawn, so it lands near the previous kill's round
                 time.sleep(rng.uniform(0.3, 2.0))
                 doing = "start-up"
-            else:  # somewhere in the job
+            else:  # somewhere in the job, once alice is at this kill's round and before the next kill's
                 wait_for(lambda: _snapshot(bob, job) is not None, 60, "bob to answer")
+                target = _kill_round(i)
+                wait_for(lambda r=target: _round(alice, job) >= r, 120, f"alice to reach round {target}")
                 until = time.monotonic() + rng.uniform(0.0, 2.5)
                 doing = _snapshot(bob, job) or "?"
-                while time.monotonic() < until:
+                while time.monotonic() < until and _round(alice, job) < _kill_round(i + 1):
                     doing = _snapshot(bob, job) or doing
                     time.sleep(0.05)
             os.killpg(proc.pid, signal.SIGKILL)
