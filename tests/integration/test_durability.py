@@ -23,6 +23,7 @@ import pytest
 
 from ttpeer.daemon import call
 from ttpeer.daemon._integrity import scan_log
+from ttpeer.daemon._recordlog import _HEAD
 from ttpeer.demo import Cluster, job_spec, make_pool, status, ttpeer, wait_for
 from ttpeer.errors import TtpeerError
 
@@ -120,6 +121,23 @@ def _flip(path: Path, offset: int) -> None:
     path.write_bytes(bytes(data))
 
 
+def _tear(log: Path, at: float) -> int:
+    """Cut the record log inside the frame that lies ``at`` (a fraction) of the way in:
+    through its record bytes, never on a frame boundary (frame sizes vary per run), so
+    there is always a torn frame. Returns how many whole frames the log held."""
+    frames = scan_log(log.read_bytes()).frames
+    starts = [0]
+    for raw in frames:
+        starts.append(starts[-1] + _HEAD.size + len(raw))
+    k = next(n for n in range(len(frames)) if starts[n + 1] > starts[-1] * at)
+    cut = starts[k] + _HEAD.size + len(frames[k]) // 2
+    with open(log, "r+b") as f:
+        f.truncate(cut)
+    torn = scan_log(log.read_bytes())
+    assert starts[k] < cut < starts[k + 1] and torn.problem == "torn" and len(torn.frames) == k, (cut, starts[k])
+    return len(frames)
+
+
 def test_corrupt_states_and_a_truncated_log_are_reported_and_repaired_from_peers(tmp_path):
     cluster = Cluster(tmp_path)
     try:
@@ -134,11 +152,7 @@ def test_corrupt_states_and_a_truncated_log_are_reported_and_repaired_from_peers
         assert states
         for st in states:  # every state bob holds is damaged: he must get one from his peers
             _flip(st, st.stat().st_size // 2)
-        log = bob / "records.log"
-        size = log.stat().st_size
-        before = len(scan_log(log.read_bytes()).frames)
-        with open(log, "r+b") as f:
-            f.truncate(size * 2 // 5 + 3)  # mid-frame, most records gone
+        before = _tear(bob / "records.log", 2 / 5)  # most records gone, the last one kept torn
         cluster.spawn("bob-again", "up", "--home", str(bob), "--slowdown", "6")
         wait_for(lambda: status(bob)["startup_repairs"], 60, "bob's start-up check")
         repairs = status(bob)["startup_repairs"]
