@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,16 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 def job_of(home: Path, job_id: str) -> dict[str, Any] | None:
     return next((j for j in status(home)["jobs"] if j["id"] == job_id), None)
+
+
+def job_finished(homes: Iterable[Path], job_id: str) -> bool:
+    """Whether every home reports the job done AND has written its final files, so
+    ``ttpeer export`` can run. Status says "done" as soon as the protocol records it;
+    the daemon writes final.safetensors, final.json and last done.json after that, in
+    a worker thread (``Node._finish``), so an export in between finds no final model."""
+    homes = list(homes)
+    return all((j := job_of(h, job_id)) is not None and j["state"] == "done" for h in homes) and all(
+        (h / "states" / job_id / "done.json").exists() for h in homes)
 
 
 def audit_home(home: Path) -> dict[str, int]:

@@ -23,14 +23,22 @@ import pytest
 
 from ttpeer.daemon import call
 from ttpeer.daemon._integrity import scan_log
+from ttpeer.daemon._recordlog import _HEAD
 from ttpeer.demo import Cluster, job_spec, make_pool, status, ttpeer, wait_for
 from ttpeer.errors import TtpeerError
 
-from ._helpers import audit_home, job_of
+from ._helpers import audit_home, job_finished, job_of
 
 pytestmark = pytest.mark.slow
 KILLS = 16
-ROUNDS = 18  # the kills take 10-13 rounds of the job (fewer since start-up got faster); the rest runs with both peers
+ROUNDS = 18  # the kills are paced over its first ROUNDS-3 rounds (``_kill_round``); the rest runs with both peers
+
+
+def _kill_round(i: int) -> int:
+    """Alice's round that kill ``i`` waits for: the kills spread over the job's first
+    ROUNDS-3 rounds by progress, not by time, so they land during the job and across
+    many rounds however fast or slow this machine trains and bob starts."""
+    return i * (ROUNDS - 3) // KILLS
 
 
 def _submit(home: Path, **changes) -> str:
@@ -39,8 +47,7 @@ def _submit(home: Path, **changes) -> str:
 
 
 def _done_everywhere(homes: list[Path], job: str, timeout: float) -> list[str]:
-    wait_for(lambda: all((j := job_of(h, job)) is not None and j["state"] == "done" for h in homes), timeout,
-             f"job {job[:12]} to finish on every peer", poll=0.25)
+    wait_for(lambda: job_finished(homes, job), timeout, f"job {job[:12]} to finish on every peer", poll=0.25)
     return [ttpeer("export", job, str(h / "out.safetensors"), "--home", str(h))[-1] for h in homes]
 
 
@@ -74,14 +81,17 @@ def test_sigkill_at_many_points_never_corrupts_and_the_job_finishes(tmp_path):
         proc = cluster.named["bob"]
         started = time.monotonic()
         for i in range(KILLS):
-            if i % 3 == 0:  # somewhere in start-up: imports, the home check, log replay, connecting
+            if i % 3 == 0:  # somewhere in start-up (imports, the home check, log replay, connecting): timed
+                # from bob's spawn, so it lands near the previous kill's round
                 time.sleep(rng.uniform(0.3, 2.0))
                 doing = "start-up"
-            else:  # somewhere in the job
+            else:  # somewhere in the job, once alice is at this kill's round and before the next kill's
                 wait_for(lambda: _snapshot(bob, job) is not None, 60, "bob to answer")
+                target = _kill_round(i)
+                wait_for(lambda r=target: _round(alice, job) >= r, 120, f"alice to reach round {target}")
                 until = time.monotonic() + rng.uniform(0.0, 2.5)
                 doing = _snapshot(bob, job) or "?"
-                while time.monotonic() < until:
+                while time.monotonic() < until and _round(alice, job) < _kill_round(i + 1):
                     doing = _snapshot(bob, job) or doing
                     time.sleep(0.05)
             os.killpg(proc.pid, signal.SIGKILL)
@@ -111,6 +121,23 @@ def _flip(path: Path, offset: int) -> None:
     path.write_bytes(bytes(data))
 
 
+def _tear(log: Path, at: float) -> int:
+    """Cut the record log inside the frame that lies ``at`` (a fraction) of the way in:
+    through its record bytes, never on a frame boundary (frame sizes vary per run), so
+    there is always a torn frame. Returns how many whole frames the log held."""
+    frames = scan_log(log.read_bytes()).frames
+    starts = [0]
+    for raw in frames:
+        starts.append(starts[-1] + _HEAD.size + len(raw))
+    k = next(n for n in range(len(frames)) if starts[n + 1] > starts[-1] * at)
+    cut = starts[k] + _HEAD.size + len(frames[k]) // 2
+    with open(log, "r+b") as f:
+        f.truncate(cut)
+    torn = scan_log(log.read_bytes())
+    assert starts[k] < cut < starts[k + 1] and torn.problem == "torn" and len(torn.frames) == k, (cut, starts[k])
+    return len(frames)
+
+
 def test_corrupt_states_and_a_truncated_log_are_reported_and_repaired_from_peers(tmp_path):
     cluster = Cluster(tmp_path)
     try:
@@ -125,11 +152,7 @@ def test_corrupt_states_and_a_truncated_log_are_reported_and_repaired_from_peers
         assert states
         for st in states:  # every state bob holds is damaged: he must get one from his peers
             _flip(st, st.stat().st_size // 2)
-        log = bob / "records.log"
-        size = log.stat().st_size
-        before = len(scan_log(log.read_bytes()).frames)
-        with open(log, "r+b") as f:
-            f.truncate(size * 2 // 5 + 3)  # mid-frame, most records gone
+        before = _tear(bob / "records.log", 2 / 5)  # most records gone, the last one kept torn
         cluster.spawn("bob-again", "up", "--home", str(bob), "--slowdown", "6")
         wait_for(lambda: status(bob)["startup_repairs"], 60, "bob's start-up check")
         repairs = status(bob)["startup_repairs"]

@@ -15,6 +15,8 @@ import pytest
 from ttpeer.daemon import call
 from ttpeer.demo import Cluster, job_spec, make_pool, status, ttpeer, wait_for
 
+from ._helpers import job_finished
+
 pytestmark = pytest.mark.slow
 
 
@@ -62,10 +64,7 @@ def test_killed_paused_and_returning_peers_finish_identically(tmp_path):
         assert _job(homes[0], job)["round"] < spec["rounds"], "too few rounds left to show the return"
         cluster.spawn("carol-again", "up", "--home", str(homes[2]), "--slowdown", "4")
 
-        def all_done():
-            return all((j := _job(h, job)) is not None and j["state"] == "done" for h in homes)
-
-        wait_for(all_done, 240, "all three peers to finish the job", poll=0.25)
+        wait_for(lambda: job_finished(homes, job), 240, "all three peers to finish the job", poll=0.25)
         hashes = [ttpeer("export", job, str(h / "out.safetensors"), "--home", str(h))[-1] for h in homes]
         assert len(set(hashes)) == 1 and len(hashes[0]) == 64
         final = _job(homes[0], job)

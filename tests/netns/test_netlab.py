@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration._helpers import audit_home
+from tests.integration._helpers import audit_home, job_finished
 from ttpeer.daemon import call
 from ttpeer.demo import job_spec, status, ttpeer, wait_for
 from ttpeer.errors import TtpeerError
@@ -112,7 +112,7 @@ def _submit(homes: dict[str, Path], spec: dict) -> str:
 
 
 def _all_done(homes: dict[str, Path], job: str) -> bool:
-    return all((j := _job(h, job)) is not None and j["state"] == "done" for h in homes.values())
+    return job_finished(homes.values(), job)  # done, and the final files written: ready to export
 
 
 def _exports(lab: Lab, homes: dict[str, Path], job: str) -> dict[str, str]:
