@@ -3,8 +3,6 @@ relay, key rotation, the job carries on) and the single-use token race."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import trio
 
@@ -13,7 +11,7 @@ from ttpeer.net import Faults, MemoryRelay, RelayRejected
 from ttpeer.net._seal import SealError, open_sealed
 from ttpeer.proto import RevokeError, Token, covered
 from ttpeer.testing import Simulation
-from ttpeer.testing._sim import FAKE_FP, FAKE_RELAY, SimPeer
+from ttpeer.testing._sim import FAKE_FP, FAKE_RELAY, SIM_EPOCH, SimPeer
 
 from .test_simulator import SPEC
 
@@ -112,7 +110,9 @@ async def test_two_machines_racing_for_a_single_use_token_leave_one_member(tmp_p
     async with MemoryRelay() as relay:
         sim = Simulation(tmp_path, relay, seed=4)
         sim.create(2)
-        now = time.time()
+        # The simulator's calendar clock, not this machine's: an invite made with time.time()
+        # had expired long before SIM_EPOCH (2027-01-15), so no racer was ever handed the key.
+        now = SIM_EPOCH + trio.current_time()
         admin_home = sim.peers[0].home
         cfg = admin_home.config()
         invite, key = new_invite(admin_home.root_key(), cfg.pool, ttl=600, uses=1, role="member", now=now)
@@ -137,6 +137,9 @@ async def test_two_machines_racing_for_a_single_use_token_leave_one_member(tmp_p
                 await trio.sleep(10)  # a few digest rounds more: nothing may change
             members = frozenset(sim.peers[0].node.machine.records.members)  # the admin's view
             views = {frozenset(p.node.machine.records.members) for p in sim.peers if p.node.me in members}  # type: ignore
+            # The invite was live by the simulated calendar: no hello was refused as late, so the
+            # key handover really raced (whoever answered first may have handed the loser a key).
+            assert not any("hello: invite expired" in p.node.counters.rejected for p in sim.peers)  # type: ignore
             assert views == {members} and len(members) == 3  # every member agrees: admin, peer01, one racer
             assert len(members & {r.me for r in racers}) == 1  # type: ignore[union-attr]
             winner = next(r for r in racers if r.me in members)  # type: ignore[union-attr]
