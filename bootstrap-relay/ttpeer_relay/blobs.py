@@ -147,8 +147,10 @@ class BlobStore:
             try:
                 # The body arrives a TLS record (16 KiB) at a time. Chunks are gathered
                 # (not copied) and handed to a worker thread a batch at a time, which
-                # hashes and writes them: both release the GIL, so the event loop is
-                # free for the next records meanwhile.
+                # hashes and writes them (both release the GIL): the event loop serves
+                # other requests meanwhile, and the kernel buffers this one's next bytes.
+                # (Receiving the next batch while the thread writes measured no faster
+                # on two cores.)
                 batch: list[bytes] = []
                 batched = 0
                 async for chunk in body:
