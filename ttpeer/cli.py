@@ -468,7 +468,9 @@ def _export(args: argparse.Namespace) -> int:
     matches = [p for p in states.glob(f"{args.job.lower()}*")] if states.exists() else []
     if len(matches) > 1:
         raise UsageError(f"job prefix {args.job!r} is ambiguous; give more characters")
-    if not matches or not (matches[0] / "final.safetensors").exists():
+    # done.json is written last, after the model and its sidecar: until then the job is
+    # still finishing here (status says so) and the files may be half there.
+    if not matches or not (matches[0] / "done.json").exists():
         raise JobError(f"job {args.job!r} has not finished on this peer (see 'ttpeer status'); "
                        "export needs the final model")
     folder = matches[0]

@@ -34,6 +34,17 @@ def test_export_of_an_unknown_job_is_a_clear_error(tmp_path, capsys):
     assert "has not finished" in capsys.readouterr().err
 
 
+def test_export_of_a_job_still_finishing_is_the_same_clear_error(tmp_path, capsys):
+    # The final model is written before its sidecar and done.json: caught in between, export
+    # says the job has not finished, rather than failing on the missing sidecar.
+    folder = tmp_path / "states" / "abc123"
+    folder.mkdir(parents=True)
+    (folder / "final.safetensors").write_bytes(b"weights")
+    out = tmp_path / "m.safetensors"
+    assert main(["export", "abc123", str(out), "--home", str(tmp_path)]) == 1
+    assert "has not finished" in capsys.readouterr().err and not out.exists()
+
+
 def test_bad_flag_values_are_refused_by_the_parser(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["submit", "--task", "mnist1d", "--rounds", "0", "--home", str(tmp_path)])
