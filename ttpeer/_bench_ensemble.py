@@ -40,9 +40,8 @@ def run_ensemble(homes: list[Path], spec: dict[str, Any]) -> dict[str, Any]:
     job = call(homes[0] / "control.sock", {"op": "submit", "spec": spec, "task_file": None}, timeout=120)["job"]
 
     def done() -> bool:
-        # "done" comes as the final model is being written; done.json is written after it.
-        return all((h / "states" / job / "done.json").exists() for h in homes) and all(
-            any(j["id"] == job and j["state"] == "done" for j in status(h)["jobs"]) for h in homes)
+        # "done" once each peer has written its final model (status says "finishing" before)
+        return all(any(j["id"] == job and j["state"] == "done" for j in status(h)["jobs"]) for h in homes)
 
     wait_for(done, 1200, f"ensemble job {job[:12]} to finish on every peer", poll=0.1)
     wall = time.monotonic() - started

@@ -179,9 +179,8 @@ def run_job(homes: list[Path], spec: dict[str, Any], label: str, progress: Any =
             states.append(jobs[0] if jobs else None)
         if progress and states[0]:
             progress.update(task, completed=states[0]["round"])
-        # "done" comes as the final model is being written; done.json is written after it.
-        return all(s is not None and s["state"] == "done" for s in states) and all(
-            (h / "states" / job / "done.json").exists() for h in homes)
+        # "done" once each peer has written its final model (status says "finishing" before)
+        return all(s is not None and s["state"] == "done" for s in states)
 
     wait_for(done, 600, f"job {job[:12]} to finish on every peer", poll=0.25)
     wall = time.monotonic() - started

@@ -24,13 +24,9 @@ def job_of(home: Path, job_id: str) -> dict[str, Any] | None:
 
 
 def job_finished(homes: Iterable[Path], job_id: str) -> bool:
-    """Whether every home reports the job done AND has written its final files, so
-    ``ttpeer export`` can run. Status says "done" as soon as the protocol records it;
-    the daemon writes final.safetensors, final.json and last done.json after that, in
-    a worker thread (``Node._finish``), so an export in between finds no final model."""
-    homes = list(homes)
-    return all((j := job_of(h, job_id)) is not None and j["state"] == "done" for h in homes) and all(
-        (h / "states" / job_id / "done.json").exists() for h in homes)
+    """Whether every home reports the job done: status says so once the peer has written
+    its final files ("finishing" before), so ``ttpeer export`` can run."""
+    return all((j := job_of(h, job_id)) is not None and j["state"] == "done" for h in homes)
 
 
 def audit_home(home: Path) -> dict[str, int]:
