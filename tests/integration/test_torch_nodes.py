@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -55,13 +56,17 @@ async def run_jobs(homes: list[Home], specs: list[dict], task_file: bytes | None
     return jobs, nodes
 
 
+def _spec(**changes: Any) -> dict[str, Any]:
+    """A fused job of the linear task file, with ``changes`` (its size, stealing, overlap)."""
+    return {"task": TASK_FILE.name, "mode": "fused", "batch_size": 16, "inner_lr": 0.01, "weight_decay": 0.0,
+            "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8, "seed": 3, "lease": 5.0, **changes}
+
+
 @pytest.mark.parametrize("overlap", [0, 1])
 async def test_task_file_job_trains_bit_identically_on_two_torch_peers(tmp_path, overlap):
     # overlap=1: each round trains on the base of the round before while that round closes.
     homes = _homes(tmp_path)
-    spec = {"task": TASK_FILE.name, "mode": "fused", "rounds": 4, "shards": 4, "batches": 5, "batch_size": 16,
-            "inner_lr": 0.01, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
-            "seed": 3, "lease": 5.0, "steal": True, "overlap": overlap}
+    spec = _spec(rounds=4, shards=4, batches=5, steal=True, overlap=overlap)
     (job,), _ = await run_jobs(homes, [spec], TASK_FILE.read_bytes())
     finals = [home.path / "states" / job.id / "final.safetensors" for home in homes]
     digests = {hashlib.sha256(f.read_bytes()).hexdigest() for f in finals}
@@ -77,9 +82,7 @@ async def test_two_jobs_from_the_same_initial_state_both_finish(tmp_path):
     # Three rounds make the first job write more states than a job keeps (KEEP_STATES): its
     # initial state must survive that, as the peer remembers holding it.
     home = _homes(tmp_path)[0]
-    spec = {"task": TASK_FILE.name, "mode": "fused", "rounds": 3, "shards": 2, "batches": 3, "batch_size": 16,
-            "inner_lr": 0.01, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
-            "seed": 3, "lease": 5.0, "steal": True}
+    spec = _spec(rounds=3, shards=2, batches=3, steal=True)
     async with MemoryRelay() as relay:
         cfg = home.config()
         node = Node(home, relay.client(cfg.pool, home.node_key(), cfg.proof), TorchExecutor(home),
@@ -105,9 +108,7 @@ async def test_a_second_job_through_the_same_states_finishes_on_both_peers(tmp_p
     # held and retried Train and Apply on a missing file forever; now the executor says which
     # state is missing and the peer recomputes it (test_proto_peer: a lost state, forced).
     homes = _homes(tmp_path)
-    spec = {"task": TASK_FILE.name, "mode": "fused", "rounds": 6, "shards": 2, "batches": 3, "batch_size": 16,
-            "inner_lr": 0.01, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
-            "seed": 3, "lease": 5.0, "steal": False, "overlap": overlap}
+    spec = _spec(rounds=6, shards=2, batches=3, steal=False, overlap=overlap)
     jobs, _ = await run_jobs(homes, [spec, spec], TASK_FILE.read_bytes(), timeout=90)
     for job in jobs:
         finals = {hashlib.sha256((h.path / "states" / job.id / "final.safetensors").read_bytes()).hexdigest()

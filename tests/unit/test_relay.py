@@ -540,15 +540,20 @@ async def _connect_proxy(stream: trio.SocketStream, seen: list[bytes]) -> None:
         nursery.start_soon(pump, upstream, stream)
 
 
-async def test_through_a_connect_proxy(
-    start_relay: StartRelay, pool: Pool, nursery: trio.Nursery
-) -> None:
-    running = await start_relay()
+async def start_connect_proxy(nursery: trio.Nursery) -> tuple[str, list[bytes]]:
+    """Serve ``_connect_proxy`` on loopback: its URL, and the CONNECT lines it has seen."""
     seen: list[bytes] = []
     listeners = await nursery.start(
         partial(trio.serve_tcp, partial(_connect_proxy, seen=seen), 0, host="127.0.0.1")
     )
-    proxy = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    return f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}", seen
+
+
+async def test_through_a_connect_proxy(
+    start_relay: StartRelay, pool: Pool, nursery: trio.Nursery
+) -> None:
+    running = await start_relay()
+    proxy, seen = await start_connect_proxy(nursery)
     der = await fetch_certificate(running.url, proxy=proxy, timeout=10)
     assert fingerprint(der) == running.fingerprint
     async with member(running, pool, "a", proxy=proxy) as a, member(running, pool, "b") as b:

@@ -27,7 +27,7 @@ from ttpeer_relay.tls import ensure_certificate
 from ttpeer.net import BlobCorrupt, NetError, RelayClient, RelayUnavailable, pinned_ssl_context
 from ttpeer.net._download import MAX_HEAD_BYTES, Answer, Body, Malformed, parse_head
 
-from .test_relay import Pool, StartRelay, _connect_proxy, member
+from .test_relay import Pool, StartRelay, member, start_connect_proxy
 
 BIG = 5 * 2**20 + 12345  # hundreds of TLS records, not a multiple of any chunk size
 
@@ -116,11 +116,7 @@ async def test_download_through_a_connect_proxy(
     start_relay: StartRelay, pool: Pool, nursery: trio.Nursery
 ) -> None:
     running = await start_relay()
-    seen: list[bytes] = []
-    listeners = await nursery.start(
-        partial(trio.serve_tcp, partial(_connect_proxy, seen=seen), 0, host="127.0.0.1")
-    )
-    proxy = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    proxy, seen = await start_connect_proxy(nursery)
     data = os.urandom(BIG)
     async with member(running, pool, "a") as a, member(running, pool, "b", proxy=proxy) as b:
         blob = await a.put_blob(data)
