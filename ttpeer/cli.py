@@ -320,19 +320,13 @@ def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
     from ttpeer.daemon._systemd import Notifier
 
     cfg = args.settings
-    device = _default_device() if cfg.device == "auto" else cfg.device
+    device = cfg.device  # "auto" is resolved by the worker processes, which load torch: the daemon does not
     options = {"slowdown": args.slowdown} if getattr(args, "slowdown", 0) else None
     notifier = Notifier.from_environ(os.environ)  # systemd's protocol, not a setting
     trio.run(lambda: run_daemon(home, device=device, task_options=options, proxy=cfg.proxy or None,
                                 metrics=cfg.metrics, stop_grace=cfg.stop_grace, notifier=notifier,
                                 memory_limit=cfg.memory_limit or None))
     return 0
-
-
-def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _submit(args: argparse.Namespace) -> int:

@@ -12,6 +12,9 @@
      +-- DiskError                   a write failed (disk full, read-only); nothing written is lost
      +-- DaemonNotRunning            a command needs the running daemon and found none
      +-- JobError                    a job failed, was declined, or is unknown
+     |    +-- StateMissing           a state counted as held is not on disk
+     |    +-- TaskFailed             the task's code failed on this peer: the job ends here
+     |    +-- LocalWorkLost          the worker holding this peer's local model died
      +-- NetError                    anything between this machine and the relay
           +-- (see ttpeer.net)
 
@@ -60,12 +63,32 @@ class StateMissing(JobError):
         self.state = state
 
 
+class TaskFailed(JobError):
+    """The task's code failed on this peer (it raised, diverged, hung, or its worker
+    process died): the job cannot go on here. ``reason`` is one line for people."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class LocalWorkLost(JobError):
+    """The worker process that held this peer's local model (the shards it trained this
+    round and has not published) died and was restarted: that work must be trained again."""
+
+    def __init__(self, job: str, reason: str) -> None:
+        super().__init__(reason)
+        self.job = job
+
+
 __all__ = [
     "DaemonNotRunning",
     "DiskError",
     "HomeError",
     "JobError",
+    "LocalWorkLost",
     "StateMissing",
+    "TaskFailed",
     "ProofError",
     "RecordError",
     "TokenError",

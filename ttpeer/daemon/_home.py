@@ -76,6 +76,13 @@ class Home:
         p.mkdir(parents=True, exist_ok=True)
         return p
 
+    def held_states(self, job: str) -> set[str]:
+        """The states on disk for ``job``, by hash."""
+        folder = self.path / "states" / job
+        if not folder.exists():
+            return set()
+        return {"sha256:" + p.stem for p in folder.glob("*.state")}
+
     @property
     def data_dir(self) -> Path:
         p = self.path / "data"

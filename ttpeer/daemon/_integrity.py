@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import time
 import zlib
 from dataclasses import dataclass
@@ -183,9 +184,41 @@ def _check_tasks(home: Home) -> list[str]:
     return out
 
 
-def check_home(home: Home) -> list[str]:
-    """Check and repair the home (see the module doc); returns what was found."""
+def check_home(home: Home, *, states: bool = True) -> list[str]:
+    """Check and repair the home (see the module doc); returns what was found.
+    ``states=False`` leaves out the state files, whose check needs torch."""
     try:
-        return _check_log(home) + _check_states(home) + _check_tasks(home)
+        return _check_log(home) + (_check_states(home) if states else []) + _check_tasks(home)
     except OSError as exc:
         raise DiskError(Path(exc.filename or home.path), exc) from None
+
+
+async def check_home_apart(home: Home, python: str = sys.executable) -> list[str]:
+    """``check_home`` for the daemon, which does not load torch: the state files are
+    checked by a short-lived child process (``python -m ttpeer.daemon._integrity``),
+    the rest here in a worker thread."""
+    import trio
+
+    found = await trio.to_thread.run_sync(lambda: check_home(home, states=False))
+    if not any((home.path / "states").glob("*/*.state")):
+        return found
+    done = await trio.run_process([python, "-m", "ttpeer.daemon._integrity", str(home.path)],
+                                  capture_stdout=True, check=False)
+    if done.returncode != 0:
+        raise DiskError(home.path / "states", OSError(done.returncode, "checking the state files failed "
+                                                       "(see the log above)"))
+    return found + json.loads(done.stdout or b"[]")
+
+
+def _main() -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    home = Home(Path(sys.argv[1]))
+    try:
+        print(json.dumps(_check_states(home)))
+    except OSError as exc:
+        log.error("%s", DiskError(Path(exc.filename or home.path), exc))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    _main()

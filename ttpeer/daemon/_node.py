@@ -42,7 +42,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ttpeer import _logging
-from ttpeer.errors import DiskError, StateMissing, TtpeerError, UsageError
+from ttpeer.errors import DiskError, LocalWorkLost, StateMissing, TtpeerError, UsageError
 from ttpeer.net import BlobCorrupt, NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
 from ttpeer.net._entropy import random_bytes
 from ttpeer.net._seal import COUNTER, SealError, gossip_ad, open_direct, open_sealed, seal, seal_to
@@ -457,6 +457,8 @@ class Node:
             log.warning("%s failed: %s", type(eff).__name__, exc)
             if isinstance(exc, StateMissing):  # so the machine recomputes or fetches it
                 self._process(self.machine.state_lost(exc.state, self._now()))
+            if isinstance(exc, LocalWorkLost):  # so the machine trains those shards again
+                self._process(self.machine.local_work_lost(exc.job, self._now()))
             self._report_failure(eff)
 
     def _report_failure(self, eff: Effect) -> None:

@@ -11,9 +11,8 @@ flight (``PeerMachine.release``: a signed ``release`` record, so peers take the
 shard at once instead of waiting for the lease); wait up to ``stop_grace``
 seconds for the outbox to send it (no wait when there was no claim); then cancel
 everything. Torch work runs in
-worker threads that trio does not abandon, so a state being written is finished
-(and atomically renamed) before the process exits, with status 0. A second
-signal skips the wait.
+worker processes (``_procexec``), which end when the daemon does; every state they
+write is written atomically, so none is torn. A second signal skips the wait.
 
 Fatal errors (a full disk, a relay that is not ours) stop the daemon and are
 raised as the ``TtpeerError`` they are; the command line prints them.
@@ -35,11 +34,11 @@ from ttpeer.proto import Timing
 
 from ._control import serve_control
 from ._home import Home
-from ._integrity import check_home
+from ._integrity import check_home_apart
 from ._node import Node
+from ._procexec import ProcessExecutor
 from ._status_more import extend
 from ._systemd import Notifier
-from ._torch import TorchExecutor
 from ._usage import TimedExecutor, TimedTransport, Usage
 
 log = logging.getLogger("ttpeer.daemon")
@@ -88,7 +87,7 @@ async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None
     client = RelayClient(cfg.relays[0], cfg.fingerprint, pool=cfg.pool, peer_key=home.node_key(),
                          proof=cfg.proof, proxy=proxy)
     usage = Usage()
-    executor = TorchExecutor(home, device=device, task_options=task_options, memory_limit=memory_limit)
+    executor = ProcessExecutor(home, device=device, task_options=task_options, memory_limit=memory_limit)
     node = Node(home, TimedTransport(client, usage), TimedExecutor(executor, usage), timing=timing)
     repairs: list[str] = []
     metrics_url: str | None = None
@@ -100,11 +99,12 @@ async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signal, node, nursery.cancel_scope, notifier, stop_grace)
-            nursery.start_soon(executor.warm_up)  # off the first job's critical path
+            await nursery.start(executor.run)  # owns the worker processes
+            nursery.start_soon(executor.warm_up)  # a spare worker, off the first job's critical path
             await nursery.start(partial(serve_control, node, home.control_socket, status=status, ready=ready))
             notifier.send(ready=1, status="checking the home directory")
             nursery.start_soon(notifier.watchdog, lambda: _progress_line(node))
-            repairs += await trio.to_thread.run_sync(check_home, home)
+            repairs += await check_home_apart(home)
             if metrics:
                 from ._metrics import exposition, families, serve_metrics
 

@@ -154,10 +154,7 @@ class TorchExecutor:
         return self.home.states(job) / f"{state.removeprefix('sha256:')}.state"
 
     def held_states(self, job: Record) -> set[str]:
-        folder = self.home.path / "states" / job.id
-        if not folder.exists():
-            return set()
-        return {"sha256:" + p.stem for p in folder.glob("*.state")}
+        return self.home.held_states(job.id)
 
     def _state(self, job: Record, state: str) -> train.OuterState:
         ctx = self._job(job)

@@ -407,6 +407,18 @@ class PeerMachine:
         size = max((c["size"] for c in ckpts if c["round"] == since), default=0) or max(sizes) * 64 // job["bits"]
         return sum(sizes) >= CHECKPOINT_DELTA_RATIO * size
 
+    def local_work_lost(self, job: str, now: float) -> list[Effect]:
+        """The driver lost this peer's local model (its worker process died): the shards
+        trained into it and not yet published are gone. They become this peer's to claim
+        again (with a new attempt), and the next shard starts fresh from the round's base.
+        A failure report for the effect that found it lost follows."""
+        w = self._work
+        if w.job == job:
+            w.shards, w.samples = [], 0
+        if self._publishing is not None and self._publishing[0] == job:
+            self._publishing = None
+        return []
+
     def state_lost(self, state: str, now: float) -> list[Effect]:
         """The driver does not have ``state`` after all (a job that shares a state hash with
         an earlier one, whose file was pruned): stop counting it as held, so the peer

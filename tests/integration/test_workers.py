@@ -1,0 +1,143 @@
+"""Task code runs in supervised worker processes (``ProcessExecutor``): real workers,
+real torch, real signals. A hang, an exit, a segfault or a SIGKILL of the worker is
+this peer's job failing (or its local work being trained again), never the daemon
+ending; a job trained through workers ends bit-identical on every peer."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from ttpeer.daemon import Home, Node
+from ttpeer.daemon._procexec import ProcessExecutor
+from ttpeer.errors import LocalWorkLost, TaskFailed
+from ttpeer.net import MemoryRelay
+from ttpeer.proto import Timing, Train, sign
+
+from .test_torch_nodes import FP, RELAY, _homes, _spec
+
+pytestmark = pytest.mark.slow
+
+FAULTY = Path(__file__).parent.parent / "unit" / "fixtures" / "task_faulty.py"
+
+
+def _env(fault: str) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TTPEER_TEST_FAULT": fault}
+
+
+async def _prepared(home: Home, executor: ProcessExecutor, **changes: Any) -> tuple[Any, str]:
+    """A fused job of the faulty task, made and prepared through the executor's workers."""
+    task_file = FAULTY.read_bytes()
+    spec = _spec(rounds=2, shards=2, batches=8, steal=False, task=FAULTY.name, **changes)
+    fixed, init = await executor.new_job(spec, task_file)
+    body = {**spec, **fixed, "init_blob": "0" * 64, "task_blob": "", "at": int(time.time())}
+    job = sign("job", home.config().pool, body, home.node_key())
+    assert await executor.prepare(job, task_file) is None
+    assert await executor.import_state(job, fixed["init"], init)
+    return job, fixed["init"]
+
+
+def _pool_home(tmp_path: Path) -> Home:
+    home = Home(tmp_path / "a")
+    home.create_pool(RELAY, FP, "a", time.time())
+    return home
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie is gone for our purposes: it runs nothing.
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+async def test_a_step_that_hangs_fails_the_job_here_and_stops_the_worker(tmp_path: Path) -> None:
+    home = _pool_home(tmp_path)
+    executor = ProcessExecutor(home, env=_env("hang:3"), step_timeout=2, spare=False)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(executor.run)
+        job, s0 = await _prepared(home, executor)
+        (worker,) = executor.workers()
+        with trio.fail_after(60):
+            with pytest.raises(TaskFailed, match=r"a step took longer than 2 s"):
+                await executor.train(Train(job, 0, 0, 0, s0, fresh=True), lambda: False)
+        assert _gone(worker["pid"])
+        # The job stays failed here: no worker is started for it again.
+        with pytest.raises(TaskFailed):
+            await executor.train(Train(job, 0, 1, 0, s0, fresh=True), lambda: False)
+        assert executor.workers() == []
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(("fault", "said"), [("exit:2", "exited with code 3"), ("segv:2", "killed by SIGSEGV")])
+async def test_a_worker_that_keeps_dying_fails_the_job_with_how_it_died(tmp_path: Path, fault: str,
+                                                                          said: str) -> None:
+    home = _pool_home(tmp_path)
+    executor = ProcessExecutor(home, env=_env(fault), spare=False, max_deaths=2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(executor.run)
+        job, s0 = await _prepared(home, executor)
+        with trio.fail_after(120):
+            # A death loses the local model (the protocol trains those shards again) and a
+            # new worker is started, until the job has had max_deaths of them.
+            with pytest.raises(LocalWorkLost, match=said):
+                await executor.train(Train(job, 0, 0, 0, s0, fresh=True), lambda: False)
+            with pytest.raises(TaskFailed, match=said):
+                await executor.train(Train(job, 0, 0, 0, s0, fresh=True), lambda: False)
+        nursery.cancel_scope.cancel()
+
+
+async def test_after_a_death_the_lost_local_model_is_said_before_it_is_used(tmp_path: Path) -> None:
+    home = _pool_home(tmp_path)
+    executor = ProcessExecutor(home, env=_env("none:0"), spare=False)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(executor.run)
+        job, s0 = await _prepared(home, executor)
+        with trio.fail_after(60):
+            assert await executor.train(Train(job, 0, 0, 0, s0, fresh=True), lambda: False) == 8 * 16
+            (worker,) = executor.workers()
+            os.kill(worker["pid"], signal.SIGKILL)
+            # The next shard would continue the local model, which died with the worker.
+            with pytest.raises(LocalWorkLost):
+                await executor.train(Train(job, 0, 1, 0, s0, fresh=False), lambda: False)
+            assert await executor.train(Train(job, 0, 1, 1, s0, fresh=True), lambda: False) == 8 * 16
+        (again,) = executor.workers()
+        assert again["pid"] != worker["pid"] and again["deaths"] == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_worker_sigkilled_mid_shard_is_restarted_and_the_pool_ends_identical(tmp_path: Path) -> None:
+    homes = _homes(tmp_path)
+    spec = _spec(rounds=4, shards=4, batches=12, steal=True, task=FAULTY.name)
+    executors = [ProcessExecutor(home, env=_env("slow:30")) for home in homes]
+    async with MemoryRelay() as relay, trio.open_nursery() as nursery:
+        nodes = []
+        for home, executor in zip(homes, executors, strict=True):
+            await nursery.start(executor.run)
+            cfg = home.config()
+            nodes.append(Node(home, relay.client(cfg.pool, home.node_key(), cfg.proof), executor,
+                              timing=Timing(digest_interval=0.5)))
+            await nursery.start(nodes[-1].run)
+        with trio.fail_after(180):
+            for executor in executors:  # as the daemon does at start: a spare worker waits
+                await executor.warm_up()
+            job = await nodes[0].submit(spec, FAULTY.read_bytes())
+            while nodes[1].machine.training is None or nodes[1].machine.training[1] < 1:
+                await trio.sleep(0.02)
+            (victim,) = executors[1].workers()
+            os.kill(victim["pid"], signal.SIGKILL)
+            for node in nodes:
+                await node.done_event(job.id).wait()
+        nursery.cancel_scope.cancel()
+    finals = {hashlib.sha256((h.path / "states" / job.id / "final.safetensors").read_bytes()).hexdigest()
+              for h in homes}
+    assert len(finals) == 1
+    assert executors[1]._jobs[job.id].deaths == 1

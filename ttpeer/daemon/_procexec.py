@@ -1,0 +1,571 @@
+"""The executor the daemon runs: task code in supervised worker processes.
+
+Theory of operation. ``ProcessExecutor`` implements the executor interface
+(``_executor.py``) by forwarding each call to the job's worker process
+(``_worker.py``), which runs the same ``TorchExecutor`` the in-process tests use.
+The daemon itself never imports torch: its memory and start-up stay small, and
+nothing a task does (raise, hang, segfault, exhaust memory) can take it down.
+
+Per job it keeps a ``_JobWorkers``: the job record and task file (to start a worker
+again), the worker, and how often it died. A worker is started on first use
+(``prepare``) and again after it died; the one after a death has lost the local
+model, so the next call that needs it (``train`` without ``fresh``, ``delta``)
+raises ``LocalWorkLost`` and the protocol trains those shards again. Failures
+become one of three outcomes, matched by the kind the worker sends, never words:
+
+    the task's code raised / diverged            TaskFailed (the job ends on this peer)
+    no batch finished within step_timeout        the worker is killed; TaskFailed
+    (another call not done in CALL_TIMEOUT)
+    CUDA out of memory                           TaskFailed, "out of GPU memory on cuda:N..."
+    the worker died (signal, exit code)          restarted up to MAX_DEATHS - 1 times
+                                                 (LocalWorkLost), then TaskFailed
+    a state missing, a full disk, other          StateMissing, DiskError, JobError as before
+
+The executor owns its worker processes in its own nursery (``run``); cancelling it
+kills them all. One spare worker, torch already imported, waits for the next job or
+submission so that neither pays for an interpreter start.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ttpeer.errors import DiskError, JobError, LocalWorkLost, StateMissing, TaskFailed
+from ttpeer.proto import PublishDelta, Record, Train
+
+from ._channel import ChannelError, FrameReader, send
+from ._executor import Decline
+from ._home import Home
+from ._workfiles import read_and_remove, write_work
+
+log = logging.getLogger("ttpeer.workers")
+
+DEFAULT_STEP_TIMEOUT = 600.0
+# Calls that are not a shard's steps (load the task, evaluate, an outer step, export)
+# have no progress to watch: they get this long, or the step timeout if that is longer.
+CALL_TIMEOUT = 1800.0
+MAX_DEATHS = 3  # a worker that dies this often in one job fails the job on this peer
+HELLO_TIMEOUT = 300.0  # importing torch on a cold, busy machine
+
+
+class WorkerDied(Exception):
+    """The worker process ended (or broke the channel) while calls were pending."""
+
+
+@dataclass
+class _Call:
+    done: trio.Event = field(default_factory=trio.Event)
+    reply: dict[str, Any] | None = None
+    beat: float = 0.0  # trio time of the last sign of progress
+    on_progress: Callable[[int], bool] | None = None  # True: the daemon wants it stopped
+    cancelled: bool = False
+
+
+class _Worker:
+    """One worker process and its channel: calls go out, replies come back by id."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, process: trio.Process) -> None:
+        self.process = process
+        self._reader = FrameReader(process.stdout)  # type: ignore[arg-type]
+        self._send_lock = trio.Lock()
+        self._pending: dict[int, _Call] = {}
+        self.hello: dict[str, Any] = {}
+        self.died: str | None = None
+        self.busy = 0
+        self._outgoing, self._outgoing_recv = trio.open_memory_channel[dict[str, Any]](math.inf)
+
+    @property
+    def alive(self) -> bool:
+        return self.died is None
+
+    async def start(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Wait for the worker's hello, then read its frames until it ends."""
+        try:
+            with trio.fail_after(HELLO_TIMEOUT):
+                first = await self._reader.read()
+            if first is None or "hello" not in first:
+                raise ChannelError("the worker ended before it was ready")
+            self.hello = first["hello"]
+        except (ChannelError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+            await self._ended(f"it did not start ({exc})")
+            raise WorkerDied(self.died) from None
+        task_status.started()
+        try:
+            while (msg := await self._reader.read()) is not None:
+                self._on_frame(msg)
+            await self._ended(None)
+        except (ChannelError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            await self._ended(f"its channel broke ({exc})")
+
+    def _on_frame(self, msg: dict[str, Any]) -> None:
+        rid = msg.get("id", -1)
+        call = self._pending.get(rid)
+        if call is None:
+            return
+        if "progress" in msg:
+            call.beat = trio.current_time()
+            if call.on_progress is not None and call.on_progress(int(msg["progress"])) and not call.cancelled:
+                call.cancelled = True
+                self._nursery_send({"id": rid, "op": "cancel"})
+            return
+        call.reply = msg
+        call.done.set()
+
+    async def _ended(self, why: str | None) -> None:
+        if self.died is not None:
+            return
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(5):
+                await self.process.wait()
+            if self.process.returncode is None:
+                self.process.kill()
+                await self.process.wait()
+        self.died = why or describe_exit(self.process.returncode)
+        self._outgoing.close()
+        for call in self._pending.values():
+            call.done.set()
+
+    async def send(self, obj: dict[str, Any]) -> None:
+        async with self._send_lock:
+            await send(self.process.stdin, obj)  # type: ignore[arg-type]
+
+    async def call(self, op: str, args: dict[str, Any], *, timeout: float, step: bool = False,
+                   on_progress: Callable[[int], bool] | None = None) -> Any:
+        """Run ``op`` in the worker. ``timeout``: seconds without a reply (``step``: without
+        progress either) before the worker is killed and ``TaskFailed`` raised."""
+        if self.died is not None:
+            raise WorkerDied(self.died)
+        rid = next(self._ids)
+        call = self._pending[rid] = _Call(beat=trio.current_time(), on_progress=on_progress)
+        self.busy += 1
+        try:
+            try:
+                await self.send({"id": rid, "op": op, "args": args})
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await call.done.wait()  # the reader is noting the death
+            while not call.done.is_set():
+                with trio.move_on_at(call.beat + timeout):
+                    await call.done.wait()
+                if not call.done.is_set() and trio.current_time() >= call.beat + timeout:
+                    self.kill()
+                    what = "a step" if step else f"the task's code ({op})"
+                    raise TaskFailed(f"{what} took longer than {_seconds(timeout)} (the job's step timeout, "
+                                     "submit --step-timeout): the worker was stopped")
+        finally:
+            self.busy -= 1
+            self._pending.pop(rid, None)
+        if call.reply is None:
+            raise WorkerDied(self.died or "it ended")
+        if "ok" in call.reply:
+            return call.reply["ok"]
+        raise _error(call.reply)
+
+    def _nursery_send(self, obj: dict[str, Any]) -> None:
+        """Send from the reader task without blocking it: a cancel waits for no one."""
+        self._outgoing.send_nowait(obj)
+
+    async def _sender(self) -> None:
+        async for obj in self._outgoing_recv:
+            try:
+                await self.send(obj)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+
+    def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+
+    async def close(self) -> None:
+        """End the worker: closing its channel is enough (it exits at once)."""
+        with trio.CancelScope(shield=True):
+            try:
+                await self.process.stdin.aclose()  # type: ignore[union-attr]
+            except trio.BrokenResourceError:
+                pass
+            with trio.move_on_after(5):
+                await self.process.wait()
+            self.kill()
+
+
+def _error(reply: dict[str, Any]) -> Exception:
+    kind, message = reply.get("error"), str(reply.get("message", ""))
+    if kind in ("task", "oom"):
+        return TaskFailed(message)
+    if kind == "state_missing":
+        return StateMissing(str(reply.get("state", "")))
+    if kind == "disk":
+        return DiskError(Path(str(reply.get("path", "the ttpeer home"))), OSError(28, message))
+    return JobError(message)
+
+
+def describe_exit(code: int | None) -> str:
+    """How a worker ended, for people: the signal's name, or the exit code."""
+    if code is None:
+        return "it stopped answering"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (the kernel's out-of-memory killer sends SIGKILL when memory runs out)" if -code == 9 else ""
+        return f"it was killed by {name}{hint}"
+    return f"it exited with code {code}"
+
+
+def _seconds(t: float) -> str:
+    return f"{t / 60:g} min" if t >= 60 and t % 60 == 0 else f"{t:g} s"
+
+
+def step_timeout(body: Any, default: float = DEFAULT_STEP_TIMEOUT) -> float:
+    """The job's ``step_timeout`` (seconds), else ``default``."""
+    value = body.get("step_timeout") if hasattr(body, "get") else None
+    return float(value) if isinstance(value, int | float) and value > 0 else default
+
+
+@dataclass
+class _JobWorkers:
+    job: Record
+    task_file: bytes | None
+    worker: _Worker | None = None
+    deaths: int = 0
+    model_lost: bool = False  # a restarted worker does not hold the local model
+    failed: str | None = None
+    retire: bool = False
+    lock: trio.Lock = field(default_factory=trio.Lock)
+
+
+class ProcessExecutor:
+    def __init__(self, home: Home, *, device: str = "auto", task_options: dict[str, Any] | None = None,
+                 memory_limit: int | None = None, python: str = sys.executable, spare: bool = True,
+                 env: dict[str, str] | None = None, step_timeout: float = DEFAULT_STEP_TIMEOUT,
+                 max_deaths: int = MAX_DEATHS) -> None:
+        """``device``: a torch device, or "auto" (the first CUDA device if the worker
+        sees one, else the CPU). ``spare``: keep one started worker waiting.
+        ``step_timeout``: for jobs whose record sets none. ``max_deaths``: worker deaths
+        in one job that fail it on this peer."""
+        self.home = home
+        self.device = device
+        self.task_options = task_options or {}
+        self.memory_limit = memory_limit
+        self._python = python
+        self._keep_spare = spare
+        self._env = env
+        self._step_timeout = step_timeout
+        self._max_deaths = max_deaths
+        self._jobs: dict[str, _JobWorkers] = {}
+        self._nursery: trio.Nursery | None = None
+        self._spare: _Worker | None = None
+        self._spare_lock = trio.Lock()
+        self.devices: list[str] = []  # what the workers train on, for status
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the worker processes until cancelled; then end them all."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            workers = [j.worker for j in self._jobs.values() if j.worker is not None]
+            if self._spare is not None:
+                workers.append(self._spare)
+            for w in workers:
+                w.kill()
+
+    async def warm_up(self) -> None:
+        """Start the spare worker (torch imported, meta kernels loaded) off any job's path."""
+        if self._keep_spare:
+            await self._refill_spare()
+
+    async def _refill_spare(self) -> None:
+        async with self._spare_lock:
+            if self._spare is not None and self._spare.alive:
+                return
+            try:
+                spare = await self._configured(await self._spawn())
+                await spare.call("warm", {}, timeout=HELLO_TIMEOUT)
+            except (WorkerDied, TaskFailed, JobError) as exc:
+                log.warning("could not start a spare worker: %s", exc)
+                return
+            self._spare = spare
+
+    async def _spawn(self) -> _Worker:
+        if self._nursery is None:
+            raise JobError("the worker supervisor is not running")
+        env = dict(self._env if self._env is not None else os.environ)
+        env.setdefault("TTPEER_WORKER_LOG", logging.getLevelName(logging.getLogger("ttpeer").getEffectiveLevel()))
+        process = await trio.lowlevel.open_process(
+            [self._python, "-m", "ttpeer.daemon._worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env=env, start_new_session=False)
+        worker = _Worker(process)
+        await self._nursery.start(worker.start)
+        self._nursery.start_soon(worker._sender)
+        return worker
+
+    async def _configured(self, worker: _Worker) -> _Worker:
+        device = self._device_for(worker)
+        await worker.send({"op": "config", "config": {**self._config(), "device": device}})
+        if device not in self.devices:
+            self.devices.append(device)
+        return worker
+
+    async def _take(self) -> _Worker:
+        """A configured worker with no job: the spare if one is ready, else a new one."""
+        async with self._spare_lock:
+            worker, self._spare = self._spare, None
+        if worker is not None and worker.alive:
+            return worker
+        return await self._configured(await self._spawn())
+
+    async def _give_back(self, worker: _Worker) -> None:
+        """A worker that holds no job (it built a submission): keep it as the spare."""
+        async with self._spare_lock:
+            if self._keep_spare and worker.alive and (self._spare is None or not self._spare.alive):
+                self._spare = worker
+                return
+        await worker.close()
+
+    def _spare_soon(self) -> None:
+        """A job's worker ended: have a spare ready for the next job, off its path."""
+        if self._keep_spare and self._nursery is not None:
+            self._nursery.start_soon(self._refill_spare)
+
+    def _device_for(self, worker: _Worker) -> str:
+        if self.device != "auto":
+            return self.device
+        return "cuda:0" if worker.hello.get("cuda_devices", 0) > 0 else "cpu"
+
+    def _timeout(self, body: Any, *, step: bool = False) -> float:
+        limit = step_timeout(body, self._step_timeout)
+        return limit if step else max(limit, CALL_TIMEOUT)
+
+    def _config(self) -> dict[str, Any]:
+        return {"home": str(self.home.path), "task_options": self.task_options, "memory_limit": self.memory_limit}
+
+    # -- per job -------------------------------------------------------------------------
+
+    def _work_dir(self, job: str) -> Path:
+        path = self.home.path / "work" / job
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _task_path(self, task_file: bytes | None) -> str | None:
+        if task_file is None:
+            return None
+        import hashlib
+
+        folder = self.home.path / "tasks"
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{hashlib.sha256(task_file).hexdigest()}.py"
+        if not path.exists():
+            write_work(path, task_file)
+        return str(path)
+
+    async def _start(self, j: _JobWorkers) -> dict[str, Any] | str | None:
+        """Start the job's worker and prepare the job in it (under ``j.lock``). Returns
+        the worker's decline, if any (then no worker is kept)."""
+        worker = await self._take()
+        try:
+            decline = await worker.call("prepare", {"job": j.job.raw.hex(), "task_file": self._task_path(j.task_file)},
+                                        timeout=self._timeout(j.job.body))
+        except WorkerDied as exc:
+            await worker.close()
+            raise TaskFailed(f"the worker process died while loading the task ({exc})") from None
+        except BaseException:
+            await worker.close()
+            raise
+        if decline is not None:
+            await worker.close()
+            return decline
+        j.worker = worker
+        return None
+
+    async def _worker(self, j: _JobWorkers) -> _Worker:
+        """The job's live worker, started again (and the job prepared) if it died."""
+        if j.failed is not None:
+            raise TaskFailed(j.failed)
+        async with j.lock:
+            if j.worker is not None and j.worker.alive:
+                return j.worker
+            if j.worker is not None:  # it died since the last call
+                await self._note_death(j, j.worker.died or "it ended")
+            decline = await self._start(j)
+            if decline is not None:
+                reason = decline["reason"] if isinstance(decline, dict) else str(decline)
+                raise JobError(f"the restarted worker declines the job: {reason}")
+            assert j.worker is not None
+            return j.worker
+
+    async def _note_death(self, j: _JobWorkers, why: str) -> None:
+        j.deaths += 1
+        j.worker = None
+        if j.deaths >= self._max_deaths:
+            j.failed = f"the worker process died {j.deaths} times; the last time {why}"
+            raise TaskFailed(j.failed)
+        j.model_lost = True
+        log.warning("job %s: the worker process died (%s); starting another", j.job.id[:12], why)
+
+    async def _call(self, job: Record, op: str, args: dict[str, Any], *, step: bool = False,
+                    on_progress: Callable[[int], bool] | None = None) -> Any:
+        j = self._jobs.get(job.id)
+        if j is None:
+            raise JobError(f"job {job.id[:12]} is not prepared on this peer")
+        worker = await self._worker(j)
+        try:
+            return await worker.call(op, {"job": job.raw.hex(), **args}, timeout=self._timeout(job.body, step=step), step=step,
+                                     on_progress=on_progress)
+        except WorkerDied as exc:
+            async with j.lock:
+                if j.worker is worker:
+                    await self._note_death(j, str(exc))
+            raise LocalWorkLost(job.id, f"the worker process died ({exc}); this peer trains its shards again") \
+                from None
+        except TaskFailed as exc:
+            j.failed = exc.reason
+            await self._drop(j)
+            raise
+        finally:
+            if j.retire and j.worker is not None and j.worker.busy == 0:
+                await self._drop(j)
+
+    async def _drop(self, j: _JobWorkers) -> None:
+        worker, j.worker = j.worker, None
+        if worker is not None:
+            await worker.close()
+            self._spare_soon()
+
+    # -- the executor interface ------------------------------------------------------------
+
+    async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
+        worker = await self._take()
+        out = self._work_dir("submit") / f"init-{os.getpid()}-{id(worker)}.state"
+        try:
+            result = await worker.call("new_job", {"spec": spec, "task_file": self._task_path(task_file),
+                                                   "out": str(out)}, timeout=self._timeout(spec))
+        except WorkerDied as exc:
+            raise TaskFailed(f"the worker process died while building the job ({exc})") from None
+        except BaseException:
+            await worker.close()
+            raise
+        await self._give_back(worker)  # it holds no job: the job's own worker, if this peer prepares it
+        return result["fixed"], read_and_remove(Path(result["file"]))
+
+    async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
+        j = self._jobs.get(job.id)
+        if j is None or j.failed is not None:
+            j = self._jobs[job.id] = _JobWorkers(job, task_file)
+        async with j.lock:
+            if j.worker is not None and j.worker.alive:
+                return None
+            decline = await self._start(j)
+        if decline is None:
+            return None
+        self._jobs.pop(job.id, None)
+        if isinstance(decline, dict):
+            return Decline(decline["reason"], need=decline["need"], have=decline["have"])
+        return str(decline)
+
+    async def train(self, eff: Train, should_stop: Callable[[], bool]) -> int:
+        j = self._jobs.get(eff.job.id)
+        if j is not None and j.model_lost:
+            if not eff.fresh:
+                j.model_lost = False
+                raise LocalWorkLost(eff.job.id, "the restarted worker does not hold this round's local model")
+            j.model_lost = False
+        asked = 0
+
+        def on_progress(started: int) -> bool:
+            nonlocal asked
+            stop = False
+            while asked < started:  # the node counts one call of should_stop per batch started
+                asked += 1
+                stop = should_stop() or stop
+            return stop
+
+        samples = await self._call(eff.job, "train", {"round": eff.round, "shard": eff.shard, "attempt": eff.attempt,
+                                                      "base": eff.base, "fresh": eff.fresh},
+                                   step=True, on_progress=on_progress)
+        return int(samples)
+
+    async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
+        j = self._jobs.get(eff.job.id)
+        if j is not None and j.model_lost:
+            j.model_lost = False
+            raise LocalWorkLost(eff.job.id, "the restarted worker does not hold this round's local model")
+        out = self._work_dir(eff.job.id) / f"delta-{eff.round}-{'-'.join(map(str, eff.shards))[:64]}.bin"
+        result = await self._call(eff.job, "delta", {"round": eff.round, "base": eff.base, "shards": list(eff.shards),
+                                                     "samples": eff.samples, "out": str(out)})
+        return read_and_remove(Path(result["file"])), result["metrics"]
+
+    async def _with_deltas(self, job: Record, op: str, deltas: list[tuple[bytes, int]], args: dict[str, Any]) -> Any:
+        folder = self._work_dir(job.id)
+        paths = [write_work(folder / f"{op}-{id(deltas)}-{i}.bin", data) for i, (data, _s) in enumerate(deltas)]
+        try:
+            return await self._call(job, op, {**args, "deltas": [[str(p), s] for p, (_d, s) in
+                                                                 zip(paths, deltas, strict=True)]})
+        finally:
+            for p in paths:
+                p.unlink(missing_ok=True)
+
+    async def aggregate(self, job: Record, base: str, deltas: list[tuple[bytes, int]]) -> tuple[str, dict[str, float]]:
+        result = await self._with_deltas(job, "aggregate", deltas, {"base": base})
+        return result["state"], result["metrics"]
+
+    async def apply(self, job: Record, base: str, deltas: list[tuple[bytes, int]], expect: str) -> bool:
+        return bool(await self._with_deltas(job, "apply", deltas, {"base": base, "expect": expect}))
+
+    async def export_state(self, job: Record, state: str) -> bytes:
+        out = self._work_dir(job.id) / f"export-{state.removeprefix('sha256:')[:16]}.state"
+        return read_and_remove(Path(await self._call(job, "export_state", {"state": state, "out": str(out)})))
+
+    async def import_state(self, job: Record, state: str, data: bytes) -> bool:
+        path = write_work(self._work_dir(job.id) / f"import-{state.removeprefix('sha256:')[:16]}.state", data)
+        try:
+            return bool(await self._call(job, "import_state", {"state": state, "file": str(path)}))
+        finally:
+            path.unlink(missing_ok=True)
+
+    def held_states(self, job: Record) -> set[str]:
+        return self.home.held_states(job.id)
+
+    async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
+        await self._call(job, "finish", {"state": state, "metrics": metrics})
+        j = self._jobs.get(job.id)
+        if j is not None:  # the job is over here: free the worker's memory once it is idle
+            j.retire = True
+            if j.worker is not None and j.worker.busy == 0:
+                await self._drop(j)
+
+    async def release(self, job: str) -> None:
+        """The job ended here (failed, cancelled): end its worker."""
+        j = self._jobs.pop(job, None)
+        if j is not None:
+            await self._drop(j)
+
+    def workers(self) -> list[dict[str, Any]]:
+        """For status: each job's worker, its device and process id."""
+        out = []
+        for jid, j in self._jobs.items():
+            w = j.worker
+            if w is not None and w.alive:
+                out.append({"job": jid, "pid": w.process.pid, "deaths": j.deaths,
+                            "torch": w.hello.get("torch", "")})
+        return out
+
