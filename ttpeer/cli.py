@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("token", help="the join token (ttp1....); a secret: it is never logged")
     j.add_argument("--name", default=None, help="this machine's name in the pool (default: hostname)")
     j.add_argument("--device", default=None, help="torch device to train on (default: cuda if present, else cpu)")
+    j.add_argument("--workers", default=None, help=_WORKERS_HELP)
     j.add_argument("--slowdown", type=float, default=0.0, help=argparse.SUPPRESS)  # benchmarks and tests
     j.add_argument("--service", action="store_true",
                    help="enroll the service's home, then install and start the systemd service (see 'service')")
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", parents=[common], help="run the daemon of an enrolled home in the foreground")
     up.add_argument("--device", default=None, help="torch device to train on (default: cuda if present, else cpu)")
+    up.add_argument("--workers", default=None, help=_WORKERS_HELP)
     up.add_argument("--slowdown", type=float, default=0.0, help=argparse.SUPPRESS)  # benchmarks and tests
     up.add_argument("--metrics", default=None,
                     help="serve Prometheus metrics on HOST:PORT, loopback only (e.g. 127.0.0.1:9464)")
@@ -166,6 +168,7 @@ def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     verbose = getattr(args, "verbose", 0)
     flags = {
         "home": getattr(args, "home", None), "device": getattr(args, "device", None),
+        "workers": getattr(args, "workers", None),
         "name": getattr(args, "name", None), "log_format": getattr(args, "log_format", None),
         "metrics": getattr(args, "metrics", None),
         "log_level": ["info", "debug"][min(verbose, 2) - 1] if verbose else None,
@@ -323,10 +326,15 @@ def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
     device = cfg.device  # "auto" is resolved by the worker processes, which load torch: the daemon does not
     options = {"slowdown": args.slowdown} if getattr(args, "slowdown", 0) else None
     notifier = Notifier.from_environ(os.environ)  # systemd's protocol, not a setting
+    workers = None if cfg.workers == "auto" else cfg.workers
     trio.run(lambda: run_daemon(home, device=device, task_options=options, proxy=cfg.proxy or None,
                                 metrics=cfg.metrics, stop_grace=cfg.stop_grace, notifier=notifier,
-                                memory_limit=cfg.memory_limit or None))
+                                memory_limit=cfg.memory_limit or None, workers=workers))
     return 0
+
+
+_WORKERS_HELP = ("worker processes that train each job's shards together, one per local device, "
+                 "data-parallel inside this machine (default auto: one per visible CUDA device, 1 on CPU)")
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -416,6 +424,9 @@ def _status(args: argparse.Namespace) -> int:
             print(f"    declined {who}: {decline['reason']}")
         if job["declined"] and not any(d["peer"] == node["id"] for d in job.get("declines") or []):
             print(f"    declined here: {job['declined']}")
+        for w in (x for x in st.get("workers") or [] if x["job"] == job["id"]):
+            restarts = f", restarted {w['deaths']}x" if w["deaths"] else ""
+            print(f"    worker {w['rank']}: pid {w['pid']} on {w['device']}{restarts}")
     return 0
 
 

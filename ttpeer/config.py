@@ -22,6 +22,8 @@ Sources, weakest first; each value remembers where it came from
     stop_grace   TTPEER_STOP_GRACE      (none)          seconds to hand claims back on SIGTERM
     memory_limit TTPEER_MEMORY_LIMIT    (none)          most memory a job may use on the device (e.g. 8G);
                                                         0: what the device has free
+    workers      TTPEER_WORKERS         --workers       worker processes per job, one per local device;
+                                                        "auto": one per visible CUDA device, 1 on CPU
 
 Errors: ``ConfigError`` (a ``UsageError``) names the file, key or variable that is
 wrong and what it should look like. Nothing else in ttpeer reads these variables.
@@ -68,6 +70,15 @@ def _device(v: Any) -> str:
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?", text):
         raise ValueError("must be auto, cpu, cuda, cuda:N, mps or xpu")
     return text
+
+
+def _workers(v: Any) -> int | str:
+    text = _text(v)
+    if text == "auto":
+        return text
+    if not re.fullmatch(r"[0-9]{1,3}", text) or not 1 <= int(text) <= 256:
+        raise ValueError("must be auto or a number of worker processes from 1 to 256")
+    return int(text)
 
 
 def _name(v: Any) -> str:
@@ -163,6 +174,8 @@ KEYS: dict[str, _Key] = {
     "stop_grace": _Key(_grace, "TTPEER_STOP_GRACE", None, "seconds to hand claims back on SIGTERM"),
     "memory_limit": _Key(_memory, "TTPEER_MEMORY_LIMIT", None,
                          "most memory a job may use on the device, e.g. 8G (0: what it has free)"),
+    "workers": _Key(_workers, "TTPEER_WORKERS", "--workers",
+                    "worker processes per job, one per device (auto: one per CUDA device, 1 on CPU)"),
 }
 _ALT_ENV = {"proxy": "https_proxy"}
 
@@ -170,7 +183,7 @@ _ALT_ENV = {"proxy": "https_proxy"}
 def _defaults() -> dict[str, Any]:
     return {"home": None, "device": "auto", "name": None, "log_level": "warning", "log_format": "text",
             "metrics": "", "proxy": "", "stop_grace": 5.0,
-            "memory_limit": 0}
+            "memory_limit": 0, "workers": "auto"}
 
 
 @dataclass(frozen=True)

@@ -141,3 +141,63 @@ async def test_a_worker_sigkilled_mid_shard_is_restarted_and_the_pool_ends_ident
               for h in homes}
     assert len(finals) == 1
     assert executors[1]._jobs[job.id].deaths == 1
+
+
+async def _pool_run(homes: list[Home], executors: list[ProcessExecutor], spec: dict[str, Any],
+                    during: Any = None, timeout: float = 180) -> Any:
+    """Run ``spec`` on real nodes with these executors; ``during(nodes, executors)`` runs
+    once the job is submitted. Returns the job once every node has finished it."""
+    async with MemoryRelay() as relay, trio.open_nursery() as nursery:
+        nodes = []
+        for home, executor in zip(homes, executors, strict=True):
+            await nursery.start(executor.run)
+            cfg = home.config()
+            nodes.append(Node(home, relay.client(cfg.pool, home.node_key(), cfg.proof), executor,
+                              timing=Timing(digest_interval=0.5)))
+            await nursery.start(nodes[-1].run)
+        with trio.fail_after(timeout):
+            for executor in executors:  # as the daemon does at start: a spare worker waits
+                await executor.warm_up()
+            job = await nodes[0].submit(spec, FAULTY.read_bytes())
+            if during is not None:
+                await during(nodes, executors)
+            for node in nodes:
+                await node.done_event(job.id).wait()
+        nursery.cancel_scope.cancel()
+    return job
+
+
+def _finals(homes: list[Home], job: Any) -> set[str]:
+    return {hashlib.sha256((h.path / "states" / job.id / "final.safetensors").read_bytes()).hexdigest()
+            for h in homes}
+
+
+async def test_a_peer_with_two_local_workers_trains_its_shards_together_and_ends_identical(tmp_path: Path) -> None:
+    homes = _homes(tmp_path)
+    spec = _spec(rounds=5, shards=4, batches=10, steal=True, task=FAULTY.name)
+    executors = [ProcessExecutor(homes[0], env=_env("slow:60")),
+                 ProcessExecutor(homes[1], env=_env("slow:60"), workers=2)]
+    seen: list[list[dict[str, Any]]] = []
+
+    async def watch(nodes: list[Node], executors: list[ProcessExecutor]) -> None:
+        while not seen:  # until the pair of workers trains a shard
+            if nodes[1].machine.training is not None and len(group := executors[1].workers()) == 2:
+                seen.append(group)
+            await trio.sleep(0.05)
+
+    job = await _pool_run(homes, executors, spec, during=watch)
+    assert len(_finals(homes, job)) == 1
+    (group,) = seen
+    assert [w["rank"] for w in group] == [0, 1] and group[0]["pid"] != group[1]["pid"]
+    assert all(w["device"] == "cpu" for w in group)
+    # Both peers trained: the pair of workers contributed shards of their own.
+    authors = {c.author for c in nodes_records(homes[1], "contrib", job.id)}
+    assert len(authors) == 2
+
+
+def nodes_records(home: Home, kind: str, job: str) -> list[Any]:
+    from ttpeer.daemon._recordlog import RecordLog
+    from ttpeer.proto import parse
+
+    records = [parse(raw) for raw in RecordLog(home.records_log, fsync=False).load()]
+    return [r for r in records if r.kind == kind and r["job"] == job]

@@ -84,6 +84,7 @@ class _Worker:
         self._send_lock = trio.Lock()
         self._pending: dict[int, _Call] = {}
         self.hello: dict[str, Any] = {}
+        self.device = ""
         self.died: str | None = None
         self.busy = 0
         self._outgoing, self._outgoing_recv = trio.open_memory_channel[dict[str, Any]](math.inf)
@@ -150,6 +151,7 @@ class _Worker:
         if self.died is not None:
             raise WorkerDied(self.died)
         rid = next(self._ids)
+        log.debug("worker %d: request %d %s", self.process.pid, rid, op)
         call = self._pending[rid] = _Call(beat=trio.current_time(), on_progress=on_progress)
         self.busy += 1
         try:
@@ -236,11 +238,45 @@ def step_timeout(body: Any, default: float = DEFAULT_STEP_TIMEOUT) -> float:
     return float(value) if isinstance(value, int | float) and value > 0 else default
 
 
+async def _all(group: list[_Worker], request: Callable[[int], tuple[str, dict[str, Any]]], *, timeout: float,
+               step: bool = False, on_progress: Callable[[int], bool] | None = None) -> list[Any]:
+    """Run one call in every worker of a group at once (they meet in collectives, so
+    one at a time would wait forever); results by rank. The first failure cancels the
+    rest, whose workers the caller then ends."""
+    results: list[Any] = [None] * len(group)
+
+    async def one(rank: int) -> None:
+        op, args = request(rank)
+        results[rank] = await group[rank].call(op, args, timeout=timeout, step=step,
+                                               on_progress=on_progress if rank == 0 else None)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for rank in range(len(group)):
+                nursery.start_soon(one, rank)
+    except BaseExceptionGroup as eg:
+        for kind in (TaskFailed, WorkerDied):  # the most telling failure first
+            match, _rest = eg.split(kind)
+            if match is not None:
+                while isinstance(match, BaseExceptionGroup):
+                    match = match.exceptions[0]
+                raise match from None
+        raise
+    return results
+
+
+async def _close_all(group: list[_Worker]) -> None:
+    for w in group:
+        w.kill()
+    for w in group:
+        await w.close()
+
+
 @dataclass
 class _JobWorkers:
     job: Record
     task_file: bytes | None
-    worker: _Worker | None = None
+    group: list[_Worker] = field(default_factory=list)  # rank 0 first
     deaths: int = 0
     model_lost: bool = False  # a restarted worker does not hold the local model
     failed: str | None = None
@@ -252,11 +288,16 @@ class ProcessExecutor:
     def __init__(self, home: Home, *, device: str = "auto", task_options: dict[str, Any] | None = None,
                  memory_limit: int | None = None, python: str = sys.executable, spare: bool = True,
                  env: dict[str, str] | None = None, step_timeout: float = DEFAULT_STEP_TIMEOUT,
-                 max_deaths: int = MAX_DEATHS) -> None:
+                 max_deaths: int = MAX_DEATHS, workers: int | None = None) -> None:
         """``device``: a torch device, or "auto" (the first CUDA device if the worker
         sees one, else the CPU). ``spare``: keep one started worker waiting.
         ``step_timeout``: for jobs whose record sets none. ``max_deaths``: worker deaths
-        in one job that fail it on this peer."""
+        in one job that fail it on this peer. ``workers``: processes per fused job, one
+        per local device, that train each shard data-parallel (the ``workers`` setting;
+        None: one per CUDA device the first worker sees, 1 on the CPU)."""
+        if workers is not None and workers < 1:
+            raise ValueError("workers must be at least 1")
+        self.workers_per_job = workers
         self.home = home
         self.device = device
         self.task_options = task_options or {}
@@ -283,7 +324,7 @@ class ProcessExecutor:
                 await trio.sleep_forever()
         finally:
             self._nursery = None
-            workers = [j.worker for j in self._jobs.values() if j.worker is not None]
+            workers = [w for j in self._jobs.values() for w in j.group]
             if self._spare is not None:
                 workers.append(self._spare)
             for w in workers:
@@ -320,7 +361,7 @@ class ProcessExecutor:
         return worker
 
     async def _configured(self, worker: _Worker) -> _Worker:
-        device = self._device_for(worker)
+        device = worker.device = self._device_for(worker)
         await worker.send({"op": "config", "config": {**self._config(), "device": device}})
         if device not in self.devices:
             self.devices.append(device)
@@ -348,6 +389,8 @@ class ProcessExecutor:
             self._nursery.start_soon(self._refill_spare)
 
     def _device_for(self, worker: _Worker) -> str:
+        if self.device == "cuda":
+            return "cuda:0"
         if self.device != "auto":
             return self.device
         return "cuda:0" if worker.hello.get("cuda_devices", 0) > 0 else "cpu"
@@ -378,62 +421,96 @@ class ProcessExecutor:
             write_work(path, task_file)
         return str(path)
 
+    def _ranks(self, job: Record, first: _Worker) -> int:
+        # Ensemble units train one member at a time: one worker (see the README's limits).
+        if job["mode"] == "ensemble":
+            return 1
+        if self.workers_per_job is not None:
+            return self.workers_per_job
+        cuda = first.device.startswith("cuda") and self.device in ("auto", "cuda")
+        return max(1, int(first.hello.get("cuda_devices", 0))) if cuda else 1
+
     async def _start(self, j: _JobWorkers) -> dict[str, Any] | str | None:
-        """Start the job's worker and prepare the job in it (under ``j.lock``). Returns
-        the worker's decline, if any (then no worker is kept)."""
-        worker = await self._take()
+        """Start the job's workers (one per local device, joined into a process group
+        when there are several) and prepare the job in each (under ``j.lock``). Returns
+        a worker's decline, if any (then no worker is kept)."""
+        group: list[_Worker] = []
         try:
-            decline = await worker.call("prepare", {"job": j.job.raw.hex(), "task_file": self._task_path(j.task_file)},
-                                        timeout=self._timeout(j.job.body))
+            group.append(await self._take())
+            n = self._ranks(j.job, group[0])
+            for _ in range(n - 1):
+                group.append(await self._configured(await self._spawn()))
+            if n > 1:
+                store = self._work_dir(j.job.id) / f"group-{j.deaths}-{os.getpid()}"
+                store.unlink(missing_ok=True)
+                await _all(group, lambda rank: ("group", {"rank": rank, "world": n, "store": str(store),
+                                                          "device": self._rank_device(group[rank], rank),
+                                                          "threads": max(1, (os.cpu_count() or 1) // n)}),
+                           timeout=self._timeout(j.job.body))
+            args = {"job": j.job.raw.hex(), "task_file": self._task_path(j.task_file)}
+            declines = await _all(group, lambda _rank: ("prepare", args), timeout=self._timeout(j.job.body))
         except WorkerDied as exc:
-            await worker.close()
+            await _close_all(group)
             raise TaskFailed(f"the worker process died while loading the task ({exc})") from None
         except BaseException:
-            await worker.close()
+            await _close_all(group)
             raise
+        decline = next((d for d in declines if d is not None), None)
         if decline is not None:
-            await worker.close()
+            await _close_all(group)
             return decline
-        j.worker = worker
+        j.group = group
         return None
 
-    async def _worker(self, j: _JobWorkers) -> _Worker:
-        """The job's live worker, started again (and the job prepared) if it died."""
+    def _rank_device(self, worker: _Worker, rank: int) -> str:
+        device = self._device_for(worker)
+        return f"cuda:{rank}" if device.startswith("cuda") else device
+
+    async def _group(self, j: _JobWorkers) -> list[_Worker]:
+        """The job's live workers, started again (and the job prepared) if one died."""
         if j.failed is not None:
             raise TaskFailed(j.failed)
         async with j.lock:
-            if j.worker is not None and j.worker.alive:
-                return j.worker
-            if j.worker is not None:  # it died since the last call
-                await self._note_death(j, j.worker.died or "it ended")
+            if j.group and all(w.alive for w in j.group):
+                return j.group
+            if j.group:  # one died since the last call: the others hold nothing it did not
+                why = next((w.died for w in j.group if w.died), "it ended")
+                await self._note_death(j, why)
             decline = await self._start(j)
             if decline is not None:
                 reason = decline["reason"] if isinstance(decline, dict) else str(decline)
                 raise JobError(f"the restarted worker declines the job: {reason}")
-            assert j.worker is not None
-            return j.worker
+            return j.group
 
     async def _note_death(self, j: _JobWorkers, why: str) -> None:
         j.deaths += 1
-        j.worker = None
+        group, j.group = j.group, []
+        await _close_all(group)
         if j.deaths >= self._max_deaths:
             j.failed = f"the worker process died {j.deaths} times; the last time {why}"
             raise TaskFailed(j.failed)
         j.model_lost = True
-        log.warning("job %s: the worker process died (%s); starting another", j.job.id[:12], why)
+        log.warning("job %s: a worker process died (%s); starting the job's workers again", j.job.id[:12], why)
 
-    async def _call(self, job: Record, op: str, args: dict[str, Any], *, step: bool = False,
+    async def _call(self, job: Record, op: str, args: dict[str, Any], *, step: bool = False, every: bool = False,
                     on_progress: Callable[[int], bool] | None = None) -> Any:
+        """``op`` in the job's first worker (``every``: in each of its workers, the first
+        one's result returned: training and the delta keep every local copy in step)."""
         j = self._jobs.get(job.id)
         if j is None:
             raise JobError(f"job {job.id[:12]} is not prepared on this peer")
-        worker = await self._worker(j)
+        group = await self._group(j)
+        timeout = self._timeout(job.body, step=step)
+        call_args = {"job": job.raw.hex(), **args}
         try:
-            return await worker.call(op, {"job": job.raw.hex(), **args}, timeout=self._timeout(job.body, step=step), step=step,
-                                     on_progress=on_progress)
+            if not every or len(group) == 1:
+                return await group[0].call(op, call_args, timeout=timeout, step=step, on_progress=on_progress)
+            results = await _all(group, lambda rank: (op, {**call_args, "rank": rank}), timeout=timeout, step=step,
+                                 on_progress=on_progress)
+            return results[0]
         except WorkerDied as exc:
             async with j.lock:
-                if j.worker is worker:
+                if j.group is group:
                     await self._note_death(j, str(exc))
             raise LocalWorkLost(job.id, f"the worker process died ({exc}); this peer trains its shards again") \
                 from None
@@ -442,13 +519,13 @@ class ProcessExecutor:
             await self._drop(j)
             raise
         finally:
-            if j.retire and j.worker is not None and j.worker.busy == 0:
+            if j.retire and j.group and all(w.busy == 0 for w in j.group):
                 await self._drop(j)
 
     async def _drop(self, j: _JobWorkers) -> None:
-        worker, j.worker = j.worker, None
-        if worker is not None:
-            await worker.close()
+        group, j.group = j.group, []
+        if group:
+            await _close_all(group)
             self._spare_soon()
 
     # -- the executor interface ------------------------------------------------------------
@@ -472,7 +549,7 @@ class ProcessExecutor:
         if j is None or j.failed is not None:
             j = self._jobs[job.id] = _JobWorkers(job, task_file)
         async with j.lock:
-            if j.worker is not None and j.worker.alive:
+            if j.group and all(w.alive for w in j.group):
                 return None
             decline = await self._start(j)
         if decline is None:
@@ -501,7 +578,7 @@ class ProcessExecutor:
 
         samples = await self._call(eff.job, "train", {"round": eff.round, "shard": eff.shard, "attempt": eff.attempt,
                                                       "base": eff.base, "fresh": eff.fresh},
-                                   step=True, on_progress=on_progress)
+                                   step=True, every=True, on_progress=on_progress)
         return int(samples)
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
@@ -511,7 +588,7 @@ class ProcessExecutor:
             raise LocalWorkLost(eff.job.id, "the restarted worker does not hold this round's local model")
         out = self._work_dir(eff.job.id) / f"delta-{eff.round}-{'-'.join(map(str, eff.shards))[:64]}.bin"
         result = await self._call(eff.job, "delta", {"round": eff.round, "base": eff.base, "shards": list(eff.shards),
-                                                     "samples": eff.samples, "out": str(out)})
+                                                     "samples": eff.samples, "out": str(out)}, every=True)
         return read_and_remove(Path(result["file"])), result["metrics"]
 
     async def _with_deltas(self, job: Record, op: str, deltas: list[tuple[bytes, int]], args: dict[str, Any]) -> Any:
@@ -548,9 +625,9 @@ class ProcessExecutor:
     async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
         await self._call(job, "finish", {"state": state, "metrics": metrics})
         j = self._jobs.get(job.id)
-        if j is not None:  # the job is over here: free the worker's memory once it is idle
+        if j is not None:  # the job is over here: free the workers' memory once they are idle
             j.retire = True
-            if j.worker is not None and j.worker.busy == 0:
+            if j.group and all(w.busy == 0 for w in j.group):
                 await self._drop(j)
 
     async def release(self, job: str) -> None:
@@ -563,9 +640,9 @@ class ProcessExecutor:
         """For status: each job's worker, its device and process id."""
         out = []
         for jid, j in self._jobs.items():
-            w = j.worker
-            if w is not None and w.alive:
-                out.append({"job": jid, "pid": w.process.pid, "deaths": j.deaths,
-                            "torch": w.hello.get("torch", "")})
+            for rank, w in enumerate(j.group):
+                if w.alive:
+                    out.append({"job": jid, "rank": rank, "pid": w.process.pid, "device": w.device,
+                                "deaths": j.deaths, "torch": w.hello.get("torch", "")})
         return out
 

@@ -72,6 +72,9 @@ class TorchExecutor:
         ``memory_limit`` setting); None: what the device has free."""
         self.home = home
         self.device = device
+        # This executor's place among the peer's workers (``join_group``): fused shards are
+        # trained by all of them together, each on its part of every batch.
+        self.rank, self.world = 0, 1
         self.memory_limit = memory_limit
         self.task_options = task_options or {}
         self._jobs: dict[str, _Job] = {}
@@ -82,6 +85,11 @@ class TorchExecutor:
         # copy, and a training round's base is never among the states a close prunes.
         self._train_lock = trio.Lock()
         self._close_lock = trio.Lock()
+
+    async def join_group(self, store: Path, rank: int, world: int, device: str) -> None:
+        """Become worker ``rank`` of ``world`` that train this peer's shards together."""
+        await trio.to_thread.run_sync(train.join_group, store, rank, world, device)
+        self.rank, self.world, self.device = rank, world, device
 
     async def warm_up(self) -> None:
         """Load torch's lazily imported pieces that a job's first step would wait for
@@ -133,6 +141,8 @@ class TorchExecutor:
                 return Decline(misfit.message, need=misfit.need, have=misfit.have)
             trainer = train.InnerTrainer(task, lr=job["inner_lr"], weight_decay=job["weight_decay"],
                                          device=self.device, seed=job["seed"])
+            if self.world > 1:
+                train.average_gradients(trainer.model, self.world)
             if job["mode"] == "ensemble":
                 like = train.init_ensemble(task, job["members"])
             else:
@@ -214,7 +224,16 @@ class TorchExecutor:
                 ctx.start = (eff.round, eff.base, start)
             batches = train.shard_indices(ctx.task.n_train, job["seed"], eff.round, eff.shard,
                                           job["shards"], job["batches"], job["batch_size"])
-            return ctx.trainer.train_shard(batches, should_stop)
+            if self.world == 1:
+                return ctx.trainer.train_shard(batches, should_stop)
+            parts = train.split_batches(batches, self.rank, self.world)
+            mine = ctx.trainer.train_shard(parts, train.agreed_stop(should_stop, self.device))
+            # The peer trained whole batches (every worker its part): count them whole.
+            done, total = 0, 0
+            while done < len(parts) and total < mine:
+                total += len(parts[done])
+                done += 1
+            return sum(len(b) for b in batches[:done])
 
         async with self._train_lock:
             return await _in_thread(unit if ctx.ensemble else run)

@@ -89,6 +89,7 @@ class _Worker:
 
     async def handle(self, msg: dict[str, Any]) -> None:
         rid = msg["id"]
+        log.debug("request %d: %s", rid, msg["op"])
         try:
             result = await self._dispatch(rid, msg["op"], msg.get("args", {}))
             reply: dict[str, Any] = {"id": rid, "ok": result}
@@ -96,6 +97,7 @@ class _Worker:
             if isinstance(exc, trio.Cancelled | KeyboardInterrupt | SystemExit):
                 raise
             reply = {"id": rid, **failure(exc)}
+        log.debug("reply %d: %s", rid, "ok" if "ok" in reply else reply["error"])
         await self.send(reply)
 
     async def _dispatch(self, rid: int, op: str, a: dict[str, Any]) -> Any:
@@ -105,9 +107,13 @@ class _Worker:
 
         ex = self.executor
         if op == "warm":
-            from ttpeer import train
+            await trio.to_thread.run_sync(_warm)
+            return None
+        if op == "group":
+            import torch
 
-            await trio.to_thread.run_sync(train.warm_up)
+            torch.set_num_threads(a["threads"])
+            await ex.join_group(Path(a["store"]), a["rank"], a["world"], a["device"])
             return None
         if op == "new_job":
             fixed, init = await ex.new_job(a["spec"], _read_opt(a.get("task_file")))
@@ -132,6 +138,8 @@ class _Worker:
         if op == "delta":
             eff = PublishDelta(job, a["round"], a["base"], tuple(a["shards"]), a["samples"])
             data, metrics = await ex.delta(eff)
+            if a.get("rank", 0) > 0:  # its copy is the same as the first worker's: keep one
+                return {"file": None, "metrics": metrics}
             return {"file": str(write_work(Path(a["out"]), data)), "metrics": metrics}
         if op in ("aggregate", "apply"):
             deltas = [(read_and_remove(Path(p)), samples) for p, samples in a["deltas"]]
@@ -168,6 +176,20 @@ class _Run:
     def should_stop(self) -> bool:
         self.calls += 1
         return self.cancelled
+
+
+def _warm() -> None:
+    """What a spare worker loads while it waits, so the next job does not: torch's meta
+    kernels (the fit check) and the built-in tasks' data package (seconds: scipy)."""
+    import importlib
+
+    from ttpeer import train
+
+    train.warm_up()
+    try:
+        importlib.import_module("mnist1d.data")
+    except ImportError:
+        pass
 
 
 def _read_opt(path: str | None) -> bytes | None:

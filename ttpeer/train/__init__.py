@@ -23,6 +23,9 @@ from ._errors import CheckpointError, DeltaError, ModelTooLarge, TaskError, Trai
 from ._export import export_model, load_model
 from ._fit import MemoryNeed, Misfit, fit_problem, memory_need, warm_up
 from ._inner import InnerTrainer
+from ._localdp import agreed as agreed_stop
+from ._localdp import average_gradients, join_group
+from ._localdp import split as split_batches
 from ._outer import outer_step
 from ._schedule import shard_indices
 from ._spec import LoadedTask, TaskSpec
@@ -34,6 +37,10 @@ __all__ = [
     "DeltaError",
     "Ensemble",
     "InnerTrainer",
+    "agreed_stop",
+    "average_gradients",
+    "join_group",
+    "split_batches",
     "LoadedTask",
     "MemoryNeed",
     "Misfit",
