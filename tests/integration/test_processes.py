@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,11 @@ from ttpeer.demo import Cluster, job_spec, make_pool, status, ttpeer, wait_for
 from ._helpers import job_finished
 
 pytestmark = pytest.mark.slow
+
+
+def _loads_torch(pid: int) -> bool:
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return "libtorch" in maps
 
 
 def _job(home, job_id):
@@ -70,6 +76,9 @@ def test_killed_paused_and_returning_peers_finish_identically(tmp_path):
         final = _job(homes[0], job)
         assert final["round"] == spec["rounds"]
         assert final["eval_metric"] > 0.3  # it trained: mnist1d starts near 0.1
+        # Torch (and so the task's code) ran in the workers, never in a daemon.
+        for name in ("alice", "bob", "carol-again"):
+            assert not _loads_torch(cluster.named[name].pid), f"{name}'s daemon loaded torch"
     finally:
         cluster.close()
     assert all(p.poll() is not None for p in cluster.procs)

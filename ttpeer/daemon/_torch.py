@@ -135,6 +135,9 @@ class TorchExecutor:
                                      members=len(job["members"]) if job["mode"] == "ensemble" else 0,
                                      overlap=overlapped(job))
             device_free, host_free, limited = _available_memory(self.device, self.memory_limit)
+            if self.world > 1:  # the peer's workers share its host memory (and its CPU's)
+                host_free //= self.world
+                device_free = device_free // self.world if self.device == "cpu" else device_free
             misfit = train.fit_problem(need, device=self.device, device_free=device_free, host_free=host_free,
                                        limited=limited)
             if misfit is not None:
