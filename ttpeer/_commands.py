@@ -44,6 +44,19 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     rep.add_argument("out", type=Path, help="output file (.html), self-contained")
 
 
+def ask_daemon(home: Any, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    """``call`` the home's daemon; when none answers, say why in the newcomer's terms: a
+    home that does not exist or is not enrolled needs more than 'ttpeer up'."""
+    from ttpeer.daemon import call
+    from ttpeer.errors import DaemonNotRunning
+
+    try:
+        return call(home.control_socket, request, timeout=timeout)
+    except DaemonNotRunning:
+        home.config()  # raises HomeError for a missing, unreadable or unenrolled home
+        raise
+
+
 # -- service -----------------------------------------------------------------------------
 
 
@@ -170,16 +183,15 @@ def watch(home: Any, interval: float, frames: int | None) -> int:
     from rich.live import Live
 
     from ttpeer._watch import render
-    from ttpeer.daemon import call
-    from ttpeer.errors import DaemonNotRunning
+    from ttpeer.errors import DaemonNotRunning, HomeError
 
     console = Console()
     count = 0
 
     def fetch() -> Any:
         try:
-            return call(home.control_socket, {"op": "status"}, timeout=10)["status"]
-        except DaemonNotRunning as exc:
+            return ask_daemon(home, {"op": "status"}, timeout=10)["status"]
+        except (DaemonNotRunning, HomeError) as exc:
             return exc
 
     try:
@@ -204,9 +216,7 @@ def check_interval(value: float) -> float:
 
 def revoke(args: argparse.Namespace, home: Any) -> int:
     """Ask the running admin daemon to revoke a peer. Raises ``TtpeerError``."""
-    from ttpeer.daemon import call
-
-    reply = call(home.control_socket, {"op": "revoke", "peer": args.peer}, timeout=120)
+    reply = ask_daemon(home, {"op": "revoke", "peer": args.peer}, timeout=120)
     if reply.get("again"):
         print(f"{reply['name']} ({reply['peer']}) was already revoked; the relay was told again")
     else:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ttpeer._parser import Parser
 from ttpeer.errors import JobError, TtpeerError, UsageError
 
 EPILOG = """\
@@ -48,7 +49,7 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     # SUPPRESS: a subcommand's copy of these options must not reset what was given before it.
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--home", type=Path, default=argparse.SUPPRESS,
                         help="ttpeer home directory (default: from the config file, $TTPEER_HOME or the "
                         "per-user data directory)")
@@ -60,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--log-format", choices=["text", "json"], default=argparse.SUPPRESS,
                         help="log lines as text (default) or JSON objects")
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="ttpeer", description="Pool your own machines into one training run.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common],
     )
@@ -86,7 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     inv.add_argument("--uses", type=_positive_int, default=1, help="how many machines it can enroll (default 1)")
 
     j = sub.add_parser("join", parents=[common], help="enroll this machine with a token and run the daemon")
-    j.add_argument("token", help="the join token (ttp1....); a secret: it is never logged")
+    j.add_argument("token", nargs="?", default=None,
+                   help="the join token (ttp1....), or '-' to read it from stdin (safer: an argument is "
+                        "visible in 'ps' until enrolled); default: --token-file or $TTPEER_TOKEN")
+    j.add_argument("--token-file", type=Path, default=None, help="read the token from this file")
     j.add_argument("--name", default=None, help="this machine's name in the pool (default: hostname)")
     j.add_argument("--device", default=None, help="torch device to train on (default: cuda if present, else cpu)")
     j.add_argument("--slowdown", type=float, default=0.0, help=argparse.SUPPRESS)  # benchmarks and tests
@@ -180,9 +184,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.settings = _settings(args)
         _logging.setup(args.settings.log_level, args.settings.log_format)
-        return int(_dispatch(args) or 0)
+        code = int(_dispatch(args) or 0)
+        sys.stdout.flush()  # here, so that a closed pipe is met inside the try
+        return code
     except TtpeerError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # 'ttpeer status | head -1': the reader has gone, as for any Unix tool that is
+        # silent, and with SIGPIPE's status. Point stdout at /dev/null so that the
+        # interpreter's last flush does not complain.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
+    except OSError as exc:
+        # A file the user named or the home cannot be read or written: say which.
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"error: cannot use{where}: {exc.strerror or exc} (check the path and its permissions)",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -293,9 +311,10 @@ def _invite(args: argparse.Namespace) -> int:
 
 
 def _join(args: argparse.Namespace) -> int:
+    from ttpeer._join import become_daemon, read_token
     from ttpeer.proto import parse_token
 
-    token = parse_token(args.token, now=time.time())
+    token = parse_token(read_token(args, os.environ), now=time.time())
     _check_relay(token.relays[0], token.fingerprint, args.settings.proxy or None)  # before any key is made or sent
 
     def enroll(home) -> None:  # type: ignore[no-untyped-def]
@@ -310,10 +329,11 @@ def _join(args: argparse.Namespace) -> int:
         raise UsageError("--user goes with --service")
     home = _home(args)
     enroll(home)
-    return _up(args, home)
+    become_daemon(args, home.path)  # 'ttpeer up', without the token in argv or environment
 
 
 def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
+    home.config()  # a missing or unenrolled home says so, before torch is imported
     import trio
 
     from ttpeer.daemon import run_daemon
@@ -336,7 +356,7 @@ def _default_device() -> str:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from ttpeer.daemon import call
+    from ttpeer._commands import ask_daemon
 
     home = _home(args)
     task_file = None
@@ -369,7 +389,7 @@ def _submit(args: argparse.Namespace) -> int:
         if args.mode != "fused":
             raise UsageError("--overlap is for fused jobs")
         spec["overlap"] = 1
-    reply = call(home.control_socket, {"op": "submit", "spec": spec,
+    reply = ask_daemon(home, {"op": "submit", "spec": spec,
                                        "task_file": task_file.hex() if task_file else None}, timeout=300)
     if args.mode == "ensemble":
         print(f"submitted ensemble job: {args.members} members x {args.rounds} units x {args.inner_steps} steps, "
@@ -382,9 +402,9 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _status_obj(home) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    from ttpeer.daemon import call
+    from ttpeer._commands import ask_daemon
 
-    return call(home.control_socket, {"op": "status"})["status"]
+    return ask_daemon(home, {"op": "status"})["status"]
 
 
 def _status(args: argparse.Namespace) -> int:

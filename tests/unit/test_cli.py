@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ttpeer.cli import main
+from ttpeer.daemon import Home
 
 
 def test_help_lists_every_command(capsys):
@@ -25,8 +28,15 @@ def test_malformed_token_is_refused_without_echoing_it(tmp_path, capsys):
 
 
 def test_status_without_a_daemon_says_how_to_start_one(tmp_path, capsys):
+    Home(tmp_path).create_pool("https://127.0.0.1:1", "sha256:" + "0" * 64, "alice", time.time())
     assert main(["status", "--home", str(tmp_path)]) == 1
     assert "ttpeer up" in capsys.readouterr().err
+
+
+def test_status_on_a_home_that_is_not_enrolled_says_to_enroll_it(tmp_path, capsys):
+    assert main(["status", "--home", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "not enrolled" in err and "ttpeer up" not in err
 
 
 def test_export_of_an_unknown_job_is_a_clear_error(tmp_path, capsys):
