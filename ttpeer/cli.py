@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -146,12 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", parents=[common], help="write a finished job's model as safetensors")
     e.add_argument("job", help="job id or a unique prefix")
-    e.add_argument("out", type=Path, help="output file (.safetensors); a .json sidecar is written beside it")
+    e.add_argument("out", type=Path, help="output file (.safetensors is added if missing); its .json sidecar "
+                   "and, for a task-file job, its task file (.task.py) are written beside it")
 
     pr = sub.add_parser("predict", parents=[common], help="print a model's predictions for an input file")
     pr.add_argument("bundle", type=Path, help="a file 'ttpeer export' wrote (fused model or ensemble bundle)")
     pr.add_argument("input", type=Path, help="inputs, one per row: .npy, or text (comma or whitespace separated)")
-    pr.add_argument("--task", default=None, help="the task file, for a job trained from one (built-ins are found)")
+    pr.add_argument("--task", default=None,
+                    help="the task file, for a job trained from one (default: found by its hash beside "
+                         "the model, where export copies it, or in --home)")
 
     d = sub.add_parser("demo", parents=[common], help="a relay and 3 peers on this machine train mnist1d")
     d.add_argument("--rounds", type=_positive_int, default=8)
@@ -242,7 +243,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
     if cmd == "predict":
         from ttpeer._predict import predict
 
-        return predict(args.bundle, args.input, args.task)
+        return predict(args.bundle, args.input, args.task, home=args.settings.home)
     if cmd == "demo":
         from ttpeer.demo import run_demo
 
@@ -286,7 +287,15 @@ def _pool_create(args: argparse.Namespace) -> int:
         raise UsageError("--fingerprint must look like sha256:<64 hex digits> (the relay prints it)")
     if not args.relay.startswith("https://"):
         raise UsageError("--relay must be an https:// URL")
-    _check_relay(args.relay, args.fingerprint, args.settings.proxy or None)
+    from ttpeer.net import RelayFingerprintMismatch
+
+    try:
+        _check_relay(args.relay, args.fingerprint, args.settings.proxy or None)
+    except RelayFingerprintMismatch as exc:
+        # The admin typed this pin, from the relay's own start-up line: no token is involved.
+        raise UsageError(f"the relay at {args.relay} presents certificate {exc.got}, not the --fingerprint "
+                         f"given ({args.fingerprint}): copy it from the relay's 'relay ready URL sha256:...' "
+                         "line, and check that the URL is your relay's; nothing was created") from None
     home = _home(args)
     now = time.time()
     cfg = home.create_pool(args.relay, args.fingerprint, args.settings.name or _default_name(), now)
@@ -483,26 +492,9 @@ def _wait(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    home = _home(args)
-    states = home.path / "states"
-    matches = [p for p in states.glob(f"{args.job.lower()}*")] if states.exists() else []
-    if len(matches) > 1:
-        raise UsageError(f"job prefix {args.job!r} is ambiguous; give more characters")
-    # done.json is written last, after the model and its sidecar: until then the job is
-    # still finishing here (status says so) and the files may be half there.
-    if not matches or not (matches[0] / "done.json").exists():
-        raise JobError(f"job {args.job!r} has not finished on this peer (see 'ttpeer status'); "
-                       "export needs the final model")
-    folder = matches[0]
-    out: Path = args.out
-    if out.parent and not out.parent.exists():
-        raise UsageError(f"directory {out.parent} does not exist")
-    shutil.copyfile(folder / "final.safetensors", out)
-    shutil.copyfile(folder / "final.json", out.with_suffix(".json"))
-    digest = hashlib.sha256(out.read_bytes()).hexdigest()
-    print(f"wrote {out} and {out.with_suffix('.json')}")
-    print(digest)
-    return 0
+    from ttpeer._export import export
+
+    return export(_home(args), args.job, args.out)
 
 
 if __name__ == "__main__":
