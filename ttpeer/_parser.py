@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -22,8 +23,16 @@ class Parser(argparse.ArgumentParser):
         kwargs["allow_abbrev"] = False  # '--round' is a mistake, not '--rounds'
         super().__init__(*args, **kwargs)
 
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
         """One line on stderr, exit status 2 (argparse's), the way to more help."""
+        unknown = self._unknown_flags()
+        if message.startswith("the following arguments are required") and unknown:
+            self.unrecognized(unknown)  # '--fingerprnt X' is why --fingerprint is missing
         choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
         if choice:
             offered = re.findall(r"'([^']*)'", choice.group(2))
@@ -38,14 +47,19 @@ class Parser(argparse.ArgumentParser):
             _innermost(self, parsed).unrecognized(extras)
         return parsed
 
+    def _known(self) -> list[str]:
+        return [s for action in self._actions for s in action.option_strings if action.help is not argparse.SUPPRESS]
+
+    def _unknown_flags(self) -> list[str]:
+        every = {s for action in self._actions for s in action.option_strings}
+        return [a for a in getattr(self, "_given", []) if a.startswith("--") and a.split("=", 1)[0] not in every]
+
     def unrecognized(self, extras: list[str]) -> NoReturn:
         flags = [e for e in extras if e.startswith("-") and e != "-"]
         if not flags:
             self.error(f"unexpected argument {extras[0]!r}")
         flag = flags[0].split("=", 1)[0]
-        known = [s for action in self._actions for s in action.option_strings
-                 if action.help is not argparse.SUPPRESS]
-        self.error(f"unknown option {flag}{_suggest(flag, known)}")
+        self.exit(2, f"error: unknown option {flag}{_suggest(flag, self._known())} (see '{self.prog} --help')\n")
 
 
 def _suggest(word: str, offered: list[str]) -> str:

@@ -10,13 +10,13 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._control import call
+    from ._client import call
     from ._executor import Executor
     from ._home import Home, PoolConfig, default_home, new_invite
     from ._node import Node
     from ._run import run_daemon
 
-_WHERE = {"call": "_control", "Executor": "_executor", "Home": "_home", "PoolConfig": "_home",
+_WHERE = {"call": "_client", "Executor": "_executor", "Home": "_home", "PoolConfig": "_home",
           "default_home": "_home", "new_invite": "_home", "Node": "_node", "run_daemon": "_run"}
 
 __all__ = ["Executor", "Home", "Node", "PoolConfig", "call", "default_home", "new_invite", "run_daemon"]
