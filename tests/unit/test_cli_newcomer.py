@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -199,3 +200,14 @@ def test_the_daemon_a_join_becomes_has_the_flags_and_not_the_token(tmp_path):
     assert argv[1:] == ["-m", "ttpeer", "up", "--home", str(tmp_path), "--config", str(tmp_path / "c.toml"), "-vv",
                         "--log-format", "json", "--device", "cpu", "--metrics", "127.0.0.1:9", "--slowdown", "2.0"]
     build_parser().parse_args(argv[3:])  # and 'up' takes them all
+
+
+def test_a_relay_that_is_down_reads_as_one(tmp_path, capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when the test asks
+    said = _one_line_error(capsys, ["pool", "create", "--relay", f"https://127.0.0.1:{port}", "--fingerprint",
+                                    "sha256:" + "0" * 64, "--home", str(tmp_path / "h")])
+    assert said == (f"error: cannot reach the relay at https://127.0.0.1:{port}: connection refused "
+                    "(is it running, and on that port?)")
+    assert not (tmp_path / "h").exists()
