@@ -101,7 +101,7 @@ def service(args: argparse.Namespace, cfg: Config) -> int:
     enable = not args.no_enable and args.unit_dir is None
     if enable and not Home(home).enrolled:
         raise UsageError(f"the service's home {home} is not enrolled in a pool yet: run "
-                         f"'{'' if user else 'sudo '}ttpeer join TOKEN --service{' --user' if user else ''}' "
+                         f"'{'' if user else 'sudo '}ttpeer join - --service{' --user' if user else ''}' "
                          f"(or 'ttpeer pool create --home {home} ...' first), or pass --no-enable")
     return _install(user, home, config_path, config_text, enable, args.unit_dir)
 
@@ -124,7 +124,7 @@ def _install(user: bool, home: Path, config_path: Path, config_text: str, enable
 
 
 def join_service(args: argparse.Namespace, cfg: Config, enroll: Any) -> int:
-    """``ttpeer join TOKEN --service [--user]``: enroll the service's home, install, start."""
+    """``ttpeer join - --service [--user]``: enroll the service's home, install, start."""
     from ttpeer.daemon import Home
 
     user = args.user

@@ -19,7 +19,7 @@ Start here:
   machine A:  ttpeer relay --listen 0.0.0.0:8443 --data ./relay     (prints URL and fingerprint)
   machine A:  ttpeer pool create --relay URL --fingerprint sha256:HEX   (prints a join token)
               ttpeer up
-  machine B:  ttpeer join TOKEN
+  machine B:  ttpeer join -        (paste the token; or --token-file FILE, or $TTPEER_TOKEN)
   any member: ttpeer submit --task mnist1d --mode fused --rounds 10 --inner-steps 25
               ttpeer wait JOB && ttpeer export JOB model.safetensors
               ttpeer submit --task mnist1d --mode ensemble --members 4 --rounds 6 --inner-steps 300
