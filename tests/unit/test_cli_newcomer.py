@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -135,12 +136,14 @@ def test_unknown_jobs_and_missing_files(tmp_path, capsys, argv, says):
 
 
 def test_a_closed_pipe_ends_quietly(tmp_path):
-    """'ttpeer status | head -1', with the reader gone before the writer is done."""
+    """'ttpeer status | head -1' with the reader gone before the writer is done: unbuffered,
+    so that the first line already meets the closed pipe."""
     home = _enrolled(tmp_path / "h")
-    proc = subprocess.run(f"{sys.executable} -m ttpeer config show --home {home} | head -c 1 >/dev/null; "
-                          f"{sys.executable} -m ttpeer --help | true", shell=True, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(["bash", "-c", f"{sys.executable} -m ttpeer config show --home {home} | true; "
+                           "echo ${PIPESTATUS[0]}"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert proc.stdout.split() == ["141"]  # SIGPIPE's status, as a Unix tool's
 
 
 @pytest.mark.parametrize(("argv", "says"), [
