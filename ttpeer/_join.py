@@ -65,7 +65,9 @@ def _from_file(path: Path) -> str:
 
 def up_argv(args: argparse.Namespace, home: Path) -> list[str]:
     """The ``ttpeer up`` command line that continues this ``join``: the same flags, no token."""
-    argv = [sys.executable, "-m", "ttpeer", "up", "--home", str(home)]
+    # -P: not the current directory first on sys.path (a folder named ttpeer there would
+    # win); become_daemon puts this ttpeer's own folder first instead.
+    argv = [sys.executable, "-P", "-m", "ttpeer", "up", "--home", str(home)]
     if getattr(args, "config", None) is not None:
         argv += ["--config", str(args.config)]
     if getattr(args, "verbose", 0):
@@ -84,6 +86,9 @@ def become_daemon(args: argparse.Namespace, home: Path) -> NoReturn:
     """Replace this process with ``ttpeer up`` on the enrolled home (same pid, so a
     supervisor or a shell's job control sees one process), without the token."""
     env = {k: v for k, v in os.environ.items() if k != ENV_TOKEN}
+    # The same ttpeer as this process, wherever the daemon is started from.
+    here = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [env.get("PYTHONPATH")])])
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, up_argv(args, home), env)
