@@ -142,15 +142,15 @@ def test_newcomer_walk(tmp_path: Path) -> None:
                             says="is a different file")
         assert "my_task.py" in said
 
-        ens = walk.ttpeer("submit", "--task", "mnist1d", "--mode", "ensemble", "--members", "2", "--rounds",
-                          "1", "--inner-steps", "20", "--inner-lr", "1e-3", "--home", str(bob)).stdout
+        ens = walk.ttpeer("submit", "--task", str(task), "--mode", "ensemble", "--members", "2", "--rounds",
+                          "1", "--inner-steps", "20", "--home", str(alice)).stdout
         ens_job = ens.splitlines()[-1]
-        walk.ttpeer("wait", ens_job, "--timeout", "120", "--home", str(alice))
-        wait_for(lambda: _job_state(alice, ens_job)["state"] == "done", 60, "the ensemble done")
-        walk.ttpeer("export", ens_job, str(out / "ens.safetensors"), "--home", str(alice))
+        walk.ttpeer("wait", ens_job, "--timeout", "120", "--home", str(bob))
+        wait_for(lambda: _job_state(bob, ens_job)["state"] == "done", 60, "the ensemble done")
+        walk.ttpeer("export", ens_job, str(out / "ens.safetensors"), "--home", str(bob))
         ens_side = json.loads((out / "ens.json").read_text())
         assert ens_side["mode"] == "ensemble" and ens_side["model_file"] == "ens.safetensors"
-        walk.ttpeer("report", ens_job, str(out / "ens.html"), "--home", str(alice))
+        walk.ttpeer("report", ens_job, str(out / "ens.html"), "--home", str(bob))
         page = (out / "ens.html").read_text()
         assert "Nesterov" not in page and "int8" not in page and "member checkpoints" in page
         assert "2 members x 20 AdamW steps" in page
