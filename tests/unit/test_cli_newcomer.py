@@ -200,8 +200,9 @@ def test_the_daemon_a_join_becomes_has_the_flags_and_not_the_token(tmp_path):
                       "--log-format", "json", "--config", str(tmp_path / "c.toml"))
     argv = up_argv(args, tmp_path)
     assert "ttp1.SECRET" not in " ".join(argv)
-    assert argv[1:] == ["-P", "-m", "ttpeer", "up", "--home", str(tmp_path), "--config", str(tmp_path / "c.toml"), "-vv",
-                        "--log-format", "json", "--device", "cpu", "--metrics", "127.0.0.1:9", "--slowdown", "2.0"]
+    assert argv[1:] == ["-P", "-m", "ttpeer", "up", "--home", str(tmp_path), "--config", str(tmp_path / "c.toml"),
+                        "-vv", "--log-format", "json", "--device", "cpu", "--metrics", "127.0.0.1:9",
+                        "--slowdown", "2.0"]
     build_parser().parse_args(argv[4:])  # and 'up' takes them all
 
 
