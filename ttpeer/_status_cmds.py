@@ -44,7 +44,8 @@ def status(args: argparse.Namespace, home: Any) -> int:
     for job in st["jobs"]:
         metric = "" if job["eval_loss"] is None else (
             f"  eval loss {job['eval_loss']:.4f} {job['metric_name']} {job['eval_metric']:.4f}")
-        ratio = "" if job["compression_ratio"] is None else f"  compression {job['compression_ratio']:.1f}x"
+        compressed = job["compression_ratio"] is not None and job["mode"] != "ensemble"  # whole checkpoints
+        ratio = f"  compression {job['compression_ratio']:.1f}x" if compressed else ""
         use = "" if job.get("utilization") is None else f"  utilization {100 * job['utilization']:.0f}%"
         unit, parts = ("unit", "members") if job["mode"] == "ensemble" else ("round", "shards")
         print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: {unit} {job['round']}/"

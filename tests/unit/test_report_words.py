@@ -1,12 +1,18 @@
 """``ttpeer report`` says what the job was: an ensemble in its own words (members,
 units, each member's lr; no outer optimizer, no quantized deltas), and the figures
-of a running job as "so far", not "final"."""
+of a running job as "so far", not "final". ``status --watch`` too: units and members,
+no compression for whole checkpoints."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+from rich.console import Console
 
 from ttpeer._report import render_html
+from ttpeer._watch import render
 from ttpeer.proto import RecordSet, sign
 
 from .proto_helpers import Pool, job_body, key
@@ -43,3 +49,16 @@ def test_a_fused_report_keeps_its_outer_optimizer():
 def test_a_running_job_reports_its_figures_so_far():
     page = _page()
     assert "so far (round 0)" in page and "final" not in page.lower().replace("finally", "")
+
+
+def test_status_watch_speaks_of_members_for_an_ensemble():
+    st = json.loads((Path(__file__).parent / "fixtures" / "status.json").read_text())
+    st["jobs"][0].update(mode="ensemble", compression_ratio=1.1)
+    console = Console(width=160, record=True)
+    console.print(render(st))
+    text = console.export_text()
+    assert "units" in text and "members" in text and "compression" not in text
+    st["jobs"][0].update(mode="fused", compression_ratio=4.2)
+    console = Console(width=160, record=True)
+    console.print(render(st))
+    assert "compression 4.2x" in console.export_text()
