@@ -44,6 +44,19 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     rep.add_argument("out", type=Path, help="output file (.html), self-contained")
 
 
+def ask_daemon(home: Any, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    """``call`` the home's daemon; when none answers, say why in the newcomer's terms: a
+    home that does not exist or is not enrolled needs more than 'ttpeer up'."""
+    from ttpeer.daemon import call
+    from ttpeer.errors import DaemonNotRunning
+
+    try:
+        return call(home.control_socket, request, timeout=timeout)
+    except DaemonNotRunning:
+        home.config()  # raises HomeError for a missing, unreadable or unenrolled home
+        raise
+
+
 # -- service -----------------------------------------------------------------------------
 
 
@@ -88,7 +101,7 @@ def service(args: argparse.Namespace, cfg: Config) -> int:
     enable = not args.no_enable and args.unit_dir is None
     if enable and not Home(home).enrolled:
         raise UsageError(f"the service's home {home} is not enrolled in a pool yet: run "
-                         f"'{'' if user else 'sudo '}ttpeer join TOKEN --service{' --user' if user else ''}' "
+                         f"'{'' if user else 'sudo '}ttpeer join - --service{' --user' if user else ''}' "
                          f"(or 'ttpeer pool create --home {home} ...' first), or pass --no-enable")
     return _install(user, home, config_path, config_text, enable, args.unit_dir)
 
@@ -111,7 +124,7 @@ def _install(user: bool, home: Path, config_path: Path, config_text: str, enable
 
 
 def join_service(args: argparse.Namespace, cfg: Config, enroll: Any) -> int:
-    """``ttpeer join TOKEN --service [--user]``: enroll the service's home, install, start."""
+    """``ttpeer join - --service [--user]``: enroll the service's home, install, start."""
     from ttpeer.daemon import Home
 
     user = args.user
@@ -170,16 +183,15 @@ def watch(home: Any, interval: float, frames: int | None) -> int:
     from rich.live import Live
 
     from ttpeer._watch import render
-    from ttpeer.daemon import call
-    from ttpeer.errors import DaemonNotRunning
+    from ttpeer.errors import DaemonNotRunning, HomeError
 
     console = Console()
     count = 0
 
     def fetch() -> Any:
         try:
-            return call(home.control_socket, {"op": "status"}, timeout=10)["status"]
-        except DaemonNotRunning as exc:
+            return ask_daemon(home, {"op": "status"}, timeout=10)["status"]
+        except (DaemonNotRunning, HomeError) as exc:
             return exc
 
     try:
@@ -204,9 +216,7 @@ def check_interval(value: float) -> float:
 
 def revoke(args: argparse.Namespace, home: Any) -> int:
     """Ask the running admin daemon to revoke a peer. Raises ``TtpeerError``."""
-    from ttpeer.daemon import call
-
-    reply = call(home.control_socket, {"op": "revoke", "peer": args.peer}, timeout=120)
+    reply = ask_daemon(home, {"op": "revoke", "peer": args.peer}, timeout=120)
     if reply.get("again"):
         print(f"{reply['name']} ({reply['peer']}) was already revoked; the relay was told again")
     else:

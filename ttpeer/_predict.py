@@ -44,13 +44,13 @@ def read_inputs(path: Path):  # type: ignore[no-untyped-def]
     return torch.from_numpy(np.ascontiguousarray(array))
 
 
-def predict(bundle: Path, inputs: Path, task: str | None = None) -> int:
+def predict(bundle: Path, inputs: Path, task: str | None = None, home: Path | None = None) -> int:
     import torch
 
     from ttpeer import train
     from ttpeer._api import load
 
-    model = load(bundle, task)
+    model = load(bundle, task, home=home)
     x = read_inputs(inputs)
     ensemble = isinstance(model, train.Ensemble)
     try:

@@ -198,23 +198,14 @@ def render_html(job: Record, rs: RecordSet, *, peer_name: str, note: str | None)
         "per-peer throughput": plot_throughput(throughput(rs, job), names),
         "time split per peer": plot_time_split(peers),
     }
-    contribs = rs.of_job(job.id, "contrib")
     last = rounds[-1] if rounds else None
     metric = last["metric_name"] if last else "metric"
-    facts = [
-        ["job", job.id], ["task", f"{job['task']} ({job['mode']})"],
-        ["submitted", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(job["at"]))
-         + f" by {names.get(job.author, job.author[:12])}"],
-        ["rounds closed", f"{chain.round} of {job['rounds']}"],
-        ["per round", f"{job['shards']} shards x {job['batches']} inner steps x batch {job['batch_size']}"],
-        ["optimizers", f"inner AdamW lr {job['inner_lr']}, outer Nesterov lr {job['outer_lr']} "
-                       f"momentum {job['outer_momentum']}; deltas int{job['bits']}"],
-        ["final eval loss", _fmt(last["eval_loss"] if last else None)],
-        [f"final {metric}", _fmt(last["eval_metric"] if last else None)],
-        ["model state", chain.head],
-        ["contributions", f"{len(contribs)} from {len({c.author for c in contribs})} peers, "
-                          f"{sum(c['size'] for c in contribs) / 2**20:.2f} MiB of compressed deltas"],
-    ]
+    facts = job_facts(job, chain.round, rs.of_job(job.id, "contrib"), names)
+    # A running job's last close is where it stands, not where it ends.
+    when = "final" if chain.round >= job["rounds"] else f"so far (round {chain.round})"
+    facts[-1:-1] = [[f"eval loss {when}", _fmt(last["eval_loss"] if last else None)],
+                    [f"{metric} {when}", _fmt(last["eval_metric"] if last else None)],
+                    ["model state", chain.head]]
     peer_table = _table(
         ["peer", "contributions (used)", "shards", "samples", "samples/s (last)", "compute s", "comm s", "idle s",
          "compute", "comm", "idle"],
@@ -250,6 +241,39 @@ reports in its contributions; compute includes inner steps and other torch work.
     summary = {"rounds": chain.round, "peers": len(peers), "images": len(images),
                "final_eval_loss": last["eval_loss"] if last else None}
     return page, summary
+
+
+def job_facts(job: Record, closed: int, contribs: list[Record], names: dict[str, str]) -> list[list[str]]:
+    """What the job was, in its own mode's words: a fused job has rounds of shards, an
+    outer optimizer and quantized deltas; an ensemble has members trained by AdamW alone
+    (each its own lr), in units, whose contributions are member checkpoints."""
+    submitted = (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(job["at"]))
+                 + f" by {names.get(job.author, job.author[:12])}")
+    sent = sum(c["size"] for c in contribs) / 2**20
+    peers = len({c.author for c in contribs})
+    head = [["job", job.id], ["task", f"{job['task']} ({job['mode']})"], ["submitted", submitted]]
+    if job["mode"] == "ensemble":
+        members = job["members"]
+        lrs = sorted({m["lr"] for m in members})
+        wds = sorted({m["weight_decay"] for m in members})
+        return head + [
+            ["units closed", f"{closed} of {job['rounds']} (each member trains one unit a round)"],
+            ["per unit", f"{len(members)} members x {job['batches']} AdamW steps x batch {job['batch_size']}"],
+            ["optimizer", f"AdamW per member, lr {_span(lrs)}, weight decay {_span(wds)}; no averaging "
+                          "(the members vote at inference)"],
+            ["contributions", f"{len(contribs)} from {peers} peers, {sent:.2f} MiB of member checkpoints"],
+        ]
+    return head + [
+        ["rounds closed", f"{closed} of {job['rounds']}"],
+        ["per round", f"{job['shards']} shards x {job['batches']} inner steps x batch {job['batch_size']}"],
+        ["optimizers", f"inner AdamW lr {job['inner_lr']}, outer Nesterov lr {job['outer_lr']} "
+                       f"momentum {job['outer_momentum']}; deltas int{job['bits']}"],
+        ["contributions", f"{len(contribs)} from {peers} peers, {sent:.2f} MiB of compressed deltas"],
+    ]
+
+
+def _span(values: list[float]) -> str:
+    return f"{values[0]:g}" if len(values) == 1 else f"{values[0]:g}-{values[-1]:g}"
 
 
 def _shares(p: dict[str, Any]) -> list[str]:

@@ -66,16 +66,18 @@ def _peers(st: dict[str, Any]) -> Table:
 
 
 def _job(job: dict[str, Any]) -> RenderableType:
+    ensemble = job["mode"] == "ensemble"  # units of members, whole checkpoints: no rounds of compressed shards
     head = Table.grid(padding=(0, 2))
     head.add_row(
         Text(f"{job['id'][:12]} {job['task']} {job['mode']}", style="bold"),
         Text(job["state"], style="green" if job["state"] in ("running", "done") else "yellow"),
-        Text("rounds"), _bar(job["round"], job["rounds"]), Text(f"{job['round']}/{job['rounds']}"),
-        Text("shards"), _bar(job["shards_done"], job["shards_total"], 12),
+        Text("units" if ensemble else "rounds"), _bar(job["round"], job["rounds"]),
+        Text(f"{job['round']}/{job['rounds']}"),
+        Text("members" if ensemble else "shards"), _bar(job["shards_done"], job["shards_total"], 12),
         Text(f"{job['shards_done']}/{job['shards_total']}"),
     )
     facts = [f"eval loss {_num(job['eval_loss'], '.4f')}", f"{job['metric_name']} {_num(job['eval_metric'], '.4f')}"]
-    if job.get("compression_ratio"):
+    if job.get("compression_ratio") and not ensemble:
         facts.append(f"compression {job['compression_ratio']:.1f}x")
     if job.get("utilization") is not None:
         facts.append(f"utilization here {100 * job['utilization']:.0f}%")

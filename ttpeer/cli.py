@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from ttpeer.errors import JobError, TtpeerError, UsageError
+from ttpeer._parser import Parser
+from ttpeer.errors import TtpeerError, UsageError
 
 EPILOG = """\
 Start here:
   machine A:  ttpeer relay --listen 0.0.0.0:8443 --data ./relay     (prints URL and fingerprint)
   machine A:  ttpeer pool create --relay URL --fingerprint sha256:HEX   (prints a join token)
               ttpeer up
-  machine B:  ttpeer join TOKEN
+  machine B:  ttpeer join -        (paste the token; or --token-file FILE, or $TTPEER_TOKEN)
   any member: ttpeer submit --task mnist1d --mode fused --rounds 10 --inner-steps 25
               ttpeer wait JOB && ttpeer export JOB model.safetensors
               ttpeer submit --task mnist1d --mode ensemble --members 4 --rounds 6 --inner-steps 300
@@ -48,7 +46,7 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     # SUPPRESS: a subcommand's copy of these options must not reset what was given before it.
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--home", type=Path, default=argparse.SUPPRESS,
                         help="ttpeer home directory (default: from the config file, $TTPEER_HOME or the "
                         "per-user data directory)")
@@ -60,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--log-format", choices=["text", "json"], default=argparse.SUPPRESS,
                         help="log lines as text (default) or JSON objects")
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="ttpeer", description="Pool your own machines into one training run.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common],
     )
@@ -86,7 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     inv.add_argument("--uses", type=_positive_int, default=1, help="how many machines it can enroll (default 1)")
 
     j = sub.add_parser("join", parents=[common], help="enroll this machine with a token and run the daemon")
-    j.add_argument("token", help="the join token (ttp1....); a secret: it is never logged")
+    j.add_argument("token", nargs="?", default=None,
+                   help="the join token (ttp1....), or '-' to read it from stdin (safer: an argument is "
+                        "visible in 'ps' until enrolled); default: --token-file or $TTPEER_TOKEN")
+    j.add_argument("--token-file", type=Path, default=None, help="read the token from this file")
     j.add_argument("--name", default=None, help="this machine's name in the pool (default: hostname)")
     j.add_argument("--device", default=None, help="torch device to train on (default: cuda if present, else cpu)")
     j.add_argument("--workers", default=None, help=_WORKERS_HELP)
@@ -144,12 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", parents=[common], help="write a finished job's model as safetensors")
     e.add_argument("job", help="job id or a unique prefix")
-    e.add_argument("out", type=Path, help="output file (.safetensors); a .json sidecar is written beside it")
+    e.add_argument("out", type=Path, help="output file (.safetensors is added if missing); its .json sidecar "
+                   "and, for a task-file job, its task file (.task.py) are written beside it")
 
     pr = sub.add_parser("predict", parents=[common], help="print a model's predictions for an input file")
     pr.add_argument("bundle", type=Path, help="a file 'ttpeer export' wrote (fused model or ensemble bundle)")
     pr.add_argument("input", type=Path, help="inputs, one per row: .npy, or text (comma or whitespace separated)")
-    pr.add_argument("--task", default=None, help="the task file, for a job trained from one (built-ins are found)")
+    pr.add_argument("--task", default=None,
+                    help="the task file, for a job trained from one (default: found by its hash beside "
+                         "the model, where export copies it, or in --home)")
 
     d = sub.add_parser("demo", parents=[common], help="a relay and 3 peers on this machine train mnist1d")
     d.add_argument("--rounds", type=_positive_int, default=8)
@@ -183,9 +187,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.settings = _settings(args)
         _logging.setup(args.settings.log_level, args.settings.log_format)
-        return int(_dispatch(args) or 0)
+        code = int(_dispatch(args) or 0)
+        sys.stdout.flush()  # here, so that a closed pipe is met inside the try
+        return code
     except TtpeerError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # 'ttpeer status | head -1': the reader has gone, as for any Unix tool that is
+        # silent, and with SIGPIPE's status. Point stdout at /dev/null so that the
+        # interpreter's last flush does not complain.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
+    except OSError as exc:
+        # A file the user named or the home cannot be read or written: say which.
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"error: cannot use{where}: {exc.strerror or exc} (check the path and its permissions)",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -218,16 +236,16 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return _up(args, _home(args))
     if cmd == "submit":
         return _submit(args)
-    if cmd == "status":
-        return _status(args)
-    if cmd == "wait":
-        return _wait(args)
+    if cmd in ("status", "wait"):
+        from ttpeer import _status_cmds as client
+
+        return client.status(args, _home(args)) if cmd == "status" else client.wait(args, _home(args))
     if cmd == "export":
         return _export(args)
     if cmd == "predict":
         from ttpeer._predict import predict
 
-        return predict(args.bundle, args.input, args.task)
+        return predict(args.bundle, args.input, args.task, home=args.settings.home)
     if cmd == "demo":
         from ttpeer.demo import run_demo
 
@@ -271,7 +289,15 @@ def _pool_create(args: argparse.Namespace) -> int:
         raise UsageError("--fingerprint must look like sha256:<64 hex digits> (the relay prints it)")
     if not args.relay.startswith("https://"):
         raise UsageError("--relay must be an https:// URL")
-    _check_relay(args.relay, args.fingerprint, args.settings.proxy or None)
+    from ttpeer.net import RelayFingerprintMismatch
+
+    try:
+        _check_relay(args.relay, args.fingerprint, args.settings.proxy or None)
+    except RelayFingerprintMismatch as exc:
+        # The admin typed this pin, from the relay's own start-up line: no token is involved.
+        raise UsageError(f"the relay at {args.relay} presents certificate {exc.got}, not the --fingerprint "
+                         f"given ({args.fingerprint}): copy it from the relay's 'relay ready URL sha256:...' "
+                         "line, and check that the URL is your relay's; nothing was created") from None
     home = _home(args)
     now = time.time()
     cfg = home.create_pool(args.relay, args.fingerprint, args.settings.name or _default_name(), now)
@@ -296,9 +322,10 @@ def _invite(args: argparse.Namespace) -> int:
 
 
 def _join(args: argparse.Namespace) -> int:
+    from ttpeer._join import become_daemon, read_token
     from ttpeer.proto import parse_token
 
-    token = parse_token(args.token, now=time.time())
+    token = parse_token(read_token(args, os.environ), now=time.time())
     _check_relay(token.relays[0], token.fingerprint, args.settings.proxy or None)  # before any key is made or sent
 
     def enroll(home) -> None:  # type: ignore[no-untyped-def]
@@ -313,10 +340,11 @@ def _join(args: argparse.Namespace) -> int:
         raise UsageError("--user goes with --service")
     home = _home(args)
     enroll(home)
-    return _up(args, home)
+    become_daemon(args, home.path)  # 'ttpeer up', without the token in argv or environment
 
 
 def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
+    home.config()  # a missing or unenrolled home says so, before torch is imported
     import trio
 
     from ttpeer.daemon import run_daemon
@@ -327,10 +355,27 @@ def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
     options = {"slowdown": args.slowdown} if getattr(args, "slowdown", 0) else None
     notifier = Notifier.from_environ(os.environ)  # systemd's protocol, not a setting
     workers = None if cfg.workers == "auto" else cfg.workers
-    trio.run(lambda: run_daemon(home, device=device, task_options=options, proxy=cfg.proxy or None,
-                                metrics=cfg.metrics, stop_grace=cfg.stop_grace, notifier=notifier,
-                                memory_limit=cfg.memory_limit or None, workers=workers))
-    return 0
+    try:
+        trio.run(lambda: run_daemon(home, device=device, task_options=options, proxy=cfg.proxy or None,
+                                    metrics=cfg.metrics, stop_grace=cfg.stop_grace, notifier=notifier,
+                                    memory_limit=cfg.memory_limit or None, workers=workers))
+    except TtpeerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        _leave_now(1)
+    _leave_now(0)
+
+
+def _leave_now(code: int) -> NoReturn:
+    """End the daemon's process without the interpreter's teardown: with torch loaded it
+    took 2-5 s on a busy 2-core machine (C destructors, after the last line of Python),
+    which made a stop slow for nothing. Everything durable is written by now: states
+    by atomic rename, the record log closed by the daemon on its way out."""
+    import logging
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 _WORKERS_HELP = ("worker processes that train each job's shards together, one per local device, "
@@ -338,7 +383,7 @@ _WORKERS_HELP = ("worker processes that train each job's shards together, one pe
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from ttpeer.daemon import call
+    from ttpeer._commands import ask_daemon
 
     home = _home(args)
     task_file = None
@@ -371,7 +416,7 @@ def _submit(args: argparse.Namespace) -> int:
         if args.mode != "fused":
             raise UsageError("--overlap is for fused jobs")
         spec["overlap"] = 1
-    reply = call(home.control_socket, {"op": "submit", "spec": spec,
+    reply = ask_daemon(home, {"op": "submit", "spec": spec,
                                        "task_file": task_file.hex() if task_file else None}, timeout=300)
     if args.mode == "ensemble":
         print(f"submitted ensemble job: {args.members} members x {args.rounds} units x {args.inner_steps} steps, "
@@ -383,111 +428,10 @@ def _submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status_obj(home) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    from ttpeer.daemon import call
-
-    return call(home.control_socket, {"op": "status"})["status"]
-
-
-def _status(args: argparse.Namespace) -> int:
-    if args.watch:
-        from ttpeer._commands import check_interval, watch
-
-        return watch(_home(args), check_interval(args.interval), args.frames)
-    st = _status_obj(_home(args))
-    if args.json:
-        print(json.dumps(st, indent=2))
-        return 0
-    node = st["node"]
-    relay = "connected" if st["relay"]["connected"] else f"NOT connected ({st['relay']['last_error']})"
-    print(f"node {node['name']} ({node['id'][:12]}) pool {node['pool'][:12]}  relay {relay}")
-    print(f"bytes sent {_size(st['bytes_sent'])}, received {_size(st['bytes_received'])}"
-          + (f"; metrics at {st['metrics_url']}" if st.get("metrics_url") else ""))
-    for repair in st.get("startup_repairs") or []:
-        print(f"repaired at start-up: {repair}")
-    print("peers:")
-    for peer in st["peers"]:
-        seen = "this machine" if peer["self"] else (
-            "never heard from" if peer["last_seen_s"] is None else f"heard {peer['last_seen_s']:.0f}s ago")
-        print(f"  {peer['name']:<16} {peer['id'][:12]}  {peer['role']:<6}  {seen}")
-    print("jobs:" if st["jobs"] else "jobs: none")
-    for job in st["jobs"]:
-        metric = "" if job["eval_loss"] is None else (
-            f"  eval loss {job['eval_loss']:.4f} {job['metric_name']} {job['eval_metric']:.4f}")
-        ratio = "" if job["compression_ratio"] is None else f"  compression {job['compression_ratio']:.1f}x"
-        use = "" if job.get("utilization") is None else f"  utilization {100 * job['utilization']:.0f}%"
-        unit, parts = ("unit", "members") if job["mode"] == "ensemble" else ("round", "shards")
-        print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: {unit} {job['round']}/"
-              f"{job['rounds']}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
-        for decline in job.get("declines") or []:
-            who = "here" if decline["peer"] == node["id"] else f"by {decline['name']} ({decline['peer'][:12]})"
-            print(f"    declined {who}: {decline['reason']}")
-        if job["declined"] and not any(d["peer"] == node["id"] for d in job.get("declines") or []):
-            print(f"    declined here: {job['declined']}")
-        for w in (x for x in st.get("workers") or [] if x["job"] == job["id"]):
-            restarts = f", restarted {w['deaths']}x" if w["deaths"] else ""
-            print(f"    worker {w['rank']}: pid {w['pid']} on {w['device']}{restarts}")
-    return 0
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
-
-
-def _find_job(jobs: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
-    found = [j for j in jobs if j["id"].startswith(prefix.lower())]
-    if not found:
-        raise JobError(f"no job {prefix!r} is known to this peer (see 'ttpeer status')")
-    if len(found) > 1:
-        raise UsageError(f"job prefix {prefix!r} is ambiguous; give more characters")
-    return found[0]
-
-
-def _wait(args: argparse.Namespace) -> int:
-    home = _home(args)
-    deadline = None if args.timeout is None else time.monotonic() + args.timeout
-    delay = 0.2
-    while True:
-        job = _find_job(_status_obj(home)["jobs"], args.job)
-        if job["state"] == "done":
-            print(f"job {job['id'][:12]} done: {job['rounds']} rounds, {job['metric_name']} "
-                  f"{job['eval_metric']}")
-            return 0
-        if job["state"] == "declined":
-            raise JobError(f"job {job['id'][:12]} was declined by this peer: {job['declined']}")
-        if deadline is not None and time.monotonic() >= deadline:
-            print(f"error: timed out waiting for job {job['id'][:12]} (round {job['round']}/{job['rounds']})",
-                  file=sys.stderr)
-            return 2
-        time.sleep(delay)
-        delay = min(delay * 1.5, 2.0)
-
-
 def _export(args: argparse.Namespace) -> int:
-    home = _home(args)
-    states = home.path / "states"
-    matches = [p for p in states.glob(f"{args.job.lower()}*")] if states.exists() else []
-    if len(matches) > 1:
-        raise UsageError(f"job prefix {args.job!r} is ambiguous; give more characters")
-    # done.json is written last, after the model and its sidecar: until then the job is
-    # still finishing here (status says so) and the files may be half there.
-    if not matches or not (matches[0] / "done.json").exists():
-        raise JobError(f"job {args.job!r} has not finished on this peer (see 'ttpeer status'); "
-                       "export needs the final model")
-    folder = matches[0]
-    out: Path = args.out
-    if out.parent and not out.parent.exists():
-        raise UsageError(f"directory {out.parent} does not exist")
-    shutil.copyfile(folder / "final.safetensors", out)
-    shutil.copyfile(folder / "final.json", out.with_suffix(".json"))
-    digest = hashlib.sha256(out.read_bytes()).hexdigest()
-    print(f"wrote {out} and {out.with_suffix('.json')}")
-    print(digest)
-    return 0
+    from ttpeer._export import export
+
+    return export(_home(args), args.job, args.out)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ttpeer.cli import main
+from ttpeer.daemon import Home
 
 
 def test_help_lists_every_command(capsys):
@@ -24,14 +27,27 @@ def test_malformed_token_is_refused_without_echoing_it(tmp_path, capsys):
     assert not (tmp_path / "h").exists()  # nothing was created
 
 
+def _enrolled(path):
+    return Home(path).create_pool("https://127.0.0.1:1", "sha256:" + "0" * 64, "alice", time.time())
+
+
 def test_status_without_a_daemon_says_how_to_start_one(tmp_path, capsys):
+    _enrolled(tmp_path)
     assert main(["status", "--home", str(tmp_path)]) == 1
     assert "ttpeer up" in capsys.readouterr().err
 
 
-def test_export_of_an_unknown_job_is_a_clear_error(tmp_path, capsys):
-    assert main(["export", "abc123", str(tmp_path / "m.safetensors"), "--home", str(tmp_path)]) == 1
-    assert "has not finished" in capsys.readouterr().err
+def test_status_on_a_home_that_is_not_enrolled_says_to_enroll_it(tmp_path, capsys):
+    assert main(["status", "--home", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "not enrolled" in err and "ttpeer up" not in err
+
+
+def test_export_of_an_unknown_job_says_there_is_no_such_job(tmp_path, capsys):
+    _enrolled(tmp_path)
+    assert main(["export", "deadbeef", str(tmp_path / "m.safetensors"), "--home", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "no job 'deadbeef'" in err and "has not finished" not in err
 
 
 def test_export_of_a_job_still_finishing_is_the_same_clear_error(tmp_path, capsys):

@@ -123,8 +123,8 @@ def test_load_says_what_to_do_with_bad_input(task, members, tmp_path):
     state = train.init_ensemble(task, members)
     out = tmp_path / "b.safetensors"
     train.export_ensemble(state, task, members, out, {}, train.evaluate_ensemble(task, state))
-    with pytest.raises(UsageError, match="pass its task file"):
-        ttpeer.load(out)  # trained from a task file, which the bundle does not carry
+    with pytest.raises(UsageError, match="pass the original file"):
+        ttpeer.load(out, home=tmp_path / "no-home")  # trained from a task file, which the bundle does not carry
     out.write_bytes(out.read_bytes()[:-4] + b"\0\0\0\0")
     with pytest.raises(UsageError, match="sha256"):
         ttpeer.load(out, task=TASK_FILE)

@@ -1,9 +1,30 @@
-"""The daemon: drives the protocol with real I/O in one trio nursery."""
+"""The daemon: drives the protocol with real I/O in one trio nursery.
 
-from ._control import call
-from ._executor import Executor
-from ._home import Home, PoolConfig, default_home, new_invite
-from ._node import Node
-from ._run import run_daemon
+The names are imported on first use: client commands (``ttpeer status``) need only
+``call`` and ``Home``, and importing ``run_daemon`` would pull in torch (seconds).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._client import call
+    from ._executor import Executor
+    from ._home import Home, PoolConfig, default_home, new_invite
+    from ._node import Node
+    from ._run import run_daemon
+
+_WHERE = {"call": "_client", "Executor": "_executor", "Home": "_home", "PoolConfig": "_home",
+          "default_home": "_home", "new_invite": "_home", "Node": "_node", "run_daemon": "_run"}
 
 __all__ = ["Executor", "Home", "Node", "PoolConfig", "call", "default_home", "new_invite", "run_daemon"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'ttpeer.daemon' has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value  # once: later lookups skip this function
+    return value

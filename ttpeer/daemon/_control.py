@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ttpeer.errors import DaemonNotRunning, TtpeerError
+from ttpeer.errors import TtpeerError
+
+from ._client import call as call  # the client half, importable without trio
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -112,26 +114,3 @@ async def _dispatch(node: Node, request: dict[str, Any], status: Callable[[], di
         return {"ok": True, "peer": peer, "name": name, "record": rec.id, "epoch": len(node.pool_keys) - 1,
                 "again": again}
     raise ValueError(f"unknown op {op!r}")
-
-
-def call(path: Path, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
-    """Blocking client used by the command line. Raises ``DaemonNotRunning``."""
-    s = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
-    s.settimeout(timeout)
-    try:
-        s.connect(str(path))
-    except (FileNotFoundError, ConnectionRefusedError):
-        s.close()
-        raise DaemonNotRunning(
-            f"no ttpeer daemon is running on {path.parent} (start it with 'ttpeer up')"
-        ) from None
-    with s:
-        s.sendall(json.dumps(request).encode())
-        s.shutdown(pysocket.SHUT_WR)
-        chunks = []
-        while chunk := s.recv(65536):
-            chunks.append(chunk)
-    reply = json.loads(b"".join(chunks) or b"{}")
-    if not reply.get("ok"):
-        raise TtpeerError(reply.get("error", "the daemon gave no answer"))
-    return reply

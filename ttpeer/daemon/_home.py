@@ -106,10 +106,18 @@ class Home:
             raw = json.loads((self.path / "pool.json").read_text())
             return PoolConfig(**raw)
         except FileNotFoundError:
+            if not self.path.is_dir():
+                raise HomeError(
+                    f"home {self.path} does not exist: pass the --home of an enrolled machine, "
+                    "or make one with 'ttpeer pool create' or 'ttpeer join -'"
+                ) from None
             raise HomeError(
                 f"{self.path} is not enrolled in a pool: run 'ttpeer pool create' or "
-                "'ttpeer join TOKEN' first (or pass --home)"
+                "'ttpeer join -' first (or pass --home)"
             ) from None
+        except PermissionError:
+            raise HomeError(f"cannot read {self.path}/pool.json: permission denied (run ttpeer as the "
+                            "user who owns this home, or pass another --home)") from None
         except (ValueError, TypeError) as exc:
             raise HomeError(f"{self.path}/pool.json is damaged: {exc}") from None
 

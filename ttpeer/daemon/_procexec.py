@@ -353,7 +353,8 @@ class ProcessExecutor:
         env = dict(self._env if self._env is not None else os.environ)
         env.setdefault("TTPEER_WORKER_LOG", logging.getLevelName(logging.getLogger("ttpeer").getEffectiveLevel()))
         process = await trio.lowlevel.open_process(
-            [self._python, "-m", "ttpeer.daemon._worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            # -P: a folder named ttpeer in the daemon's working directory must not shadow ours
+            [self._python, "-P", "-m", "ttpeer.daemon._worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env=env, start_new_session=False)
         worker = _Worker(process)
         await self._nursery.start(worker.start)

@@ -30,11 +30,11 @@ class RelayUnavailable(NetError):
     Transient by nature: retry later with backoff.
     """
 
-    def __init__(self, url: str, detail: str) -> None:
-        super().__init__(
+    def __init__(self, url: str, detail: str, *, message: str | None = None) -> None:
+        super().__init__(message or (
             f"relay {url} is unavailable ({detail}); it may be down, or unreachable "
             "from here or through the configured proxy"
-        )
+        ))
         self.url = url
         self.detail = detail
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import socket
 import ssl
 from urllib.parse import unquote, urlsplit
 
@@ -97,9 +98,15 @@ async def fetch_certificate(url: str, *, proxy: str | None = None, timeout: floa
     context.minimum_version = ssl.TLSVersion.TLSv1_3
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE  # we only read the certificate, then compare it
+    where = f" via proxy {urlsplit(proxy).hostname}" if proxy else ""
     try:
         with trio.fail_after(timeout):
-            tls = trio.SSLStream(await open_tcp(host, port, proxy), context, server_hostname=host)
+            try:
+                stream = await open_tcp(host, port, proxy)
+            except OSError as exc:
+                raise RelayUnavailable(url, connect_failure(exc), message=(
+                    f"cannot reach the relay at {url}{where}: {connect_failure(exc)}")) from None
+            tls = trio.SSLStream(stream, context, server_hostname=host)
             try:
                 await tls.do_handshake()
                 der = tls.getpeercert(binary_form=True)
@@ -108,8 +115,21 @@ async def fetch_certificate(url: str, *, proxy: str | None = None, timeout: floa
     except trio.TooSlowError:
         raise RelayUnavailable(url, f"no TLS handshake within {timeout:g} s") from None
     except (OSError, trio.BrokenResourceError) as exc:
-        where = f" via proxy {urlsplit(proxy).hostname}" if proxy else ""
-        raise RelayUnavailable(url, f"TLS handshake failed{where}: {exc}") from None
+        raise RelayUnavailable(url, f"TLS handshake failed{where}: {exc} (is it a ttpeer relay?)") from None
     if not der:
         raise RelayUnavailable(url, "the server presented no certificate")
     return der
+
+
+def connect_failure(exc: OSError) -> str:
+    """Why a TCP connection failed, in a person's words: trio reports 'all attempts to
+    connect ... failed' and keeps the reason (refused, unreachable) in its cause."""
+    group = exc.__cause__ if isinstance(exc.__cause__, BaseExceptionGroup) else None
+    first = next((e for e in (group.exceptions if group else ()) if isinstance(e, OSError)), exc)
+    if isinstance(first, ConnectionRefusedError):
+        return "connection refused (is it running, and on that port?)"
+    if isinstance(first, socket.gaierror):
+        return "no such host name (check the URL)"
+    if isinstance(first, TimeoutError):
+        return "the connection timed out (is a firewall in the way?)"
+    return first.strerror or str(first)

@@ -40,6 +40,7 @@ def export_model(state: OuterState, task: LoadedTask, out: Path, metrics: dict[s
     data = _safetensors_bytes(state, {"ttpeer": "1", "task": task.name})
     digest = hashlib.sha256(data).hexdigest()
     sidecar = {
+        "mode": "fused",
         "task": task.name,
         "source_hash": task.source_hash,
         "param_count": sum(t.numel() for t in state.params.values()),

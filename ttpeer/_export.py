@@ -1,0 +1,80 @@
+"""``ttpeer export JOB OUT``: a finished job's model, its sidecar, and its task file.
+
+What is written, for ``OUT`` = ``out/model.safetensors`` (``.safetensors`` is added
+when missing, so ``export JOB out/model`` writes the same three files and no two
+export paths share a sidecar):
+
+- ``out/model.safetensors``: the model (or ensemble bundle), byte for byte the file
+  every peer holds;
+- ``out/model.json``: the sidecar, naming this model file, the job's ``mode``, the
+  task and its hash, and for a task-file job the user's file name (``task_file``);
+- ``out/model.task.py``, for a task-file job: the exact task file the job ran, so
+  ``ttpeer.load`` and ``predict`` find it beside the model. It is named after the
+  export, never after the user's file, so it cannot overwrite the user's edits.
+
+Nothing needs the daemon: the job and its files are read from the home.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ttpeer.errors import JobError, UsageError
+
+SUFFIX = ".safetensors"
+
+
+def model_path(out: Path) -> Path:
+    """The model file ``export`` writes for ``out``: ``out`` itself or ``out.safetensors``."""
+    return out if out.suffix == SUFFIX else out.with_name(out.name + SUFFIX)
+
+
+def task_copy_path(model: Path) -> Path:
+    """Where ``export`` puts the task file beside ``model``."""
+    return model.with_suffix(".task.py")
+
+
+def export(home: Any, prefix: str, out: Path) -> int:
+    """Copy job ``prefix``'s final model out of ``home``. Raises ``JobError`` for an
+    unknown or unfinished job, ``UsageError`` for a bad output path."""
+    folder = _finished_folder(home, prefix)
+    model = model_path(out)
+    if not model.parent.is_dir():
+        raise UsageError(f"directory {model.parent} does not exist")
+    side = json.loads((folder / "final.json").read_text())
+    side["model_file"] = model.name  # the daemon's copy says final.safetensors
+    side.setdefault("mode", "fused")  # older exports name only ensembles' mode
+    task_name = str((side.get("metrics") or {}).get("task", ""))
+    written = [model, model.with_suffix(".json")]
+    if task_name.endswith(".py"):
+        side["task_file"] = task_name
+        source = home.path / "tasks" / f"{side['source_hash']}.py"
+        if source.is_file():
+            shutil.copyfile(source, task_copy_path(model))
+            written.append(task_copy_path(model))
+    shutil.copyfile(folder / "final.safetensors", model)
+    model.with_suffix(".json").write_text(json.dumps(side, indent=2, sort_keys=True) + "\n")
+    print("wrote " + ", ".join(str(p) for p in written))
+    print(hashlib.sha256(model.read_bytes()).hexdigest())
+    return 0
+
+
+def _finished_folder(home: Any, prefix: str) -> Path:
+    states = home.path / "states"
+    matches = [p for p in states.glob(f"{prefix.lower()}*") if p.is_dir()] if states.is_dir() else []
+    if len(matches) > 1:
+        raise UsageError(f"job prefix {prefix!r} is ambiguous; give more characters")
+    # done.json is written last, after the model and its sidecar: until then the job is
+    # still finishing here (status says so) and the files may be half there.
+    if matches and (matches[0] / "done.json").exists():
+        return matches[0]
+    if not matches:
+        from ttpeer._report import find_job, load_records
+
+        find_job(load_records(home)[0], prefix)  # raises JobError for a job nobody submitted
+    raise JobError(f"job {prefix!r} has not finished on this peer (see 'ttpeer status'); "
+                   "export needs the final model")

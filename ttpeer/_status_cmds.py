@@ -1,0 +1,98 @@
+"""The client commands that ask the running daemon: ``ttpeer status`` and ``ttpeer
+wait``. They import neither torch nor trio: they answer at once."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from ttpeer.errors import JobError, UsageError
+
+
+def _status_obj(home: Any) -> dict[str, Any]:
+    from ttpeer._commands import ask_daemon
+
+    return ask_daemon(home, {"op": "status"})["status"]
+
+
+def status(args: argparse.Namespace, home: Any) -> int:
+    """``ttpeer status [--json | --watch]``."""
+    if args.watch:
+        from ttpeer._commands import check_interval, watch
+
+        return watch(home, check_interval(args.interval), args.frames)
+    st = _status_obj(home)
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    node = st["node"]
+    relay = "connected" if st["relay"]["connected"] else f"NOT connected ({st['relay']['last_error']})"
+    print(f"node {node['name']} ({node['id'][:12]}) pool {node['pool'][:12]}  relay {relay}")
+    print(f"bytes sent {_size(st['bytes_sent'])}, received {_size(st['bytes_received'])}"
+          + (f"; metrics at {st['metrics_url']}" if st.get("metrics_url") else ""))
+    for repair in st.get("startup_repairs") or []:
+        print(f"repaired at start-up: {repair}")
+    print("peers:")
+    for peer in st["peers"]:
+        seen = "this machine" if peer["self"] else (
+            "never heard from" if peer["last_seen_s"] is None else f"heard {peer['last_seen_s']:.0f}s ago")
+        print(f"  {peer['name']:<16} {peer['id'][:12]}  {peer['role']:<6}  {seen}")
+    print("jobs:" if st["jobs"] else "jobs: none")
+    for job in st["jobs"]:
+        metric = "" if job["eval_loss"] is None else (
+            f"  eval loss {job['eval_loss']:.4f} {job['metric_name']} {job['eval_metric']:.4f}")
+        compressed = job["compression_ratio"] is not None and job["mode"] != "ensemble"  # whole checkpoints
+        ratio = f"  compression {job['compression_ratio']:.1f}x" if compressed else ""
+        use = "" if job.get("utilization") is None else f"  utilization {100 * job['utilization']:.0f}%"
+        unit, parts = ("unit", "members") if job["mode"] == "ensemble" else ("round", "shards")
+        print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: {unit} {job['round']}/"
+              f"{job['rounds']}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
+        for decline in job.get("declines") or []:
+            who = "here" if decline["peer"] == node["id"] else f"by {decline['name']} ({decline['peer'][:12]})"
+            print(f"    declined {who}: {decline['reason']}")
+        if job["declined"] and not any(d["peer"] == node["id"] for d in job.get("declines") or []):
+            print(f"    declined here: {job['declined']}")
+        for w in (x for x in st.get("workers") or [] if x["job"] == job["id"]):
+            restarts = f", restarted {w['deaths']}x" if w["deaths"] else ""
+            print(f"    worker {w['rank']}: pid {w['pid']} on {w['device']}{restarts}")
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _find_job(jobs: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
+    found = [j for j in jobs if j["id"].startswith(prefix.lower())]
+    if not found:
+        raise JobError(f"no job {prefix!r} is known to this peer (see 'ttpeer status')")
+    if len(found) > 1:
+        raise UsageError(f"job prefix {prefix!r} is ambiguous; give more characters")
+    return found[0]
+
+
+def wait(args: argparse.Namespace, home: Any) -> int:
+    """``ttpeer wait JOB``: 0 when done, 1 (JobError) if declined, 2 on timeout."""
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    delay = 0.2
+    while True:
+        job = _find_job(_status_obj(home)["jobs"], args.job)
+        if job["state"] == "done":
+            print(f"job {job['id'][:12]} done: {job['rounds']} rounds, {job['metric_name']} "
+                  f"{job['eval_metric']}")
+            return 0
+        if job["state"] == "declined":
+            raise JobError(f"job {job['id'][:12]} was declined by this peer: {job['declined']}")
+        if deadline is not None and time.monotonic() >= deadline:
+            print(f"error: timed out waiting for job {job['id'][:12]} (round {job['round']}/{job['rounds']})",
+                  file=sys.stderr)
+            return 2
+        time.sleep(delay)
+        delay = min(delay * 1.5, 2.0)
