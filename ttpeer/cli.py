@@ -142,7 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", parents=[common], help="write a finished job's model as safetensors")
     e.add_argument("job", help="job id or a unique prefix")
-    e.add_argument("out", type=Path, help="output file (.safetensors); a .json sidecar is written beside it")
+    e.add_argument("out", type=Path, help="output file (.safetensors); a .json sidecar is written beside it; "
+                   "with --format hf, a new folder")
+    e.add_argument("--format", choices=["safetensors", "hf"], default="safetensors",
+                   help="hf: a Hugging Face save_pretrained folder (config, safetensors weights, the tokenizer) that "
+                   "transformers loads; for tasks built with ttpeer.tasks.hf_causal_lm")
 
     pr = sub.add_parser("predict", parents=[common], help="print a model's predictions for an input file")
     pr.add_argument("bundle", type=Path, help="a file 'ttpeer export' wrote (fused model or ensemble bundle)")
@@ -477,11 +481,27 @@ def _export(args: argparse.Namespace) -> int:
     out: Path = args.out
     if out.parent and not out.parent.exists():
         raise UsageError(f"directory {out.parent} does not exist")
+    if args.format == "hf":
+        return _export_hf(folder, out)
     shutil.copyfile(folder / "final.safetensors", out)
     shutil.copyfile(folder / "final.json", out.with_suffix(".json"))
     digest = hashlib.sha256(out.read_bytes()).hexdigest()
     print(f"wrote {out} and {out.with_suffix('.json')}")
     print(digest)
+    return 0
+
+
+def _export_hf(folder: Path, out: Path) -> int:
+    from ttpeer.tasks._hf_export import export_hf
+    from ttpeer.train import TrainError
+
+    sidecar = json.loads((folder / "final.json").read_text())
+    try:
+        weights = export_hf(folder / "final.safetensors", sidecar, out)
+    except TrainError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
+    print(hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else out)
     return 0
 
 
