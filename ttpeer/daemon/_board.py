@@ -104,7 +104,10 @@ class Board:
         self.node = node
         self.usage = usage
         self._jobs: dict[str, _JobBoard] = {}
-        self._closed_at_start: dict[str, int] = {}  # rounds closed when this daemon first saw the job
+        # Rounds already closed in the record log this daemon started from (made before the
+        # node runs, after it loaded its log): their peer/* figures are not this run's to give.
+        m = node.machine
+        self._closed_at_start = {job.id: len(m.chain(job).closes) for job in m.records.jobs()}
         self._disabled = False
 
     def update(self) -> None:
@@ -124,7 +127,6 @@ class Board:
         m = self.node.machine
         for job in m.records.jobs():
             chain = m.chain(job)
-            self._closed_at_start.setdefault(job.id, len(chain.closes))
             board = self._board(job.id, len(chain.closes))
             if board is None or board.written >= len(chain.closes):
                 continue
@@ -145,7 +147,7 @@ class Board:
                 written = 0
             if written >= closed:
                 return None  # nothing new (a job finished before this start): no empty event file
-            board = self._jobs[job] = _JobBoard(folder, written, live_from=self._closed_at_start[job])
+            board = self._jobs[job] = _JobBoard(folder, written, live_from=self._closed_at_start.get(job, 0))
         return board
 
     def _peer(self, job: str) -> dict[str, float]:
