@@ -5,6 +5,8 @@ Everything is made in tmp_path; nothing is downloaded."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -192,3 +194,13 @@ def test_export_hf_refuses_what_it_cannot_write(tmp_path):
     with pytest.raises(train.CheckpointError, match="does not hash to the model_sha256"):
         export_hf(out, {**sidecar, "model_sha256": "0" * 64}, tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_the_public_surface_is_one_helper_that_imports_transformers_only_when_called():
+    import ttpeer.tasks
+
+    assert ttpeer.tasks.__all__ == ["hf_causal_lm"]
+    code = ("import sys, ttpeer.tasks; "
+            "print(sorted(m for m in ('transformers', 'datasets') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split()[-1] == "[]"
