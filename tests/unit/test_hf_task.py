@@ -82,6 +82,9 @@ def test_the_data_the_tokenizer_and_the_model_files_are_part_of_the_task_hash(tm
     folder = model_folder(tmp_path / "gpt")
     fpath = task_file(tmp_path / "f.py", folder, data, block_size=16)
     before = _load(fpath, tmp_path).source_hash
+    (folder / ".cache").mkdir()  # what a hub download leaves, with its own timestamps: not the model
+    (folder / ".cache" / "download.lock").write_text("1796116921")
+    assert _load(fpath, tmp_path).source_hash == before
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "resid_pdrop": 0.2}))
     assert _load(fpath, tmp_path).source_hash != before

@@ -122,6 +122,9 @@ class Board:
                         "(pip install tensorboard)")
         except OSError as exc:
             log.warning("could not write TensorBoard events under %s: %s", self.root, exc)
+        except Exception:  # a bug here must not take the daemon down: stop writing, say so once
+            self._disabled = True
+            log.exception("writing TensorBoard events failed; no more are written until the daemon restarts")
 
     def _update(self) -> None:
         m = self.node.machine

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ttpeer.train import TaskError
 
-from ._hf_model import offline
+from ._hf_model import offline, visible_files
 
 FORMATS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
            ".parquet": "parquet"}
@@ -49,15 +49,15 @@ class Tokens:
 
 
 def data_files(data: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> tuple[str, tuple[Path, ...]]:
-    """The format and the sorted files of ``data`` (a file, a folder of files, or a list
-    of both). Raises TaskError for a missing path, no files, an unknown suffix or a mix
+    """The format and the sorted files of ``data`` (a file, a folder of files (hidden ones
+    skipped), or a list of both). Raises TaskError for a missing path, no files, an unknown suffix or a mix
     of formats."""
     items = [data] if isinstance(data, str | os.PathLike) else list(data)
     files: set[Path] = set()
     for item in items:
         path = Path(item).expanduser()
         if path.is_dir():
-            files |= {p.resolve() for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FORMATS}
+            files |= {p.resolve() for p in visible_files(path) if p.suffix.lower() in FORMATS}
         elif path.is_file():
             files.add(path.resolve())
         else:

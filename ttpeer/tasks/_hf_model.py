@@ -160,7 +160,7 @@ def check_causal(config: Any, where: str) -> None:
                         "give a decoder-only model such as gpt2, llama, qwen2 or mistral")
     causal_names = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
     encoder = kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES or getattr(config, "is_encoder_decoder", False)
-    if archs and not any(a in causal_names for a in archs) or encoder and not getattr(config, "is_decoder", False):
+    if (archs and not any(a in causal_names for a in archs)) or (encoder and not getattr(config, "is_decoder", False)):
         raise TaskError(f"hf_causal_lm: {found}: an encoder (masked or sequence-to-sequence) model, not a "
                         "causal language model; give a decoder-only model such as gpt2, llama, qwen2 or "
                         "mistral")
@@ -190,9 +190,17 @@ def config_json(config: Any) -> str:
     return json.dumps(data, sort_keys=True, default=str)
 
 
+def visible_files(folder: Path) -> list[Path]:
+    """The files under ``folder``, sorted by relative path, skipping hidden ones (a name
+    starting with a dot, e.g. the ``.cache/`` a hub download leaves, with its timestamps)."""
+    files = (p for p in folder.rglob("*") if p.is_file()
+             and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    return sorted(files, key=lambda p: p.relative_to(folder).as_posix())
+
+
 def folder_hash(folder: Path) -> str:
-    """sha256 over every file in ``folder`` (names and bytes, sorted paths; symlinks followed)."""
-    files = sorted((p for p in folder.rglob("*") if p.is_file()), key=lambda p: p.relative_to(folder).as_posix())
+    """sha256 over the visible files in ``folder`` (names and bytes; symlinks followed)."""
+    files = visible_files(folder)
     stamp = tuple((p.as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     return _hash_files(folder, stamp)
 
