@@ -207,3 +207,19 @@ def test_the_public_surface_is_one_helper_that_imports_transformers_only_when_ca
             "print(sorted(m for m in ('transformers', 'datasets') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split()[-1] == "[]"
+
+
+def test_export_format_hf_of_another_task_is_one_clear_line_and_writes_nothing(tmp_path, capsys):
+    from ttpeer.cli import main
+
+    _task, out = _trained_export(tmp_path, None)
+    folder = tmp_path / "home" / "states" / "abc123"
+    folder.mkdir(parents=True)
+    (folder / "final.safetensors").write_bytes(out.read_bytes())
+    sidecar = json.loads(out.with_suffix(".json").read_text())
+    (folder / "final.json").write_text(json.dumps({**sidecar, "task": "mnist1d", "task_info": {}}))
+    (folder / "done.json").write_text("{}")
+    target = tmp_path / "hf"
+    assert main(["export", "abc123", str(target), "--format", "hf", "--home", str(tmp_path / "home")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "'mnist1d' is not a Hugging Face model" in err and "\n" not in err and not target.exists()
