@@ -16,6 +16,7 @@ want="$(cat "$ROOT/pyproject.toml" "$ROOT/bootstrap-relay/pyproject.toml" | sha2
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   python -m pip install -q --upgrade pip >&2
   python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0" >&2
-  python -m pip install -q -e "$ROOT[test]" >&2
+  # [hf]: the Hugging Face tests need transformers and datasets (about 40 s more CPU on a fresh .venv)
+  python -m pip install -q -e "$ROOT[test,hf]" >&2
   echo "$want" >"$stamp"
 fi

@@ -63,6 +63,30 @@ def export(home: Any, prefix: str, out: Path) -> int:
     return 0
 
 
+def export_hf(home: Any, prefix: str, out: Path) -> int:
+    """Write job ``prefix``'s final model as a Hugging Face ``save_pretrained`` folder
+    (tasks built with ``ttpeer.tasks.hf_causal_lm``). Raises ``JobError`` for an unknown
+    or unfinished job, ``UsageError`` for a job that is not a Hugging Face model."""
+    import hashlib
+    import json
+
+    from ttpeer.errors import UsageError
+    from ttpeer.tasks._hf_export import export_hf as write_folder
+    from ttpeer.train import TrainError
+
+    folder = _finished_folder(home, prefix)
+    if out.parent and not out.parent.exists():
+        raise UsageError(f"directory {out.parent} does not exist")
+    sidecar = json.loads((folder / "final.json").read_text())
+    try:
+        weights = write_folder(folder / "final.safetensors", sidecar, out)
+    except TrainError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
+    print(hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else out)
+    return 0
+
+
 def _finished_folder(home: Any, prefix: str) -> Path:
     states = home.path / "states"
     matches = [p for p in states.glob(f"{prefix.lower()}*") if p.is_dir()] if states.is_dir() else []

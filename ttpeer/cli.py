@@ -146,7 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", parents=[common], help="write a finished job's model as safetensors")
     e.add_argument("job", help="job id or a unique prefix")
     e.add_argument("out", type=Path, help="output file (.safetensors is added if missing); its .json sidecar "
-                   "and, for a task-file job, its task file (.task.py) are written beside it")
+                   "and, for a task-file job, its task file (.task.py) are written beside it; with --format hf, "
+                   "a new folder")
+    e.add_argument("--format", choices=["safetensors", "hf"], default="safetensors",
+                   help="hf: a Hugging Face save_pretrained folder (config, safetensors weights, the tokenizer) that "
+                   "transformers loads; for tasks built with ttpeer.tasks.hf_causal_lm")
 
     pr = sub.add_parser("predict", parents=[common], help="print a model's predictions for an input file")
     pr.add_argument("bundle", type=Path, help="a file 'ttpeer export' wrote (fused model or ensemble bundle)")
@@ -429,8 +433,10 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ttpeer._export import export
+    from ttpeer._export import export, export_hf
 
+    if args.format == "hf":
+        return export_hf(_home(args), args.job, args.out)
     return export(_home(args), args.job, args.out)
 
 

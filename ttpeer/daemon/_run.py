@@ -4,7 +4,7 @@ Start-up, in order: lock the home; serve the control socket (``ttpeer status``
 answers from here on); tell systemd READY and start the watchdog; check and
 repair the home on disk (``_integrity``, in a worker thread: big states take
 time); optionally serve Prometheus metrics; then run the node (connect, replay
-the record log, train).
+the record log, train) and keep each job's TensorBoard events current (``_board``).
 
 Stopping, on SIGTERM or SIGINT: tell systemd STOPPING; hand back the claim in
 flight (``PeerMachine.release``: a signed ``release`` record, so peers take the
@@ -32,6 +32,8 @@ from ttpeer.errors import TtpeerError
 from ttpeer.net import RelayClient
 from ttpeer.proto import Timing
 
+from ._board import FOLDER as BOARD_FOLDER
+from ._board import Board, run_board
 from ._control import serve_control
 from ._home import Home
 from ._integrity import check_home_apart
@@ -121,6 +123,7 @@ async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None
                     raise TtpeerError(f"cannot serve metrics on {metrics}: {exc.strerror or exc} "
                                       "(choose another port with --metrics or 'metrics' in the config)") from None
             await nursery.start(_run_node, node, nursery.cancel_scope)
+            nursery.start_soon(run_board, Board(home.path / BOARD_FOLDER, node, usage))
             ready.set()
             print(f"ttpeer up: node {node.me[:12]} ({cfg.name}) in pool {cfg.pool[:12]}"
                   + (f"; metrics at {metrics_url}" if metrics_url else ""), flush=True)

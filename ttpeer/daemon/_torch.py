@@ -21,6 +21,7 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -128,8 +129,8 @@ class TorchExecutor:
         def load() -> Decline | str | None:
             task = self._load_task(job["task"], task_file)
             if task.source_hash != job["task_hash"]:
-                return (f"task {job['task']!r} here differs from the submitter's "
-                        f"(hash {task.source_hash[:12]} vs {job['task_hash'][:12]})")
+                return (f"task {job['task']!r} here differs from the submitter's: its code, or the data "
+                        f"or model files it reads (hash {task.source_hash[:12]} vs {job['task_hash'][:12]})")
             need = train.memory_need(task, batch_size=job["batch_size"], shards=job["shards"],
                                      held_states=KEEP_STATES,
                                      members=len(job["members"]) if job["mode"] == "ensemble" else 0,
@@ -258,7 +259,11 @@ class TorchExecutor:
             delta = ctx.trainer.delta(start if start is not None else self._state(eff.job, eff.base))
             ctx.own = (eff.round, delta)
             data, ctx.residual = train.encode_delta(delta, ctx.residual, bits=eff.job["bits"])
-            return data, {"fp32_bytes": float(train.fp32_size(delta))}
+            metrics = {"fp32_bytes": float(train.fp32_size(delta))}
+            loss = ctx.trainer.take_train_loss()
+            if loss is not None and math.isfinite(loss):  # a record holds finite numbers only
+                metrics["train_loss"] = round(loss, 6)
+            return data, metrics
 
         async with self._train_lock:
             return await _in_thread(run)

@@ -13,6 +13,7 @@ the job started here):
     comm_s         seconds moving blobs               idle_s     wall_s - the three above (at least 0)
     wall_s         the interval                       samples_per_s  samples / train_s
     compression    fp32 bytes / wire bytes of the delta
+    train_loss     (from the executor) the mean loss of the inner steps since the last one
 
 Training and transfers may overlap (a peer uploads while it trains the next
 round), so idle is clamped at zero. The delta's upload happens after its

@@ -52,6 +52,9 @@ class InnerTrainer:
         # round trains (overlapped rounds), and must not copy a model in mid-step.
         self._eval_model = copy.deepcopy(self.model)
         self.optimizer = self._new_optimizer()
+        # Training loss since the last ``take_train_loss``, summed on the device (no sync a batch).
+        self._loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
+        self._loss_batches = 0
 
     def start(self, base: OuterState) -> None:
         """Copy ``base.params`` into the local model; the AdamW state is kept.
@@ -90,6 +93,8 @@ class InnerTrainer:
             self.optimizer.step()
             # Accumulated on the device: a .item() per batch would stall a GPU.
             diverged |= ~torch.isfinite(loss.detach())
+            self._loss_sum += loss.detach()
+            self._loss_batches += 1
             samples += len(batch)
             if task.slowdown > 0:
                 _throttle(self.device, began, task.slowdown)
@@ -98,6 +103,16 @@ class InnerTrainer:
             raise TrainError(f"task {task.name}: training diverged (loss is NaN or inf); "
                              "try a lower inner learning rate")
         return samples
+
+    def take_train_loss(self) -> float | None:
+        """The mean training loss of the batches since the last call (None if none ran),
+        and start counting again: a contribution reports the loss of the shards it covers."""
+        if not self._loss_batches:
+            return None
+        mean = float(self._loss_sum) / self._loss_batches
+        self._loss_sum.zero_()
+        self._loss_batches = 0
+        return mean
 
     def delta(self, base: OuterState) -> dict[str, Tensor]:
         """Return the pseudo-gradient ``base.params - local params`` (fp32, CPU).

@@ -28,7 +28,10 @@ class TaskSpec:
     batch); ``metric(output, target)`` returns a float, higher is better, also a
     mean over the batch. ``info`` is provenance worth keeping next to the results
     (e.g. the hash of a corpus), strings only; the export sidecar records it.
-    Nothing is checked here; ``load_task`` checks.
+    ``data_hash`` (hex) names what the task reads besides its own file (data files,
+    a model folder): ``load_task`` folds it into the task's hash, so peers whose
+    files differ decline the job as a different task. Nothing is checked here;
+    ``load_task`` checks.
     """
 
     model: Callable[[], torch.nn.Module]
@@ -39,14 +42,16 @@ class TaskSpec:
     metric_name: str = "accuracy"
     batch_size: int = 64
     info: Mapping[str, str] = field(default_factory=dict)
+    data_hash: str = ""
 
 
 @dataclass(frozen=True)
 class LoadedTask:
     """A validated task, ready to train.
 
-    ``source_hash`` is the sha256 hex digest of the task file's bytes (or, for
-    the built-in mnist1d task, of its data and model version); peers compare it
+    ``source_hash`` is the sha256 hex digest of the task file's bytes, with the
+    spec's ``data_hash`` folded in when it has one (or, for a built-in task, of
+    its data and model version); peers compare it
     to make sure they train the same thing. ``slowdown`` makes each training
     batch take ``1 + slowdown`` times as long, for benchmarks of slow peers.
     """

@@ -126,6 +126,8 @@ def _run_task_file(path: Path) -> tuple[TaskSpec, str]:
         raise TaskError(f"{where} defines no task() function; add `def task() -> TaskSpec:`")
     try:
         result = task_fn()
+    except TaskError as exc:  # a task helper's own error (ttpeer.tasks) already says what to fix
+        raise TaskError(f"{where}: {exc}") from exc
     except (Exception, SystemExit) as exc:
         raise TaskError(f"task() in {where} raised {type(exc).__name__}: {exc}") from exc
     return _as_spec(result, where), source_hash
@@ -163,6 +165,10 @@ def _validate(spec: TaskSpec, *, name: str, origin: str, source_hash: str,
     if not isinstance(spec.info, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in spec.info.items()):
         raise TaskError(f"{origin}: info must be a dict of strings to strings")
+    if not isinstance(spec.data_hash, str) or spec.data_hash.strip("0123456789abcdef"):
+        raise TaskError(f"{origin}: data_hash must be a lower-case hex string, got {spec.data_hash!r}")
+    if spec.data_hash:  # the files it reads are part of the task, as charlm's corpus is
+        source_hash = hashlib.sha256(f"{source_hash}\n{spec.data_hash}".encode()).hexdigest()
     train = _as_dataset(spec.train, "train", origin)
     test = _as_dataset(spec.test, "test", origin)
     check_model(spec, origin)
