@@ -174,12 +174,18 @@ def _finals(homes: list[Home], job: Any) -> set[str]:
 
 async def test_a_peer_with_two_local_workers_trains_its_shards_together_and_ends_identical(tmp_path: Path) -> None:
     homes = _homes(tmp_path)
-    spec = _spec(rounds=5, shards=4, batches=10, steal=True, task=FAULTY.name)
-    executors = [ProcessExecutor(homes[0], env=_env("slow:60")),
-                 ProcessExecutor(homes[1], env=_env("slow:60"), workers=2)]
+    spec = _spec(rounds=4, shards=4, batches=10, steal=True, task=FAULTY.name)
+    gate = tmp_path / "bob-is-ready"
+    # Alice's first step waits for the gate, opened once bob's two workers are up: else, on
+    # a loaded machine, alice trained the whole job while bob was still starting them.
+    executors = [ProcessExecutor(homes[0], env={**_env("slow:40"), "TTPEER_TEST_GATE": str(gate)}),
+                 ProcessExecutor(homes[1], env=_env("slow:40"), workers=2)]
     seen: list[list[dict[str, Any]]] = []
 
     async def watch(nodes: list[Node], executors: list[ProcessExecutor]) -> None:
+        while len(executors[1].workers()) < 2:
+            await trio.sleep(0.05)
+        gate.touch()
         while not seen:  # until the pair of workers trains a shard
             if nodes[1].machine.training is not None and len(group := executors[1].workers()) == 2:
                 seen.append(group)
