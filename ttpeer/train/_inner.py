@@ -89,27 +89,28 @@ class InnerTrainer:
         """
         task = self.task
         self.model.train()
-        diverged = torch.zeros((), dtype=torch.bool, device=self.device)
+        # The sum of the batches' losses, kept on the device (a .item() per batch would stall
+        # a GPU): it is NaN or inf exactly when some batch's loss was (or the losses are
+        # beyond 1e38, diverged too). One in-place add per step: the loop's only overhead op.
+        losses = torch.zeros((), device=self.device)
         samples = 0
         for index, batch in enumerate(batches):
             if should_stop is not None and should_stop():
                 break
             began = time.perf_counter()
-            loss = self._step(batch, first_step + index)
-            # Accumulated on the device: a .item() per batch would stall a GPU.
-            diverged |= ~torch.isfinite(loss)
+            self._step(batch, first_step + index, losses)
             samples += len(batch)
             if task.slowdown > 0:
                 _throttle(self.device, began, task.slowdown)
-        if bool(diverged):
+        if not bool(torch.isfinite(losses)):
             self.optimizer = self._new_optimizer()
             self._scaler = _precision.scaler(self.recipe.precision, self.device)
             raise TrainError(f"task {task.name}: training diverged (loss is NaN or inf); "
                              "try a lower inner learning rate")
         return samples
 
-    def _step(self, batch: Sequence[int], step: int) -> Tensor:
-        """One optimizer step on ``batch``; returns its mean loss (detached)."""
+    def _step(self, batch: Sequence[int], step: int, losses: Tensor) -> None:
+        """One optimizer step on ``batch``; adds its mean loss to ``losses``."""
         task, recipe, scaler = self.task, self.recipe, self._scaler
         lr = self._lr * recipe.schedule.factor(step)
         for group in self.optimizer.param_groups:
@@ -118,8 +119,8 @@ class InnerTrainer:
         x, y = x.to(self.device), y.to(self.device)
         self.optimizer.zero_grad(set_to_none=True)
         sizes = split(len(batch), recipe.micro_batch)
-        total = torch.zeros((), device=self.device)
-        for xs, ys in zip(x.split(sizes), y.split(sizes), strict=True):
+        parts = zip(x.split(sizes), y.split(sizes), strict=True) if len(sizes) > 1 else [(x, y)]
+        for xs, ys in parts:
             with _precision.autocast(recipe.precision, self.device):
                 loss = task.spec.loss(self.model(xs), ys)
             if not isinstance(loss, Tensor) or loss.ndim != 0:
@@ -131,7 +132,7 @@ class InnerTrainer:
             if len(sizes) > 1:
                 loss = loss * (len(xs) / len(batch))
             (scaler.scale(loss) if scaler is not None else loss).backward()
-            total = total + loss.detach().float()
+            losses += loss.detach()
         if scaler is not None:
             scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
         nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
@@ -140,7 +141,6 @@ class InnerTrainer:
             scaler.update()
         else:
             self.optimizer.step()
-        return total
 
     def delta(self, base: OuterState) -> dict[str, Tensor]:
         """Return the pseudo-gradient ``base.params - local params`` (fp32, CPU).

@@ -36,7 +36,7 @@ def supported(precision: str, device: torch.device) -> bool:
     if precision == "fp32":
         return True
     if device.type == "cuda":
-        return precision == "fp16" or torch.cuda.is_bf16_supported(including_emulation=False)
+        return precision == "fp16" or _native_bf16(device)
     if device.type == "cpu":
         return True  # both are CPU autocast dtypes since torch 2.x
     with warnings.catch_warnings(record=True) as caught:  # torch warns and disables when unsupported
@@ -44,6 +44,13 @@ def supported(precision: str, device: torch.device) -> bool:
         with torch.autocast(device.type, dtype=_DTYPES[precision]):
             pass
     return not caught
+
+
+def _native_bf16(device: torch.device) -> bool:
+    try:  # without emulation: a GPU that emulates bf16 (before compute capability 8.0) is slow at it
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # torch < 2.4 has no such argument, and counts only native support
+        return torch.cuda.is_bf16_supported()
 
 
 def resolve(requested: str, device: torch.device) -> str:
