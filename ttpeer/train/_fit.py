@@ -152,11 +152,12 @@ class Misfit:
 
 
 def fit_problem(need: MemoryNeed, *, device: str, device_free: int, host_free: int,
-                limited: bool = False) -> Misfit | None:
+                limited: bool = False, micro_batch: int | None = None) -> Misfit | None:
     """None if ``need`` fits in ``device_free`` bytes on ``device`` (and, off the CPU,
     its outer copies in ``host_free`` bytes of host memory); else what the peer
     declines with: what it needs, what there is, and the largest model that would fit.
-    ``limited``: ``device_free`` is the ``memory_limit`` setting, not what is free."""
+    ``limited``: ``device_free`` is the ``memory_limit`` setting, not what is free;
+    ``micro_batch``: ``need`` counts the activations of micro-batches of that many samples."""
     on_cpu = not device.startswith(("cuda", "mps", "xpu"))
     per_param_device = (need.model + need.eval_copy + need.grads + need.optimizer) / max(need.params, 1)
     per_param_host = need.host / max(need.params, 1)
@@ -174,9 +175,14 @@ def fit_problem(need: MemoryNeed, *, device: str, device_free: int, host_free: i
         else:
             short, have, where = need.host, host_free, "host memory for the outer copies"
             limited = False
-    fits = (f"a model of up to about {_count(int(room))} parameters would fit here" if room >= 1 else
-            f"no model fits here with this batch size: one batch's activations alone need about "
-            f"{_size(need.activations)} (a smaller --batch-size needs less)")
+    if room >= 1:
+        fits = f"a model of up to about {_count(int(room))} parameters would fit here"
+    elif micro_batch is None:
+        fits = (f"no model fits here with this batch size: one batch's activations alone need about "
+                f"{_size(need.activations)} (a smaller --batch-size needs less)")
+    else:
+        fits = (f"no model fits here: the activations of one micro-batch of {micro_batch} alone need "
+                f"about {_size(need.activations)}")
     setting = " (its memory_limit setting)" if limited else ""
     message = (f"training this model ({_count(need.params)} parameters) needs about {_size(short)} of {where} "
                f"(weights, gradients, AdamW state, outer copies and activations) and this peer has "
@@ -205,7 +211,8 @@ def fit_batch(task: LoadedTask, *, batch_size: int, forced: int | None = None, d
     sizes = [forced] if forced is not None else _halvings(batch_size)
     for size in sizes:
         needed = memory_need(task, batch_size=size, **need)
-        misfit = fit_problem(needed, device=device, device_free=device_free, host_free=host_free, limited=limited)
+        misfit = fit_problem(needed, device=device, device_free=device_free, host_free=host_free, limited=limited,
+                             micro_batch=size if size < batch_size else None)
         if misfit is None:
             return BatchFit(size, needed, None)
     if misfit is not None and size < batch_size:
