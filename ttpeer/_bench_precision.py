@@ -106,9 +106,10 @@ def main() -> int:
             for run in loops.values():  # warm-up: allocator, kernels, autocast caches
                 _rate(run, batches[:3], device)
             best = {k: 0.0 for k in loops}
-            for _ in range(args.repeats):
-                for key, run in loops.items():
-                    best[key] = max(best[key], _rate(run, batches, device))
+            for repeat in range(args.repeats):
+                order = list(loops) if repeat % 2 == 0 else list(loops)[::-1]  # neither always goes first
+                for key in order:
+                    best[key] = max(best[key], _rate(loops[key], batches, device))
             fp32_rate = best["ttpeer"] if precision == "fp32" else fp32_rate
             ratio = f"{best['ttpeer'] / fp32_rate:.2f}x" if fp32_rate else "-"
             print(f"{spec + f' (batch {batch})':<28} {precision:<9} {best['bare']:>11.1f} {best['ttpeer']:>9.1f} "
