@@ -26,14 +26,28 @@ SPEC = {"task": TASK, "mode": "fused", "rounds": 3, "shards": 2, "batches": 8, "
 MARGIN = 0.01
 
 
-async def test_a_bf16_job_on_real_nodes_ends_bit_identical_and_status_says_bf16(tmp_path: Path) -> None:
+async def test_bf16_jobs_on_real_nodes_end_bit_identical_and_fine_tune_from_a_finished_job(tmp_path: Path) -> None:
+    # The README's fine-tuning path: a job, then one warm-started from its final model
+    # with a cosine schedule and warm-up, both in bf16.
     homes = _homes(tmp_path)
-    (job,), nodes = await run_jobs(homes, [{**SPEC, "precision": "bf16"}], None)
-    finals = {hashlib.sha256((h.path / "states" / job.id / "final.safetensors").read_bytes()).hexdigest()
-              for h in homes}
-    assert len(finals) == 1
-    rows = [r for r in peer_rows(nodes[0].machine.records, job, nodes[0].machine.chain(job)) if r["contributions"]]
-    assert rows and {(r["precision"], r["micro_batch"]) for r in rows} == {("bf16", 16)}
+    (base,), nodes = await run_jobs(homes, [{**SPEC, "precision": "bf16"}], None)
+    final = homes[0].path / "states" / base.id / "final.safetensors"
+    tune = {**SPEC, "rounds": 2, "precision": "bf16", "seed": 9, "lr_schedule": "cosine", "warmup": 4,
+            "final_lr_ratio": 0.1, "inner_lr": 1e-3, "init": str(final)}
+    (tuned,), tuned_nodes = await run_jobs(homes, [tune], None)
+    for job, run in ((base, nodes), (tuned, tuned_nodes)):
+        finals = {hashlib.sha256((h.path / "states" / job.id / "final.safetensors").read_bytes()).hexdigest()
+                  for h in homes}
+        assert len(finals) == 1
+        rows = [r for r in peer_rows(run[0].machine.records, job, run[0].machine.chain(job)) if r["contributions"]]
+        assert rows and {(r["precision"], r["micro_batch"]) for r in rows} == {("bf16", 16)}
+    # It started from the finished job's weights, not from a fresh model of its seed.
+    task = train.load_task(TASK, homes[0].data_dir)
+    assert tuned["init"] == train.state_hash(train.warm_state(task, final)) != train.state_hash(
+        train.init_state(task, 9))
+    first = [c["metrics"]["eval_loss"] for c in (nodes[0].machine.chain(base).closes[0],
+                                                  tuned_nodes[0].machine.chain(tuned).closes[0])]
+    assert first[1] < first[0]  # its first round already starts from a trained model
 
 
 async def test_bf16_trains_as_well_as_fp32_and_every_peer_reproduces_each_close(tmp_path: Path) -> None:

@@ -86,7 +86,10 @@ def test_autocast_trains_fp32_weights_and_optimizer(charlm, precision):
     state = init_state(charlm, 0)
     trainer.start(state)
     before, _ = trainer.evaluate(state.params)
+    seen = set()
+    trainer.model.head.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype))
     trainer.train_shard(shard_indices(charlm.n_train, 0, 0, 0, 1, 30, 32))
+    assert seen == {torch.bfloat16 if precision == "bf16" else torch.float16}  # the forward ran in it
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in trainer.model.parameters())
     moments = [s["exp_avg"] for s in trainer.optimizer.state.values()]
     assert moments and all(m.dtype == torch.float32 for m in moments)
