@@ -41,7 +41,7 @@ def task_copy_path(model: Path) -> Path:
 def export(home: Any, prefix: str, out: Path) -> int:
     """Copy job ``prefix``'s final model out of ``home``. Raises ``JobError`` for an
     unknown or unfinished job, ``UsageError`` for a bad output path."""
-    folder = _finished_folder(home, prefix)
+    folder = finished_folder(home, prefix)
     model = model_path(out)
     if not model.parent.is_dir():
         raise UsageError(f"directory {model.parent} does not exist")
@@ -74,7 +74,7 @@ def export_hf(home: Any, prefix: str, out: Path) -> int:
     from ttpeer.tasks._hf_export import export_hf as write_folder
     from ttpeer.train import TrainError
 
-    folder = _finished_folder(home, prefix)
+    folder = finished_folder(home, prefix)
     if out.parent and not out.parent.exists():
         raise UsageError(f"directory {out.parent} does not exist")
     sidecar = json.loads((folder / "final.json").read_text())
@@ -87,7 +87,7 @@ def export_hf(home: Any, prefix: str, out: Path) -> int:
     return 0
 
 
-def _finished_folder(home: Any, prefix: str) -> Path:
+def finished_folder(home: Any, prefix: str) -> Path:
     states = home.path / "states"
     matches = [p for p in states.glob(f"{prefix.lower()}*") if p.is_dir()] if states.is_dir() else []
     if len(matches) > 1:

@@ -55,6 +55,10 @@ def status(args: argparse.Namespace, home: Any) -> int:
             print(f"    declined {who}: {decline['reason']}")
         if job["declined"] and not any(d["peer"] == node["id"] for d in job.get("declines") or []):
             print(f"    declined here: {job['declined']}")
+        how = [f"{p['name']} {p['precision']} micro-batch {p['micro_batch']}" for p in job.get("peers") or []
+               if p.get("precision")]
+        if how:
+            print(f"    training: {', '.join(how)}")
         for w in (x for x in st.get("workers") or [] if x["job"] == job["id"]):
             restarts = f", restarted {w['deaths']}x" if w["deaths"] else ""
             print(f"    worker {w['rank']}: pid {w['pid']} on {w['device']}{restarts}")

@@ -132,6 +132,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--overlap", action="store_true",
                    help="fused: train round r+1 while round r's deltas travel, starting from this peer's "
                         "own estimate of round r's result (slow links cost little compute; see README)")
+    s.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
+                   help="autocast of forward/backward (weights, optimizer, deltas stay fp32); default: each "
+                        "peer picks, bf16 on a GPU that has it, fp32 elsewhere (CPU bf16 is slower)")
+    s.add_argument("--micro-batch", type=_positive_int, default=None,
+                   help="samples per forward/backward pass, gradients accumulated over the batch (default: "
+                        "each peer picks the largest its memory holds)")
+    s.add_argument("--checkpointing", action="store_true",
+                   help="activation checkpointing, for models with gradient_checkpointing_enable()")
+    s.add_argument("--lr-schedule", choices=["constant", "cosine", "linear"], default=None,
+                   help="inner lr over the job's global inner steps (rounds x inner steps; default constant)")
+    s.add_argument("--warmup", type=int, default=None,
+                   help="inner steps of linear lr warm-up at the job's start (default 0)")
+    s.add_argument("--final-lr-ratio", type=float, default=None,
+                   help="cosine/linear: the last step's lr as a fraction of --inner-lr (default 0)")
+    s.add_argument("--init", default=None, metavar="FILE|JOB",
+                   help="warm start: a .safetensors state dict of the task's model, or a finished job's "
+                        "id (its final model on this peer)")
 
     st = sub.add_parser("status", parents=[common], help="peers, jobs, progress")
     st.add_argument("--json", action="store_true", help="one JSON object (schema in the README)")
@@ -420,6 +437,7 @@ def _submit(args: argparse.Namespace) -> int:
         if args.mode != "fused":
             raise UsageError("--overlap is for fused jobs")
         spec["overlap"] = 1
+    spec.update(_recipe_fields(args, home))
     reply = ask_daemon(home, {"op": "submit", "spec": spec,
                                        "task_file": task_file.hex() if task_file else None}, timeout=300)
     if args.mode == "ensemble":
@@ -438,6 +456,31 @@ def _export(args: argparse.Namespace) -> int:
     if args.format == "hf":
         return export_hf(_home(args), args.job, args.out)
     return export(_home(args), args.job, args.out)
+
+
+def _recipe_fields(args: argparse.Namespace, home: Any) -> dict[str, Any]:
+    """The job fields of the precision, micro-batch, schedule and warm-start flags; only
+    those given, so a job without them is the record it always was."""
+    fields = {"precision": args.precision, "micro_batch": args.micro_batch, "lr_schedule": args.lr_schedule,
+              "warmup": args.warmup, "final_lr_ratio": args.final_lr_ratio,
+              "checkpointing": 1 if args.checkpointing else None}
+    out = {k: v for k, v in fields.items() if v is not None}
+    if args.micro_batch is not None and args.micro_batch > (args.batch_size or 64):
+        raise UsageError(f"--micro-batch ({args.micro_batch}) must not exceed the batch size "
+                         f"({args.batch_size or 64}): it is how many of the batch's samples one pass takes")
+    if args.init is not None:
+        from ttpeer._export import finished_folder
+
+        # The daemon reads the file (it runs on this machine): ``init`` names it until the
+        # daemon replaces it with the initial state's hash.
+        path = Path(args.init)
+        if not path.is_file() and not args.init.endswith(".safetensors"):
+            if not re.fullmatch(r"[0-9a-fA-F]{4,64}", args.init):
+                raise UsageError(f"--init {args.init}: no such file, and not a job id; give a .safetensors "
+                                 "file or a finished job's id (see 'ttpeer status')")
+            path = finished_folder(home, args.init) / "final.safetensors"
+        out["init"] = str(path.absolute())
+    return out
 
 
 if __name__ == "__main__":
