@@ -15,7 +15,7 @@ TASK = Path(__file__).parent / "fixtures" / "task_linear.py"
 RELAY, FP = "https://relay.test.invalid", "sha256:" + "0" * 64
 SPEC = {"task": TASK.name, "mode": "fused", "rounds": 2, "shards": 2, "batches": 4, "batch_size": 16,
         "inner_lr": 0.01, "weight_decay": 0.0, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8, "seed": 3,
-        "lease": 5.0, "steal": True}
+        "lease": 5.0, "steal": True, "micro_batch": 16}  # forced: no smaller micro-batch to fall back on
 
 
 async def test_two_cpu_workers_need_twice_the_memory_of_one(tmp_path: Path) -> None:
