@@ -29,6 +29,9 @@ Or try everything on this machine: ttpeer demo
 """
 
 
+MAX_STEP_TIMEOUT = 7 * 86400.0  # the job record's bound
+
+
 def _duration(text: str) -> float:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
     if not m:
@@ -126,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "slowest peer's shard time, 15s-5m; 30s before any speed is known)")
     s.add_argument("--no-steal", action="store_true",
                    help="idle peers do not run backup copies of stragglers' shards")
+    s.add_argument("--step-timeout", type=_duration, default=600.0,
+                   help="a training step that takes longer than this (e.g. 90, 90s, 10m; default 10m) is "
+                        "judged hung: its worker is stopped and the job fails on that peer")
     s.add_argument("--overlap", action="store_true",
                    help="fused: train round r+1 while round r's deltas travel, starting from this peer's "
                         "own estimate of round r's result (slow links cost little compute; see README)")
@@ -239,6 +245,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return _commands.report(args, _home(args))
     if cmd == "revoke":
         return _commands.revoke(args, _home(args))
+    if cmd == "cancel":
+        return _commands.cancel(args, _home(args))
     raise UsageError(f"unknown command {cmd}")
 
 
@@ -356,6 +364,7 @@ def _submit(args: argparse.Namespace) -> int:
         "batches": args.inner_steps, "batch_size": args.batch_size or 64, "inner_lr": args.inner_lr,
         "weight_decay": args.weight_decay, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
         "bits": args.bits, "seed": args.seed, "lease": args.lease, "steal": not args.no_steal,
+        "step_timeout": _step_timeout(args.step_timeout),
     }
     if args.mode == "ensemble" or args.members is not None:
         if args.mode != "ensemble":
@@ -379,6 +388,13 @@ def _submit(args: argparse.Namespace) -> int:
               f"{args.inner_steps} steps, lease {reply.get('lease')} s")
     print(reply["job"])
     return 0
+
+
+def _step_timeout(seconds: float) -> float:
+    if not 1 <= seconds <= MAX_STEP_TIMEOUT:
+        raise UsageError(f"--step-timeout must be between 1 s and 7 days, got {seconds:g} s "
+                         "(a number of seconds, or e.g. 90s, 10m, 2h)")
+    return seconds
 
 
 def _status_obj(home) -> dict[str, Any]:  # type: ignore[no-untyped-def]
@@ -417,9 +433,17 @@ def _status(args: argparse.Namespace) -> int:
         unit, parts = ("unit", "members") if job["mode"] == "ensemble" else ("round", "shards")
         print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: {unit} {job['round']}/"
               f"{job['rounds']}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
+        end = job.get("ended")
+        if end and end["by"]:
+            print(f"    cancelled by {end['by']['name']} ({end['by']['peer'][:12]})")
         for decline in job.get("declines") or []:
-            who = "here" if decline["peer"] == node["id"] else f"by {decline['name']} ({decline['peer'][:12]})"
-            print(f"    declined {who}: {decline['reason']}")
+            mine = decline["peer"] == node["id"]
+            if decline.get("code") == "failed":  # the task's code failed there
+                who = "here" if mine else f"on {decline['name']} ({decline['peer'][:12]})"
+                print(f"    failed {who}: {decline['reason']}")
+            else:
+                who = "here" if mine else f"by {decline['name']} ({decline['peer'][:12]})"
+                print(f"    declined {who}: {decline['reason']}")
         if job["declined"] and not any(d["peer"] == node["id"] for d in job.get("declines") or []):
             print(f"    declined here: {job['declined']}")
     return 0
@@ -452,14 +476,27 @@ def _wait(args: argparse.Namespace) -> int:
             print(f"job {job['id'][:12]} done: {job['rounds']} rounds, {job['metric_name']} "
                   f"{job['eval_metric']}")
             return 0
-        if job["state"] == "declined":
-            raise JobError(f"job {job['id'][:12]} was declined by this peer: {job['declined']}")
+        if job["state"] in ("declined", "failed", "cancelled"):
+            raise JobError(_why_ended(job))
         if deadline is not None and time.monotonic() >= deadline:
             print(f"error: timed out waiting for job {job['id'][:12]} (round {job['round']}/{job['rounds']})",
                   file=sys.stderr)
             return 2
         time.sleep(delay)
         delay = min(delay * 1.5, 2.0)
+
+
+def _why_ended(job: dict[str, Any]) -> str:
+    """One line: why ``job`` (a status entry) will not finish on this peer."""
+    jid, end = job["id"][:12], job.get("ended")
+    if job["state"] == "cancelled" and end:
+        return f"job {jid} was cancelled by {end['by']['name']}"
+    if job["state"] == "failed" and end:
+        reasons = "; ".join(f"{r['name']}: {r['reason']}" for r in end["reasons"])
+        return f"job {jid} failed on every peer: {reasons}"
+    if job["state"] == "failed":
+        return f"job {jid} failed on this peer (the others go on without it): {job['declined']}"
+    return f"job {jid} was declined by this peer: {job['declined']}"
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -12,6 +12,8 @@
      +-- DiskError                   a write failed (disk full, read-only); nothing written is lost
      +-- DaemonNotRunning            a command needs the running daemon and found none
      +-- JobError                    a job failed, was declined, or is unknown
+     |    +-- TaskFailed             the task's code (or torch under it) failed on this peer
+     +-- TrainError                  the training layer refuses or cannot do something (ttpeer.train)
      +-- NetError                    anything between this machine and the relay
           +-- (see ttpeer.net)
 
@@ -51,6 +53,22 @@ class JobError(TtpeerError):
     """A job failed, timed out, was declined, or is not known to this peer."""
 
 
+class TaskFailed(JobError):
+    """Raised out of an executor when the task's code, or torch running it, failed on this
+    peer: the job ends here (this peer sits it out with ``reason``), never the daemon.
+
+    ``reason`` is one line a user can act on, naming the task file and line when the
+    failure is in their code (``my_task.py:31 in loss: RuntimeError: boom``). It is the
+    only state, a plain string, so the error crosses a process boundary as it is."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[TaskFailed], tuple[str]]:
+        return (TaskFailed, (self.reason,))
+
+
 class StateMissing(JobError):
     """A state the protocol counted as held is not on this peer's disk: states are named
     by their hash, so two jobs can share one, and each job keeps only its newest few."""
@@ -66,6 +84,7 @@ __all__ = [
     "HomeError",
     "JobError",
     "StateMissing",
+    "TaskFailed",
     "ProofError",
     "RecordError",
     "TokenError",

@@ -9,6 +9,7 @@ EXPECTED = {
     "outer_step", "shard_indices", "state_from_bytes", "state_hash", "state_to_bytes",
     "Ensemble", "combine", "decode_member", "encode_member", "evaluate_ensemble", "export_ensemble",
     "init_ensemble", "load_bundle", "member_steps", "read_sidecar", "train_unit", "warm_up",
+    "Diverged", "data_fingerprint", "describe", "probe",
 }
 
 
@@ -19,5 +20,12 @@ def test_all_is_the_intended_surface():
 
 
 def test_errors_share_one_base():
-    for name in ("TaskError", "DeltaError", "CheckpointError", "ModelTooLarge"):
+    for name in ("TaskError", "DeltaError", "CheckpointError", "ModelTooLarge", "Diverged"):
         assert issubclass(getattr(ttpeer.train, name), ttpeer.train.TrainError)
+
+
+def test_train_errors_are_ttpeer_errors():
+    # The command line and the daemon handle TtpeerError: a TrainError must be one.
+    from ttpeer.errors import TtpeerError
+
+    assert issubclass(ttpeer.train.TrainError, TtpeerError)

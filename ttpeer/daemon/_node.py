@@ -42,7 +42,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ttpeer import _logging
-from ttpeer.errors import DiskError, StateMissing, TtpeerError, UsageError
+from ttpeer.errors import DiskError, JobError, StateMissing, TaskFailed, TtpeerError, UsageError
 from ttpeer.net import BlobCorrupt, NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
 from ttpeer.net._entropy import random_bytes
 from ttpeer.net._seal import COUNTER, SealError, gossip_ad, open_direct, open_sealed, seal, seal_to
@@ -69,10 +69,13 @@ from ttpeer.proto import (
     TaskSignatureError,
     Timing,
     Train,
+    cancel_of,
     decode,
     default_sizing,
     encode,
+    job_ended,
     lost_joins,
+    may_cancel,
     member_variants,
     open_task,
     parse,
@@ -388,7 +391,7 @@ class Node:
                                      if job["task_blob"] else None)
                     except TaskSignatureError as exc:
                         log.warning("refusing job %s: %s", job.id[:12], exc)
-                        self._process(m.job_prepared(job.id, False, str(exc), now()))
+                        self._process(m.job_prepared(job.id, False, str(exc), now(), code="refused"))
                         return
                     decline = await self.executor.prepare(job, task_file)
                     if isinstance(decline, str):
@@ -396,7 +399,7 @@ class Node:
                     if decline is not None:
                         log.warning("declining job %s: %s", job.id[:12], decline.reason)
                         self._process(m.job_prepared(job.id, False, decline.reason, now(),
-                                                     need=decline.need, have=decline.have))
+                                                     need=decline.need, have=decline.have, code=decline.code))
                     else:
                         self._process(m.job_prepared(job.id, True, "", now()))
                 case Train(job=job, round=rnd, shard=shard):
@@ -453,11 +456,23 @@ class Node:
             self.fatal = exc
             log.error("%s", exc)
             self.stop()
+        except TaskFailed as exc:  # the task's code failed here: the job ends on this peer
+            self._task_failed(eff.job, exc.reason)  # type: ignore[attr-defined]
         except (NetError, SealError, TtpeerError) as exc:
             log.warning("%s failed: %s", type(eff).__name__, exc)
             if isinstance(exc, StateMissing):  # so the machine recomputes or fetches it
                 self._process(self.machine.state_lost(exc.state, self._now()))
             self._report_failure(eff)
+        except Exception as exc:  # noqa: BLE001 - the last resort: a bug fails the job, not the daemon
+            log.error("%s of job %s raised %s: a bug in ttpeer or an executor; the job ends on this "
+                      "peer (please report this traceback)", type(eff).__name__, eff.job.id[:12],  # type: ignore[attr-defined]
+                      type(exc).__name__, exc_info=True)
+            self._task_failed(eff.job, f"internal error: {type(exc).__name__}: {exc} "  # type: ignore[attr-defined]
+                              "(a bug; see this peer's log)")
+
+    def _task_failed(self, job: Record, reason: str) -> None:
+        log.error("job %s failed on this peer: %s", job.id[:12], reason)
+        self._process(self.machine.job_failed(job.id, reason, self._now()))
 
     def _report_failure(self, eff: Effect) -> None:
         m, now = self.machine, self._now()
@@ -484,6 +499,20 @@ class Node:
         return out
 
     async def _finish(self, job: Record, state: str) -> None:
+        try:
+            await self._write_final(job, state)
+        except DiskError as exc:
+            self.fatal = exc
+            log.error("%s", exc)
+            self.stop()
+        except TaskFailed as exc:
+            self._task_failed(job, exc.reason)
+        except Exception as exc:  # noqa: BLE001 - as in _work: the job, not the daemon
+            log.error("writing the final model of job %s raised %s (a bug; please report this traceback)",
+                      job.id[:12], type(exc).__name__, exc_info=True)
+            self._task_failed(job, f"internal error: {type(exc).__name__}: {exc} (a bug; see this peer's log)")
+
+    async def _write_final(self, job: Record, state: str) -> None:
         chain = self.machine.chain(job)
         metrics = dict(chain.closes[-1]["metrics"]) if chain.closes else {}
         stats = self._stats(job.id)
@@ -742,6 +771,42 @@ class Node:
         await self.transport.revoke(rec.raw)
         log.info("revoked %s; pool key rotated to epoch %d", peer[:12], len(self.pool_keys) - 1)
         return rec
+
+    # -- cancelling ---------------------------------------------------------------------
+
+    def find_job(self, prefix: str) -> Record:
+        """The job whose id starts with ``prefix``. Raises ``JobError``/``UsageError``."""
+        found = [j for j in self.machine.records.jobs() if j.id.startswith(prefix.lower())] if prefix else []
+        if not found:
+            raise JobError(f"no job {prefix!r} is known to this peer (see 'ttpeer status')")
+        if len(found) > 1:
+            raise UsageError(f"job prefix {prefix!r} is ambiguous; give more characters")
+        return found[0]
+
+    async def cancel(self, prefix: str) -> tuple[Record, Record, bool]:
+        """End a job for the whole pool with a signed ``cancel`` record: every peer stops
+        working on it at once. Only its submitter or the pool's admin may. Returns the job,
+        the cancel, and whether it was cancelled already (then the earlier cancel). Raises
+        ``JobError``."""
+        await self._key_event.wait()
+        rs = self.machine.records
+        job = self.find_job(prefix)
+        if not may_cancel(rs, job, self.me):
+            who = rs.members[job.author].name if job.author in rs.members else job.author[:12]
+            raise JobError(f"only the job's submitter ({who}) or the pool's admin can cancel job {job.id[:12]}; "
+                           "ask one of them")
+        if self.machine.chain(job).round >= job["rounds"]:
+            raise JobError(f"job {job.id[:12]} is done; there is nothing to cancel")
+        ended = job_ended(rs, job)
+        if ended is not None and ended.how == "failed":
+            raise JobError(f"job {job.id[:12]} has already failed on every peer; there is nothing to cancel")
+        earlier = cancel_of(rs, job)
+        if earlier is not None:
+            return job, earlier, True
+        rec = sign("cancel", self.cfg.pool, {"job": job.id, "at": int(self._wall())}, self._key)
+        self._process(self.machine.add_local(rec, self._now()))
+        log.info("cancelled job %s", job.id[:12])
+        return job, rec, False
 
     def resolve_peer(self, text: str) -> tuple[str, str]:
         """(id, name) of a member or revoked node, from its name, id, or a unique id

@@ -136,6 +136,12 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # Fused jobs only (OPTIONAL): 1 = round r trains on the state before round r-1's close
         # (a one-round-delayed outer step), so a round's delta travels while the next trains.
         "overlap": _choice(0, 1),
+        # OPTIONAL: sha256 over the task's dataset sizes and a fixed sample of its items, as
+        # the submitter built them; a peer whose copy differs declines (code "data").
+        "data": _HEX,
+        # OPTIONAL (default 600): seconds one training step may take before the worker
+        # running it is judged hung and the job fails on that peer.
+        "step_timeout": _num(1, 7 * 86_400),
     },
     # A claim with n > 0 renews the lease of claim n=0; ``done`` batches so far at ``rate``
     # batches/s let others project when it will finish. ``backup``: a copy run by an idle
@@ -164,13 +170,20 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
     "revoke": {"node": _HEX, "keep": _sorted_unique(_HEX, MAX_KEEP), "at": _int()},
     # A peer sits a job out, and says why; ``need`` and ``have``: bytes of memory, both 0
     # when the reason is not memory (e.g. its copy of the task differs).
-    "decline": {"job": _HEX, "reason": _str(1000), "need": _int(), "have": _int()},
+    # ``code`` (OPTIONAL; absent in older records): what kind of reason, for machines (see
+    # ``_outcome.DECLINE_CODES``); "failed" is for good: the task's code failed on this peer.
+    "decline": {"job": _HEX, "reason": _str(1000), "need": _int(), "have": _int(),
+                "code": _re(re.compile(r"^[a-z]{1,16}$"))},
+    # The job's submitter or an admin member ends a job for the whole pool; anyone else's
+    # cancel is ignored by the views (``_outcome``). ``at``: the author's wall time, shown only.
+    "cancel": {"job": _HEX, "at": _int()},
 }
 
 
 # Fields a body may leave out (added after records of that kind were already in use, so
 # older records stay valid byte for byte), and rules that span several fields.
-OPTIONAL: dict[str, frozenset[str]] = {"job": frozenset({"members", "overlap"}), "close": frozenset({"tbase"})}
+OPTIONAL: dict[str, frozenset[str]] = {"job": frozenset({"members", "overlap", "data", "step_timeout"}),
+                                       "close": frozenset({"tbase"}), "decline": frozenset({"code"})}
 CHECKS: dict[str, Callable[[dict[str, Any]], str | None]] = {"job": _job_consistent}
 
 

@@ -19,11 +19,13 @@ from ._ensemble import (
     train_unit,
 )
 from ._ensemble import evaluate as evaluate_ensemble
-from ._errors import CheckpointError, DeltaError, ModelTooLarge, TaskError, TrainError
+from ._errors import CheckpointError, DeltaError, Diverged, ModelTooLarge, TaskError, TrainError
 from ._export import export_model, load_model
+from ._failure import describe
 from ._fit import MemoryNeed, Misfit, fit_problem, memory_need, warm_up
 from ._inner import InnerTrainer
 from ._outer import outer_step
+from ._probe import data_fingerprint, probe
 from ._schedule import shard_indices
 from ._spec import LoadedTask, TaskSpec
 from ._state import OuterState, init_state, state_from_bytes, state_hash, state_to_bytes
@@ -32,6 +34,7 @@ from ._tasks import load_task
 __all__ = [
     "CheckpointError",
     "DeltaError",
+    "Diverged",
     "Ensemble",
     "InnerTrainer",
     "LoadedTask",
@@ -43,8 +46,10 @@ __all__ = [
     "TaskSpec",
     "TrainError",
     "combine",
+    "data_fingerprint",
     "decode_delta",
     "decode_member",
+    "describe",
     "encode_delta",
     "encode_member",
     "evaluate_ensemble",
@@ -61,6 +66,7 @@ __all__ = [
     "memory_need",
     "warm_up",
     "outer_step",
+    "probe",
     "read_sidecar",
     "shard_indices",
     "state_from_bytes",

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from ._errors import CheckpointError, TaskError, TrainError
+from ._errors import CheckpointError, Diverged, TaskError
 from ._spec import LoadedTask, fetch_batch
 from ._state import OuterState, floating_state
 
@@ -66,7 +66,7 @@ class InnerTrainer:
 
         ``should_stop()`` is asked before every batch; when it returns True the
         shard ends early. Returns the number of samples in completed batches.
-        Raises TaskError if the task's loss is not a scalar, and TrainError if
+        Raises TaskError if the task's loss is not a scalar, and Diverged if
         the loss became NaN/inf (the optimizer state is then reset, so the next
         ``start`` begins clean).
         """
@@ -81,9 +81,7 @@ class InnerTrainer:
             x, y = fetch_batch(task.train, batch)
             output = self.model(x.to(self.device))
             loss = task.spec.loss(output, y.to(self.device))
-            if not isinstance(loss, Tensor) or loss.ndim != 0:
-                raise TaskError(f"task {task.name}: loss must return a scalar tensor, got "
-                                f"{getattr(loss, 'shape', type(loss).__name__)}")
+            check_scalar(loss, task.name)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
@@ -95,8 +93,7 @@ class InnerTrainer:
                 _throttle(self.device, began, task.slowdown)
         if bool(diverged):
             self.optimizer = self._new_optimizer()
-            raise TrainError(f"task {task.name}: training diverged (loss is NaN or inf); "
-                             "try a lower inner learning rate")
+            raise Diverged("the loss was NaN or inf in this shard")
         return samples
 
     def delta(self, base: OuterState) -> dict[str, Tensor]:
@@ -127,7 +124,7 @@ class InnerTrainer:
                 y = y.to(self.device)
                 output = model(x.to(self.device))
                 loss_sum += float(task.spec.loss(output, y)) * len(indices)
-                metric_sum += _number(task.spec.metric(output, y), task.name) * len(indices)
+                metric_sum += number(task.spec.metric(output, y), task.name) * len(indices)
         return loss_sum / n_test, metric_sum / n_test
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
@@ -155,7 +152,14 @@ def _check_names(names: list[str], params: dict[str, Tensor]) -> None:
                               f"unexpected {extra}")
 
 
-def _number(value: object, task_name: str) -> float:
+def check_scalar(loss: object, task_name: str) -> None:
+    """Raises TaskError unless the task's loss returned a scalar tensor."""
+    if not isinstance(loss, Tensor) or loss.ndim != 0:
+        raise TaskError(f"task {task_name}: loss must return a scalar tensor, got "
+                        f"{getattr(loss, 'shape', type(loss).__name__)}")
+
+
+def number(value: object, task_name: str) -> float:
     try:
         result = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError, RuntimeError) as exc:
