@@ -98,14 +98,22 @@ class TorchExecutor:
             write_atomic(path, task_file)
         return path
 
-    def _load_task(self, name: str, task_file: bytes | None) -> train.LoadedTask:
+    def _load_task(self, name: str, task_file: bytes | None,
+                   check: Callable[[train.LoadedTask], None] | None = None) -> train.LoadedTask:
         """Load a built-in by ``name``, or the task file (its copy in the home, compiled
-        under ``name``, the user's file name). A copy that does not load is not kept."""
+        under ``name``, the user's file name), and run ``check`` on it. A copy that does
+        not load or pass is not kept."""
         if task_file is None:
-            return train.load_task(name, self.home.data_dir, self.task_options)
+            task = train.load_task(name, self.home.data_dir, self.task_options)
+            if check is not None:
+                check(task)
+            return task
         path = self._task_path(task_file)
         try:
-            return train.load_task(str(path), self.home.data_dir, self.task_options, shown_as=name)
+            task = train.load_task(str(path), self.home.data_dir, self.task_options, shown_as=name)
+            if check is not None:
+                check(task)
+            return task
         except BaseException:
             path.unlink(missing_ok=True)
             raise
@@ -114,8 +122,8 @@ class TorchExecutor:
         """Also runs the task on one batch (``train.probe``) before anything is published,
         so a task that fails at once is refused here, with its file and line."""
         def build() -> tuple[dict[str, Any], bytes]:
-            task = self._load_task(spec["task"], task_file)
-            train.probe(task, batch_size=spec["batch_size"], seed=spec["seed"])
+            task = self._load_task(spec["task"], task_file,
+                                   lambda t: train.probe(t, batch_size=spec["batch_size"], seed=spec["seed"]))
             if spec["mode"] == "ensemble":
                 state = train.init_ensemble(task, spec["members"])
             else:
