@@ -5,7 +5,8 @@ jobs on both peers, so for the pool: the daemons live on, `status` and `wait` (e
 say why with the task file's name and line. A model with 3 outputs for 4 classes is
 refused at `submit` (it runs one batch first) and nothing is published. A daemon
 restarted afterwards does not run the failed jobs again, and the same pool then
-finishes a good job with identical exports on both peers.
+finishes a good job with identical exports on both peers. On the way, a job is
+cancelled by its submitter (another member is refused) and `wait` says who did it.
 """
 
 from __future__ import annotations
@@ -135,6 +136,18 @@ def test_broken_tasks_fail_their_jobs_and_the_pool_goes_on(tmp_path):
                  30, "both peers to say both jobs failed")
         assert all(p.poll() is None for p in cluster.procs), "a daemon died"
 
+        # A cancel: only the submitter (alice) or the admin (alice too) may; bob is refused.
+        long = ttpeer("submit", "--task", "mnist1d", "--rounds", "50", "--shards", "2", "--inner-steps", "20",
+                      "--home", str(alice))[-1]
+        wait_for(lambda: job_of(bob, long) and job_of(bob, long)["state"] == "running", 60, "bob to run the job")
+        code, _out, err = _cli("cancel", long[:10], "--home", str(bob))
+        assert code == 1 and "only the job's submitter (alice) or the pool's admin can cancel" in err
+        assert ttpeer("cancel", long[:10], "--home", str(alice))[0].startswith(f"cancelled job {long[:12]}")
+        code, _out, err = _cli("wait", long, "--timeout", "30s", "--home", str(bob))
+        assert code == 1 and f"job {long[:12]} was cancelled by alice" in err
+        wait_for(lambda: all(status(h)["jobs"][-1]["training_shard"] is None for h in (alice, bob)), 10,
+                 "both peers to stop training it")
+
         # A restarted daemon replays the records and does not run the failed jobs again.
         before = _marks(marks)
         cluster.named["bob"].send_signal(signal.SIGTERM)
@@ -150,5 +163,6 @@ def test_broken_tasks_fail_their_jobs_and_the_pool_goes_on(tmp_path):
         assert len(hashes) == 1
         assert _marks(marks) == before  # jobs run in order: bob passed the failed ones by
         assert job_of(bob, boom)["state"] == job_of(bob, nan)["state"] == "failed"
+        assert job_of(bob, long)["state"] == "cancelled" and job_of(bob, long)["round"] < 50
     finally:
         cluster.close()
