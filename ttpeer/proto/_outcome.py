@@ -89,11 +89,12 @@ def cancel_of(rs: RecordSet, job: Record) -> Record | None:
 
 def job_ended(rs: RecordSet, job: Record) -> Ended | None:
     """How ``job`` ended for the pool, or None while some member can still train it."""
-    cancel = cancel_of(rs, job)
+    held = rs.by_job.get(job.id, {})  # the common case, cheap (every step asks): neither kind held
+    cancel = cancel_of(rs, job) if held.get("cancel") else None
     if cancel is not None:
         return Ended("cancelled", by=cancel.author)
-    if not rs.by_job.get(job.id, {}).get("decline"):
-        return None  # the common case, cheap: nobody declined
+    if not held.get("decline"):
+        return None
     members = rs.members
     standing = standing_declines(rs, job)
     if not members or any(m not in standing for m in members):

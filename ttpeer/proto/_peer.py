@@ -321,7 +321,8 @@ class PeerMachine:
         if self._work.job == job:
             self._work = _RoundWork()
         self._uploading = {k for k in self._uploading if k[0] != job}
-        if job in self.records.by_job and failed_here(self.records, self.records.by_id[job], self.me) is None:
+        rec = self.records.by_id.get(job)
+        if rec is not None and failed_here(self.records, rec, self.me) is None:
             out += self._sign_local("decline", {"job": job, "reason": reason[:1000], "need": 0, "have": 0,
                                                 "code": "failed"}, now)
         return out + self._step(now)
