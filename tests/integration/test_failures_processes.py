@@ -135,6 +135,8 @@ def test_broken_tasks_fail_their_jobs_and_the_pool_goes_on(tmp_path):
         wait_for(lambda: all(job_of(h, j)["state"] == "failed" for h in (alice, bob) for j in (boom, nan)),
                  30, "both peers to say both jobs failed")
         assert all(p.poll() is None for p in cluster.procs), "a daemon died"
+        code, out, _err = _cli("status", "--home", str(bob))
+        assert code == 0 and f"failed on alice ({status(alice)['node']['id'][:12]}): boom_task.py:{line}" in out
 
         # A cancel: only the submitter (alice) or the admin (alice too) may; bob is refused.
         long = ttpeer("submit", "--task", "mnist1d", "--rounds", "50", "--shards", "2", "--inner-steps", "20",

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 import trio
+from rich.console import Console
 
+from ttpeer._watch import render
 from ttpeer.errors import JobError
 from ttpeer.net import MemoryRelay
 from ttpeer.testing import Simulation
@@ -72,6 +74,10 @@ async def test_a_task_that_fails_everywhere_fails_for_the_pool_and_is_not_rerun(
                 assert end["how"] == "failed" and end["by"] is None
                 assert {r["name"]: r["reason"] for r in end["reasons"]} == {
                     p.name: f"my_task.py:31 in loss: RuntimeError: boom on {p.name}" for p in sim.peers}
+            console = Console(width=300, record=True)  # what 'ttpeer status --watch' draws
+            console.print(render(sim.peers[0].node.status()))
+            assert "failed on every peer: peer00: my_task.py:31 in loss: RuntimeError: boom on peer00" in (
+                console.export_text())
             # Restarted, a peer replays the records: the job failed here and for the pool, so it
             # is not run again, and the next job (after it in the queue) finishes everywhere.
             sim.kill(1)

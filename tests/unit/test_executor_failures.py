@@ -185,3 +185,12 @@ def test_the_data_fingerprint_of_the_built_ins_is_cheap_and_stable(tmp_path, spe
     first = train.data_fingerprint(task)
     assert time.perf_counter() - began < 1.0
     assert first == train.data_fingerprint(train.load_task(spec, tmp_path)) and len(first) == 64
+
+
+async def test_task_code_calling_sys_exit_fails_the_job_not_the_process(tmp_path):
+    source = RAISES_LATER.replace(b'raise RuntimeError("boom")', b'raise SystemExit("bye")')
+    ex = TorchExecutor(_home(tmp_path))
+    job = await _job(ex, "exits.py", source)
+    with pytest.raises(TaskFailed) as info:
+        await _train(ex, job)
+    assert info.value.reason == f"exits.py:{_line(source, 'raise SystemExit')} in loss: SystemExit: bye"

@@ -396,7 +396,7 @@ async def _in_thread(fn: Callable[[], T], task: str) -> T:
         raise TaskFailed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     except TtpeerError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # task code calling sys.exit() must not end the daemon
         log.debug("task %s failed", task, exc_info=True)
         raise TaskFailed(train.describe(exc, task)) from None
 
