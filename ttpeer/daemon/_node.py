@@ -457,22 +457,25 @@ class Node:
             log.error("%s", exc)
             self.stop()
         except TaskFailed as exc:  # the task's code failed here: the job ends on this peer
-            self._task_failed(eff.job, exc.reason)  # type: ignore[attr-defined]
+            self._task_failed(_job_of(eff), exc.reason)
         except (NetError, SealError, TtpeerError) as exc:
             log.warning("%s failed: %s", type(eff).__name__, exc)
             if isinstance(exc, StateMissing):  # so the machine recomputes or fetches it
                 self._process(self.machine.state_lost(exc.state, self._now()))
             self._report_failure(eff)
         except Exception as exc:  # noqa: BLE001 - the last resort: a bug fails the job, not the daemon
-            log.error("%s of job %s raised %s: a bug in ttpeer or an executor; the job ends on this "
-                      "peer (please report this traceback)", type(eff).__name__, eff.job.id[:12],  # type: ignore[attr-defined]
-                      type(exc).__name__, exc_info=True)
-            self._task_failed(eff.job, f"internal error: {type(exc).__name__}: {exc} "  # type: ignore[attr-defined]
-                              "(a bug; see this peer's log)")
+            self._bug(_job_of(eff), type(eff).__name__, exc)
 
     def _task_failed(self, job: Record, reason: str) -> None:
         log.error("job %s failed on this peer: %s", job.id[:12], reason)
         self._process(self.machine.job_failed(job.id, reason, self._now()))
+
+    def _bug(self, job: Record, what: str, exc: Exception) -> None:
+        """An exception outside the error tree escaped ``what``: log its traceback once and
+        end the job on this peer, so a bug costs one job, never the daemon."""
+        log.error("%s of job %s raised %s: a bug in ttpeer or an executor; the job ends on this peer "
+                  "(please report this traceback)", what, job.id[:12], type(exc).__name__, exc_info=exc)
+        self._task_failed(job, f"internal error: {type(exc).__name__}: {exc} (a bug; see this peer's log)")
 
     def _report_failure(self, eff: Effect) -> None:
         m, now = self.machine, self._now()
@@ -508,9 +511,7 @@ class Node:
         except TaskFailed as exc:
             self._task_failed(job, exc.reason)
         except Exception as exc:  # noqa: BLE001 - as in _work: the job, not the daemon
-            log.error("writing the final model of job %s raised %s (a bug; please report this traceback)",
-                      job.id[:12], type(exc).__name__, exc_info=True)
-            self._task_failed(job, f"internal error: {type(exc).__name__}: {exc} (a bug; see this peer's log)")
+            self._bug(job, "writing the final model", exc)
 
     async def _write_final(self, job: Record, state: str) -> None:
         chain = self.machine.chain(job)
@@ -882,6 +883,14 @@ def _with_members(spec: dict[str, Any]) -> dict[str, Any]:
         raise UsageError("an ensemble job has one shard per member: leave --shards out")
     variants = member_variants(spec["seed"], count, spec["inner_lr"], spec["weight_decay"])
     return {**spec, "shards": count, "members": variants}
+
+
+def _job_of(eff: Effect) -> Record:
+    """The job of an effect that ``_work`` runs (each of them names one)."""
+    job = getattr(eff, "job", None)
+    if not isinstance(job, Record):
+        raise TypeError(f"{type(eff).__name__} names no job")
+    return job
 
 
 def _describe(eff: Effect) -> str:
