@@ -94,12 +94,12 @@ def snapshot(node: Node) -> dict[str, Any]:
         chain = m.chain(job)
         last = dict(chain.closes[-1]["metrics"]) if chain.closes else {}
         metric_name = next((k for k in last if k != "eval_loss"), "metric")
-        end = ended(m.records, job)
+        end = ended(m.records, job) if chain.round < job["rounds"] else None  # a finished job is done
         if chain.round >= job["rounds"] and job.id not in m.declined:
             # Done once this peer wrote the final model (export reads it), not before.
             finished = m.done_jobs.get(job.id) == chain.head == node.finished.get(job.id)
             state = "done" if finished else "finishing"
-        elif end is not None and chain.round < job["rounds"]:
+        elif end is not None:
             state = end["how"]  # "failed" (for the whole pool) or "cancelled"
         elif failed_here(m.records, job, node.me) is not None:
             state = "failed"  # here; the others may finish it
