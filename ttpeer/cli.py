@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "slowest peer's shard time, 15s-5m; 30s before any speed is known)")
     s.add_argument("--no-steal", action="store_true",
                    help="idle peers do not run backup copies of stragglers' shards")
-    s.add_argument("--step-timeout", type=_duration, default=600.0,
+    s.add_argument("--step-timeout", type=_duration, default=600.0, metavar="SECONDS",
                    help="a training step that takes longer than this (e.g. 90, 90s, 10m; default 10m) is "
                         "judged hung: its worker is stopped and the job fails on that peer")
     s.add_argument("--overlap", action="store_true",

@@ -122,7 +122,9 @@ def test_broken_tasks_fail_their_jobs_and_the_pool_goes_on(tmp_path):
 
         # Fails on both peers (the first batches are fine), so for the pool.
         boom = ttpeer("submit", "--task", str(tasks["boom_task.py"]), *SPEC_ARGS, "--home", str(alice))[-1]
-        wait_for(lambda: job_of(bob, boom), 30, "bob to hear of the job")
+        # 'wait' answers as soon as the job ends here: "failed on this peer" while the other
+        # peer may still train it; once both failed, the job failed for the pool.
+        wait_for(lambda: (j := job_of(bob, boom)) and j["ended"], 90, "the job to fail for the pool")
         code, _out, err = _cli("wait", boom, "--timeout", "90s", "--home", str(bob))
         line = _line(tasks["boom_task.py"], 'raise RuntimeError("boom")')
         assert code == 1, err
