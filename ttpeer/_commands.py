@@ -39,6 +39,10 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
                         help="remove a machine from the pool and rotate the pool key (admin only)")
     rv.add_argument("peer", help="the peer's name, id, or a unique id prefix (see 'ttpeer status')")
 
+    cn = sub.add_parser("cancel", parents=[common],
+                        help="end a job for the whole pool (the job's submitter or the pool admin)")
+    cn.add_argument("job", help="job id or a unique prefix (see 'ttpeer status')")
+
     rep = sub.add_parser("report", parents=[common], help="write an HTML report of a job (plots embedded)")
     rep.add_argument("job", help="job id or a unique prefix")
     rep.add_argument("out", type=Path, help="output file (.html), self-contained")
@@ -222,4 +226,18 @@ def revoke(args: argparse.Namespace, home: Any) -> int:
     else:
         print(f"revoked {reply['name']} ({reply['peer']}); the pool key is now at epoch {reply['epoch']}")
     print(f"revocation record {reply['record']}")
+    return 0
+
+
+# -- cancel --------------------------------------------------------------------------------
+
+
+def cancel(args: argparse.Namespace, home: Any) -> int:
+    """Ask the running daemon to cancel a job for the pool. Raises ``TtpeerError``."""
+    reply = ask_daemon(home, {"op": "cancel", "job": args.job}, timeout=60)
+    if reply.get("again"):
+        print(f"job {reply['job'][:12]} was already cancelled by {reply['by']}")
+    else:
+        print(f"cancelled job {reply['job'][:12]}; every peer stops working on it")
+    print(f"cancel record {reply['record']}")
     return 0

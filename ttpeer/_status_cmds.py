@@ -50,9 +50,17 @@ def status(args: argparse.Namespace, home: Any) -> int:
         unit, parts = ("unit", "members") if job["mode"] == "ensemble" else ("round", "shards")
         print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: {unit} {job['round']}/"
               f"{job['rounds']}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
+        end = job.get("ended")
+        if end and end["by"]:
+            print(f"    cancelled by {end['by']['name']} ({end['by']['peer'][:12]})")
         for decline in job.get("declines") or []:
-            who = "here" if decline["peer"] == node["id"] else f"by {decline['name']} ({decline['peer'][:12]})"
-            print(f"    declined {who}: {decline['reason']}")
+            mine = decline["peer"] == node["id"]
+            if decline.get("code") == "failed":  # the task's code failed there
+                who = "here" if mine else f"on {decline['name']} ({decline['peer'][:12]})"
+                print(f"    failed {who}: {decline['reason']}")
+            else:
+                who = "here" if mine else f"by {decline['name']} ({decline['peer'][:12]})"
+                print(f"    declined {who}: {decline['reason']}")
         if job["declined"] and not any(d["peer"] == node["id"] for d in job.get("declines") or []):
             print(f"    declined here: {job['declined']}")
         how = [f"{p['name']} {p['precision']} micro-batch {p['micro_batch']}" for p in job.get("peers") or []
@@ -83,7 +91,8 @@ def _find_job(jobs: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
 
 
 def wait(args: argparse.Namespace, home: Any) -> int:
-    """``ttpeer wait JOB``: 0 when done, 1 (JobError) if declined, 2 on timeout."""
+    """``ttpeer wait JOB``: 0 when done, 1 (JobError) if declined, failed or cancelled,
+    2 on timeout."""
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     delay = 0.2
     while True:
@@ -92,11 +101,24 @@ def wait(args: argparse.Namespace, home: Any) -> int:
             print(f"job {job['id'][:12]} done: {job['rounds']} rounds, {job['metric_name']} "
                   f"{job['eval_metric']}")
             return 0
-        if job["state"] == "declined":
-            raise JobError(f"job {job['id'][:12]} was declined by this peer: {job['declined']}")
+        if job["state"] in ("declined", "failed", "cancelled"):
+            raise JobError(_why_ended(job))
         if deadline is not None and time.monotonic() >= deadline:
             print(f"error: timed out waiting for job {job['id'][:12]} (round {job['round']}/{job['rounds']})",
                   file=sys.stderr)
             return 2
         time.sleep(delay)
         delay = min(delay * 1.5, 2.0)
+
+
+def _why_ended(job: dict[str, Any]) -> str:
+    """One line: why ``job`` (a status entry) will not finish on this peer."""
+    jid, end = job["id"][:12], job.get("ended")
+    if job["state"] == "cancelled" and end:
+        return f"job {jid} was cancelled by {end['by']['name']}"
+    if job["state"] == "failed" and end:
+        reasons = "; ".join(f"{r['name']}: {r['reason']}" for r in end["reasons"])
+        return f"job {jid} failed on every peer: {reasons}"
+    if job["state"] == "failed":
+        return f"job {jid} failed on this peer (the others go on without it): {job['declined']}"
+    return f"job {jid} was declined by this peer: {job['declined']}"

@@ -70,7 +70,8 @@ def _job(job: dict[str, Any]) -> RenderableType:
     head = Table.grid(padding=(0, 2))
     head.add_row(
         Text(f"{job['id'][:12]} {job['task']} {job['mode']}", style="bold"),
-        Text(job["state"], style="green" if job["state"] in ("running", "done") else "yellow"),
+        Text(job["state"], style="green" if job["state"] in ("running", "done")
+             else "red" if job["state"] in ("failed", "cancelled") else "yellow"),
         Text("units" if ensemble else "rounds"), _bar(job["round"], job["rounds"]),
         Text(f"{job['round']}/{job['rounds']}"),
         Text("members" if ensemble else "shards"), _bar(job["shards_done"], job["shards_total"], 12),
@@ -82,7 +83,12 @@ def _job(job: dict[str, Any]) -> RenderableType:
     if job.get("utilization") is not None:
         facts.append(f"utilization here {100 * job['utilization']:.0f}%")
     if job.get("declined"):
-        facts.append(f"declined here: {job['declined']}")
+        facts.append(f"{'failed' if job['state'] == 'failed' else 'declined'} here: {job['declined']}")
+    end = job.get("ended")
+    if end and end["by"]:
+        facts.append(f"cancelled by {end['by']['name']}")
+    elif end:
+        facts.append("failed on every peer: " + "; ".join(f"{r['name']}: {r['reason']}" for r in end["reasons"]))
     parts: list[RenderableType] = [head, Text("  ".join(facts))]
     peers = job.get("peers") or []
     if peers:

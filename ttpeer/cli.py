@@ -27,6 +27,9 @@ Or try everything on this machine: ttpeer demo
 """
 
 
+MAX_STEP_TIMEOUT = 7 * 86400.0  # the job record's bound
+
+
 def _duration(text: str) -> float:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
     if not m:
@@ -129,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "slowest peer's shard time, 15s-5m; 30s before any speed is known)")
     s.add_argument("--no-steal", action="store_true",
                    help="idle peers do not run backup copies of stragglers' shards")
+    s.add_argument("--step-timeout", type=_duration, default=600.0, metavar="SECONDS",
+                   help="a training step that takes longer than this (e.g. 90, 90s, 10m; default 10m) is "
+                        "judged hung: its worker is stopped and the job fails on that peer")
     s.add_argument("--overlap", action="store_true",
                    help="fused: train round r+1 while round r's deltas travel, starting from this peer's "
                         "own estimate of round r's result (slow links cost little compute; see README)")
@@ -281,6 +287,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return _commands.report(args, _home(args))
     if cmd == "revoke":
         return _commands.revoke(args, _home(args))
+    if cmd == "cancel":
+        return _commands.cancel(args, _home(args))
     raise UsageError(f"unknown command {cmd}")
 
 
@@ -424,6 +432,7 @@ def _submit(args: argparse.Namespace) -> int:
         "batches": args.inner_steps, "batch_size": args.batch_size or 64, "inner_lr": args.inner_lr,
         "weight_decay": args.weight_decay, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
         "bits": args.bits, "seed": args.seed, "lease": args.lease, "steal": not args.no_steal,
+        "step_timeout": _step_timeout(args.step_timeout),
     }
     if args.mode == "ensemble" or args.members is not None:
         if args.mode != "ensemble":
@@ -448,6 +457,13 @@ def _submit(args: argparse.Namespace) -> int:
               f"{args.inner_steps} steps, lease {reply.get('lease')} s")
     print(reply["job"])
     return 0
+
+
+def _step_timeout(seconds: float) -> float:
+    if not 1 <= seconds <= MAX_STEP_TIMEOUT:
+        raise UsageError(f"--step-timeout must be between 1 s and 7 days, got {seconds:g} s "
+                         "(a number of seconds, or e.g. 90s, 10m, 2h)")
+    return seconds
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -13,8 +13,9 @@
      +-- DaemonNotRunning            a command needs the running daemon and found none
      +-- JobError                    a job failed, was declined, or is unknown
      |    +-- StateMissing           a state counted as held is not on disk
-     |    +-- TaskFailed             the task's code failed on this peer: the job ends here
+     |    +-- TaskFailed             the task's code (or torch under it) failed on this peer: the job ends here
      |    +-- LocalWorkLost          the worker holding this peer's local model died
+     +-- TrainError                  the training layer refuses or cannot do something (ttpeer.train)
      +-- NetError                    anything between this machine and the relay
           +-- (see ttpeer.net)
 
@@ -54,6 +55,22 @@ class JobError(TtpeerError):
     """A job failed, timed out, was declined, or is not known to this peer."""
 
 
+class TaskFailed(JobError):
+    """Raised out of an executor when the task's code, or torch running it, failed on this
+    peer: the job ends here (this peer sits it out with ``reason``), never the daemon.
+
+    ``reason`` is one line a user can act on, naming the task file and line when the
+    failure is in their code (``my_task.py:31 in loss: RuntimeError: boom``). It is the
+    only state, a plain string, so the error crosses a process boundary as it is."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[TaskFailed], tuple[str]]:
+        return (TaskFailed, (self.reason,))
+
+
 class StateMissing(JobError):
     """A state the protocol counted as held is not on this peer's disk: states are named
     by their hash, so two jobs can share one, and each job keeps only its newest few."""
@@ -61,15 +78,6 @@ class StateMissing(JobError):
     def __init__(self, state: str) -> None:
         super().__init__(f"state {state[:19]} is not on this peer")
         self.state = state
-
-
-class TaskFailed(JobError):
-    """The task's code failed on this peer (it raised, diverged, hung, or its worker
-    process died): the job cannot go on here. ``reason`` is one line for people."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class LocalWorkLost(JobError):

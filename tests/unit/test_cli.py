@@ -94,3 +94,17 @@ def test_overlapped_jobs_keep_diloco_outer_momentum():
     assert momentum() == 0.9
     assert momentum("--overlap") == 0.9
     assert momentum("--overlap", "--outer-momentum", "0.5") == 0.5
+
+
+def test_step_timeout_takes_seconds_or_a_duration_and_is_checked(tmp_path, capsys):
+    from ttpeer.cli import build_parser
+
+    def timeout(*extra: str) -> float:
+        return build_parser().parse_args(["submit", "--task", "mnist1d", *extra]).step_timeout
+
+    assert timeout() == 600.0 and timeout("--step-timeout", "90") == 90.0 and timeout("--step-timeout", "10m") == 600.0
+    # Checked before the daemon is asked (none runs here): the message says what fits.
+    assert main(["submit", "--task", "mnist1d", "--step-timeout", "0", "--home", str(tmp_path)]) == 1
+    assert "--step-timeout must be between 1 s and 7 days, got 0 s" in capsys.readouterr().err
+    assert main(["submit", "--task", "mnist1d", "--step-timeout", "8d", "--home", str(tmp_path)]) == 1
+    assert "--step-timeout must be between" in capsys.readouterr().err

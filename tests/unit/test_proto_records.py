@@ -59,6 +59,7 @@ OTHER_VALUES: dict[str, dict[str, Any]] = {
     "ckpt": {"job": hex64("job2"), "round": 2, "state": state(2), "blob": hex64("ck2"), "size": 98},
     "revoke": {"node": hex64("node2"), "keep": [], "at": 8},
     "decline": {"job": hex64("job2"), "reason": "task differs", "need": 0, "have": 0},
+    "cancel": {"job": hex64("job2"), "at": 10},
 }
 FIELD_SWAPS = [(k, f) for k in KINDS for f in SCHEMAS[k]
                if not (k == "job" and f == "mode") and f not in OPTIONAL.get(k, ())]

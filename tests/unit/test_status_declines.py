@@ -30,5 +30,5 @@ def test_declines_of_members_are_listed_by_name_until_they_train_after_all():
         rs.add(rec)
     [shown] = declines(rs, job)
     assert shown == {"peer": nodes[2].public_key().public_bytes_raw().hex(), "name": "n2", "reason": "too small",
-                     "need_bytes": 2**31, "have_bytes": 2**30}
+                     "need_bytes": 2**31, "have_bytes": 2**30, "code": None}
     assert [d["reason"] for d in declines(rs, other_job)] == ["another job"]

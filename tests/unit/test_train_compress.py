@@ -9,7 +9,7 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ttpeer.train import DeltaError, OuterState, decode_delta, encode_delta, fp32_size
+from ttpeer.train import DeltaError, Diverged, OuterState, decode_delta, encode_delta, fp32_size
 
 torch.set_num_threads(1)
 
@@ -104,7 +104,7 @@ def test_int8_compresses_more_than_3_5x():
 def test_encode_refuses_non_finite_and_bad_arguments():
     delta = _random_delta(3)
     delta["layer.bias"][4] = float("nan")
-    with pytest.raises(DeltaError, match="NaN or inf"):
+    with pytest.raises(Diverged, match="NaN or inf"):
         encode_delta(delta, None)
     with pytest.raises(ValueError):
         encode_delta(_random_delta(3), None, bits=3)

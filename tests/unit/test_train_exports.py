@@ -11,6 +11,7 @@ EXPECTED = {
     "init_ensemble", "load_bundle", "member_steps", "read_sidecar", "train_unit", "warm_up",
     "agreed_stop", "average_gradients", "join_group", "split_batches",
     "BatchFit", "LrSchedule", "Recipe", "check_job", "fit_batch", "shard_first_step", "warm_state",
+    "Diverged", "data_fingerprint", "describe", "probe",
 }
 
 
@@ -21,5 +22,12 @@ def test_all_is_the_intended_surface():
 
 
 def test_errors_share_one_base():
-    for name in ("TaskError", "DeltaError", "CheckpointError", "ModelTooLarge"):
+    for name in ("TaskError", "DeltaError", "CheckpointError", "ModelTooLarge", "Diverged"):
         assert issubclass(getattr(ttpeer.train, name), ttpeer.train.TrainError)
+
+
+def test_train_errors_are_ttpeer_errors():
+    # The command line and the daemon handle TtpeerError: a TrainError must be one.
+    from ttpeer.errors import TtpeerError
+
+    assert issubclass(ttpeer.train.TrainError, TtpeerError)

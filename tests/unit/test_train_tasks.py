@@ -56,7 +56,7 @@ def test_dict_and_dataset_tasks_are_accepted(tmp_path):
 
 
 @pytest.mark.parametrize("body,message", [
-    ("def task(:\n    pass\n", "syntax error at line"),
+    ("def task(:\n    pass\n", r"broken_task\.py:7: syntax error: invalid syntax"),
     ("raise RuntimeError('boom')\n", "failed while importing: RuntimeError: boom"),
     ("def other():\n    pass\n", "defines no task"),
     ("task = 3\n", "defines no task"),

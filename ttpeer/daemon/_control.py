@@ -6,7 +6,8 @@ owner can use it; the server also asks the kernel who connected (``SO_PEERCRED``
 and answers only its own user and root, should the modes ever be loosened.
 One JSON request per connection, one JSON reply:
 ``{"op": "status"}``, ``{"op": "submit", "spec": {...}, "task_file": hex|null}``,
-``{"op": "revoke", "peer": name|id|prefix}`` (admin only).
+``{"op": "revoke", "peer": name|id|prefix}`` (admin only),
+``{"op": "cancel", "job": id|prefix}`` (the job's submitter or the admin).
 Replies are ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
 """
 
@@ -107,6 +108,11 @@ async def _dispatch(node: Node, request: dict[str, Any], status: Callable[[], di
         task_file = bytes.fromhex(request["task_file"]) if request.get("task_file") else None
         job = await node.submit(request["spec"], task_file)
         return {"ok": True, "job": job.id, "shards": job["shards"], "lease": job["lease"]}
+    if op == "cancel":
+        job, rec, again = await node.cancel(str(request.get("job", "")))
+        by = node.machine.records.members.get(rec.author)
+        return {"ok": True, "job": job.id, "record": rec.id, "by": by.name if by else rec.author[:12],
+                "again": again}
     if op == "revoke":
         peer, name = node.resolve_peer(str(request.get("peer", "")))
         again = peer not in node.machine.records.members

@@ -18,26 +18,35 @@ from ttpeer.proto import PublishDelta, Record, Train
 
 @dataclass(frozen=True)
 class Decline:
-    """Why a peer sits a job out; ``need`` and ``have`` (bytes) when the model does not fit."""
+    """Why a peer sits a job out; ``need`` and ``have`` (bytes) when the model does not fit.
+    ``code`` says what kind of reason it is, for machines (``DECLINE_CODES`` in
+    ``ttpeer.proto``): "fit", "task" (the task file differs), "data" (its data differs)."""
 
     reason: str
     need: int = 0
     have: int = 0
+    code: str = ""
 
 
 class Executor(Protocol):
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
         """Build a job's initial state for submission. Returns the job fields this side
-        fixes (``task_hash``, ``init``) and the initial state's bytes. A warm start comes
-        as ``spec["init"]``, the path of a safetensors file on this machine; the returned
-        ``init`` (the state's hash) replaces it in the record. Raises ``TtpeerError`` for
-        a task that cannot load, a file that does not match its model, or job fields no
-        peer could train (a warm-up as long as the job)."""
+        fixes (``task_hash``, ``init``, ``data``: a fingerprint of the task's data) and the
+        initial state's bytes, after running the task on one batch. A warm start comes as
+        ``spec["init"]``, the path of a safetensors file on this machine; the returned
+        ``init`` (the state's hash) replaces it in the record. Raises ``TaskFailed`` for a
+        task that does not load or fails on that batch, ``TtpeerError`` for a file that
+        does not match its model or job fields no peer could train (a warm-up as long as
+        the job)."""
         ...
 
     async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
         """Load the job's task and check it fits. Returns None when ready, else why this
-        peer declines (a ``Decline`` with the memory figures, or just the reason)."""
+        peer declines (a ``Decline`` with the memory figures, or just the reason).
+
+        Every method that runs the task's code raises ``TaskFailed`` (task code or torch
+        failed: the job ends on this peer), ``DiskError`` (stops the daemon), or another
+        ``TtpeerError`` (this step failed; the protocol tries again), and nothing else."""
         ...
 
     async def train(self, eff: Train, should_stop: Callable[[], bool]) -> int:

@@ -42,7 +42,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ttpeer import _logging
-from ttpeer.errors import DiskError, LocalWorkLost, StateMissing, TtpeerError, UsageError
+from ttpeer.errors import DiskError, JobError, LocalWorkLost, StateMissing, TaskFailed, TtpeerError, UsageError
 from ttpeer.net import BlobCorrupt, NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
 from ttpeer.net._entropy import random_bytes
 from ttpeer.net._seal import COUNTER, SealError, gossip_ad, open_direct, open_sealed, seal, seal_to
@@ -69,10 +69,13 @@ from ttpeer.proto import (
     TaskSignatureError,
     Timing,
     Train,
+    cancel_of,
     decode,
     default_sizing,
     encode,
+    job_ended,
     lost_joins,
+    may_cancel,
     member_variants,
     open_task,
     parse,
@@ -388,7 +391,7 @@ class Node:
                                      if job["task_blob"] else None)
                     except TaskSignatureError as exc:
                         log.warning("refusing job %s: %s", job.id[:12], exc)
-                        self._process(m.job_prepared(job.id, False, str(exc), now()))
+                        self._process(m.job_prepared(job.id, False, str(exc), now(), code="refused"))
                         return
                     decline = await self.executor.prepare(job, task_file)
                     if isinstance(decline, str):
@@ -396,7 +399,7 @@ class Node:
                     if decline is not None:
                         log.warning("declining job %s: %s", job.id[:12], decline.reason)
                         self._process(m.job_prepared(job.id, False, decline.reason, now(),
-                                                     need=decline.need, have=decline.have))
+                                                     need=decline.need, have=decline.have, code=decline.code))
                     else:
                         self._process(m.job_prepared(job.id, True, "", now()))
                 case Train(job=job, round=rnd, shard=shard):
@@ -453,6 +456,8 @@ class Node:
             self.fatal = exc
             log.error("%s", exc)
             self.stop()
+        except TaskFailed as exc:  # the task's code failed here: the job ends on this peer
+            self._task_failed(_job_of(eff), exc.reason)
         except (NetError, SealError, TtpeerError) as exc:
             log.warning("%s failed: %s", type(eff).__name__, exc)
             if isinstance(exc, StateMissing):  # so the machine recomputes or fetches it
@@ -460,6 +465,19 @@ class Node:
             if isinstance(exc, LocalWorkLost):  # so the machine trains those shards again
                 self._process(self.machine.local_work_lost(exc.job, self._now()))
             self._report_failure(eff)
+        except Exception as exc:  # noqa: BLE001 - the last resort: a bug fails the job, not the daemon
+            self._bug(_job_of(eff), type(eff).__name__, exc)
+
+    def _task_failed(self, job: Record, reason: str) -> None:
+        log.error("job %s failed on this peer: %s", job.id[:12], reason)
+        self._process(self.machine.job_failed(job.id, reason, self._now()))
+
+    def _bug(self, job: Record, what: str, exc: Exception) -> None:
+        """An exception outside the error tree escaped ``what``: log its traceback once and
+        end the job on this peer, so a bug costs one job, never the daemon."""
+        log.error("%s of job %s raised %s: a bug in ttpeer or an executor; the job ends on this peer "
+                  "(please report this traceback)", what, job.id[:12], type(exc).__name__, exc_info=exc)
+        self._task_failed(job, f"internal error: {type(exc).__name__}: {exc} (a bug; see this peer's log)")
 
     def _report_failure(self, eff: Effect) -> None:
         m, now = self.machine, self._now()
@@ -486,6 +504,18 @@ class Node:
         return out
 
     async def _finish(self, job: Record, state: str) -> None:
+        try:
+            await self._write_final(job, state)
+        except DiskError as exc:
+            self.fatal = exc
+            log.error("%s", exc)
+            self.stop()
+        except TaskFailed as exc:
+            self._task_failed(job, exc.reason)
+        except Exception as exc:  # noqa: BLE001 - as in _work: the job, not the daemon
+            self._bug(job, "writing the final model", exc)
+
+    async def _write_final(self, job: Record, state: str) -> None:
         chain = self.machine.chain(job)
         metrics = dict(chain.closes[-1]["metrics"]) if chain.closes else {}
         stats = self._stats(job.id)
@@ -745,6 +775,42 @@ class Node:
         log.info("revoked %s; pool key rotated to epoch %d", peer[:12], len(self.pool_keys) - 1)
         return rec
 
+    # -- cancelling ---------------------------------------------------------------------
+
+    def find_job(self, prefix: str) -> Record:
+        """The job whose id starts with ``prefix``. Raises ``JobError``/``UsageError``."""
+        found = [j for j in self.machine.records.jobs() if j.id.startswith(prefix.lower())] if prefix else []
+        if not found:
+            raise JobError(f"no job {prefix!r} is known to this peer (see 'ttpeer status')")
+        if len(found) > 1:
+            raise UsageError(f"job prefix {prefix!r} is ambiguous; give more characters")
+        return found[0]
+
+    async def cancel(self, prefix: str) -> tuple[Record, Record, bool]:
+        """End a job for the whole pool with a signed ``cancel`` record: every peer stops
+        working on it at once. Only its submitter or the pool's admin may. Returns the job,
+        the cancel, and whether it was cancelled already (then the earlier cancel). Raises
+        ``JobError``."""
+        await self._key_event.wait()
+        rs = self.machine.records
+        job = self.find_job(prefix)
+        if not may_cancel(rs, job, self.me):
+            who = rs.members[job.author].name if job.author in rs.members else job.author[:12]
+            raise JobError(f"only the job's submitter ({who}) or the pool's admin can cancel job {job.id[:12]}; "
+                           "ask one of them")
+        if self.machine.chain(job).round >= job["rounds"]:
+            raise JobError(f"job {job.id[:12]} is done; there is nothing to cancel")
+        ended = job_ended(rs, job)
+        if ended is not None and ended.how == "failed":
+            raise JobError(f"job {job.id[:12]} has already failed on every peer; there is nothing to cancel")
+        earlier = cancel_of(rs, job)
+        if earlier is not None:
+            return job, earlier, True
+        rec = sign("cancel", self.cfg.pool, {"job": job.id, "at": int(self._wall())}, self._key)
+        self._process(self.machine.add_local(rec, self._now()))
+        log.info("cancelled job %s", job.id[:12])
+        return job, rec, False
+
     def resolve_peer(self, text: str) -> tuple[str, str]:
         """(id, name) of a member or revoked node, from its name, id, or a unique id
         prefix. Raises ``RevokeError``."""
@@ -819,6 +885,14 @@ def _with_members(spec: dict[str, Any]) -> dict[str, Any]:
         raise UsageError("an ensemble job has one shard per member: leave --shards out")
     variants = member_variants(spec["seed"], count, spec["inner_lr"], spec["weight_decay"])
     return {**spec, "shards": count, "members": variants}
+
+
+def _job_of(eff: Effect) -> Record:
+    """The job of an effect that ``_work`` runs (each of them names one)."""
+    job = getattr(eff, "job", None)
+    if not isinstance(job, Record):
+        raise TypeError(f"{type(eff).__name__} names no job")
+    return job
 
 
 def _describe(eff: Effect) -> str:

@@ -6,10 +6,13 @@
                "shards_total", "eval_loss", "eval_metric", "metric_name",
                "bytes_sent", "bytes_received", "compression_ratio", "declined",
                "state_hash", "training_shard", "wasted_batches", "duplicate_fraction",
-               "declines": [{"peer", "name", "reason", "need_bytes", "have_bytes"}]}]}
+               "declines": [{"peer", "name", "reason", "need_bytes", "have_bytes", "code"}],
+               "ended": null | {"how", "by": {"peer", "name"} | null,
+                                "reasons": [{"peer", "name", "reason"}]}}]}
 
 ``declined`` is this peer's own reason for sitting a job out; ``declines`` lists every
-peer that published one (``need_bytes``/``have_bytes`` are 0 unless memory was why).
+peer whose decline stands (``need_bytes``/``have_bytes`` are 0 unless memory was why);
+``ended`` says how a job ended for the whole pool, if it did (``proto.job_ended``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ttpeer.proto import Chain, Record, RecordSet, contributions, covered, train_base
+from ttpeer.proto import (
+    Chain,
+    Record,
+    RecordSet,
+    contributions,
+    covered,
+    failed_here,
+    job_ended,
+    standing_declines,
+    train_base,
+)
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -39,14 +52,28 @@ def duplicate_fraction(records: RecordSet, job: Record, chain: Chain) -> float |
 
 
 def declines(records: RecordSet, job: Record) -> list[dict[str, Any]]:
-    """The members that declined ``job`` and why, by name; a peer that contributed to
-    the job after all (restarted with more memory) is no longer listed."""
+    """The members that sit ``job`` out and why, by name: their standing declines
+    (``proto.standing_declines``: a peer that contributed after a decline for anything but
+    a failure of the task, say restarted with more memory, is no longer listed)."""
     members = records.members
-    trained = {c.author for c in records.of_job(job.id, "contrib")}
     out = [{"peer": r.author, "name": members[r.author].name, "reason": r["reason"],
-            "need_bytes": r["need"], "have_bytes": r["have"]}
-           for r in records.of_job(job.id, "decline") if r.author not in trained]
+            "need_bytes": r["need"], "have_bytes": r["have"], "code": r.body.get("code")}
+           for r in standing_declines(records, job).values() if r.author in members]
     return sorted(out, key=lambda d: (d["name"], d["peer"]))
+
+
+def ended(records: RecordSet, job: Record) -> dict[str, Any] | None:
+    """How ``job`` ended for the whole pool (``proto.job_ended``), with names for people."""
+    end = job_ended(records, job)
+    if end is None:
+        return None
+    members = records.members
+
+    def name(peer: str) -> str:
+        return members[peer].name if peer in members else peer[:12]
+
+    return {"how": end.how, "by": {"peer": end.by, "name": name(end.by)} if end.by else None,
+            "reasons": [{"peer": p, "name": name(p), "reason": r} for p, r in end.reasons]}
 
 
 def snapshot(node: Node) -> dict[str, Any]:
@@ -67,12 +94,17 @@ def snapshot(node: Node) -> dict[str, Any]:
         chain = m.chain(job)
         last = dict(chain.closes[-1]["metrics"]) if chain.closes else {}
         metric_name = next((k for k in last if k != "eval_loss"), "metric")
-        if job.id in m.declined:
-            state = "declined"
-        elif chain.round >= job["rounds"]:
+        end = ended(m.records, job) if chain.round < job["rounds"] else None  # a finished job is done
+        if chain.round >= job["rounds"] and job.id not in m.declined:
             # Done once this peer wrote the final model (export reads it), not before.
             finished = m.done_jobs.get(job.id) == chain.head == node.finished.get(job.id)
             state = "done" if finished else "finishing"
+        elif end is not None:
+            state = end["how"]  # "failed" (for the whole pool) or "cancelled"
+        elif failed_here(m.records, job, node.me) is not None:
+            state = "failed"  # here; the others may finish it
+        elif job.id in m.declined:
+            state = "declined"
         elif active is not None and active.id == job.id:
             state = "running"
         else:
@@ -95,7 +127,7 @@ def snapshot(node: Node) -> dict[str, Any]:
             "training_shard": m.training[2] if m.training and m.training[0] == job.id else None,
             "wasted_batches": m.wasted_batches if active is not None and active.id == job.id else 0,
             "duplicate_fraction": duplicate_fraction(m.records, job, chain),
-            "declines": declines(m.records, job),
+            "declines": declines(m.records, job), "ended": end,
         })
     return {
         "version": SCHEMA_VERSION,

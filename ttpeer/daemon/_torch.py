@@ -32,7 +32,7 @@ import torch
 import trio
 
 from ttpeer import train
-from ttpeer.errors import DiskError, JobError, StateMissing
+from ttpeer.errors import DiskError, JobError, StateMissing, TaskFailed, TtpeerError
 from ttpeer.proto import PublishDelta, Record, Train, overlapped
 
 from ._executor import Decline
@@ -107,16 +107,32 @@ class TorchExecutor:
             write_atomic(path, task_file)
         return path
 
-    def _load_task(self, name: str, task_file: bytes | None) -> train.LoadedTask:
-        spec = str(self._task_path(task_file)) if task_file is not None else name
+    def _load_task(self, name: str, task_file: bytes | None,
+                   check: Callable[[train.LoadedTask], None] | None = None) -> train.LoadedTask:
+        """Load a built-in by ``name``, or the task file (its copy in the home, compiled
+        under ``name``, the user's file name), and run ``check`` on it. A copy that does
+        not load or pass is not kept."""
+        if task_file is None:
+            task = train.load_task(name, self.home.data_dir, self.task_options)
+            if check is not None:
+                check(task)
+            return task
+        path = self._task_path(task_file)
         try:
-            return train.load_task(spec, self.home.data_dir, self.task_options)
-        except train.TaskError as exc:
-            raise JobError(str(exc)) from None
+            task = train.load_task(str(path), self.home.data_dir, self.task_options, shown_as=name)
+            if check is not None:
+                check(task)
+            return task
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
 
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
+        """Also runs the task on one batch (``train.probe``) before anything is published,
+        so a task that fails at once is refused here, with its file and line."""
         def build() -> tuple[dict[str, Any], bytes]:
-            task = self._load_task(spec["task"], task_file)
+            task = self._load_task(spec["task"], task_file,
+                                   lambda t: train.probe(t, batch_size=spec["batch_size"], seed=spec["seed"]))
             # A warm start names its file in ``init``; the record's ``init`` is the state's hash.
             warm = spec.get("init")
             try:
@@ -129,16 +145,23 @@ class TorchExecutor:
                     state = train.warm_state(task, Path(warm)) if warm else train.init_state(task, spec["seed"])
             except (train.TaskError, train.CheckpointError) as exc:
                 raise JobError(str(exc)) from None
-            return {"task_hash": task.source_hash, "init": train.state_hash(state)}, train.state_to_bytes(state)
+            fixed = {"task_hash": task.source_hash, "init": train.state_hash(state),
+                     "data": train.data_fingerprint(task)}
+            return fixed, train.state_to_bytes(state)
 
-        return await _in_thread(build)
+        return await _in_thread(build, spec["task"])
 
     async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
         def load() -> Decline | str | None:
             task = self._load_task(job["task"], task_file)
             if task.source_hash != job["task_hash"]:
-                return (f"task {job['task']!r} here differs from the submitter's: its code, or the data "
-                        f"or model files it reads (hash {task.source_hash[:12]} vs {job['task_hash'][:12]})")
+                return Decline(f"task {job['task']!r} here differs from the submitter's: its code, or the data "
+                               f"or model files it reads (hash {task.source_hash[:12]} vs {job['task_hash'][:12]})",
+                               code="task")
+            if "data" in job.body and (mine := train.data_fingerprint(task)) != job["data"]:
+                return Decline(f"your copy of the task's data differs from the submitter's: fingerprint "
+                               f"{mine[:12]} here, {job['data'][:12]} there (build it deterministically, from a "
+                               "fixed seed or files that are the same on every peer)", code="data")
             device_free, host_free, limited = _available_memory(self.device, self.memory_limit)
             if self.world > 1:  # the peer's workers share its host memory (and its CPU's)
                 host_free //= self.world
@@ -150,11 +173,11 @@ class TorchExecutor:
                                   members=len(job["members"]) if job["mode"] == "ensemble" else 0,
                                   overlap=overlapped(job), checkpointing=bool(job.body.get("checkpointing")))
             if fit.misfit is not None:
-                return Decline(fit.misfit.message, need=fit.misfit.need, have=fit.misfit.have)
+                return Decline(fit.misfit.message, need=fit.misfit.need, have=fit.misfit.have, code="fit")
             try:
                 recipe = train.Recipe.of_job(job.body, self.device, fit.micro_batch)
             except ValueError as exc:  # a precision this device cannot run
-                return Decline(str(exc))
+                return Decline(str(exc), code="fit")
             trainer = train.InnerTrainer(task, lr=job["inner_lr"], weight_decay=job["weight_decay"],
                                          device=self.device, seed=job["seed"], recipe=recipe)
             if self.world > 1:
@@ -168,7 +191,7 @@ class TorchExecutor:
             self._jobs[job.id] = _Job(task, trainer, like, mode=job["mode"])
             return None
 
-        return await _in_thread(load)
+        return await _in_thread(load, job["task"])
 
     def _job(self, job: Record) -> _Job:
         ctx = self._jobs.get(job.id)
@@ -256,7 +279,7 @@ class TorchExecutor:
             return sum(len(b) for b in batches[:done])
 
         async with self._train_lock:
-            return await _in_thread(unit if ctx.ensemble else run)
+            return await _in_thread(unit if ctx.ensemble else run, job["task"])
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
         ctx = self._job(eff.job)
@@ -266,7 +289,7 @@ class TorchExecutor:
             ckpt = ctx.units.pop((eff.round, member), None)
             if ckpt is None:
                 raise JobError(f"member {member} of round {eff.round} was not trained on this peer")
-            data = await _in_thread(lambda: train.encode_member(member, ckpt))
+            data = await _in_thread(lambda: train.encode_member(member, ckpt), eff.job["task"])
             return data, {"fp32_bytes": float(4 * sum(t.numel() for t in ckpt.params.values())),
                           **ctx.trainer.recipe.metrics(eff.job["batch_size"])}
 
@@ -283,7 +306,7 @@ class TorchExecutor:
             return data, metrics
 
         async with self._train_lock:
-            return await _in_thread(run)
+            return await _in_thread(run, eff.job["task"])
 
     def _start(self, ctx: _Job, eff: Train) -> train.OuterState:
         """Where this round's local model starts: the round's base; with overlap, an eager
@@ -335,7 +358,7 @@ class TorchExecutor:
             return self._hold(job, new), {"eval_loss": round(loss, 6), ctx.task.metric_name: round(metric, 6)}
 
         async with self._close_lock:
-            return await _in_thread(run)
+            return await _in_thread(run, job["task"])
 
     async def apply(self, job: Record, base: str, deltas: list[tuple[bytes, int]], expect: str) -> bool:
         def run() -> bool:
@@ -346,10 +369,10 @@ class TorchExecutor:
             return True
 
         async with self._close_lock:
-            return await _in_thread(run)
+            return await _in_thread(run, job["task"])
 
     async def export_state(self, job: Record, state: str) -> bytes:
-        return await _in_thread(lambda: train.state_to_bytes(self._state(job, state)))
+        return await _in_thread(lambda: train.state_to_bytes(self._state(job, state)), job["task"])
 
     async def import_state(self, job: Record, state: str, data: bytes) -> bool:
         ctx = self._job(job)
@@ -365,7 +388,7 @@ class TorchExecutor:
             self._hold(job, loaded)
             return True
 
-        return await _in_thread(run)
+        return await _in_thread(run, job["task"])
 
     async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
         ctx = self._job(job)
@@ -384,22 +407,40 @@ class TorchExecutor:
                 raise DiskError(folder / "final.safetensors", exc) from None
             write_atomic(folder / "done.json", json.dumps(metrics, indent=2).encode())
 
-        await _in_thread(run)
+        await _in_thread(run, job["task"])
 
 
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EIO}
 
 
-async def _in_thread(fn: Callable[[], T]) -> T:
-    """Run ``fn`` in a worker thread. An ``OSError`` from the torch side becomes a
-    ``DiskError`` (which stops the daemon) when the disk is full, read-only or failing,
-    else a ``JobError`` (the step fails and the protocol tries again)."""
+async def _in_thread(fn: Callable[[], T], task: str) -> T:
+    """Run ``fn`` (which calls into the task ``task`` and torch) in a worker thread: the
+    one place where what they raise is translated, once, for the node.
+
+    - an ``OSError`` becomes a ``DiskError`` (which stops the daemon) when the disk is
+      full, read-only or failing, else a ``JobError`` (the step fails and the protocol
+      tries again);
+    - ttpeer's own errors pass as they are (a state missing, a peer's malformed delta or
+      checkpoint: not the task's fault, the protocol tries again), except:
+    - non-finite training (``train.Diverged``) and a task that does not load or keep its
+      contract (``train.TaskError``) become ``TaskFailed``;
+    - anything else the task's code or torch raises becomes ``TaskFailed`` naming the task
+      file's line (``train.describe``). Nothing else leaves an executor method."""
     try:
         return await trio.to_thread.run_sync(fn)
     except OSError as exc:
         if exc.errno in _DISK_ERRNOS:
             raise DiskError(Path(exc.filename or "a file in the ttpeer home"), exc) from None
         raise JobError(f"{exc.filename or 'a file'}: {exc.strerror or exc}") from None
+    except train.Diverged as exc:
+        raise TaskFailed(f"training diverged ({exc.where}): try a lower --inner-lr") from None
+    except train.TaskError as exc:
+        raise TaskFailed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    except TtpeerError:
+        raise
+    except (Exception, SystemExit) as exc:  # task code calling sys.exit() must not end the daemon
+        log.debug("task %s failed", task, exc_info=True)
+        raise TaskFailed(train.describe(exc, task)) from None
 
 
 def _available_memory(device: str, limit: int | None) -> tuple[int, int, bool]:

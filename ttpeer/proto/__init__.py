@@ -36,6 +36,15 @@ from ._ledger import (
     train_base,
 )
 from ._membership import Member, lost_joins, members, revocations, verify_proof, verify_revocation
+from ._outcome import (
+    DECLINE_CODES,
+    Ended,
+    cancel_of,
+    failed_here,
+    job_ended,
+    may_cancel,
+    standing_declines,
+)
 from ._peer import RETRY_AFTER, PeerMachine, Timing
 from ._records import MAX_KEEP, MAX_RECORD_BYTES, PRECISION_CODES, Record, parse, pool_id_of, public_hex, sign
 from ._sizing import default_sizing
@@ -78,6 +87,13 @@ __all__ = [
     "revocations",
     "train_base",
     "MAX_KEEP",
+    "DECLINE_CODES",
+    "Ended",
+    "cancel_of",
+    "failed_here",
+    "job_ended",
+    "may_cancel",
+    "standing_declines",
     "MAX_RECORD_BYTES",
     "PRECISION_CODES",
     "RevokeError",

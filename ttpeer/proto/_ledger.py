@@ -252,8 +252,8 @@ def checkpoints(rs: RecordSet, job: Record) -> dict[str, Record]:
 
 def revocation_keep(rs: RecordSet, node: str) -> list[str]:
     """Ids of ``node``'s records that a revocation of it should keep: the jobs it
-    submitted, and the contributions, closes and checkpoints on each job's canonical
-    chain. Its claims, releases and anything off the chain are dropped, so its
+    submitted and cancelled, and the contributions, closes and checkpoints on each job's
+    canonical chain. Its claims, releases and anything off the chain are dropped, so its
     unfinished work is requeued. Sorted; the caller checks the length cap."""
     keep: set[str] = set()
     for job in rs.jobs():
@@ -266,4 +266,6 @@ def revocation_keep(rs: RecordSet, node: str) -> list[str]:
             keep.update(c for c in close["contribs"] if rs.by_id[c].author == node)
         on_chain = set(chain.states)
         keep.update(ck.id for ck in rs.of_job(job.id, "ckpt") if ck.author == node and ck["state"] in on_chain)
+        # A job it cancelled stays cancelled (``_outcome.cancel_of``): ended jobs never revive.
+        keep.update(c.id for c in rs.of_job(job.id, "cancel") if c.author == node)
     return sorted(keep)

@@ -61,6 +61,7 @@ from ._ledger import (
     select_cover,
     train_base,
 )
+from ._outcome import FOR_GOOD, failed_here, job_ended
 from ._records import Record, parse, sign
 
 RETRY_AFTER = 2.0  # seconds before retrying a failed download or upload
@@ -171,12 +172,18 @@ class PeerMachine:
     # -- inputs ----------------------------------------------------------------------
 
     def load(self, raws: list[bytes], now: float) -> None:
-        """Restore records from the durable log (no effects: they are already stored)."""
+        """Restore records from the durable log (no effects: they are already stored).
+        A job whose task failed here before stays declined: no crash loop on restart."""
         for raw in raws:
             try:
                 self._admit(parse(raw), now)
             except RecordError:
                 continue
+        for job in self.records.jobs():
+            failed = failed_here(self.records, job, self.me)
+            if failed is not None:
+                self._prepared[job.id] = False
+                self.declined[job.id] = failed["reason"]
 
     def receive(self, sender: str, payload: bytes, now: float, *, settle: bool = True) -> list[Effect]:
         """A gossip payload from ``sender``. Malformed payloads are dropped.
@@ -273,18 +280,51 @@ class PeerMachine:
     # -- reports from the driver ------------------------------------------------------
 
     def job_prepared(self, job: str, ok: bool, reason: str, now: float, *, need: int = 0,
-                     have: int = 0) -> list[Effect]:
+                     have: int = 0, code: str = "") -> list[Effect]:
         """The driver loaded ``job`` (``ok``) or declines it for ``reason``; ``need`` and
-        ``have``: bytes of memory when it does not fit. A decline is published once, so
-        the pool sees who sits the job out and why; nobody waits for a decliner, since
-        only contributions' authors close rounds and leases requeue unfinished work."""
+        ``have``: bytes of memory when it does not fit; ``code``: what kind of reason
+        (``DECLINE_CODES``). A decline is published once, so the pool sees who sits the
+        job out and why; nobody waits for a decliner, since only contributions' authors
+        close rounds and leases requeue unfinished work."""
+        if code in FOR_GOOD:
+            return self.job_failed(job, reason, now)
         self._prepared[job] = ok
         out: list[Effect] = []
         if not ok:
             self.declined[job] = reason
             if not any(r.author == self.me for r in self.records.of_job(job, "decline")):
-                out = self._sign_local("decline", {"job": job, "reason": reason[:1000],
-                                                   "need": min(need, 2**53), "have": min(have, 2**53)}, now)
+                body = {"job": job, "reason": reason[:1000], "need": min(need, 2**53), "have": min(have, 2**53)}
+                out = self._sign_local("decline", {**body, "code": code} if code else body, now)
+        return out + self._step(now)
+
+    def job_failed(self, job: str, reason: str, now: float) -> list[Effect]:
+        """The task's code failed on this peer, in any effect of ``job``: sit the job out
+        for good with a decline of code "failed" (a restart does not try it again, see
+        ``_outcome``). What this peer was doing for the job is dropped, and a claim it
+        held is released at once, so others need not wait for its lease to run out."""
+        active = self._active_job()
+        self._prepared[job] = False
+        self.declined[job] = reason
+        out: list[Effect] = []
+        t = self._training
+        if t is not None and t.job == job:
+            self._training = None
+            if not t.cancelled:
+                out += self._sign_local("release", {"job": job, "round": t.round, "shard": t.shard,
+                                                    "attempt": t.attempt}, now)
+        if self._publishing is not None and self._publishing[0] == job:
+            self._publishing = None
+        if self._aggregating is not None and self._aggregating[0] == job:
+            self._aggregating = None
+        if active is not None and active.id == job:
+            self._syncing = None  # a sync in flight is this job's: its report changes nothing now
+        if self._work.job == job:
+            self._work = _RoundWork()
+        self._uploading = {k for k in self._uploading if k[0] != job}
+        rec = self.records.by_id.get(job)
+        if rec is not None and failed_here(self.records, rec, self.me) is None:
+            out += self._sign_local("decline", {"job": job, "reason": reason[:1000], "need": 0, "have": 0,
+                                                "code": "failed"}, now)
         return out + self._step(now)
 
     def holds(self, state: str, now: float) -> list[Effect]:
@@ -545,6 +585,8 @@ class PeerMachine:
         for job in self.records.jobs():
             if self._prepared.get(job.id) is False:
                 continue
+            if job_ended(self.records, job) is not None:
+                continue  # cancelled, or failed for the whole pool: nobody works on it
             # A finished job becomes active again if the chain moved away from the state
             # it finished on (it ended on the losing side of a partition): repair it.
             if job.id in self.done_jobs and self.done_jobs[job.id] == self._chain(job).head:
@@ -555,8 +597,16 @@ class PeerMachine:
     def _step(self, now: float) -> list[Effect]:
         self._now = max(self._now, now)
         job = self._active_job()
+        t = self._training
+        out: list[Effect] = []
+        if t is not None and not t.cancelled and (job is None or t.job != job.id):
+            # Its job ended for the pool (cancelled, failed everywhere): stop at once.
+            out = self._cancel_training(None)
         if job is None:
-            return []
+            return out
+        return out + self._step_job(job, now)
+
+    def _step_job(self, job: Record, now: float) -> list[Effect]:
         if job.id not in self._prepared:
             self._prepared[job.id] = None
             return [PrepareJob(job)]

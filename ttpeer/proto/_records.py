@@ -152,6 +152,12 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         "precision": _choice("fp32", "bf16", "fp16"), "micro_batch": _int(1, 65536),
         "checkpointing": _choice(0, 1), "lr_schedule": _choice("constant", "cosine", "linear"),
         "warmup": _int(0, 2**40), "final_lr_ratio": _num(0, 1),
+        # OPTIONAL: sha256 over the task's dataset sizes and a fixed sample of its items, as
+        # the submitter built them; a peer whose copy differs declines (code "data").
+        "data": _HEX,
+        # OPTIONAL (default 600): seconds one training step may take before the worker
+        # running it is judged hung and the job fails on that peer.
+        "step_timeout": _num(1, 7 * 86_400),
     },
     # A claim with n > 0 renews the lease of claim n=0; ``done`` batches so far at ``rate``
     # batches/s let others project when it will finish. ``backup``: a copy run by an idle
@@ -180,7 +186,13 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
     "revoke": {"node": _HEX, "keep": _sorted_unique(_HEX, MAX_KEEP), "at": _int()},
     # A peer sits a job out, and says why; ``need`` and ``have``: bytes of memory, both 0
     # when the reason is not memory (e.g. its copy of the task differs).
-    "decline": {"job": _HEX, "reason": _str(1000), "need": _int(), "have": _int()},
+    # ``code`` (OPTIONAL; absent in older records): what kind of reason, for machines (see
+    # ``_outcome.DECLINE_CODES``); "failed" is for good: the task's code failed on this peer.
+    "decline": {"job": _HEX, "reason": _str(1000), "need": _int(), "have": _int(),
+                "code": _re(re.compile(r"^[a-z]{1,16}$"))},
+    # The job's submitter or an admin member ends a job for the whole pool; anyone else's
+    # cancel is ignored by the views (``_outcome``). ``at``: the author's wall time, shown only.
+    "cancel": {"job": _HEX, "at": _int()},
 }
 
 
@@ -188,8 +200,9 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
 # older records stay valid byte for byte), and rules that span several fields.
 OPTIONAL: dict[str, frozenset[str]] = {
     "job": frozenset({"members", "overlap", "precision", "micro_batch", "checkpointing", "lr_schedule", "warmup",
-                      "final_lr_ratio"}),
+                      "final_lr_ratio", "data", "step_timeout"}),
     "close": frozenset({"tbase"}),
+    "decline": frozenset({"code"}),
 }
 CHECKS: dict[str, Callable[[dict[str, Any]], str | None]] = {"job": _job_consistent}
 

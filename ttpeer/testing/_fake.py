@@ -4,7 +4,8 @@ A state is a hash; the outer step hashes the base with the contributions' delta
 bytes in the order given, so two peers reach the same state exactly when they
 apply the same contributions to the same base, which is what I3 is about. Training
 takes simulated time (``step_time / speed`` per batch) under trio's MockClock and
-honours cancellation between batches, like the real trainer.
+honours cancellation between batches, like the real trainer; a task named in
+``fails`` fails after its first batch, as broken task code would.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import trio
 
+from ttpeer.errors import TaskFailed
 from ttpeer.proto import PublishDelta, Record, Train
 
 
@@ -76,9 +78,15 @@ class FakeDisk:
 
 class FakeExecutor:
     def __init__(
-        self, name: str, disk: FakeDisk, *, speed: float = 1.0, step_time: float = 0.05, gate: Gate | None = None
+        self, name: str, disk: FakeDisk, *, speed: float = 1.0, step_time: float = 0.05, gate: Gate | None = None,
+        fails: dict[str, str | Exception] | None = None,
     ) -> None:
+        """``fails``: by task name, how training that task fails after its first batch: a
+        reason (``TaskFailed``, as a real executor raises it) or an exception to raise as it
+        is (a bug that escaped an executor)."""
         self.name = name
+        self.fails = fails if fails is not None else {}
+        self.failures = 0  # times a training of a failing task failed here
         self.disk = disk
         self.speed = speed
         self.step_time = step_time
@@ -103,6 +111,10 @@ class FakeExecutor:
             await self.gate.wait()
             await trio.sleep(self.step_time / self.speed)
             done += 1
+            failure = self.fails.get(eff.job["task"])
+            if failure is not None:
+                self.failures += 1
+                raise TaskFailed(failure) if isinstance(failure, str) else failure
         if done:
             base, shards = self._local.get(eff.job.id, (eff.base, []))
             if eff.fresh or base != eff.base:

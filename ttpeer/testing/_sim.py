@@ -46,6 +46,9 @@ class SimPeer:
     trained: list[tuple[str, int, int]] = field(default_factory=list)
     lives: int = 0
     gate: Gate = field(default_factory=Gate)
+    # By task name, how this peer's training of it fails (see FakeExecutor); kept across restarts.
+    fails: dict[str, str | Exception] = field(default_factory=dict)
+    failures: int = 0  # failed trainings in earlier lives
 
     @property
     def alive(self) -> bool:
@@ -89,7 +92,8 @@ class Simulation:
         assert self._nursery is not None
         peer = self.peers[i]
         peer.gate = Gate()
-        peer.executor = FakeExecutor(peer.name, peer.disk, speed=peer.speed, step_time=self.step_time, gate=peer.gate)
+        peer.executor = FakeExecutor(peer.name, peer.disk, speed=peer.speed, step_time=self.step_time, gate=peer.gate,
+                                     fails=peer.fails)
         cfg = peer.home.config()
         transport = GatedTransport(self.relay.client(cfg.pool, peer.home.node_key(), cfg.proof), peer.gate)
         peer.node = Node(peer.home, transport, peer.executor, timing=self.timing, seed=self.seed * 1000 + i,
@@ -112,6 +116,7 @@ class Simulation:
             peer.node.log.close()
         if peer.executor is not None:
             peer.trained += peer.executor.trained
+            peer.failures += peer.executor.failures
         peer.node, peer.executor, peer.scope = None, None, None
 
     def pause(self, i: int) -> None:

@@ -19,8 +19,9 @@ from ._ensemble import (
     train_unit,
 )
 from ._ensemble import evaluate as evaluate_ensemble
-from ._errors import CheckpointError, DeltaError, ModelTooLarge, TaskError, TrainError
+from ._errors import CheckpointError, DeltaError, Diverged, ModelTooLarge, TaskError, TrainError
 from ._export import export_model, load_model
+from ._failure import describe
 from ._fit import BatchFit, MemoryNeed, Misfit, fit_batch, fit_problem, memory_need, warm_up
 from ._inner import InnerTrainer
 from ._localdp import agreed as agreed_stop
@@ -28,6 +29,7 @@ from ._localdp import average_gradients, join_group
 from ._localdp import split as split_batches
 from ._lr import LrSchedule, shard_first_step
 from ._outer import outer_step
+from ._probe import data_fingerprint, probe
 from ._recipe import Recipe, check_job
 from ._schedule import shard_indices
 from ._spec import LoadedTask, TaskSpec
@@ -39,6 +41,7 @@ __all__ = [
     "BatchFit",
     "CheckpointError",
     "DeltaError",
+    "Diverged",
     "Ensemble",
     "InnerTrainer",
     "agreed_stop",
@@ -57,8 +60,10 @@ __all__ = [
     "TrainError",
     "check_job",
     "combine",
+    "data_fingerprint",
     "decode_delta",
     "decode_member",
+    "describe",
     "encode_delta",
     "encode_member",
     "evaluate_ensemble",
@@ -75,6 +80,7 @@ __all__ = [
     "member_steps",
     "memory_need",
     "outer_step",
+    "probe",
     "read_sidecar",
     "shard_first_step",
     "shard_indices",

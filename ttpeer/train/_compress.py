@@ -28,7 +28,7 @@ import torch
 import zstandard
 from torch import Tensor
 
-from ._errors import DeltaError
+from ._errors import DeltaError, Diverged
 from ._state import OuterState
 
 MAGIC = b"TTD1"
@@ -44,7 +44,7 @@ def encode_delta(delta: dict[str, Tensor], residual: dict[str, Tensor] | None, *
     """Quantize and compress ``delta + residual``; return the bytes and the new
     residual (input minus what the receiver will decode), fp32 CPU.
 
-    Raises DeltaError if the input holds NaN or inf (local training diverged),
+    Raises Diverged if the input holds NaN or inf (local training diverged),
     ValueError for bits/block/level outside the allowed values, an empty delta,
     or a residual whose names or shapes differ from the delta's.
     """
@@ -65,7 +65,7 @@ def encode_delta(delta: dict[str, Tensor], residual: dict[str, Tensor] | None, *
     if flat.numel() == 0:
         raise ValueError("cannot encode an empty delta")
     if not bool(torch.isfinite(flat).all()):
-        raise DeltaError("delta holds NaN or inf; local training has diverged")
+        raise Diverged("the pseudo-gradient holds NaN or inf")
 
     qmax = (1 << (bits - 1)) - 1
     blocks = _pad(flat, block).view(-1, block)

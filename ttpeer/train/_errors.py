@@ -1,7 +1,8 @@
 """Errors raised by the training layer.
 
-    TrainError            anything the training layer refuses or cannot do
+    TrainError            anything the training layer refuses or cannot do (a TtpeerError)
     ├── TaskError         a task spec or task file is missing, broken or invalid
+    ├── Diverged          local training produced a NaN/inf loss or delta
     ├── DeltaError        a compressed delta is malformed, oversized or non-finite
     ├── CheckpointError   state bytes or a model file are malformed or do not match
     └── ModelTooLarge     a model will not fit in the memory available for it
@@ -10,20 +11,32 @@ Programming errors (a caller breaking a documented precondition, such as a
 negative round number) raise ValueError instead: they are bugs, not situations
 a user can fix.
 
-These classes derive from Exception for now; they will be re-parented under
-ttpeer's common error base once that exists, so keep them all in this file.
+They derive from ttpeer's common root (``ttpeer.proto.TtpeerError``, which the
+training layer may import: ``train -> proto``), so a caller that handles
+``TtpeerError`` handles these too; keep them all in this file.
 """
 
 from __future__ import annotations
 
+from ttpeer.proto import TtpeerError
 
-class TrainError(Exception):
+
+class TrainError(TtpeerError):
     """Base class for errors of the training layer."""
 
 
 class TaskError(TrainError):
     """Raised while loading a task: the file is missing, does not import, has
     no ``task()`` function, or returns something that is not a valid task."""
+
+
+class Diverged(TrainError):
+    """Raised when local training went non-finite: a NaN/inf loss in a shard, or a
+    pseudo-gradient holding NaN/inf. ``where`` says which (shown to the user)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(f"training diverged ({where})")
+        self.where = where
 
 
 class DeltaError(TrainError):

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _precision
-from ._errors import CheckpointError, TaskError, TrainError
+from ._errors import CheckpointError, Diverged, TaskError
 from ._recipe import Recipe, enable_checkpointing, split
 from ._spec import LoadedTask, fetch_batch
 from ._state import OuterState, floating_state
@@ -86,7 +86,7 @@ class InnerTrainer:
 
         ``should_stop()`` is asked before every batch; when it returns True the
         shard ends early. Returns the number of samples in completed batches.
-        Raises TaskError if the task's loss is not a scalar, and TrainError if
+        Raises TaskError if the task's loss is not a scalar, and Diverged if
         the loss became NaN/inf (the optimizer state is then reset, so the next
         ``start`` begins clean).
         """
@@ -111,8 +111,7 @@ class InnerTrainer:
         if not bool(torch.isfinite(losses)):
             self.optimizer = self._new_optimizer()
             self._scaler = _precision.scaler(self.recipe.precision, self.device)
-            raise TrainError(f"task {task.name}: training diverged (loss is NaN or inf); "
-                             "try a lower inner learning rate")
+            raise Diverged("the loss was NaN or inf in this shard")
         return samples
 
     def take_train_loss(self) -> float | None:
@@ -139,9 +138,7 @@ class InnerTrainer:
         for xs, ys in parts:
             with _precision.autocast(recipe.precision, self.device):
                 loss = task.spec.loss(self.model(xs), ys)
-            if not isinstance(loss, Tensor) or loss.ndim != 0:
-                raise TaskError(f"task {task.name}: loss must return a scalar tensor, got "
-                                f"{getattr(loss, 'shape', type(loss).__name__)}")
+            check_scalar(loss, task.name)
             # The loss is a mean over its micro-batch: weighted by the micro-batch's share,
             # the gradients sum to those of the whole batch's mean. One micro-batch: no
             # multiply at all, so the step is exactly the unsplit one.
@@ -186,7 +183,7 @@ class InnerTrainer:
                 y = y.to(self.device)
                 output = model(x.to(self.device))
                 loss_sum += float(task.spec.loss(output, y)) * len(indices)
-                metric_sum += _number(task.spec.metric(output, y), task.name) * len(indices)
+                metric_sum += number(task.spec.metric(output, y), task.name) * len(indices)
         return loss_sum / n_test, metric_sum / n_test
 
     def _new_optimizer(self) -> torch.optim.Optimizer:
@@ -214,7 +211,14 @@ def _check_names(names: list[str], params: dict[str, Tensor]) -> None:
                               f"unexpected {extra}")
 
 
-def _number(value: object, task_name: str) -> float:
+def check_scalar(loss: object, task_name: str) -> None:
+    """Raises TaskError unless the task's loss returned a scalar tensor."""
+    if not isinstance(loss, Tensor) or loss.ndim != 0:
+        raise TaskError(f"task {task_name}: loss must return a scalar tensor, got "
+                        f"{getattr(loss, 'shape', type(loss).__name__)}")
+
+
+def number(value: object, task_name: str) -> float:
     try:
         result = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError, RuntimeError) as exc:

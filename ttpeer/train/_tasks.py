@@ -28,6 +28,7 @@ from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from ._charlm import charlm_task
 from ._errors import TaskError
+from ._failure import one_line, register_task_file, where_in_task
 from ._mnist1d import mnist1d_task, parse_samples
 from ._spec import LoadedTask, TaskSpec
 
@@ -40,7 +41,7 @@ _module_ids = itertools.count()
 
 
 def load_task(spec: str | os.PathLike[str], data_dir: Path,
-              options: Mapping[str, Any] | None = None) -> LoadedTask:
+              options: Mapping[str, Any] | None = None, *, shown_as: str | None = None) -> LoadedTask:
     """Load the task named by ``spec``: ``"mnist1d"`` (or ``"mnist1d:samples=N"``),
     ``"charlm"`` (or ``"charlm:key=int,..."``) or a path ending in ``.py``.
 
@@ -53,6 +54,10 @@ def load_task(spec: str | os.PathLike[str], data_dir: Path,
     something other than a valid ``TaskSpec`` (or dict of its fields), or an
     option is unknown or out of range. Raises OSError if the mnist1d cache
     cannot be written.
+
+    ``shown_as``: the name a task file is compiled under and named by in errors
+    (the daemon passes the user's own file name, not its copy's path in the home),
+    so a traceback or a syntax error points at the file the user edits.
     """
     slowdown = _check_options(options)
     spec = os.fspath(spec)
@@ -68,8 +73,9 @@ def load_task(spec: str | os.PathLike[str], data_dir: Path,
         name, origin = spec, CHARLM
     elif spec.endswith(".py"):
         path = Path(spec)
-        task_spec, source_hash = _run_task_file(path)
-        name, origin = path.stem, f"task file {path}"
+        shown = shown_as or str(path)
+        task_spec, source_hash = _run_task_file(path, shown)
+        name, origin = Path(shown).stem, f"task file {shown}"
     else:
         raise TaskError(f"unknown task {spec!r}: use {BUILTIN!r}, {CHARLM!r} or the path of a .py task file")
     return _validate(task_spec, name=name, origin=origin, source_hash=source_hash,
@@ -89,8 +95,8 @@ def _check_options(options: Mapping[str, Any] | None) -> float:
     return float(slowdown)
 
 
-def _run_task_file(path: Path) -> tuple[TaskSpec, str]:
-    where = f"task file {path}"
+def _run_task_file(path: Path, shown: str) -> tuple[TaskSpec, str]:
+    where = f"task file {shown}"
     try:
         source = path.read_bytes()
     except FileNotFoundError:
@@ -99,13 +105,15 @@ def _run_task_file(path: Path) -> tuple[TaskSpec, str]:
         raise TaskError(f"{where} cannot be read: {exc}") from exc
     source_hash = hashlib.sha256(source).hexdigest()
     # Compile the bytes we hashed rather than re-reading the file, so the hash
-    # names exactly the code that ran even if the file changes meanwhile.
+    # names exactly the code that ran even if the file changes meanwhile; under
+    # the user's name for it, so tracebacks and messages name their file.
     try:
-        code = compile(source, str(path), "exec")
+        code = compile(source, shown, "exec")
     except SyntaxError as exc:
-        raise TaskError(f"{where} has a syntax error at line {exc.lineno}: {exc.msg}") from exc
+        raise TaskError(f"{shown}:{exc.lineno}: syntax error: {exc.msg} (in the task file)") from exc
     except ValueError as exc:  # e.g. NUL bytes in the source
         raise TaskError(f"{where} is not valid Python source: {exc}") from exc
+    register_task_file(shown, source)
 
     module_name = f"_ttpeer_task_{source_hash[:16]}_{next(_module_ids)}"
     module_spec = importlib.util.spec_from_file_location(module_name, path)
@@ -119,7 +127,7 @@ def _run_task_file(path: Path) -> tuple[TaskSpec, str]:
         exec(code, module.__dict__)
     except (Exception, SystemExit) as exc:
         del sys.modules[module_name]
-        raise TaskError(f"{where} failed while importing: {type(exc).__name__}: {exc}") from exc
+        raise TaskError(f"{where} failed while importing: {_located(exc)}") from exc
 
     task_fn = getattr(module, "task", None)
     if not callable(task_fn):
@@ -129,8 +137,14 @@ def _run_task_file(path: Path) -> tuple[TaskSpec, str]:
     except TaskError as exc:  # a task helper's own error (ttpeer.tasks) already says what to fix
         raise TaskError(f"{where}: {exc}") from exc
     except (Exception, SystemExit) as exc:
-        raise TaskError(f"task() in {where} raised {type(exc).__name__}: {exc}") from exc
+        raise TaskError(f"task() in {where} raised {_located(exc)}") from exc
     return _as_spec(result, where), source_hash
+
+
+def _located(exc: BaseException) -> str:
+    """``Type: message``, after the task file's line it came from when there is one."""
+    where = where_in_task(exc)
+    return f"{one_line(exc)} (at {where})" if where else one_line(exc)
 
 
 def _as_spec(result: object, where: str) -> TaskSpec:
