@@ -83,3 +83,8 @@ class Executor(Protocol):
     async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
         """The job is done and ``state`` is final: make it durable for ``ttpeer export``."""
         ...
+
+    async def release(self, job: str) -> None:
+        """The job ended on this peer (failed, cancelled, failed for the pool): free what
+        holds it in memory (its model, its worker processes). Its files stay."""
+        ...

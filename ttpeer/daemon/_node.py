@@ -187,6 +187,7 @@ class Node:
         self._progress: dict[tuple[str, int, int], _Progress] = {}
         self._nursery: trio.Nursery | None = None
         self._job_done: dict[str, trio.Event] = {}
+        self._released: set[str] = set()  # jobs whose executor state was freed (ended here)
         self.finished: dict[str, str] = {}  # job -> the state whose final files this peer wrote
         self._key_event = trio.Event()
         self.fatal: TtpeerError | None = None
@@ -471,6 +472,20 @@ class Node:
     def _task_failed(self, job: Record, reason: str) -> None:
         log.error("job %s failed on this peer: %s", job.id[:12], reason)
         self._process(self.machine.job_failed(job.id, reason, self._now()))
+        self._release(job.id)
+
+    def _release(self, job: str) -> None:
+        """The job ended here: the executor frees its model and worker processes."""
+        if job not in self._released and self._nursery is not None:
+            self._released.add(job)
+            self._nursery.start_soon(self.executor.release, job)
+
+    def _release_ended(self) -> None:
+        """Jobs the pool ended (cancelled, failed everywhere) hold nothing here any more."""
+        rs = self.machine.records
+        for job in rs.jobs():
+            if job.id not in self._released and job_ended(rs, job) is not None:
+                self._release(job.id)
 
     def _bug(self, job: Record, what: str, exc: Exception) -> None:
         """An exception outside the error tree escaped ``what``: log its traceback once and
@@ -628,6 +643,7 @@ class Node:
             if messages:  # one decision for the whole batch, not one per message
                 self._process(self.machine.settle(self._now()))
                 self._check_lost_races()
+                self._release_ended()
                 self.replay.maybe_save(trio.current_time())
 
     def _on_message(self, sender: str, data: bytes) -> None:
@@ -808,6 +824,7 @@ class Node:
             return job, earlier, True
         rec = sign("cancel", self.cfg.pool, {"job": job.id, "at": int(self._wall())}, self._key)
         self._process(self.machine.add_local(rec, self._now()))
+        self._release(job.id)
         log.info("cancelled job %s", job.id[:12])
         return job, rec, False
 

@@ -557,7 +557,8 @@ class ProcessExecutor:
             return None
         self._jobs.pop(job.id, None)
         if isinstance(decline, dict):
-            return Decline(decline["reason"], need=decline["need"], have=decline["have"])
+            return Decline(decline["reason"], need=decline["need"], have=decline["have"],
+                           code=str(decline.get("code", "")))
         return str(decline)
 
     async def train(self, eff: Train, should_stop: Callable[[], bool]) -> int:

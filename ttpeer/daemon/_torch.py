@@ -390,6 +390,9 @@ class TorchExecutor:
 
         return await _in_thread(run, job["task"])
 
+    async def release(self, job: str) -> None:
+        self._jobs.pop(job, None)
+
     async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
         ctx = self._job(job)
 

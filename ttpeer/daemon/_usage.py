@@ -139,6 +139,9 @@ class TimedExecutor:
         await self.inner.finish(job, state, metrics)
         self.usage.job(job.id).finished = self.usage.clock()
 
+    async def release(self, job: str) -> None:
+        await self.inner.release(job)
+
 
 class TimedTransport:
     """A ``Transport`` that charges blob transfers to the job in progress; everything

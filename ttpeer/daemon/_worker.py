@@ -123,7 +123,7 @@ class _Worker:
             decline = await ex.prepare(job, _read_opt(a.get("task_file")))
             if decline is None or isinstance(decline, str):
                 return decline
-            return {"reason": decline.reason, "need": decline.need, "have": decline.have}
+            return {"reason": decline.reason, "need": decline.need, "have": decline.have, "code": decline.code}
         if op == "train":
             eff = Train(job, a["round"], a["shard"], a["attempt"], a["base"], a["fresh"])
             run = self._runs[rid] = _Run()

@@ -86,6 +86,7 @@ class FakeExecutor:
         is (a bug that escaped an executor)."""
         self.name = name
         self.fails = fails if fails is not None else {}
+        self.released: set[str] = set()  # jobs the node said ended here (release)
         self.failures = 0  # times a training of a failing task failed here
         self.disk = disk
         self.speed = speed
@@ -155,6 +156,9 @@ class FakeExecutor:
 
     def held_states(self, job: Record) -> set[str]:
         return set(self.disk.states.get(job.id, set()))
+
+    async def release(self, job: str) -> None:
+        self.released.add(job)
 
     async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
         self.disk.finished[job.id] = state
