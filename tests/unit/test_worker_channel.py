@@ -102,3 +102,8 @@ def test_how_a_worker_ended_is_said_by_signal_or_code() -> None:
     assert describe_exit(-signal.SIGSEGV) == "it was killed by SIGSEGV"
     assert "out-of-memory killer" in describe_exit(-signal.SIGKILL)
     assert describe_exit(3) == "it exited with code 3"
+
+
+def test_a_failure_wrapped_by_a_nursery_is_sent_as_itself() -> None:
+    wrapped = BaseExceptionGroup("Exceptions from Trio nursery", [TaskFailed("boom_task.py:31 in loss: boom")])
+    assert failure(wrapped) == {"error": "task", "message": "boom_task.py:31 in loss: boom"}

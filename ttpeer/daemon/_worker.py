@@ -130,11 +130,15 @@ class _Worker:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._report_progress, rid, run)
-                    samples = await ex.train(eff, run.should_stop)
-                    nursery.cancel_scope.cancel()
+                    try:
+                        return await ex.train(eff, run.should_stop)
+                    except Exception as exc:  # out of the nursery as itself, not in a group
+                        failed = exc
+                    finally:
+                        nursery.cancel_scope.cancel()
             finally:
                 self._runs.pop(rid, None)
-            return samples
+            raise failed
         if op == "delta":
             eff = PublishDelta(job, a["round"], a["base"], tuple(a["shards"]), a["samples"])
             data, metrics = await ex.delta(eff)
@@ -200,6 +204,8 @@ def failure(exc: BaseException) -> dict[str, Any]:
     """The failure frame for ``exc``: a kind the daemon matches, and a message for people."""
     from ttpeer.errors import DiskError, JobError, StateMissing, TaskFailed
 
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]  # a nursery's wrapping says nothing of what failed
     oom = _cuda_oom(exc)
     if oom is not None:
         return {"error": "oom", "message": oom}
