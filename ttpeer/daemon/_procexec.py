@@ -521,7 +521,23 @@ class ProcessExecutor:
             raise
         finally:
             if j.retire and j.group and all(w.busy == 0 for w in j.group):
-                await self._drop(j)
+                await self._retire(j)
+
+    async def _retire(self, j: _JobWorkers) -> None:
+        """The job finished here: a lone worker forgets it and becomes the spare (it keeps
+        what it imported, such as transformers, so the next job starts at once); a group
+        ends (its workers are joined in this job's process group)."""
+        group, j.group = j.group, []
+        if len(group) == 1 and group[0].alive and self._keep_spare:
+            try:
+                await group[0].call("forget", {"job": j.job.id}, timeout=CALL_TIMEOUT)
+            except (WorkerDied, TaskFailed, JobError):
+                await _close_all(group)
+            else:
+                await self._give_back(group[0])
+                return
+        await _close_all(group)
+        self._spare_soon()
 
     async def _drop(self, j: _JobWorkers) -> None:
         group, j.group = j.group, []
@@ -630,7 +646,7 @@ class ProcessExecutor:
         if j is not None:  # the job is over here: free the workers' memory once they are idle
             j.retire = True
             if j.group and all(w.busy == 0 for w in j.group):
-                await self._drop(j)
+                await self._retire(j)
 
     async def release(self, job: str) -> None:
         """The job ended here (failed, cancelled): end its worker."""

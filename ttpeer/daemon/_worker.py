@@ -115,6 +115,10 @@ class _Worker:
             torch.set_num_threads(a["threads"])
             await ex.join_group(Path(a["store"]), a["rank"], a["world"], a["device"])
             return None
+        if op == "forget":  # the job finished: drop its model, keep the process for the next
+            await ex.release(a["job"])
+            await trio.to_thread.run_sync(_free_memory)
+            return None
         if op == "new_job":
             fixed, init = await ex.new_job(a["spec"], _read_opt(a.get("task_file")))
             return {"fixed": fixed, "file": str(write_work(Path(a["out"]), init))}
@@ -194,6 +198,16 @@ def _warm() -> None:
         importlib.import_module("mnist1d.data")
     except ImportError:
         pass
+
+
+def _free_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _read_opt(path: str | None) -> bytes | None:
