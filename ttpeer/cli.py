@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(_dispatch(args) or 0)
     except TtpeerError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return int(getattr(exc, "exit_code", 1))  # MembershipEnded: 3, which systemd does not restart
     except KeyboardInterrupt:
         return 130
 

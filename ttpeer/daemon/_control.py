@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ttpeer.errors import DaemonNotRunning, TtpeerError
+from ttpeer.errors import DaemonNotRunning, MembershipEnded, TtpeerError
+
+from ._home import ended_reason
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -106,6 +108,7 @@ async def _dispatch(node: Node, request: dict[str, Any], status: Callable[[], di
         job = await node.submit(request["spec"], task_file)
         return {"ok": True, "job": job.id, "shards": job["shards"], "lease": job["lease"]}
     if op == "revoke":
+        node.require_admin()
         peer, name = node.resolve_peer(str(request.get("peer", "")))
         again = peer not in node.machine.records.members
         rec = await node.revoke(peer)
@@ -122,6 +125,9 @@ def call(path: Path, request: dict[str, Any], timeout: float = 60.0) -> dict[str
         s.connect(str(path))
     except (FileNotFoundError, ConnectionRefusedError):
         s.close()
+        ended = ended_reason(path.parent)
+        if ended is not None:  # 'ttpeer up' cannot help: say why instead
+            raise MembershipEnded(f"no ttpeer daemon is running on {path.parent}: {ended}") from None
         raise DaemonNotRunning(
             f"no ttpeer daemon is running on {path.parent} (start it with 'ttpeer up')"
         ) from None

@@ -62,6 +62,7 @@ def snapshot(node: Node) -> dict[str, Any]:
             "rate": round(m.rate if pid == node.me else m.peer_rates.get(pid, 0.0), 3),
         })
     jobs = []
+    me = m.records.members.get(node.me)  # its name in the pool: unique, may differ from the chosen one
     active = m.active_job()
     for job in m.records.jobs():
         chain = m.chain(job)
@@ -99,7 +100,7 @@ def snapshot(node: Node) -> dict[str, Any]:
         })
     return {
         "version": SCHEMA_VERSION,
-        "node": {"id": node.me, "name": node.cfg.name, "pool": node.cfg.pool,
+        "node": {"id": node.me, "name": me.name if me is not None else node.cfg.name, "pool": node.cfg.pool,
                  "has_pool_key": node.pool_key is not None, "uptime_s": round(now - node.counters.started, 1),
                  "key_epoch": len(node.pool_keys) - 1 if node.pool_keys else None,
                  "replays_dropped": node.replay.dropped},

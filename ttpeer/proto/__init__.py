@@ -35,7 +35,7 @@ from ._ledger import (
     select_cover,
     train_base,
 )
-from ._membership import Member, lost_joins, members, revocations, verify_proof, verify_revocation
+from ._membership import Member, admitted, lost_joins, members, revocations, standing, verify_proof, verify_revocation
 from ._peer import RETRY_AFTER, PeerMachine, Timing
 from ._records import MAX_KEEP, MAX_RECORD_BYTES, Record, parse, pool_id_of, public_hex, sign
 from ._sizing import default_sizing
@@ -90,7 +90,9 @@ __all__ = [
     "encode",
     "member_variants",
     "members",
+    "admitted",
     "lost_joins",
+    "standing",
     "parse",
     "pool_id_of",
     "public_hex",
