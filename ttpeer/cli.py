@@ -422,6 +422,13 @@ def _status(args: argparse.Namespace) -> int:
         unit, parts = ("unit", "members") if job["mode"] == "ensemble" else ("round", "shards")
         print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: {unit} {job['round']}/"
               f"{job['rounds']}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
+        if job.get("phase"):
+            print(f"    preparing here: {job['phase']}")
+        if job.get("advice"):
+            print(f"    {job['advice']}")
+        waiting = [p["name"] for p in job.get("peers") or [] if not p.get("started", True)]
+        if waiting and job["state"] == "running":
+            print(f"    not started yet (preparing the job): {', '.join(waiting)}")
         for decline in job.get("declines") or []:
             who = "here" if decline["peer"] == node["id"] else f"by {decline['name']} ({decline['peer'][:12]})"
             print(f"    declined {who}: {decline['reason']}")

@@ -41,7 +41,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,6 +203,8 @@ class Node:
         self._nursery: trio.Nursery | None = None
         self._job_done: dict[str, trio.Event] = {}
         self.finished: dict[str, str] = {}  # job -> the state whose final files this peer wrote
+        # job -> what this peer is doing before it can train it ("loading the task"...), for status
+        self.phases: dict[str, str] = {}
         self._key_event = trio.Event()
         self.fatal: TtpeerError | None = None
         self._is_admin = (home.path / "root.key").exists()
@@ -413,13 +415,15 @@ class Node:
             match eff:
                 case PrepareJob(job=job):
                     try:
-                        task_file = (open_task(self.cfg.pool, await self._get_sealed(job["task_blob"]))
-                                     if job["task_blob"] else None)
+                        with self._phase(job.id, "fetching the task file"):
+                            task_file = (open_task(self.cfg.pool, await self._get_sealed(job["task_blob"]))
+                                         if job["task_blob"] else None)
                     except TaskSignatureError as exc:
                         log.warning("refusing job %s: %s", job.id[:12], exc)
                         self._process(m.job_prepared(job.id, False, str(exc), now()))
                         return
-                    decline = await self.executor.prepare(job, task_file)
+                    with self._phase(job.id, "loading the task and its data, checking it fits"):
+                        decline = await self.executor.prepare(job, task_file)
                     if isinstance(decline, str):
                         decline = Decline(decline)
                     if decline is not None:
@@ -471,8 +475,10 @@ class Node:
                                     close["state"][:19])
                     self._process(m.applied(close["state"], ok, now()))
                 case FetchState(job=job, state=state, blob=blob):
-                    data = await self._get_sealed(blob)
-                    ok = await self.executor.import_state(job, state, data)
+                    what = "the initial state" if state == job["init"] else "the latest checkpoint"
+                    with self._phase(job.id, f"fetching {what}"):
+                        data = await self._get_sealed(blob)
+                        ok = await self.executor.import_state(job, state, data)
                     self._process(m.fetched(state, ok, now()))
                 case PublishCheckpoint(job=job, round=rnd, state=state):
                     data = await self.executor.export_state(job, state)
@@ -487,6 +493,16 @@ class Node:
             if isinstance(exc, StateMissing):  # so the machine recomputes or fetches it
                 self._process(self.machine.state_lost(exc.state, self._now()))
             self._report_failure(eff)
+
+    @contextlib.contextmanager
+    def _phase(self, job: str, what: str) -> Iterator[None]:
+        """Say in status what this peer is doing for ``job`` before it can train it."""
+        self.phases[job] = what
+        try:
+            yield
+        finally:
+            if self.phases.get(job) == what:
+                del self.phases[job]
 
     def _report_failure(self, eff: Effect) -> None:
         m, now = self.machine, self._now()

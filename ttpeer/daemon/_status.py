@@ -6,7 +6,10 @@
                "shards_total", "eval_loss", "eval_metric", "metric_name",
                "bytes_sent", "bytes_received", "compression_ratio", "declined",
                "state_hash", "training_shard", "wasted_batches", "duplicate_fraction",
-               "declines": [{"peer", "name", "reason", "need_bytes", "have_bytes"}]}]}
+               "declines": [{"peer", "name", "reason", "need_bytes", "have_bytes"}], "phase"}]}
+
+``phase`` says what this peer is doing before it can train a running job ("loading the
+task and its data, checking it fits", "fetching the initial state"...), null otherwise.
 
 ``declined`` is this peer's own reason for sitting a job out; ``declines`` lists every
 peer that published one (``need_bytes``/``have_bytes`` are 0 unless memory was why).
@@ -97,6 +100,7 @@ def snapshot(node: Node) -> dict[str, Any]:
             "wasted_batches": m.wasted_batches if active is not None and active.id == job.id else 0,
             "duplicate_fraction": duplicate_fraction(m.records, job, chain),
             "declines": declines(m.records, job),
+            "phase": node.phases.get(job.id) if state == "running" else None,
         })
     return {
         "version": SCHEMA_VERSION,

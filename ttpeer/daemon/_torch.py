@@ -21,7 +21,9 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,7 @@ from ._home import Home
 log = logging.getLogger("ttpeer.train")
 T = TypeVar("T")
 KEEP_STATES = 3
+WARM_TASK = "mnist1d"  # the README's and the demo's task: its data is made at start-up
 
 
 @dataclass
@@ -50,7 +53,6 @@ class _Job:
     like: train.OuterState
     states: dict[str, train.OuterState] = field(default_factory=dict)
     residual: dict[str, torch.Tensor] | None = None
-    last_loss: float = float("nan")
     # Ensemble: member checkpoints trained here and not yet published, by (round, member).
     units: dict[tuple[int, int], train.OuterState] = field(default_factory=dict)
     mode: str = "fused"
@@ -82,11 +84,21 @@ class TorchExecutor:
         # copy, and a training round's base is never among the states a close prunes.
         self._train_lock = trio.Lock()
         self._close_lock = trio.Lock()
+        self._data_lock = threading.Lock()  # held in worker threads while a task loads
 
     async def warm_up(self) -> None:
         """Load torch's lazily imported pieces that a job's first step would wait for
-        (see ``train.warm_up``), in a worker thread: the daemon calls it at start-up."""
+        (see ``train.warm_up``), and make the default built-in task's data, in a worker
+        thread: the daemon calls it at start-up. The data is made once per home (seconds
+        on a cold cache, 7-20 s with three daemons starting on two cores): made here, it
+        is off the critical path of the first ``submit`` (which blocked on it) and of this
+        peer's preparing the first job (while the submitter, whose data was warm, took
+        most of an ensemble's units)."""
         await trio.to_thread.run_sync(train.warm_up)
+        try:
+            await _in_thread(lambda: self._load_task(WARM_TASK, None))
+        except (JobError, OSError) as exc:  # the job that needs it will say so
+            log.warning("could not prepare the %s data ahead: %s", WARM_TASK, exc)
 
     # -- tasks ---------------------------------------------------------------------------
 
@@ -101,7 +113,8 @@ class TorchExecutor:
     def _load_task(self, name: str, task_file: bytes | None) -> train.LoadedTask:
         spec = str(self._task_path(task_file)) if task_file is not None else name
         try:
-            return train.load_task(spec, self.home.data_dir, self.task_options)
+            with self._data_lock:  # a submit during the warm-up waits for its data, not makes it twice
+                return train.load_task(spec, self.home.data_dir, self.task_options)
         except train.TaskError as exc:
             raise JobError(str(exc)) from None
 
@@ -239,7 +252,9 @@ class TorchExecutor:
             delta = ctx.trainer.delta(start if start is not None else self._state(eff.job, eff.base))
             ctx.own = (eff.round, delta)
             data, ctx.residual = train.encode_delta(delta, ctx.residual, bits=eff.job["bits"])
-            return data, {"fp32_bytes": float(train.fp32_size(delta))}
+            loss = ctx.trainer.train_loss  # published: with the closes' eval loss it shows overfitting
+            extra = {"train_loss": round(loss, 6)} if loss is not None and math.isfinite(loss) else {}
+            return data, {"fp32_bytes": float(train.fp32_size(delta)), **extra}
 
         async with self._train_lock:
             return await _in_thread(run)

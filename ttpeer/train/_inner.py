@@ -52,6 +52,16 @@ class InnerTrainer:
         # round trains (overlapped rounds), and must not copy a model in mid-step.
         self._eval_model = copy.deepcopy(self.model)
         self.optimizer = self._new_optimizer()
+        self._loss_sum: Tensor | None = None  # training loss summed over the batches since start()
+        self._loss_batches = 0
+
+    @property
+    def train_loss(self) -> float | None:
+        """Mean training loss over the batches run since the last ``start`` (None: none).
+        Published with the delta: with the eval loss it shows overfitting."""
+        if self._loss_sum is None or not self._loss_batches:
+            return None
+        return float(self._loss_sum) / self._loss_batches
 
     def start(self, base: OuterState) -> None:
         """Copy ``base.params`` into the local model; the AdamW state is kept.
@@ -59,6 +69,7 @@ class InnerTrainer:
         Raises CheckpointError if ``base`` does not have the model's tensors.
         """
         _load(self.model, self._names, base.params)
+        self._loss_sum, self._loss_batches = None, 0
 
     def train_shard(self, batches: Sequence[Sequence[int]],
                     should_stop: Callable[[], bool] | None = None) -> int:
@@ -90,6 +101,8 @@ class InnerTrainer:
             self.optimizer.step()
             # Accumulated on the device: a .item() per batch would stall a GPU.
             diverged |= ~torch.isfinite(loss.detach())
+            self._loss_sum = loss.detach() if self._loss_sum is None else self._loss_sum + loss.detach()
+            self._loss_batches += 1
             samples += len(batch)
             if task.slowdown > 0:
                 _throttle(self.device, began, task.slowdown)
