@@ -52,6 +52,14 @@ def default_home() -> Path:
     return Path(platformdirs.user_data_dir("ttpeer", appauthor=False))
 
 
+def shared_data_dir() -> Path:
+    """Built-in tasks' data made on this machine, shared by its homes (the per-user cache
+    folder; the systemd unit points XDG_CACHE_HOME at its CacheDirectory)."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("ttpeer", appauthor=False)) / "data"
+
+
 @dataclass(frozen=True)
 class PoolConfig:
     pool: str

@@ -38,7 +38,7 @@ from ttpeer.proto import PublishDelta, Record, Train, overlapped
 
 from ._executor import Decline
 from ._files import write_atomic
-from ._home import Home
+from ._home import Home, shared_data_dir
 
 log = logging.getLogger("ttpeer.train")
 T = TypeVar("T")
@@ -85,6 +85,7 @@ class TorchExecutor:
         self._train_lock = trio.Lock()
         self._close_lock = trio.Lock()
         self._data_lock = threading.Lock()  # held in worker threads while a task loads
+        self.shared_data = shared_data_dir()  # built-in data made once per machine, not per home
 
     async def warm_up(self) -> None:
         """Load torch's lazily imported pieces that a job's first step would wait for
@@ -114,7 +115,7 @@ class TorchExecutor:
         spec = str(self._task_path(task_file)) if task_file is not None else name
         try:
             with self._data_lock:  # a submit during the warm-up waits for its data, not makes it twice
-                return train.load_task(spec, self.home.data_dir, self.task_options)
+                return train.load_task(spec, self.home.data_dir, self.task_options, shared_data=self.shared_data)
         except train.TaskError as exc:
             raise JobError(str(exc)) from None
 
