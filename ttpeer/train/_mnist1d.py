@@ -19,10 +19,14 @@ in-process run of the same schedule.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import io
+import os
 import random
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -54,15 +58,15 @@ def mnist1d_task(data_dir: Path, samples: int = DEFAULT_SAMPLES, *,
     path = data_dir / name
     arrays = _load(path, samples)
     if arrays is None:
-        arrays = _load(shared / name, samples) if shared is not None else None
-        if arrays is None:
-            arrays = _generate(samples)
-            if shared is not None:
-                try:
-                    shared.mkdir(parents=True, exist_ok=True)
-                    _save(shared / name, arrays)
-                except OSError:
-                    pass  # the machine-wide copy only saves the next home the generation
+        with _machine_lock(shared):  # homes starting together (the demo) make it once, not each
+            arrays = _load(shared / name, samples) if shared is not None else None
+            if arrays is None:
+                arrays = _generate(samples)
+                if shared is not None:
+                    try:
+                        _save(shared / name, arrays)
+                    except OSError:
+                        pass  # the machine-wide copy only saves the next home the generation
         _save(path, arrays)
     spec = TaskSpec(
         model=build_model,
@@ -109,6 +113,27 @@ def parse_samples(spec: str) -> int:
 def accuracy(output: Tensor, target: Tensor) -> float:
     """Fraction of rows whose largest logit is the target class."""
     return (output.argmax(dim=-1) == target).float().mean().item()
+
+
+@contextlib.contextmanager
+def _machine_lock(shared: Path | None) -> Iterator[None]:
+    """Hold ``shared``'s lock file (another home may be making the same data); no lock
+    when there is no shared folder or it cannot be made."""
+    fd = None
+    if shared is not None:
+        try:
+            shared.mkdir(parents=True, exist_ok=True)
+            fd = os.open(shared / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            if fd is not None:
+                os.close(fd)
+            fd = None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # closing releases the lock
 
 
 def _load(path: Path, samples: int) -> dict[str, np.ndarray] | None:
