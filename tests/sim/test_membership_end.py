@@ -7,28 +7,18 @@ from __future__ import annotations
 import pytest
 import trio
 
-from ttpeer.daemon import Home, new_invite
 from ttpeer.errors import MembershipEnded
 from ttpeer.net import MemoryRelay
-from ttpeer.proto import Token, parse
+from ttpeer.proto import parse
 from ttpeer.testing import Simulation
-from ttpeer.testing._sim import FAKE_FP, FAKE_RELAY, SIM_EPOCH, SimPeer
 
 LOST = "this token enrolled another machine first; ask the admin for a new one"
 
 
-def _racers(sim: Simulation, tmp_path) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+def _racers(sim: Simulation) -> tuple[int, int]:
     """Enroll two homes with one single-use token; (winner, loser) indexes in sim.peers.
     The lowest join id wins the use, so who wins is known before anyone starts."""
-    now = SIM_EPOCH + trio.current_time()
-    admin = sim.peers[0].home
-    cfg = admin.config()
-    invite, key = new_invite(admin.root_key(), cfg.pool, ttl=600, uses=1, role="member", now=now)
-    token = Token((FAKE_RELAY,), FAKE_FP, cfg.pool, invite, key.private_bytes_raw())
-    for name in ("sam", "tom"):
-        home = Home(tmp_path / name)
-        home.enroll(token, name, now)
-        sim.peers.append(SimPeer(name, home))
+    sim.enroll_racers(["sam", "tom"])
     ids = [parse(sim.peers[i].home.config().proof[1]).id for i in (2, 3)]
     return (2, 3) if ids[0] < ids[1] else (3, 2)
 
@@ -47,7 +37,7 @@ async def test_the_loser_of_a_token_race_is_told_and_stops(tmp_path, autojump_cl
     async with MemoryRelay() as relay:
         sim = Simulation(tmp_path, relay, seed=11)
         sim.create(2)
-        winner, loser = _racers(sim, tmp_path)
+        winner, loser = _racers(sim)
         first, second = (loser, winner) if loser_first else (winner, loser)
         async with trio.open_nursery() as nursery:
             sim._nursery = nursery
