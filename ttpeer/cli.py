@@ -316,14 +316,14 @@ def _join(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
     import trio
 
-    from ttpeer.daemon import run_daemon
-    from ttpeer.daemon._systemd import Notifier
-
     ended = home.ended()
     if ended is not None:  # revoked, or the token enrolled another machine: say so before loading torch
         from ttpeer.errors import MembershipEnded
 
         raise MembershipEnded(ended)
+    from ttpeer.daemon import run_daemon
+    from ttpeer.daemon._systemd import Notifier
+
     cfg = args.settings
     device = _default_device() if cfg.device == "auto" else cfg.device
     options = {"slowdown": args.slowdown} if getattr(args, "slowdown", 0) else None
