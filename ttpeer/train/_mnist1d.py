@@ -13,8 +13,9 @@ notice.
 idle core), cached as ``mnist1d-N.npz``. The default was the package's 5000 until
 the demo's run (8 rounds x 6 shards x 60 steps) was measured overfitting its 4000
 training signals from round 3 (eval loss 1.32 -> 12.4 while accuracy stayed near
-0.65); with 16000 it falls every round (1.39 -> 0.69, accuracy 0.77) in an
-in-process run of the same schedule.
+0.65); with 16000 it falls over the run (three runs of 3 daemons on loopback:
+1.34 -> 0.69, 1.39 -> 0.68, 1.39 -> 0.67, accuracy 0.77-0.78; the first ticked up
+by 0.007 in its last round, the others fell every round).
 """
 
 from __future__ import annotations
