@@ -64,6 +64,7 @@ from ttpeer.proto import (
     Effect,
     FetchState,
     JobDone,
+    Member,
     PeerMachine,
     Persist,
     PrepareJob,
@@ -791,7 +792,7 @@ class Node:
         except DiskError as exc:  # the exit says it anyway; the mark only saves a later look
             log.warning("%s", exc)
 
-    def _tell_ended(self, member: Any) -> None:
+    def _tell_ended(self, member: Member) -> None:
         """Answer the hello of a node that is no member with the records that show why, so
         it stops at once instead of asking for a key forever (or training with an old one).
         The records are signed, so a relay can neither forge nor hide a reason in them."""
