@@ -50,6 +50,13 @@ def status(args: argparse.Namespace, home: Any) -> int:
         unit, parts = ("unit", "members") if job["mode"] == "ensemble" else ("round", "shards")
         print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: {unit} {job['round']}/"
               f"{job['rounds']}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
+        if job.get("phase"):
+            print(f"    preparing here: {job['phase']}")
+        if job.get("advice"):
+            print(f"    {job['advice']}")
+        waiting = [p["name"] for p in job.get("peers") or [] if not p.get("started", True)]
+        if waiting and job["state"] == "running":
+            print(f"    not started yet (preparing the job): {', '.join(waiting)}")
         end = job.get("ended")
         if end and end["by"]:
             print(f"    cancelled by {end['by']['name']} ({end['by']['peer'][:12]})")

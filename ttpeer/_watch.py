@@ -89,7 +89,11 @@ def _job(job: dict[str, Any]) -> RenderableType:
         facts.append(f"cancelled by {end['by']['name']}")
     elif end:
         facts.append("failed on every peer: " + "; ".join(f"{r['name']}: {r['reason']}" for r in end["reasons"]))
+    if job.get("phase"):
+        facts.append(f"preparing here: {job['phase']}")
     parts: list[RenderableType] = [head, Text("  ".join(facts))]
+    if job.get("advice"):
+        parts.append(Text(job["advice"], style="yellow"))
     peers = job.get("peers") or []
     if peers:
         t = Table(title=f"per peer (round {min(job['round'] + 1, job['rounds'])} now)", title_justify="left")
@@ -98,7 +102,8 @@ def _job(job: dict[str, Any]) -> RenderableType:
             t.add_column(col, justify="left" if col in ("peer", "claims now") else "right")
         for p in peers:
             wall = p["wall_s"] or (p["train_s"] + p["compute_s"] + p["comm_s"] + p["idle_s"])
-            t.add_row(p["name"], ", ".join(map(str, p["claims"])) or "-", str(p["shards_done"]),
+            claims = ", ".join(map(str, p["claims"])) or ("-" if p.get("started", True) else "preparing")
+            t.add_row(p["name"], claims, str(p["shards_done"]),
                       f"{p['contributions']} ({p['used']} used)", _num(p["samples_per_s"], ".0f"),
                       _how(p), _pct(p["train_s"] + p["compute_s"], wall), _pct(p["comm_s"], wall),
                       _pct(p["idle_s"], wall))

@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except TtpeerError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return int(getattr(exc, "exit_code", 1))  # MembershipEnded: 3, which systemd does not restart
     except BrokenPipeError:
         # 'ttpeer status | head -1': the reader has gone, as for any Unix tool that is
         # silent, and with SIGPIPE's status. Point stdout at /dev/null so that the
@@ -376,6 +376,11 @@ def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
     home.config()  # a missing or unenrolled home says so, before torch is imported
     import trio
 
+    ended = home.ended()
+    if ended is not None:  # revoked, or the token enrolled another machine: say so before loading torch
+        from ttpeer.errors import MembershipEnded
+
+        raise MembershipEnded(ended)
     from ttpeer.daemon import run_daemon
     from ttpeer.daemon._systemd import Notifier
 
@@ -390,7 +395,7 @@ def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
                                     memory_limit=cfg.memory_limit or None, workers=workers))
     except TtpeerError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        _leave_now(1)
+        _leave_now(int(getattr(exc, "exit_code", 1)))  # MembershipEnded: 3, which systemd does not restart
     _leave_now(0)
 
 

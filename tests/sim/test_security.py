@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import trio
 
-from ttpeer.daemon import Home, new_invite
+from ttpeer.daemon import new_invite
 from ttpeer.net import Faults, MemoryRelay, RelayRejected
 from ttpeer.net._seal import SealError, open_sealed
-from ttpeer.proto import RevokeError, Token, covered
+from ttpeer.proto import RevokeError, covered
 from ttpeer.testing import Simulation
-from ttpeer.testing._sim import FAKE_FP, FAKE_RELAY, SIM_EPOCH, SimPeer
+from ttpeer.testing._sim import SimPeer
 
 from .test_simulator import SPEC
 
@@ -110,17 +110,7 @@ async def test_two_machines_racing_for_a_single_use_token_leave_one_member(tmp_p
     async with MemoryRelay() as relay:
         sim = Simulation(tmp_path, relay, seed=4)
         sim.create(2)
-        # The simulator's calendar clock, not this machine's: an invite made with time.time()
-        # had expired long before SIM_EPOCH (2027-01-15), so no racer was ever handed the key.
-        now = SIM_EPOCH + trio.current_time()
-        admin_home = sim.peers[0].home
-        cfg = admin_home.config()
-        invite, key = new_invite(admin_home.root_key(), cfg.pool, ttl=600, uses=1, role="member", now=now)
-        token = Token((FAKE_RELAY,), FAKE_FP, cfg.pool, invite, key.private_bytes_raw())
-        for name in ("racer1", "racer2"):
-            home = Home(tmp_path / name)
-            home.enroll(token, name, now)
-            sim.peers.append(SimPeer(name, home))
+        sim.enroll_racers(["racer1", "racer2"])
         async with trio.open_nursery() as nursery:
             await sim.start_all(nursery)
             racers = [p.node for p in sim.peers[2:]]

@@ -61,7 +61,9 @@ def test_the_daemon_units_say_what_the_issue_asks():
     user = render_unit(user=True, python="/usr/bin/python3", config=Path("/c/ttpeer.toml"), home=Path("/h/t p"))
     for unit in (system, user):
         for line in ("Type=notify", "NotifyAccess=main", "Restart=on-failure", "NoNewPrivileges=yes",
-                     "ProtectSystem=strict", "PrivateTmp=yes", "KillSignal=SIGTERM", "CapabilityBoundingSet="):
+                     "ProtectSystem=strict", "PrivateTmp=yes", "KillSignal=SIGTERM", "CapabilityBoundingSet=",
+                     # exit 3: revoked, or the token enrolled another machine first; a restart cannot help
+                     "RestartPreventExitStatus=3"):
             assert line in unit.splitlines(), line
         assert re.search(r"^WatchdogSec=\d+", unit, re.M)
         assert "\nPrivateDevices=" not in unit  # it would hide the GPU

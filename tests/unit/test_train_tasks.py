@@ -103,27 +103,28 @@ def test_bad_options_raise_task_error(options):
 def test_mnist1d_is_cached_and_hashed(tmp_path):
     first = load_task("mnist1d", tmp_path)
     assert (tmp_path / "mnist1d.npz").exists()
-    assert (first.n_train, first.n_test, first.batch_size) == (4000, 1000, 64)
+    assert (first.n_train, first.n_test, first.batch_size) == (16000, 4000, 64)
     x, y = first.train[0]
     assert x.shape == (40,) and x.dtype == torch.float32 and 0 <= int(y) < 10
     second = load_task("mnist1d", tmp_path)  # from the cache
     assert second.source_hash == first.source_hash and len(first.source_hash) == 64
     assert torch.equal(second.test.tensors[0], first.test.tensors[0])
-    (tmp_path / "mnist1d.npz").write_bytes(b"torn")
-    assert load_task("mnist1d", tmp_path).source_hash == first.source_hash  # regenerated
+    small = load_task("mnist1d:samples=500", tmp_path)  # the default takes a while to make: a torn
+    (tmp_path / "mnist1d-500.npz").write_bytes(b"torn")  # cache is checked on a small one
+    assert load_task("mnist1d:samples=500", tmp_path).source_hash == small.source_hash  # regenerated
 
 
 def test_mnist1d_with_more_samples_is_its_own_task_and_cache(tmp_path):
-    default = load_task("mnist1d", tmp_path)
+    fewer = load_task("mnist1d:samples=500", tmp_path)  # sizes other than the default, which is slow to make
     more = load_task("mnist1d:samples=6000", tmp_path)
     assert (more.n_train, more.n_test) == (4800, 1200)
-    assert (tmp_path / "mnist1d-6000.npz").exists() and (tmp_path / "mnist1d.npz").exists()
-    assert more.source_hash != default.source_hash and more.name == "mnist1d:samples=6000"
+    assert (tmp_path / "mnist1d-6000.npz").exists() and (tmp_path / "mnist1d-500.npz").exists()
+    assert more.source_hash != fewer.source_hash and more.name == "mnist1d:samples=6000"
     # the same generator with more draws: every peer that asks for 6000 gets the same signals
     (tmp_path / "mnist1d-6000.npz").unlink()
     assert load_task("mnist1d:samples=6000", tmp_path).source_hash == more.source_hash
     # a cache of another size under the name is not trusted
-    (tmp_path / "mnist1d-6000.npz").write_bytes((tmp_path / "mnist1d.npz").read_bytes())
+    (tmp_path / "mnist1d-6000.npz").write_bytes((tmp_path / "mnist1d-500.npz").read_bytes())
     assert load_task("mnist1d:samples=6000", tmp_path).n_train == 4800
 
 
@@ -133,3 +134,27 @@ def test_mnist1d_with_more_samples_is_its_own_task_and_cache(tmp_path):
 def test_bad_mnist1d_options_say_what_is_allowed(tmp_path, spec):
     with pytest.raises(TaskError, match="samples=N"):
         load_task(spec, tmp_path)
+
+
+def test_mnist1d_data_is_made_once_per_machine_and_shared_by_its_homes(tmp_path, monkeypatch):
+    from ttpeer.train import _mnist1d
+
+    shared = tmp_path / "cache" / "data"
+    first = load_task("mnist1d:samples=500", tmp_path / "home1", shared_data=shared)
+    assert (shared / "mnist1d-500.npz").exists() and (tmp_path / "home1" / "mnist1d-500.npz").exists()
+
+    def no_generation(samples: int) -> None:
+        raise AssertionError("generated again although the machine holds the data")
+
+    monkeypatch.setattr(_mnist1d, "_generate", no_generation)
+    (tmp_path / "home2").mkdir()
+    second = load_task("mnist1d:samples=500", tmp_path / "home2", shared_data=shared)
+    assert second.source_hash == first.source_hash and (tmp_path / "home2" / "mnist1d-500.npz").exists()
+    monkeypatch.undo()
+    (shared / "mnist1d-500.npz").write_bytes(b"torn")  # a damaged machine copy is made again
+    (tmp_path / "home3").mkdir()
+    assert load_task("mnist1d:samples=500", tmp_path / "home3", shared_data=shared).source_hash == first.source_hash
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")  # a machine copy that cannot be written is only not used
+    (tmp_path / "home4").mkdir()
+    assert load_task("mnist1d:samples=500", tmp_path / "home4", shared_data=blocked / "data").n_train == 400

@@ -9,7 +9,7 @@ import socket as pysocket
 from pathlib import Path
 from typing import Any
 
-from ttpeer.errors import DaemonNotRunning, TtpeerError
+from ttpeer.errors import DaemonNotRunning, MembershipEnded, TtpeerError
 
 
 def call(path: Path, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
@@ -20,6 +20,11 @@ def call(path: Path, request: dict[str, Any], timeout: float = 60.0) -> dict[str
         s.connect(str(path))
     except (FileNotFoundError, ConnectionRefusedError):
         s.close()
+        from ._home import ended_reason
+
+        ended = ended_reason(path.parent)
+        if ended is not None:  # 'ttpeer up' cannot help: say why instead
+            raise MembershipEnded(f"no ttpeer daemon is running on {path.parent}: {ended}") from None
         raise DaemonNotRunning(
             f"no ttpeer daemon is running on {path.parent} (start it with 'ttpeer up')"
         ) from None

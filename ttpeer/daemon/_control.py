@@ -114,6 +114,7 @@ async def _dispatch(node: Node, request: dict[str, Any], status: Callable[[], di
         return {"ok": True, "job": job.id, "record": rec.id, "by": by.name if by else rec.author[:12],
                 "again": again}
     if op == "revoke":
+        node.require_admin()
         peer, name = node.resolve_peer(str(request.get("peer", "")))
         again = peer not in node.machine.records.members
         rec = await node.revoke(peer)

@@ -11,6 +11,7 @@
       data/                    task data caches
       control.sock             the daemon's control socket, 0600
       daemon.lock              held while a daemon runs on this home
+      ended                    why this home is no member any more (revoked, lost its token's race)
 """
 
 from __future__ import annotations
@@ -31,6 +32,15 @@ from ttpeer.proto import Record, Token, parse, pool_id_of, public_hex, sign
 from ._files import make_private_dir, write_atomic, write_secret
 
 ENV_HOME = "TTPEER_HOME"
+ENDED = "ended"
+
+
+def ended_reason(home: Path) -> str | None:
+    """Why the membership of the home at ``home`` ended, if it did (``Home.mark_ended``)."""
+    try:
+        return (home / ENDED).read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def default_home() -> Path:
@@ -40,6 +50,14 @@ def default_home() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir("ttpeer", appauthor=False))
+
+
+def shared_data_dir() -> Path:
+    """Built-in tasks' data made on this machine, shared by its homes (the per-user cache
+    folder; the systemd unit points XDG_CACHE_HOME at its CacheDirectory)."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("ttpeer", appauthor=False)) / "data"
 
 
 @dataclass(frozen=True)
@@ -206,6 +224,16 @@ class Home:
                          token.invite.raw.hex(), join.raw.hex())
         self._write_config(cfg)
         return cfg
+
+    # -- a membership that ended ---------------------------------------------------------
+
+    def mark_ended(self, reason: str) -> None:
+        """Record that this home's membership is over for good, so that ``status`` and
+        ``up`` say why at once instead of suggesting a start that cannot help."""
+        write_atomic(self.path / ENDED, reason.encode())
+
+    def ended(self) -> str | None:
+        return ended_reason(self.path)
 
     # -- one daemon per home -------------------------------------------------------------
 

@@ -12,6 +12,9 @@ Envelopes on the wire (the relay sees the first byte, sizes and timing only):
 
     H + canonical {"proof": [invite, join]}      a member announcing itself (public)
     K + direct-sealed key handover               every epoch's pool key, sealed to one member
+    L + direct-sealed {"to", "records"}          to a node that is no member: the signed records
+                                                 that show it (its revocation, or the joins that
+                                                 took its invite's last use)
     P + pool-sealed (counter + gossip payload)   records and digests; the sender's id is
                                                  bound in as associated data, the counter
                                                  feeds the receiver's replay window (_replay)
@@ -21,6 +24,11 @@ key, hands the whole list (oldest first) to each remaining member, and seals
 from then on with the newest. Everyone opens with any key it holds (so blobs of
 old epochs stay readable) and seals with the newest. A revoked node never gets
 the new key, so it cannot open what is sealed after the rotation.
+
+A membership that ends (this node revoked, or its join lost the race for a single-use
+invite) ends the daemon at once: as soon as the records that show it are held (through
+gossip, another joiner's hello, or an L reply to our own hello), the node logs why,
+marks the home (``Home.mark_ended``) and stops with ``MembershipEnded`` (exit 3).
 
 Losing the relay is this peer's problem, not the pool's: the node retries with
 backoff and keeps training what it has claimed; leases judge liveness, not the
@@ -33,7 +41,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +50,16 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ttpeer import _logging
-from ttpeer.errors import DiskError, JobError, LocalWorkLost, StateMissing, TaskFailed, TtpeerError, UsageError
+from ttpeer.errors import (
+    DiskError,
+    JobError,
+    LocalWorkLost,
+    MembershipEnded,
+    StateMissing,
+    TaskFailed,
+    TtpeerError,
+    UsageError,
+)
 from ttpeer.net import BlobCorrupt, NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
 from ttpeer.net._entropy import random_bytes
 from ttpeer.net._seal import COUNTER, SealError, gossip_ad, open_direct, open_sealed, seal, seal_to
@@ -56,6 +73,7 @@ from ttpeer.proto import (
     Effect,
     FetchState,
     JobDone,
+    Member,
     PeerMachine,
     Persist,
     PrepareJob,
@@ -69,6 +87,7 @@ from ttpeer.proto import (
     TaskSignatureError,
     Timing,
     Train,
+    admitted,
     cancel_of,
     decode,
     default_sizing,
@@ -83,6 +102,7 @@ from ttpeer.proto import (
     revocations,
     sign,
     sign_task,
+    standing,
     verify_proof,
 )
 
@@ -103,6 +123,14 @@ EXPIRY_GRACE = 15 * 60.0  # clock skew and a slow first hello, past an invite's 
 REHELLO_EVERY = 30.0  # at most one hello per this many seconds for messages we cannot open
 DEAD_BEATS = 8  # ... and before it is reported dead (leases, not this, requeue its work)
 DELTA_UPLOAD_TRIES = 3  # then the delta is given up and its shards trained again
+ENDED_EVERY = 5.0  # at most one L reply per this many seconds to one node
+MAX_ENDED_RECORDS = 64  # records in one L message: the invite and its winning joins, or revocations
+ENDED = {
+    "lost": "this token enrolled another machine first; ask the admin for a new one "
+            "(and join with it in a new --home, or after deleting this one)",
+    "revoked": "this machine was revoked from the pool by its admin; it can no longer take part "
+               "(ask the admin for a new token, and join with it in a new --home)",
+}
 
 
 @dataclass
@@ -189,12 +217,17 @@ class Node:
         self._job_done: dict[str, trio.Event] = {}
         self._released: set[str] = set()  # jobs whose executor state was freed (ended here)
         self.finished: dict[str, str] = {}  # job -> the state whose final files this peer wrote
+        # job -> what this peer is doing before it can train it ("loading the task"...), for status
+        self.phases: dict[str, str] = {}
         self._key_event = trio.Event()
         self.fatal: TtpeerError | None = None
         self._is_admin = (home.path / "root.key").exists()
         self._lost_checked = -1  # membership version last checked for lost join races
         self._lost_seen: set[str] = set()
         self._rehello_at = 0.0
+        self._standing_checked = -1  # membership version last checked for our own standing
+        self._told_ended: dict[str, float] = {}  # node -> when we last sent it an L reply
+        self._renamed = False  # said that our chosen name was taken
         if self.pool_key is not None:
             self._key_event.set()
 
@@ -210,6 +243,11 @@ class Node:
             if raw not in logged:
                 self.log.append(raw)
         self.machine.load(logged + self.cfg.proof, now)
+        where = standing(self.cfg.pool, self.machine.records, self.me)
+        if where in ENDED:  # learnt in an earlier life: say so now, before any connection
+            self.fatal = MembershipEnded(ENDED[where])
+            self._mark_ended()
+            raise self.fatal
         # Lost join races already in the log were handled (by a rotation) before a restart.
         self._lost_seen = lost_joins(self.cfg.pool, self.machine.records)
         self._lost_checked = self.machine.records.membership_version
@@ -239,6 +277,9 @@ class Node:
                 await self._repeat_revocations()
                 return
             except (RelayFingerprintMismatch, RelayRejected) as exc:
+                if _revoked_by_relay(exc):
+                    self._end("revoked", mark=False)
+                    raise self.fatal from None  # type: ignore[misc]
                 raise exc
             except NetError as exc:
                 if isinstance(exc, RelayUnavailable):
@@ -388,13 +429,15 @@ class Node:
             match eff:
                 case PrepareJob(job=job):
                     try:
-                        task_file = (open_task(self.cfg.pool, await self._get_sealed(job["task_blob"]))
-                                     if job["task_blob"] else None)
+                        with self._phase(job.id, "fetching the task file"):
+                            task_file = (open_task(self.cfg.pool, await self._get_sealed(job["task_blob"]))
+                                         if job["task_blob"] else None)
                     except TaskSignatureError as exc:
                         log.warning("refusing job %s: %s", job.id[:12], exc)
                         self._process(m.job_prepared(job.id, False, str(exc), now(), code="refused"))
                         return
-                    decline = await self.executor.prepare(job, task_file)
+                    with self._phase(job.id, "loading the task and its data, checking it fits"):
+                        decline = await self.executor.prepare(job, task_file)
                     if isinstance(decline, str):
                         decline = Decline(decline)
                     if decline is not None:
@@ -446,8 +489,10 @@ class Node:
                                     close["state"][:19])
                     self._process(m.applied(close["state"], ok, now()))
                 case FetchState(job=job, state=state, blob=blob):
-                    data = await self._get_sealed(blob)
-                    ok = await self.executor.import_state(job, state, data)
+                    what = "the initial state" if state == job["init"] else "the latest checkpoint"
+                    with self._phase(job.id, f"fetching {what}"):
+                        data = await self._get_sealed(blob)
+                        ok = await self.executor.import_state(job, state, data)
                     self._process(m.fetched(state, ok, now()))
                 case PublishCheckpoint(job=job, round=rnd, state=state):
                     data = await self.executor.export_state(job, state)
@@ -493,6 +538,16 @@ class Node:
         log.error("%s of job %s raised %s: a bug in ttpeer or an executor; the job ends on this peer "
                   "(please report this traceback)", what, job.id[:12], type(exc).__name__, exc_info=exc)
         self._task_failed(job, f"internal error: {type(exc).__name__}: {exc} (a bug; see this peer's log)")
+
+    @contextlib.contextmanager
+    def _phase(self, job: str, what: str) -> Iterator[None]:
+        """Say in status what this peer is doing for ``job`` before it can train it."""
+        self.phases[job] = what
+        try:
+            yield
+        finally:
+            if self.phases.get(job) == what:
+                del self.phases[job]
 
     def _report_failure(self, eff: Effect) -> None:
         m, now = self.machine, self._now()
@@ -624,11 +679,8 @@ class Node:
                 self._relay_up()
                 delay = 0.5
             except NetError as exc:
-                if isinstance(exc, RelayRejected) and exc.status == 403 and "revoked" in exc.message:
-                    self.fatal = RevokeError("this machine was revoked from the pool by its admin; "
-                                             "it can no longer take part (ask the admin for a new token)")
-                    log.error("%s", self.fatal)
-                    self.stop()
+                if _revoked_by_relay(exc):
+                    self._end("revoked", mark=False)
                     return
                 if isinstance(exc, RelayUnavailable):
                     self._relay_down()
@@ -644,6 +696,7 @@ class Node:
                 self._process(self.machine.settle(self._now()))
                 self._check_lost_races()
                 self._release_ended()
+                self._check_standing()
                 self.replay.maybe_save(trio.current_time())
 
     def _on_message(self, sender: str, data: bytes) -> None:
@@ -661,6 +714,8 @@ class Node:
                 self._on_hello(sender, body)
             elif kind == b"K":
                 self._on_key(body)
+            elif kind == b"L":
+                self._on_ended(body)
             else:
                 self.counters.reject("message: unknown kind")
         except SealError as exc:
@@ -705,7 +760,8 @@ class Node:
         if self.pool_key is None:
             return
         if member.node not in self.machine.records.members:
-            return  # over its invite's use limit, revoked, or the invite is unknown
+            self._tell_ended(member)  # over its invite's use limit or revoked: show it why
+            return
         late = self._joined_late(member.node, proof)
         if late is not None:
             self.counters.reject("hello: invite expired")
@@ -761,15 +817,75 @@ class Node:
         log.info("received pool key epoch %d from %s", len(keys) - 1, giver[:12])
         self._process(self.machine.tick(self._now()))
 
+    # -- a membership that ended ------------------------------------------------------------
+
+    def _check_standing(self) -> None:
+        """Stop for good once the records show that this node is no member and never will
+        be: revoked, or its join lost the race for its invite's last use."""
+        rs = self.machine.records
+        if self._standing_checked == rs.membership_version or self.fatal is not None:
+            return
+        self._standing_checked = rs.membership_version
+        where = standing(self.cfg.pool, rs, self.me)
+        if where in ENDED:
+            self._end(where)
+        elif where == "member" and rs.members[self.me].name != self.cfg.name and not self._renamed:
+            self._renamed = True
+            log.warning("another machine in this pool was named %r first: this one is %r in the pool",
+                        self.cfg.name, rs.members[self.me].name)
+
+    def _end(self, where: str, *, mark: bool = True) -> None:
+        """Stop with ``MembershipEnded``. ``mark`` the home only when our own records show
+        it: a relay's 403 is its word, not a signed record, and must not end a home for good."""
+        self.fatal = MembershipEnded(ENDED[where])
+        log.error("%s", self.fatal)
+        if mark:
+            self._mark_ended()
+        self.stop()
+
+    def _mark_ended(self) -> None:
+        try:
+            self.home.mark_ended(str(self.fatal))
+        except DiskError as exc:  # the exit says it anyway; the mark only saves a later look
+            log.warning("%s", exc)
+
+    def _tell_ended(self, member: Member) -> None:
+        """Answer the hello of a node that is no member with the records that show why, so
+        it stops at once instead of asking for a key forever (or training with an old one).
+        The records are signed, so a relay can neither forge nor hide a reason in them."""
+        rs, now = self.machine.records, trio.current_time()
+        if self.pool_key is None or now < self._told_ended.get(member.node, -ENDED_EVERY) + ENDED_EVERY:
+            return
+        where = standing(self.cfg.pool, rs, member.node)
+        if where == "revoked":
+            shown = [r for r in rs if r.kind == "revoke" and r["node"] == member.node]
+        elif where == "lost":
+            winners = [m.join for m in rs.members.values() if m.invite == member.invite]
+            shown = [rs.by_id[member.invite], *(rs.by_id[j] for j in sorted(winners))]
+        else:
+            return
+        self._told_ended[member.node] = now
+        with contextlib.suppress(trio.WouldBlock):
+            self._outbox_send.send_nowait((member.node, _ended_message(member.node, member.seal, shown)))
+
+    def _on_ended(self, body: bytes) -> None:
+        """Records someone says show we are no member: signed, so we just take them (the
+        receiver then judges our standing from everything held, not from this claim)."""
+        obj = decode(open_direct(self._seal_key, body), max_size=MAX_ENDED_RECORDS * 140_000)
+        if obj["to"] != self.me:
+            return
+        now = self._now()
+        for raw in obj["records"][:MAX_ENDED_RECORDS]:
+            self._process(self.machine.add_local(parse(bytes.fromhex(raw)), now), wake=False)
+
     # -- revocation (admin) ----------------------------------------------------------------
 
     async def revoke(self, peer: str) -> Record:
         """Revoke ``peer``: sign a ``revoke`` record with the root key, rotate the pool key
         to the remaining members, and tell the relay to refuse the peer's sessions.
         Raises ``TtpeerError`` (not the admin, unknown peer, too much to keep)."""
+        self.require_admin()
         await self._key_event.wait()
-        if not self._is_admin:
-            raise RevokeError("only the pool admin (the machine that ran 'ttpeer pool create') can revoke a peer")
         if peer == self.me:
             raise RevokeError("the admin cannot revoke itself; make a new pool instead")
         rs = self.machine.records
@@ -785,8 +901,14 @@ class Node:
                               f"{MAX_KEEP}); wait for its jobs to finish, then revoke it")
         rec = sign("revoke", self.cfg.pool, {"node": peer, "keep": keep, "at": int(self._wall())},
                    self.home.root_key())
+        seal_pub = rs.members[peer].seal
         self._process(self.machine.add_local(rec, self._now()))
         self._rotate()
+        # Straight to the peer, before the relay stops serving it: its waiting receive
+        # returns with the record and it stops at once. Gossip may come too late: once the
+        # relay refuses it, only the end of its long poll (RECV_WAIT) would tell it.
+        with contextlib.suppress(NetError):
+            await self.transport.send(peer, _ended_message(peer, seal_pub, [rec]))
         await self.transport.revoke(rec.raw)
         log.info("revoked %s; pool key rotated to epoch %d", peer[:12], len(self.pool_keys) - 1)
         return rec
@@ -828,13 +950,16 @@ class Node:
         log.info("cancelled job %s", job.id[:12])
         return job, rec, False
 
+    def require_admin(self) -> None:
+        """Raises ``RevokeError`` unless this is the admin: asked before a name is looked
+        up, so a member is told what it cannot do rather than which names match."""
+        if not self._is_admin:
+            raise RevokeError("only the pool admin (the machine that ran 'ttpeer pool create') can revoke a peer")
+
     def resolve_peer(self, text: str) -> tuple[str, str]:
-        """(id, name) of a member or revoked node, from its name, id, or a unique id
-        prefix. Raises ``RevokeError``."""
-        rs = self.machine.records
-        revoked = revocations(self.cfg.pool, rs)
-        names = {r["node"]: r["name"] for r in rs if r.kind == "join" and r["node"] in revoked}
-        names.update({n: m.name for n, m in rs.members.items()})
+        """(id, name) of a member or revoked node, from its pool-unique name, id, or a
+        unique id prefix. Raises ``RevokeError``."""
+        names = {n: m.name for n, m in admitted(self.cfg.pool, self.machine.records).items()}
         found = [n for n, name in names.items() if text in (n, name)] or (
             [n for n in names if len(text) >= 6 and n.startswith(text.lower())])
         if len(found) != 1:
@@ -886,6 +1011,15 @@ class Node:
         from ._status import snapshot
 
         return snapshot(self)
+
+
+def _ended_message(node: str, seal_pub: str, records: list[Record]) -> bytes:
+    body = encode({"to": node, "records": [r.raw.hex() for r in records[:MAX_ENDED_RECORDS]]})
+    return b"L" + seal_to(bytes.fromhex(seal_pub), body)
+
+
+def _revoked_by_relay(exc: Exception) -> bool:
+    return isinstance(exc, RelayRejected) and exc.status == 403 and "revoked" in exc.message
 
 
 def _with_members(spec: dict[str, Any]) -> dict[str, Any]:

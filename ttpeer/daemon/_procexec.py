@@ -331,7 +331,8 @@ class ProcessExecutor:
                 w.kill()
 
     async def warm_up(self) -> None:
-        """Start the spare worker (torch imported, meta kernels loaded) off any job's path."""
+        """Start the spare worker (torch imported, meta kernels loaded, the default task's
+        data made) off any job's path."""
         if self._keep_spare:
             await self._refill_spare()
 

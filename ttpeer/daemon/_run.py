@@ -28,7 +28,7 @@ from typing import Any
 import trio
 
 from ttpeer import _logging
-from ttpeer.errors import TtpeerError
+from ttpeer.errors import MembershipEnded, TtpeerError
 from ttpeer.net import RelayClient
 from ttpeer.proto import Timing
 
@@ -65,6 +65,10 @@ async def run_daemon(
     what stops the daemon (another daemon on this home, a relay that is not ours, a
     full disk)."""
     home.lock()
+    ended = home.ended()
+    if ended is not None:  # revoked, or lost its token's race: starting cannot help
+        home.unlock()
+        raise MembershipEnded(ended)
     try:
         await _serve(home, device=device, task_options=task_options, proxy=proxy, timing=timing,
                      metrics=metrics, stop_grace=stop_grace, notifier=notifier or Notifier(None),

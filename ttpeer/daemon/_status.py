@@ -8,7 +8,10 @@
                "state_hash", "training_shard", "wasted_batches", "duplicate_fraction",
                "declines": [{"peer", "name", "reason", "need_bytes", "have_bytes", "code"}],
                "ended": null | {"how", "by": {"peer", "name"} | null,
-                                "reasons": [{"peer", "name", "reason"}]}}]}
+                                "reasons": [{"peer", "name", "reason"}]}, "phase"}]}
+
+``phase`` says what this peer is doing before it can train a running job ("loading the
+task and its data, checking it fits", "fetching the initial state"...), null otherwise.
 
 ``declined`` is this peer's own reason for sitting a job out; ``declines`` lists every
 peer whose decline stands (``need_bytes``/``have_bytes`` are 0 unless memory was why);
@@ -89,6 +92,7 @@ def snapshot(node: Node) -> dict[str, Any]:
             "rate": round(m.rate if pid == node.me else m.peer_rates.get(pid, 0.0), 3),
         })
     jobs = []
+    me = m.records.members.get(node.me)  # its name in the pool: unique, may differ from the chosen one
     active = m.active_job()
     for job in m.records.jobs():
         chain = m.chain(job)
@@ -128,10 +132,11 @@ def snapshot(node: Node) -> dict[str, Any]:
             "wasted_batches": m.wasted_batches if active is not None and active.id == job.id else 0,
             "duplicate_fraction": duplicate_fraction(m.records, job, chain),
             "declines": declines(m.records, job), "ended": end,
+            "phase": node.phases.get(job.id) if state == "running" else None,
         })
     return {
         "version": SCHEMA_VERSION,
-        "node": {"id": node.me, "name": node.cfg.name, "pool": node.cfg.pool,
+        "node": {"id": node.me, "name": me.name if me is not None else node.cfg.name, "pool": node.cfg.pool,
                  "has_pool_key": node.pool_key is not None, "uptime_s": round(now - node.counters.started, 1),
                  "key_epoch": len(node.pool_keys) - 1 if node.pool_keys else None,
                  "replays_dropped": node.replay.dropped},

@@ -4,10 +4,11 @@ schema version 1: fields are only ever added.
     "metrics_url": "http://127.0.0.1:9464/metrics" | null
     "startup_repairs": ["what the start-up check found and repaired", ...]
     jobs[i]["history"]:     [{"round", "eval_loss", "eval_metric", "metric_name",
-                              "contributions", "peers", "state"}]       (closed rounds)
+                              "contributions", "peers", "state", "train_loss"}]  (closed rounds)
+    jobs[i]["advice"]:      what to change when the rounds show overfitting, or null (_views)
     jobs[i]["peers"]:       [{"id", "name", "contributions", "used", "shards", "samples",
                               "samples_per_s", "train_s", "compute_s", "comm_s", "idle_s",
-                              "wall_s", "claims", "shards_done"}]        (see _views)
+                              "wall_s", "claims", "shards_done", "started"}]   (see _views)
     jobs[i]["utilization"]: this peer's time in inner steps / wall since the job began here
     jobs[i]["seconds"]:     this peer's {"train", "compute", "comm", "wall"} on the job
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._usage import Usage
-from ._views import history, peer_rows
+from ._views import advice, history, peer_rows
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -36,6 +37,7 @@ def extend(status: dict[str, Any], node: Node, usage: Usage | None, *, metrics_u
             continue
         chain = m.chain(job)
         entry["history"] = history(m.records, chain)
+        entry["advice"] = advice(entry["history"])
         entry["peers"] = peer_rows(m.records, job, chain)
         ju = usage.jobs.get(job.id) if usage else None
         entry["utilization"] = ju.utilization(now) if ju else None

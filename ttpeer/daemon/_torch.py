@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,11 +38,12 @@ from ttpeer.proto import PublishDelta, Record, Train, overlapped
 
 from ._executor import Decline
 from ._files import write_atomic
-from ._home import Home
+from ._home import Home, shared_data_dir
 
 log = logging.getLogger("ttpeer.train")
 T = TypeVar("T")
 KEEP_STATES = 3
+WARM_TASK = "mnist1d"  # the README's and the demo's task: its data is made at start-up
 
 
 @dataclass
@@ -51,7 +53,6 @@ class _Job:
     like: train.OuterState
     states: dict[str, train.OuterState] = field(default_factory=dict)
     residual: dict[str, torch.Tensor] | None = None
-    last_loss: float = float("nan")
     # Ensemble: member checkpoints trained here and not yet published, by (round, member).
     units: dict[tuple[int, int], train.OuterState] = field(default_factory=dict)
     mode: str = "fused"
@@ -86,6 +87,8 @@ class TorchExecutor:
         # copy, and a training round's base is never among the states a close prunes.
         self._train_lock = trio.Lock()
         self._close_lock = trio.Lock()
+        self._data_lock = threading.Lock()  # held in worker threads while a task loads
+        self.shared_data = shared_data_dir()  # built-in data made once per machine, not per home
 
     async def join_group(self, store: Path, rank: int, world: int, device: str) -> None:
         """Become worker ``rank`` of ``world`` that train this peer's shards together."""
@@ -94,8 +97,17 @@ class TorchExecutor:
 
     async def warm_up(self) -> None:
         """Load torch's lazily imported pieces that a job's first step would wait for
-        (see ``train.warm_up``), in a worker thread: the daemon calls it at start-up."""
+        (see ``train.warm_up``), and make the default built-in task's data, in a worker
+        thread: the daemon calls it at start-up. The data is made once per home (seconds
+        on a cold cache, 7-20 s with three daemons starting on two cores): made here, it
+        is off the critical path of the first ``submit`` (which blocked on it) and of this
+        peer's preparing the first job (while the submitter, whose data was warm, took
+        most of an ensemble's units)."""
         await trio.to_thread.run_sync(train.warm_up)
+        try:
+            await _in_thread(lambda: self._load_task(WARM_TASK, None))
+        except (JobError, OSError) as exc:  # the job that needs it will say so
+            log.warning("could not prepare the %s data ahead: %s", WARM_TASK, exc)
 
     # -- tasks ---------------------------------------------------------------------------
 
@@ -113,13 +125,16 @@ class TorchExecutor:
         under ``name``, the user's file name), and run ``check`` on it. A copy that does
         not load or pass is not kept."""
         if task_file is None:
-            task = train.load_task(name, self.home.data_dir, self.task_options)
+            with self._data_lock:  # a submit during the warm-up waits for its data, not makes it twice
+                task = train.load_task(name, self.home.data_dir, self.task_options, shared_data=self.shared_data)
             if check is not None:
                 check(task)
             return task
         path = self._task_path(task_file)
         try:
-            task = train.load_task(str(path), self.home.data_dir, self.task_options, shown_as=name)
+            with self._data_lock:  # a submit during the warm-up waits for its data, not makes it twice
+                task = train.load_task(str(path), self.home.data_dir, self.task_options, shown_as=name,
+                                       shared_data=self.shared_data)
             if check is not None:
                 check(task)
             return task

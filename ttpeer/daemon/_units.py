@@ -10,7 +10,8 @@ Two flavours:
   your configured home (``ReadWritePaths=`` it, the rest of your home read-only).
 
 Both are ``Type=notify`` (READY, WATCHDOG, STOPPING: see ``_systemd``),
-``Restart=on-failure``, and hardened as far as a GPU training job allows: no new
+``Restart=on-failure`` (but not after exit 3: revoked, or the token enrolled another
+machine first), and hardened as far as a GPU training job allows: no new
 privileges, a read-only system, private /tmp, no capabilities, no realtime, no
 kernel tunables/modules/logs, native syscalls only. Left open on purpose:
 ``PrivateDevices=`` (it would hide /dev/nvidia* and /dev/dri), and
@@ -32,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ttpeer.errors import TtpeerError
+from ttpeer.errors import MembershipEnded, TtpeerError
 
 from ._files import write_atomic
 
@@ -174,6 +175,8 @@ def render_unit(*, user: bool, python: str, config: Path, home: Path | None = No
         "Environment=PYTHONUNBUFFERED=1",
         "Restart=on-failure",
         "RestartSec=10",
+        "# Exit 3: revoked, or the token enrolled another machine first. Restarting cannot help.",
+        f"RestartPreventExitStatus={MembershipEnded.exit_code}",
         "WatchdogSec=120",
         "TimeoutStartSec=180",
         "# SIGTERM: the daemon hands back its claim, lets the write in progress finish, exits 0.",

@@ -106,8 +106,8 @@ class _Worker:
         from ._workfiles import read_and_remove, write_work
 
         ex = self.executor
-        if op == "warm":
-            await trio.to_thread.run_sync(_warm)
+        if op == "warm":  # a spare, while it waits: torch's meta kernels, the default task's data
+            await ex.warm_up()
             return None
         if op == "group":
             import torch
@@ -184,20 +184,6 @@ class _Run:
     def should_stop(self) -> bool:
         self.calls += 1
         return self.cancelled
-
-
-def _warm() -> None:
-    """What a spare worker loads while it waits, so the next job does not: torch's meta
-    kernels (the fit check) and the built-in tasks' data package (seconds: scipy)."""
-    import importlib
-
-    from ttpeer import train
-
-    train.warm_up()
-    try:
-        importlib.import_module("mnist1d.data")
-    except ImportError:
-        pass
 
 
 def _free_memory() -> None:

@@ -35,7 +35,7 @@ from ._ledger import (
     select_cover,
     train_base,
 )
-from ._membership import Member, lost_joins, members, revocations, verify_proof, verify_revocation
+from ._membership import Member, admitted, lost_joins, members, revocations, standing, verify_proof, verify_revocation
 from ._outcome import (
     DECLINE_CODES,
     Ended,
@@ -107,7 +107,9 @@ __all__ = [
     "encode",
     "member_variants",
     "members",
+    "admitted",
     "lost_joins",
+    "standing",
     "parse",
     "pool_id_of",
     "public_hex",

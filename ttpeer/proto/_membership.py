@@ -14,6 +14,15 @@ record set, not by anyone's clock: every peer holding the same records gives the
 same answer, whichever order they arrived in. Several revocations of one node keep
 the union of their ``keep`` lists.
 
+Names. Every home defaults to its hostname and joins happen with no admin online, so
+two machines may pick one name at once; a join is never refused for its name. Among
+the nodes admitted (members and revoked ones: a revoked node keeps its name, so that
+``revoke NAME`` never moves on to someone else) that chose one name, the admin keeps
+it, then the earliest join (its ``at``, then its id); each other gets the name plus
+``-`` and the first 6 hex digits of its node id (more if that is taken too). A pure
+function of the records, so every peer shows the same names, and the names of nodes
+that chose distinct ones never change.
+
 ``verify_proof`` checks the two-record chain (invite, join) a node presents to
 the relay; it needs nothing but the proof itself.
 """
@@ -21,7 +30,7 @@ the relay; it needs nothing but the proof itself.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ._errors import ProofError, RecordError
 from ._records import Record, parse, pool_id_of
@@ -51,10 +60,16 @@ def _join_fits_invite(join: Record, invite: Record) -> bool:
 
 def members(pool: str, records: Iterable[Record]) -> dict[str, Member]:
     """Members of ``pool`` by node id, from any collection of verified records."""
+    records = list(records)
+    revoked = revocations(pool, records)
+    return {n: m for n, m in admitted(pool, records).items() if n not in revoked}
+
+
+def admitted(pool: str, records: Iterable[Record]) -> dict[str, Member]:
+    """Members and revoked nodes (whose joins took a use), each with its pool-unique name."""
     invites: dict[str, Record] = {}
     joins: list[Record] = []
     records = list(records)
-    revoked = revocations(pool, records)
     for rec in records:
         if rec.pool != pool:
             continue
@@ -64,6 +79,7 @@ def members(pool: str, records: Iterable[Record]) -> dict[str, Member]:
             joins.append(rec)
     used: dict[str, int] = {}
     out: dict[str, Member] = {}
+    at: dict[str, int] = {}
     for join in sorted(joins, key=lambda r: r.id):
         invite = invites.get(join["invite"])
         if invite is None or not _join_fits_invite(join, invite):
@@ -71,11 +87,28 @@ def members(pool: str, records: Iterable[Record]) -> dict[str, Member]:
         if used.get(invite.id, 0) >= invite["uses"] or join["node"] in out:
             continue
         used[invite.id] = used.get(invite.id, 0) + 1  # a revoked node still used its invite
-        if join["node"] in revoked:
-            continue
         out[join["node"]] = Member(
             join["node"], join["seal"], join["name"], invite["role"], join.id, invite.id
         )
+        at[join["node"]] = join["at"]
+    return _unique_names(out, at)
+
+
+def _unique_names(nodes: dict[str, Member], at: dict[str, int]) -> dict[str, Member]:
+    """Rename all but the first of each chosen name (see the module's theory)."""
+    by_name: dict[str, list[Member]] = {}
+    for m in nodes.values():
+        by_name.setdefault(m.name, []).append(m)
+    taken = set(by_name)
+    out = dict(nodes)
+    for name, group in sorted(by_name.items()):
+        group.sort(key=lambda m: (m.role != "admin", at[m.node], m.join))
+        for m in group[1:]:
+            width = 6
+            while f"{name}-{m.node[:width]}" in taken and width < len(m.node):
+                width += 2
+            out[m.node] = replace(m, name=f"{name}-{m.node[:width]}")
+            taken.add(out[m.node].name)
     return out
 
 
@@ -90,6 +123,19 @@ def lost_joins(pool: str, records: Iterable[Record]) -> set[str]:
         if r.kind == "join" and r.pool == pool and r["invite"] in invites and _join_fits_invite(r, invites[r["invite"]])
     }
     return genuine - set(members(pool, records))
+
+
+def standing(pool: str, records: Iterable[Record], node: str) -> str:
+    """Where ``node`` stands by the records: "member"; "revoked"; "lost" (its genuine
+    join lost the race for its invite's last use, so it never will be one); or
+    "unknown" (no genuine join of it is held yet). Only "revoked" and "lost" are final:
+    no record that can still arrive makes such a node a member again."""
+    records = list(records)
+    if node in members(pool, records):
+        return "member"
+    if node in revocations(pool, records):
+        return "revoked"
+    return "lost" if node in lost_joins(pool, records) else "unknown"
 
 
 def revocations(pool: str, records: Iterable[Record]) -> dict[str, frozenset[str]]:

@@ -83,6 +83,23 @@ class Simulation:
         for peer, speed in zip(self.peers, speeds or [1.0] * n, strict=False):
             peer.speed = speed
 
+    def enroll_racers(self, names: list[str], uses: int = 1) -> list[SimPeer]:
+        """Enrol homes ``names`` (not started) with one token of ``uses`` uses made now by the
+        simulator's calendar (an invite made with time.time() would have expired long before
+        SIM_EPOCH, and no racer would ever be handed the key)."""
+        now = SIM_EPOCH + trio.current_time()
+        admin = self.peers[0].home
+        cfg = admin.config()
+        invite, key = new_invite(admin.root_key(), cfg.pool, ttl=600, uses=uses, role="member", now=now)
+        token = Token((FAKE_RELAY,), FAKE_FP, cfg.pool, invite, key.private_bytes_raw())
+        added = []
+        for name in names:
+            home = Home(self.root / name)
+            home.enroll(token, name, now)
+            added.append(SimPeer(name, home))
+        self.peers += added
+        return added
+
     async def start_all(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
         for i in range(len(self.peers)):

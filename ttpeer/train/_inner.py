@@ -78,6 +78,8 @@ class InnerTrainer:
         Raises CheckpointError if ``base`` does not have the model's tensors.
         """
         _load(self.model, self._names, base.params)
+        self._loss_sum.zero_()  # a new contribution starts its own mean
+        self._loss_batches = 0
 
     def train_shard(self, batches: Sequence[Sequence[int]],
                     should_stop: Callable[[], bool] | None = None, first_step: int = 0) -> int:
@@ -113,6 +115,12 @@ class InnerTrainer:
             self._scaler = _precision.scaler(self.recipe.precision, self.device)
             raise Diverged("the loss was NaN or inf in this shard")
         return samples
+
+    @property
+    def train_loss(self) -> float | None:
+        """Mean training loss over the batches since the last ``start`` or
+        ``take_train_loss`` (None: none ran)."""
+        return float(self._loss_sum) / self._loss_batches if self._loss_batches else None
 
     def take_train_loss(self) -> float | None:
         """The mean training loss of the batches since the last call (None if none ran),

@@ -41,11 +41,14 @@ _module_ids = itertools.count()
 
 
 def load_task(spec: str | os.PathLike[str], data_dir: Path,
-              options: Mapping[str, Any] | None = None, *, shown_as: str | None = None) -> LoadedTask:
+              options: Mapping[str, Any] | None = None, *, shown_as: str | None = None,
+              shared_data: Path | None = None) -> LoadedTask:
     """Load the task named by ``spec``: ``"mnist1d"`` (or ``"mnist1d:samples=N"``),
     ``"charlm"`` (or ``"charlm:key=int,..."``) or a path ending in ``.py``.
 
-    ``data_dir`` holds cached data of built-in tasks. ``options`` may set
+    ``data_dir`` holds cached data of built-in tasks; ``shared_data``, if given, is a
+    machine-wide copy of it that homes on one machine share (made once, not per home).
+    ``options`` may set
     ``slowdown`` (float >= 0): each training batch then takes ``1 + slowdown``
     times as long, to imitate a slow peer in benchmarks.
 
@@ -66,7 +69,7 @@ def load_task(spec: str | os.PathLike[str], data_dir: Path,
             samples = parse_samples(spec)
         except ValueError as exc:
             raise TaskError(str(exc)) from None
-        task_spec, source_hash = mnist1d_task(Path(data_dir), samples)
+        task_spec, source_hash = mnist1d_task(Path(data_dir), samples, shared=shared_data)
         name, origin = spec, BUILTIN
     elif spec == CHARLM or spec.startswith(CHARLM + ":"):
         task_spec, source_hash = charlm_task(spec)
