@@ -87,7 +87,9 @@ def export_hf(home: Any, prefix: str, out: Path) -> int:
     return 0
 
 
-def finished_folder(home: Any, prefix: str) -> Path:
+def finished_folder(home: Any, prefix: str, needs: str = "export") -> Path:
+    """The folder of job ``prefix``'s final model in ``home``. Raises ``JobError`` for an
+    unknown or unfinished job (``needs``: what asked, for the message), ``UsageError``."""
     states = home.path / "states"
     matches = [p for p in states.glob(f"{prefix.lower()}*") if p.is_dir()] if states.is_dir() else []
     if len(matches) > 1:
@@ -101,4 +103,4 @@ def finished_folder(home: Any, prefix: str) -> Path:
 
         find_job(load_records(home)[0], prefix)  # raises JobError for a job nobody submitted
     raise JobError(f"job {prefix!r} has not finished on this peer (see 'ttpeer status'); "
-                   "export needs the final model")
+                   f"{needs} needs its final model")

@@ -33,10 +33,15 @@ class Parser(argparse.ArgumentParser):
         unknown = self._unknown_flags()
         if message.startswith("the following arguments are required") and unknown:
             self.unrecognized(unknown)  # '--fingerprnt X' is why --fingerprint is missing
-        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        choice = re.search(r"argument ([^:]+): invalid choice: '([^']*)' \(choose from (.*)\)$", message)
         if choice:
-            offered = re.findall(r"'([^']*)'", choice.group(2))
-            message = f"unknown {_what(self)} {choice.group(1)!r}{_suggest(choice.group(1), offered)}"
+            arg, value = choice.group(1), choice.group(2)
+            offered = re.findall(r"'([^']*)'", choice.group(3))
+            if arg.startswith("-"):  # a flag's value: say which flag, and what it takes
+                message = (f"argument {arg}: invalid choice: {value!r} (choose from {', '.join(offered)})"
+                           f"{_suggest(value, offered)}")
+            else:  # a command or action
+                message = f"unknown {_what(self)} {value!r}{_suggest(value, offered)}"
         self.exit(2, f"error: {message} (see '{self.prog} --help')\n")
 
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]

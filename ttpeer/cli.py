@@ -499,7 +499,7 @@ def _recipe_fields(args: argparse.Namespace, home: Any) -> dict[str, Any]:
             if not re.fullmatch(r"[0-9a-fA-F]{4,64}", args.init):
                 raise UsageError(f"--init {args.init}: no such file, and not a job id; give a .safetensors "
                                  "file or a finished job's id (see 'ttpeer status')")
-            path = finished_folder(home, args.init) / "final.safetensors"
+            path = finished_folder(home, args.init, "--init") / "final.safetensors"
         out["init"] = str(path.absolute())
     return out
 
