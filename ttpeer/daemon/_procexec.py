@@ -210,7 +210,7 @@ def _error(reply: dict[str, Any]) -> Exception:
     if kind == "state_missing":
         return StateMissing(str(reply.get("state", "")))
     if kind == "disk":
-        return DiskError(Path(str(reply.get("path", "the ttpeer home"))), OSError(28, message))
+        return DiskError(Path(str(reply.get("path") or "the ttpeer home")), OSError(28, message))
     return JobError(message)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from functools import partial
 from typing import Any
 
@@ -46,6 +47,14 @@ from ._usage import TimedExecutor, TimedTransport, Usage
 log = logging.getLogger("ttpeer.daemon")
 
 
+def _thread_failed(args: threading.ExceptHookArgs) -> None:
+    """A library's background thread died (TensorBoard's event writer on a full disk):
+    one line in the log, not a traceback; the daemon goes on, and says what failed."""
+    name = args.thread.name if args.thread is not None else "a thread"
+    log.warning("background thread %s stopped: %s: %s", name, args.exc_type.__name__, args.exc_value)
+    log.debug("background thread %s", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+
+
 def _register_secrets(home: Home) -> None:
     for name in ("node.key", "seal.key", "pool.key", "root.key"):
         path = home.path / name
@@ -65,6 +74,7 @@ async def run_daemon(
     what stops the daemon (another daemon on this home, a relay that is not ours, a
     full disk)."""
     home.lock()
+    threading.excepthook = _thread_failed
     ended = home.ended()
     if ended is not None:  # revoked, or lost its token's race: starting cannot help
         home.unlock()

@@ -17,7 +17,6 @@ and ``aggregate``/``apply`` put the round's member checkpoints into the state.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -39,6 +38,7 @@ from ttpeer.proto import PublishDelta, Record, Train, overlapped
 from ._executor import Decline
 from ._files import write_atomic
 from ._home import Home, shared_data_dir
+from ._workfiles import DISK_ERRNOS
 
 log = logging.getLogger("ttpeer.train")
 T = TypeVar("T")
@@ -105,7 +105,7 @@ class TorchExecutor:
         most of an ensemble's units)."""
         await trio.to_thread.run_sync(train.warm_up)
         try:
-            await _in_thread(lambda: self._load_task(WARM_TASK, None))
+            await _in_thread(lambda: self._load_task(WARM_TASK, None), WARM_TASK)
         except (JobError, OSError) as exc:  # the job that needs it will say so
             log.warning("could not prepare the %s data ahead: %s", WARM_TASK, exc)
 
@@ -428,7 +428,6 @@ class TorchExecutor:
         await _in_thread(run, job["task"])
 
 
-_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EIO}
 
 
 async def _in_thread(fn: Callable[[], T], task: str) -> T:
@@ -447,7 +446,7 @@ async def _in_thread(fn: Callable[[], T], task: str) -> T:
     try:
         return await trio.to_thread.run_sync(fn)
     except OSError as exc:
-        if exc.errno in _DISK_ERRNOS:
+        if exc.errno in DISK_ERRNOS:
             raise DiskError(Path(exc.filename or "a file in the ttpeer home"), exc) from None
         raise JobError(f"{exc.filename or 'a file'}: {exc.strerror or exc}") from None
     except train.Diverged as exc:

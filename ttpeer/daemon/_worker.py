@@ -217,6 +217,12 @@ def failure(exc: BaseException) -> dict[str, Any]:
         return {"error": "disk", "message": str(exc), "path": str(exc.path)}
     if isinstance(exc, JobError):
         return {"error": "job", "message": str(exc)}
+    if isinstance(exc, OSError):  # the worker's own files: the disk's problem, not the task's
+        from ._workfiles import DISK_ERRNOS
+
+        if exc.errno in DISK_ERRNOS:
+            return {"error": "disk", "message": exc.strerror or str(exc), "path": str(exc.filename or "")}
+        return {"error": "job", "message": f"{exc.filename or 'a file'}: {exc.strerror or exc}"}
     # Nothing else should reach here (the executor translates task code's exceptions);
     # if it does, it is still the task's failure on this peer, never the daemon's.
     where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []

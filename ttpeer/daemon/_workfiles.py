@@ -10,16 +10,26 @@ in flight, and a crash redoes the work that made them (the durable copies live i
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
+from ttpeer.errors import DiskError, JobError
+
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EIO}
+
 
 def write_work(path: Path, data: bytes) -> Path:
+    """Raises ``DiskError`` when the disk is full or read-only (that stops the daemon, as
+    any full disk does), ``JobError`` for any other failure to write."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _translated(path, exc) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -27,6 +37,15 @@ def write_work(path: Path, data: bytes) -> Path:
 
 
 def read_and_remove(path: Path) -> bytes:
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise _translated(path, exc) from None
     path.unlink(missing_ok=True)
     return data
+
+
+def _translated(path: Path, exc: OSError) -> DiskError | JobError:
+    if exc.errno in DISK_ERRNOS:
+        return DiskError(path, exc)
+    return JobError(f"{path}: {exc.strerror or exc}")
