@@ -24,7 +24,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--inner-steps", type=int, default=25)
     p.add_argument("--shards", type=int, default=4)
-    p.add_argument("--small-limit", default="32M", help="memory limit of the peer that declines")
+    p.add_argument("--small-limit", default="8M",
+                   help="memory limit of the peer that declines (default 8M: less than the default charlm needs "
+                        "even in micro-batches of one sample)")
     args = p.parse_args()
 
     with temporary_cluster() as cluster:

@@ -85,14 +85,15 @@ def _job(job: dict[str, Any]) -> RenderableType:
     peers = job.get("peers") or []
     if peers:
         t = Table(title=f"per peer (round {min(job['round'] + 1, job['rounds'])} now)", title_justify="left")
-        for col in ("peer", "claims now", "shards this round", "contributions", "samples/s",
+        for col in ("peer", "claims now", "shards this round", "contributions", "samples/s", "precision",
                     "compute", "comm", "idle"):
             t.add_column(col, justify="left" if col in ("peer", "claims now") else "right")
         for p in peers:
             wall = p["wall_s"] or (p["train_s"] + p["compute_s"] + p["comm_s"] + p["idle_s"])
             t.add_row(p["name"], ", ".join(map(str, p["claims"])) or "-", str(p["shards_done"]),
                       f"{p['contributions']} ({p['used']} used)", _num(p["samples_per_s"], ".0f"),
-                      _pct(p["train_s"] + p["compute_s"], wall), _pct(p["comm_s"], wall), _pct(p["idle_s"], wall))
+                      _how(p), _pct(p["train_s"] + p["compute_s"], wall), _pct(p["comm_s"], wall),
+                      _pct(p["idle_s"], wall))
         parts.append(t)
     history = job.get("history") or []
     if history:
@@ -104,6 +105,13 @@ def _job(job: dict[str, Any]) -> RenderableType:
                       str(h["contributions"]), str(len(h["peers"])))
         parts.append(t)
     return Panel(Group(*parts), title=f"job {job['id'][:12]}", title_align="left")
+
+
+def _how(peer: dict[str, Any]) -> str:
+    """Precision and micro-batch, e.g. "bf16 x16"; "-" before its first contribution."""
+    if not peer.get("precision"):
+        return "-"
+    return f"{peer['precision']} x{peer['micro_batch']}" if peer.get("micro_batch") else peer["precision"]
 
 
 def render(st: dict[str, Any] | Exception) -> RenderableType:

@@ -131,6 +131,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--overlap", action="store_true",
                    help="fused: train round r+1 while round r's deltas travel, starting from this peer's "
                         "own estimate of round r's result (slow links cost little compute; see README)")
+    s.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
+                   help="autocast of forward/backward (weights, optimizer, deltas stay fp32); default: each "
+                        "peer picks, bf16 on a GPU that has it, fp32 elsewhere (CPU bf16 is slower)")
+    s.add_argument("--micro-batch", type=_positive_int, default=None,
+                   help="samples per forward/backward pass, gradients accumulated over the batch (default: "
+                        "each peer picks the largest its memory holds)")
+    s.add_argument("--checkpointing", action="store_true",
+                   help="activation checkpointing, for models with gradient_checkpointing_enable()")
+    s.add_argument("--lr-schedule", choices=["constant", "cosine", "linear"], default=None,
+                   help="inner lr over the job's global inner steps (rounds x inner steps; default constant)")
+    s.add_argument("--warmup", type=int, default=None,
+                   help="inner steps of linear lr warm-up at the job's start (default 0)")
+    s.add_argument("--final-lr-ratio", type=float, default=None,
+                   help="cosine/linear: the last step's lr as a fraction of --inner-lr (default 0)")
+    s.add_argument("--init", default=None, metavar="FILE|JOB",
+                   help="warm start: a .safetensors state dict of the task's model, or a finished job's "
+                        "id (its final model on this peer)")
 
     st = sub.add_parser("status", parents=[common], help="peers, jobs, progress")
     st.add_argument("--json", action="store_true", help="one JSON object (schema in the README)")
@@ -371,6 +388,7 @@ def _submit(args: argparse.Namespace) -> int:
         if args.mode != "fused":
             raise UsageError("--overlap is for fused jobs")
         spec["overlap"] = 1
+    spec.update(_recipe_fields(args, home))
     reply = call(home.control_socket, {"op": "submit", "spec": spec,
                                        "task_file": task_file.hex() if task_file else None}, timeout=300)
     if args.mode == "ensemble":
@@ -381,6 +399,29 @@ def _submit(args: argparse.Namespace) -> int:
               f"{args.inner_steps} steps, lease {reply.get('lease')} s")
     print(reply["job"])
     return 0
+
+
+def _recipe_fields(args: argparse.Namespace, home: Any) -> dict[str, Any]:
+    """The job fields of the precision, micro-batch, schedule and warm-start flags; only
+    those given, so a job without them is the record it always was."""
+    fields = {"precision": args.precision, "micro_batch": args.micro_batch, "lr_schedule": args.lr_schedule,
+              "warmup": args.warmup, "final_lr_ratio": args.final_lr_ratio,
+              "checkpointing": 1 if args.checkpointing else None}
+    out = {k: v for k, v in fields.items() if v is not None}
+    if args.micro_batch is not None and args.micro_batch > (args.batch_size or 64):
+        raise UsageError(f"--micro-batch ({args.micro_batch}) must not exceed the batch size "
+                         f"({args.batch_size or 64}): it is how many of the batch's samples one pass takes")
+    if args.init is not None:
+        # The daemon reads the file (it runs on this machine): ``init`` names it until the
+        # daemon replaces it with the initial state's hash.
+        path = Path(args.init)
+        if not path.is_file() and not args.init.endswith(".safetensors"):
+            if not re.fullmatch(r"[0-9a-fA-F]{4,64}", args.init):
+                raise UsageError(f"--init {args.init}: no such file, and not a job id; give a .safetensors "
+                                 "file or a finished job's id (see 'ttpeer status')")
+            path = _finished_job(home, args.init) / "final.safetensors"
+        out["init"] = str(path.absolute())
+    return out
 
 
 def _status_obj(home) -> dict[str, Any]:  # type: ignore[no-untyped-def]
@@ -419,6 +460,10 @@ def _status(args: argparse.Namespace) -> int:
         unit, parts = ("unit", "members") if job["mode"] == "ensemble" else ("round", "shards")
         print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: {unit} {job['round']}/"
               f"{job['rounds']}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
+        how = [f"{p['name']} {p['precision']} micro-batch {p['micro_batch']}" for p in job.get("peers") or []
+               if p.get("precision")]
+        if how:
+            print(f"    training: {', '.join(how)}")
         for decline in job.get("declines") or []:
             who = "here" if decline["peer"] == node["id"] else f"by {decline['name']} ({decline['peer'][:12]})"
             print(f"    declined {who}: {decline['reason']}")
@@ -467,18 +512,23 @@ def _wait(args: argparse.Namespace) -> int:
         delay = min(delay * 1.5, 2.0)
 
 
-def _export(args: argparse.Namespace) -> int:
-    home = _home(args)
+def _finished_job(home: Any, prefix: str, needs: str = "--init") -> Path:
+    """The folder of the finished job ``prefix`` names in ``home``. Raises UsageError
+    or JobError (for ``needs``: what asked, in the message)."""
     states = home.path / "states"
-    matches = [p for p in states.glob(f"{args.job.lower()}*")] if states.exists() else []
+    matches = [p for p in states.glob(f"{prefix.lower()}*")] if states.exists() else []
     if len(matches) > 1:
-        raise UsageError(f"job prefix {args.job!r} is ambiguous; give more characters")
+        raise UsageError(f"job prefix {prefix!r} is ambiguous; give more characters")
     # done.json is written last, after the model and its sidecar: until then the job is
     # still finishing here (status says so) and the files may be half there.
     if not matches or not (matches[0] / "done.json").exists():
-        raise JobError(f"job {args.job!r} has not finished on this peer (see 'ttpeer status'); "
-                       "export needs the final model")
-    folder = matches[0]
+        raise JobError(f"job {prefix!r} has not finished on this peer (see 'ttpeer status'); "
+                       f"{needs} needs its final model")
+    return matches[0]
+
+
+def _export(args: argparse.Namespace) -> int:
+    folder = _finished_job(_home(args), args.job, "export")
     out: Path = args.out
     if out.parent and not out.parent.exists():
         raise UsageError(f"directory {out.parent} does not exist")

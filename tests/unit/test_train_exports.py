@@ -9,6 +9,7 @@ EXPECTED = {
     "outer_step", "shard_indices", "state_from_bytes", "state_hash", "state_to_bytes",
     "Ensemble", "combine", "decode_member", "encode_member", "evaluate_ensemble", "export_ensemble",
     "init_ensemble", "load_bundle", "member_steps", "read_sidecar", "train_unit", "warm_up",
+    "BatchFit", "LrSchedule", "Recipe", "check_job", "fit_batch", "shard_first_step", "warm_state",
 }
 
 

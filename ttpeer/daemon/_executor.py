@@ -28,8 +28,11 @@ class Decline:
 class Executor(Protocol):
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
         """Build a job's initial state for submission. Returns the job fields this side
-        fixes (``task_hash``, ``init``) and the initial state's bytes. Raises
-        ``TtpeerError`` for a task that cannot load."""
+        fixes (``task_hash``, ``init``) and the initial state's bytes. A warm start comes
+        as ``spec["init"]``, the path of a safetensors file on this machine; the returned
+        ``init`` (the state's hash) replaces it in the record. Raises ``TtpeerError`` for
+        a task that cannot load, a file that does not match its model, or job fields no
+        peer could train (a warm-up as long as the job)."""
         ...
 
     async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:

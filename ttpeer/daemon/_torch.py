@@ -116,10 +116,18 @@ class TorchExecutor:
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
         def build() -> tuple[dict[str, Any], bytes]:
             task = self._load_task(spec["task"], task_file)
-            if spec["mode"] == "ensemble":
-                state = train.init_ensemble(task, spec["members"])
-            else:
-                state = train.init_state(task, spec["seed"])
+            # A warm start names its file in ``init``; the record's ``init`` is the state's hash.
+            warm = spec.get("init")
+            try:
+                train.check_job(task, spec)
+                if spec["mode"] == "ensemble":
+                    if warm:
+                        raise JobError("--init warm-starts a fused job; an ensemble's members start fresh")
+                    state = train.init_ensemble(task, spec["members"])
+                else:
+                    state = train.warm_state(task, Path(warm)) if warm else train.init_state(task, spec["seed"])
+            except (train.TaskError, train.CheckpointError) as exc:
+                raise JobError(str(exc)) from None
             return {"task_hash": task.source_hash, "init": train.state_hash(state)}, train.state_to_bytes(state)
 
         return await _in_thread(build)
@@ -130,19 +138,25 @@ class TorchExecutor:
             if task.source_hash != job["task_hash"]:
                 return (f"task {job['task']!r} here differs from the submitter's "
                         f"(hash {task.source_hash[:12]} vs {job['task_hash'][:12]})")
-            need = train.memory_need(task, batch_size=job["batch_size"], shards=job["shards"],
-                                     held_states=KEEP_STATES,
-                                     members=len(job["members"]) if job["mode"] == "ensemble" else 0,
-                                     overlap=overlapped(job))
             device_free, host_free, limited = _available_memory(self.device, self.memory_limit)
-            misfit = train.fit_problem(need, device=self.device, device_free=device_free, host_free=host_free,
-                                       limited=limited)
-            if misfit is not None:
-                return Decline(misfit.message, need=misfit.need, have=misfit.have)
+            # The largest micro-batch this peer's memory holds: the job's batch stays its meaning.
+            fit = train.fit_batch(task, batch_size=job["batch_size"], forced=job.body.get("micro_batch"),
+                                  device=self.device, device_free=device_free, host_free=host_free,
+                                  limited=limited, shards=job["shards"], held_states=KEEP_STATES,
+                                  members=len(job["members"]) if job["mode"] == "ensemble" else 0,
+                                  overlap=overlapped(job), checkpointing=bool(job.body.get("checkpointing")))
+            if fit.misfit is not None:
+                return Decline(fit.misfit.message, need=fit.misfit.need, have=fit.misfit.have)
+            try:
+                recipe = train.Recipe.of_job(job.body, self.device, fit.micro_batch)
+            except ValueError as exc:  # a precision this device cannot run
+                return Decline(str(exc))
             trainer = train.InnerTrainer(task, lr=job["inner_lr"], weight_decay=job["weight_decay"],
-                                         device=self.device, seed=job["seed"])
+                                         device=self.device, seed=job["seed"], recipe=recipe)
             if self.world > 1:
                 train.average_gradients(trainer.model, self.world)
+            log.info("job %s trains in %s, micro-batch %d of %d", job.id[:12], recipe.precision, fit.micro_batch,
+                     job["batch_size"])
             if job["mode"] == "ensemble":
                 like = train.init_ensemble(task, job["members"])
             else:
@@ -210,7 +224,8 @@ class TorchExecutor:
             member = eff.shard
             ckpt, samples = train.train_unit(
                 ctx.task, self._state(job, eff.base), member, job["members"][member], eff.round,
-                job["batches"], job["batch_size"], device=self.device, should_stop=should_stop)
+                job["batches"], job["batch_size"], device=self.device, should_stop=should_stop,
+                recipe=ctx.trainer.recipe)
             if ckpt is not None:
                 # Units of closed rounds were covered by someone else first: drop them.
                 ctx.units = {k: v for k, v in ctx.units.items() if k[0] >= eff.round}
@@ -224,10 +239,11 @@ class TorchExecutor:
                 ctx.start = (eff.round, eff.base, start)
             batches = train.shard_indices(ctx.task.n_train, job["seed"], eff.round, eff.shard,
                                           job["shards"], job["batches"], job["batch_size"])
+            first = train.shard_first_step(eff.round, job["batches"])
             if self.world == 1:
-                return ctx.trainer.train_shard(batches, should_stop)
+                return ctx.trainer.train_shard(batches, should_stop, first)
             parts = train.split_batches(batches, self.rank, self.world)
-            mine = ctx.trainer.train_shard(parts, train.agreed_stop(should_stop, self.device))
+            mine = ctx.trainer.train_shard(parts, train.agreed_stop(should_stop, self.device), first)
             # The peer trained whole batches (every worker its part): count them whole.
             done, total = 0, 0
             while done < len(parts) and total < mine:
@@ -247,7 +263,8 @@ class TorchExecutor:
             if ckpt is None:
                 raise JobError(f"member {member} of round {eff.round} was not trained on this peer")
             data = await _in_thread(lambda: train.encode_member(member, ckpt))
-            return data, {"fp32_bytes": float(4 * sum(t.numel() for t in ckpt.params.values()))}
+            return data, {"fp32_bytes": float(4 * sum(t.numel() for t in ckpt.params.values())),
+                          **ctx.trainer.recipe.metrics(eff.job["batch_size"])}
 
         def run() -> tuple[bytes, dict[str, float]]:
             began = ctx.start
@@ -255,7 +272,8 @@ class TorchExecutor:
             delta = ctx.trainer.delta(start if start is not None else self._state(eff.job, eff.base))
             ctx.own = (eff.round, delta)
             data, ctx.residual = train.encode_delta(delta, ctx.residual, bits=eff.job["bits"])
-            return data, {"fp32_bytes": float(train.fp32_size(delta))}
+            how = ctx.trainer.recipe.metrics(eff.job["batch_size"])
+            return data, {"fp32_bytes": float(train.fp32_size(delta)), **how}
 
         async with self._train_lock:
             return await _in_thread(run)

@@ -7,7 +7,8 @@ Every peer holds every record, so any peer can describe any job.
 - ``history``: one row per closed round of the canonical chain: the closer's eval
   loss and task metric, the contributions and peers it combined.
 - ``peer_rows``: one row per member: contributions to the job, samples,
-  the time split its contributions report (``_usage``), and in the current round
+  the time split its contributions report (``_usage``), the precision and
+  micro-batch it trains with (its latest contribution's), and in the current round
   the shards it claims and the shards its contributions cover.
 
 Claims are shown as their records say (highest attempt per shard, not released,
@@ -19,9 +20,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ttpeer.proto import Chain, Record, RecordSet, contributions, covered, train_base
+from ttpeer.proto import PRECISION_CODES, Chain, Record, RecordSet, contributions, covered, train_base
 
 TIME_KEYS = ("train_s", "compute_s", "comm_s", "idle_s", "wall_s")
+PRECISIONS = {code: name for name, code in PRECISION_CODES.items()}
 
 
 def metric_name(close_metrics: dict[str, Any]) -> str:
@@ -45,7 +47,7 @@ def history(rs: RecordSet, chain: Chain) -> list[dict[str, Any]]:
 def _blank(pid: str, name: str) -> dict[str, Any]:
     return {"id": pid, "name": name, "contributions": 0, "used": 0, "shards": 0, "samples": 0,
             "samples_per_s": None, "train_s": 0.0, "compute_s": 0.0, "comm_s": 0.0, "idle_s": 0.0,
-            "wall_s": 0.0, "claims": [], "shards_done": 0}
+            "wall_s": 0.0, "claims": [], "shards_done": 0, "precision": None, "micro_batch": None}
 
 
 def peer_rows(rs: RecordSet, job: Record, chain: Chain) -> list[dict[str, Any]]:
@@ -72,6 +74,11 @@ def peer_rows(rs: RecordSet, job: Record, chain: Chain) -> list[dict[str, Any]]:
             r[key] = round(r[key] + float(m.get(key, 0.0)), 3)
         if "samples_per_s" in m:
             r["samples_per_s"] = round(float(m["samples_per_s"]), 1)
+        # How the peer trains (train/_recipe.py), as its latest contribution says.
+        if "precision" in m:
+            r["precision"] = PRECISIONS.get(int(m["precision"]), "?")
+        if "micro_batch" in m:
+            r["micro_batch"] = int(m["micro_batch"])
     if chain.round < job["rounds"]:
         current = contributions(rs, job, chain.round, train_base(job, chain, chain.round))
         done = covered(current)

@@ -37,7 +37,7 @@ from ._ledger import (
 )
 from ._membership import Member, lost_joins, members, revocations, verify_proof, verify_revocation
 from ._peer import RETRY_AFTER, PeerMachine, Timing
-from ._records import MAX_KEEP, MAX_RECORD_BYTES, Record, parse, pool_id_of, public_hex, sign
+from ._records import MAX_KEEP, MAX_RECORD_BYTES, PRECISION_CODES, Record, parse, pool_id_of, public_hex, sign
 from ._sizing import default_sizing
 from ._tasksig import TaskSignatureError, open_task, sign_task
 from ._token import Token, TokenError, make_token, parse_token
@@ -79,6 +79,7 @@ __all__ = [
     "train_base",
     "MAX_KEEP",
     "MAX_RECORD_BYTES",
+    "PRECISION_CODES",
     "RevokeError",
     "Member",
     "ProofError",

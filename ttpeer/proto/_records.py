@@ -103,7 +103,8 @@ def _member_list(v: Any) -> bool:
 
 
 def _job_consistent(body: dict[str, Any]) -> str | None:
-    """Cross-field rule of a job: an ensemble lists one member per shard; fused lists none."""
+    """Cross-field rules of a job: an ensemble lists one member per shard, fused lists none;
+    a micro-batch fits in the batch; the lr warm-up ends before the job does."""
     if body["mode"] == "ensemble":
         if "members" not in body or len(body["members"]) != body["shards"]:
             return "an ensemble job must list exactly one member per shard"
@@ -111,10 +112,18 @@ def _job_consistent(body: dict[str, Any]) -> str | None:
         return "only an ensemble job lists members"
     if body.get("overlap") and body["mode"] != "fused":
         return "only a fused job overlaps rounds"
+    if body.get("micro_batch", 0) > body["batch_size"]:
+        return f"micro_batch ({body['micro_batch']}) must not exceed batch_size ({body['batch_size']})"
+    steps = body["rounds"] * body["batches"]
+    if body.get("warmup", 0) >= steps:
+        return (f"warmup ({body['warmup']} steps) must be shorter than the job ({steps} inner steps: "
+                "rounds x inner steps)")
     return None
 
 
 _HEX = _re(_HEX64)
+# A contribution's ``precision`` metric: how its peer autocast (metrics carry numbers only).
+PRECISION_CODES = {"fp32": 32, "bf16": 16, "fp16": 15}
 MAX_KEEP = 900  # record ids a revocation can keep: 900 x 67 bytes stays under the record cap
 _STATE_HASH = _re(_STATE)
 
@@ -136,6 +145,13 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # Fused jobs only (OPTIONAL): 1 = round r trains on the state before round r-1's close
         # (a one-round-delayed outer step), so a round's delta travels while the next trains.
         "overlap": _choice(0, 1),
+        # How inner steps run (OPTIONAL, train/_recipe.py). ``precision``: autocast dtype of
+        # forward/backward, absent = each peer picks; ``micro_batch``: forces every peer's
+        # micro-batch, absent = each picks from its memory; ``checkpointing``: 1 = activation
+        # checkpointing; the lr of global inner step s is inner_lr x the schedule's factor(s).
+        "precision": _choice("fp32", "bf16", "fp16"), "micro_batch": _int(1, 65536),
+        "checkpointing": _choice(0, 1), "lr_schedule": _choice("constant", "cosine", "linear"),
+        "warmup": _int(0, 2**40), "final_lr_ratio": _num(0, 1),
     },
     # A claim with n > 0 renews the lease of claim n=0; ``done`` batches so far at ``rate``
     # batches/s let others project when it will finish. ``backup``: a copy run by an idle
@@ -170,7 +186,11 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
 
 # Fields a body may leave out (added after records of that kind were already in use, so
 # older records stay valid byte for byte), and rules that span several fields.
-OPTIONAL: dict[str, frozenset[str]] = {"job": frozenset({"members", "overlap"}), "close": frozenset({"tbase"})}
+OPTIONAL: dict[str, frozenset[str]] = {
+    "job": frozenset({"members", "overlap", "precision", "micro_batch", "checkpointing", "lr_schedule", "warmup",
+                      "final_lr_ratio"}),
+    "close": frozenset({"tbase"}),
+}
 CHECKS: dict[str, Callable[[dict[str, Any]], str | None]] = {"job": _job_consistent}
 
 

@@ -21,18 +21,22 @@ from ._ensemble import (
 from ._ensemble import evaluate as evaluate_ensemble
 from ._errors import CheckpointError, DeltaError, ModelTooLarge, TaskError, TrainError
 from ._export import export_model, load_model
-from ._fit import MemoryNeed, Misfit, fit_problem, memory_need, warm_up
+from ._fit import BatchFit, MemoryNeed, Misfit, fit_batch, fit_problem, memory_need, warm_up
 from ._inner import InnerTrainer
 from ._localdp import agreed as agreed_stop
 from ._localdp import average_gradients, join_group
 from ._localdp import split as split_batches
+from ._lr import LrSchedule, shard_first_step
 from ._outer import outer_step
+from ._recipe import Recipe, check_job
 from ._schedule import shard_indices
 from ._spec import LoadedTask, TaskSpec
 from ._state import OuterState, init_state, state_from_bytes, state_hash, state_to_bytes
 from ._tasks import load_task
+from ._warm import warm_state
 
 __all__ = [
+    "BatchFit",
     "CheckpointError",
     "DeltaError",
     "Ensemble",
@@ -42,13 +46,16 @@ __all__ = [
     "join_group",
     "split_batches",
     "LoadedTask",
+    "LrSchedule",
     "MemoryNeed",
     "Misfit",
     "ModelTooLarge",
     "OuterState",
+    "Recipe",
     "TaskError",
     "TaskSpec",
     "TrainError",
+    "check_job",
     "combine",
     "decode_delta",
     "decode_member",
@@ -57,6 +64,7 @@ __all__ = [
     "evaluate_ensemble",
     "export_ensemble",
     "export_model",
+    "fit_batch",
     "fit_problem",
     "fp32_size",
     "init_ensemble",
@@ -66,12 +74,14 @@ __all__ = [
     "load_task",
     "member_steps",
     "memory_need",
-    "warm_up",
     "outer_step",
     "read_sidecar",
+    "shard_first_step",
     "shard_indices",
     "state_from_bytes",
     "state_hash",
     "state_to_bytes",
     "train_unit",
+    "warm_state",
+    "warm_up",
 ]

@@ -35,6 +35,8 @@ from torch import Tensor, nn
 from ._compress import _decompress_exact
 from ._errors import CheckpointError, DeltaError
 from ._inner import EVAL_BATCH, InnerTrainer
+from ._lr import shard_first_step
+from ._recipe import Recipe
 from ._schedule import shard_indices
 from ._spec import LoadedTask, fetch_batch
 from ._state import OuterState, floating_state, init_state, state_from_bytes, state_to_bytes
@@ -103,10 +105,11 @@ def member_count(state: OuterState) -> int:
 
 
 def train_unit(task: LoadedTask, state: OuterState, i: int, member: Member, unit: int, batches: int,
-               batch_size: int, *, device: str = "cpu",
-               should_stop: Callable[[], bool] | None = None) -> tuple[OuterState | None, int]:
+               batch_size: int, *, device: str = "cpu", should_stop: Callable[[], bool] | None = None,
+               recipe: Recipe | None = None) -> tuple[OuterState | None, int]:
     """Train member ``i`` of the ensemble ``state`` for unit ``unit`` (``batches`` AdamW
-    steps over the full data, in the member's own order). Returns the member's new
+    steps over the full data, in the member's own order; ``recipe``: precision,
+    micro-batch and lr schedule, whose global step is ``unit x batches + step``). Returns the member's new
     checkpoint and the samples trained, or ``(None, 0)`` if stopped before the unit's
     end: a unit is published whole or not at all.
 
@@ -116,7 +119,7 @@ def train_unit(task: LoadedTask, state: OuterState, i: int, member: Member, unit
     pre = _prefix(i)
     seed = int(member["seed"])
     trainer = InnerTrainer(task, lr=float(member["lr"]), weight_decay=float(member["weight_decay"]),
-                           device=device, seed=seed)
+                           device=device, seed=seed, recipe=recipe)
     names = list(floating_state(trainer.model))
     try:
         weights = {n: state.params[f"{pre}w/{n}"] for n in names}
@@ -136,7 +139,7 @@ def train_unit(task: LoadedTask, state: OuterState, i: int, member: Member, unit
     order = shard_indices(task.n_train, seed, unit, 0, 1, batches, batch_size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int.from_bytes(hashlib.sha256(f"{seed}:{unit}".encode()).digest()[:7], "little"))
-        samples = trainer.train_shard(order, should_stop)
+        samples = trainer.train_shard(order, should_stop, first_step=shard_first_step(unit, batches))
     if samples < batches * batch_size:
         return None, 0
     out = {f"{pre}w/{n}": t for n, t in floating_state(trainer.model).items()}

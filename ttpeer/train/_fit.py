@@ -32,7 +32,8 @@ kernel allocates as scratch, so it is an estimate, not a promise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -65,14 +66,18 @@ class MemoryNeed:
 
 
 def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: int = 3,
-                members: int = 0, overlap: bool = False) -> MemoryNeed:
-    """Estimate what training ``task`` in a job of ``shards`` shards with batches of
+                members: int = 0, overlap: bool = False, checkpointing: bool = False) -> MemoryNeed:
+    """Estimate what training ``task`` in a job of ``shards`` shards with (micro-)batches of
     ``batch_size`` needs; ``held_states``: outer states the executor keeps at once;
     ``members``: for an ensemble, how many members every held state carries; ``overlap``:
-    the job overlaps rounds (an eager start and the peer's own last delta are held).
+    the job overlaps rounds (an eager start and the peer's own last delta are held);
+    ``checkpointing``: activations are measured with the model's activation checkpointing on.
     Nothing is allocated: the model is built on the meta device. Raises TaskError
     if the model cannot be built."""
     model = check_model(task.spec, f"task {task.name}")
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if checkpointing and callable(enable):
+        enable()
     state = model.state_dict()
     local = sum(t.numel() * t.element_size() for t in state.values())
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -147,11 +152,12 @@ class Misfit:
 
 
 def fit_problem(need: MemoryNeed, *, device: str, device_free: int, host_free: int,
-                limited: bool = False) -> Misfit | None:
+                limited: bool = False, micro_batch: int | None = None) -> Misfit | None:
     """None if ``need`` fits in ``device_free`` bytes on ``device`` (and, off the CPU,
     its outer copies in ``host_free`` bytes of host memory); else what the peer
     declines with: what it needs, what there is, and the largest model that would fit.
-    ``limited``: ``device_free`` is the ``memory_limit`` setting, not what is free."""
+    ``limited``: ``device_free`` is the ``memory_limit`` setting, not what is free;
+    ``micro_batch``: ``need`` counts the activations of micro-batches of that many samples."""
     on_cpu = not device.startswith(("cuda", "mps", "xpu"))
     per_param_device = (need.model + need.eval_copy + need.grads + need.optimizer) / max(need.params, 1)
     per_param_host = need.host / max(need.params, 1)
@@ -169,15 +175,57 @@ def fit_problem(need: MemoryNeed, *, device: str, device_free: int, host_free: i
         else:
             short, have, where = need.host, host_free, "host memory for the outer copies"
             limited = False
-    fits = (f"a model of up to about {_count(int(room))} parameters would fit here" if room >= 1 else
-            f"no model fits here with this batch size: one batch's activations alone need about "
-            f"{_size(need.activations)} (a smaller --batch-size needs less)")
+    if room >= 1:
+        fits = f"a model of up to about {_count(int(room))} parameters would fit here"
+    elif micro_batch is None:
+        fits = (f"no model fits here with this batch size: one batch's activations alone need about "
+                f"{_size(need.activations)} (a smaller --batch-size needs less)")
+    else:
+        fits = (f"no model fits here: the activations of one micro-batch of {micro_batch} alone need "
+                f"about {_size(need.activations)}")
     setting = " (its memory_limit setting)" if limited else ""
     message = (f"training this model ({_count(need.params)} parameters) needs about {_size(short)} of {where} "
                f"(weights, gradients, AdamW state, outer copies and activations) and this peer has "
                f"{_size(have)}{setting}; ttpeer does not split one model across machines, so this peer "
                f"declines the job; {fits}")
     return Misfit(message, short, have)
+
+
+@dataclass(frozen=True)
+class BatchFit:
+    """How a peer trains a job's batches: ``micro_batch`` samples per forward/backward
+    pass (the whole batch when it fits), what that needs, and ``misfit`` when even the
+    smallest micro-batch tried does not fit."""
+
+    micro_batch: int
+    need: MemoryNeed
+    misfit: Misfit | None
+
+
+def fit_batch(task: LoadedTask, *, batch_size: int, forced: int | None = None, device: str, device_free: int,
+              host_free: int, limited: bool = False, **need: Any) -> BatchFit:
+    """The largest micro-batch of a ``batch_size`` batch that fits: the whole batch, else
+    half of it, a quarter, ... down to one sample (``forced``: that one only). ``need``:
+    ``memory_need``'s other arguments. A peer that cannot hold the batch but can hold a
+    micro-batch trains the job with gradient accumulation instead of declining it."""
+    sizes = [forced] if forced is not None else _halvings(batch_size)
+    for size in sizes:
+        needed = memory_need(task, batch_size=size, **need)
+        misfit = fit_problem(needed, device=device, device_free=device_free, host_free=host_free, limited=limited,
+                             micro_batch=size if size < batch_size else None)
+        if misfit is None:
+            return BatchFit(size, needed, None)
+    if misfit is not None and size < batch_size:
+        what = "the forced --micro-batch of" if forced is not None else "micro-batches down to"
+        misfit = replace(misfit, message=f"{misfit.message} ({what} {size} sample{'s' * (size > 1)} tried)")
+    return BatchFit(size, needed, misfit)
+
+
+def _halvings(batch_size: int) -> list[int]:
+    sizes = [batch_size]
+    while sizes[-1] > 1:
+        sizes.append(-(-sizes[-1] // 2))
+    return sizes
 
 
 def _size(n: float) -> str:

@@ -5,6 +5,13 @@ runs AdamW over its shard, and reports ``base - local`` as a pseudo-gradient.
 The AdamW moments stay local and persist across rounds; only parameters are
 replaced at ``start``. Torch runs in whichever thread calls these methods.
 
+A step trains on one batch of the job, whatever the peer: the batch is split into
+micro-batches (``Recipe.micro_batch``, chosen from this peer's memory) whose losses
+are weighted by their share of the batch, so the accumulated gradient is the
+gradient of the whole batch's mean loss. Forward and backward run under autocast
+(``Recipe.precision``); the weights, AdamW and the delta stay fp32. The lr of each
+step is the job's schedule at the step's global number (``_lr.py``).
+
 Thread use: ``evaluate`` works on its own copy of the model, so it may run in
 one thread while ``train_shard`` runs in another; no method may run
 concurrently with itself or with ``start``/``delta``.
@@ -19,7 +26,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from . import _precision
 from ._errors import CheckpointError, TaskError, TrainError
+from ._recipe import Recipe, enable_checkpointing, split
 from ._spec import LoadedTask, fetch_batch
 from ._state import OuterState, floating_state
 
@@ -32,17 +41,20 @@ class InnerTrainer:
     inner optimizer state is local)."""
 
     def __init__(self, task: LoadedTask, *, lr: float = 1e-3, weight_decay: float = 0.01,
-                 device: str = "cpu", seed: int = 0) -> None:
+                 device: str = "cpu", seed: int = 0, recipe: Recipe | None = None) -> None:
         """Build the local model on ``device`` (seeded by ``seed``) and its AdamW.
+        ``lr`` is the base lr the ``recipe``'s schedule multiplies.
 
         Raises ValueError for a non-positive ``lr`` or negative
-        ``weight_decay``, RuntimeError if ``device`` is unavailable, and
+        ``weight_decay``, RuntimeError if ``device`` is unavailable, TaskError if
+        the recipe asks for checkpointing the model does not support, and
         whatever the task's ``model()`` raises.
         """
         if not lr > 0 or not weight_decay >= 0:
             raise ValueError(f"need lr > 0 and weight_decay >= 0, got {lr}, {weight_decay}")
         self.task = task
         self.device = torch.device(device)
+        self.recipe = recipe or Recipe()
         self._lr, self._weight_decay = lr, weight_decay
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed)
@@ -51,7 +63,11 @@ class InnerTrainer:
         # Evaluation has its own copy, made now: a round's close evaluates while the next
         # round trains (overlapped rounds), and must not copy a model in mid-step.
         self._eval_model = copy.deepcopy(self.model)
+        if self.recipe.checkpointing:
+            enable_checkpointing(self.model, task.name)
         self.optimizer = self._new_optimizer()
+        # fp16 only; like the AdamW moments, its scale is local and carries across rounds.
+        self._scaler = _precision.scaler(self.recipe.precision, self.device)
 
     def start(self, base: OuterState) -> None:
         """Copy ``base.params`` into the local model; the AdamW state is kept.
@@ -61,8 +77,9 @@ class InnerTrainer:
         _load(self.model, self._names, base.params)
 
     def train_shard(self, batches: Sequence[Sequence[int]],
-                    should_stop: Callable[[], bool] | None = None) -> int:
-        """Run one AdamW step per batch (gradients clipped to norm 1.0).
+                    should_stop: Callable[[], bool] | None = None, first_step: int = 0) -> int:
+        """Run one AdamW step per batch (gradients clipped to norm 1.0); batch ``i`` is
+        the job's global inner step ``first_step + i``, which sets its lr.
 
         ``should_stop()`` is asked before every batch; when it returns True the
         shard ends early. Returns the number of samples in completed batches.
@@ -72,32 +89,58 @@ class InnerTrainer:
         """
         task = self.task
         self.model.train()
-        diverged = torch.zeros((), dtype=torch.bool, device=self.device)
+        # The sum of the batches' losses, kept on the device (a .item() per batch would stall
+        # a GPU): it is NaN or inf exactly when some batch's loss was (or the losses are
+        # beyond 1e38, diverged too). One in-place add per step: the loop's only overhead op.
+        losses = torch.zeros((), device=self.device)
         samples = 0
-        for batch in batches:
+        for index, batch in enumerate(batches):
             if should_stop is not None and should_stop():
                 break
             began = time.perf_counter()
-            x, y = fetch_batch(task.train, batch)
-            output = self.model(x.to(self.device))
-            loss = task.spec.loss(output, y.to(self.device))
-            if not isinstance(loss, Tensor) or loss.ndim != 0:
-                raise TaskError(f"task {task.name}: loss must return a scalar tensor, got "
-                                f"{getattr(loss, 'shape', type(loss).__name__)}")
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
-            self.optimizer.step()
-            # Accumulated on the device: a .item() per batch would stall a GPU.
-            diverged |= ~torch.isfinite(loss.detach())
+            self._step(batch, first_step + index, losses)
             samples += len(batch)
             if task.slowdown > 0:
                 _throttle(self.device, began, task.slowdown)
-        if bool(diverged):
+        if not bool(torch.isfinite(losses)):
             self.optimizer = self._new_optimizer()
+            self._scaler = _precision.scaler(self.recipe.precision, self.device)
             raise TrainError(f"task {task.name}: training diverged (loss is NaN or inf); "
                              "try a lower inner learning rate")
         return samples
+
+    def _step(self, batch: Sequence[int], step: int, losses: Tensor) -> None:
+        """One optimizer step on ``batch``; adds its mean loss to ``losses``."""
+        task, recipe, scaler = self.task, self.recipe, self._scaler
+        lr = self._lr * recipe.schedule.factor(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        x, y = fetch_batch(task.train, batch)
+        x, y = x.to(self.device), y.to(self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        sizes = split(len(batch), recipe.micro_batch)
+        parts = zip(x.split(sizes), y.split(sizes), strict=True) if len(sizes) > 1 else [(x, y)]
+        for xs, ys in parts:
+            with _precision.autocast(recipe.precision, self.device):
+                loss = task.spec.loss(self.model(xs), ys)
+            if not isinstance(loss, Tensor) or loss.ndim != 0:
+                raise TaskError(f"task {task.name}: loss must return a scalar tensor, got "
+                                f"{getattr(loss, 'shape', type(loss).__name__)}")
+            # The loss is a mean over its micro-batch: weighted by the micro-batch's share,
+            # the gradients sum to those of the whole batch's mean. One micro-batch: no
+            # multiply at all, so the step is exactly the unsplit one.
+            if len(sizes) > 1:
+                loss = loss * (len(xs) / len(batch))
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            losses += loss.detach()
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+        nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
+        if scaler is not None:
+            scaler.step(self.optimizer)  # skipped when a gradient is inf/NaN
+            scaler.update()
+        else:
+            self.optimizer.step()
 
     def delta(self, base: OuterState) -> dict[str, Tensor]:
         """Return the pseudo-gradient ``base.params - local params`` (fp32, CPU).

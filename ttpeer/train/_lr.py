@@ -1,0 +1,79 @@
+"""Learning-rate schedules over a whole job, as pure functions of the global inner step.
+
+A fused job of R rounds with H inner steps per shard has ``R x H`` inner steps on
+every shard's timeline: every shard of round ``r`` runs steps ``r*H .. r*H+H-1``
+(``shard_indices`` gives each shard its H batches; the trainer takes one AdamW step
+per batch). The lr of step ``s`` is ``base_lr x factor(s)``, and ``factor`` reads
+nothing but ``s`` and the job's fields, so a shard that is requeued, stolen or run
+as a backup trains with exactly the lr it would have had on its first peer, whatever
+that peer did before.
+
+``factor`` with ``warmup`` W over ``total`` T steps and a final ratio f:
+
+    s < W        (s + 1) / (W + 1)             linear warm-up, never 0
+    constant     1
+    linear       1 - (1 - f) p                 p = (s - W) / (T - W), in [0, 1)
+    cosine       f + (1 - f) (1 + cos(pi p)) / 2
+
+Rules (``check``): W < T, 0 <= f <= 1. Steps past T (none in a job) keep the last value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+KINDS = ("constant", "cosine", "linear")
+
+
+@dataclass(frozen=True)
+class LrSchedule:
+    """The lr factor of every global inner step of a job."""
+
+    kind: str = "constant"
+    warmup: int = 0
+    total: int = 1
+    final_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        problem = check(self.kind, self.warmup, self.total, self.final_ratio)
+        if problem is not None:
+            raise ValueError(problem)
+
+    @classmethod
+    def of_job(cls, job: Mapping[str, Any]) -> LrSchedule:
+        """The inner schedule a job record (or spec) asks for; absent fields: constant lr."""
+        return cls(kind=job.get("lr_schedule", "constant"), warmup=job.get("warmup", 0),
+                   total=job["rounds"] * job["batches"], final_ratio=job.get("final_lr_ratio", 0.0))
+
+    def factor(self, step: int) -> float:
+        """The multiplier of the base lr at global inner step ``step`` (>= 0)."""
+        if step < self.warmup:
+            return (step + 1) / (self.warmup + 1)
+        if self.kind == "constant":
+            return 1.0
+        progress = min((step - self.warmup) / (self.total - self.warmup), 1.0)
+        if self.kind == "linear":
+            return 1.0 - (1.0 - self.final_ratio) * progress
+        return self.final_ratio + (1.0 - self.final_ratio) * (1.0 + math.cos(math.pi * progress)) / 2
+
+
+def check(kind: str, warmup: int, total: int, final_ratio: float) -> str | None:
+    """None if the schedule is valid, else what to change (one line)."""
+    if kind not in KINDS:
+        return f"unknown lr schedule {kind!r}: use one of {', '.join(KINDS)}"
+    if type(warmup) is not int or warmup < 0:
+        return f"--warmup must be a whole number of steps >= 0, got {warmup!r}"
+    if warmup >= total:
+        return (f"--warmup ({warmup} steps) must be shorter than the job, which has {total} inner steps "
+                "(rounds x inner steps); lower --warmup or train longer")
+    if not 0.0 <= final_ratio <= 1.0:
+        return f"--final-lr-ratio must be between 0 and 1, got {final_ratio!r}"
+    return None
+
+
+def shard_first_step(round: int, batches_per_shard: int) -> int:
+    """The global inner step of the first batch of any shard of ``round``."""
+    return round * batches_per_shard
