@@ -142,7 +142,8 @@ class _Worker:
                 return {"file": None, "metrics": metrics}
             return {"file": str(write_work(Path(a["out"]), data)), "metrics": metrics}
         if op in ("aggregate", "apply"):
-            deltas = [(read_and_remove(Path(p)), samples) for p, samples in a["deltas"]]
+            # Paths, read one at a time by the outer step; whoever wrote them removes them.
+            deltas = [(Path(p), samples) for p, samples in a["deltas"]]
             if op == "apply":
                 return await ex.apply(job, a["base"], deltas, a["expect"])
             state, metrics = await ex.aggregate(job, a["base"], deltas)

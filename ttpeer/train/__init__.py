@@ -8,7 +8,7 @@ outer step, state hash) is deterministic across machines.
 """
 
 from ._bundle import export_ensemble, load_bundle, read_sidecar
-from ._compress import decode_delta, encode_delta, fp32_size
+from ._compress import decode_delta, encode_delta, fp32_size, iter_delta
 from ._ensemble import (
     Ensemble,
     combine,
@@ -27,11 +27,20 @@ from ._localdp import agreed as agreed_stop
 from ._localdp import average_gradients, join_group
 from ._localdp import split as split_batches
 from ._lr import LrSchedule, shard_first_step
-from ._outer import outer_step
+from ._outer import OuterSum, outer_step
 from ._recipe import Recipe, check_job
 from ._schedule import shard_indices
 from ._spec import LoadedTask, TaskSpec
-from ._state import OuterState, init_state, state_from_bytes, state_hash, state_to_bytes
+from ._state import (
+    OuterState,
+    init_state,
+    state_chunks,
+    state_from_bytes,
+    state_from_file,
+    state_hash,
+    state_to_bytes,
+    template,
+)
 from ._tasks import load_task
 from ._warm import warm_state
 
@@ -58,6 +67,8 @@ __all__ = [
     "check_job",
     "combine",
     "decode_delta",
+    "iter_delta",
+    "OuterSum",
     "decode_member",
     "encode_delta",
     "encode_member",
@@ -79,6 +90,9 @@ __all__ = [
     "shard_first_step",
     "shard_indices",
     "state_from_bytes",
+    "state_from_file",
+    "state_chunks",
+    "template",
     "state_hash",
     "state_to_bytes",
     "train_unit",
