@@ -5,23 +5,28 @@ model across machines. So before training, a peer estimates what the job needs
 and declines a job it cannot hold, saying what would fit instead.
 
 For a model with M bytes of state (parameters and buffers, in their dtypes), P
-bytes of trainable parameters and F bytes of fp32 floating state, a peer holds:
+bytes of trainable parameters and F bytes of fp32 floating state, a fused job's peer
+holds at its peak:
 
     on the training device
       local model                 M
-      evaluation copy             M    (InnerTrainer.evaluate keeps its own copy)
-      gradients                   P
+      gradients                   P    (freed after each shard; the evaluation model of a
+                                       round's close takes their place: not counted again)
       AdamW moments               2P
       activations                 one batch's forward pass, measured on the meta device
     in host memory, fp32 (the same memory when training on the CPU)
-      template state              2F   params and outer momentum (TorchExecutor's ``like``)
-      held states                 2F each, ``held_states`` of them
-      outer step result           2F
+      the state in use            2F   params and outer momentum (one in memory; the
+                                       others the executor holds are files)
       error-feedback residual     F
-      delta being encoded         F
-      decoded deltas              F each, one per contribution (at most one per shard)
+      working copies              2F   the delta being encoded and its quantized rest, or
+                                       at a round's close the running sum of its deltas
+                                       becoming the new state (deltas are added one at a
+                                       time: their number does not count)
       with overlap: eager start   2F   params and outer momentum of this round's start
                     own delta     F    the last pseudo-gradient this peer published
+    and the runtime               RUNTIME bytes: torch's own code and buffers in the
+                                  worker, the daemon, the spare worker (measured by
+                                  ``scripts/bench/memory``)
 
 Activations are measured by running one batch through the model on torch's
 meta device (no memory is allocated) and adding up the tensors autograd saves
@@ -42,6 +47,11 @@ from torch import Tensor, nn
 from ._spec import LoadedTask, fetch_batch
 from ._tasks import check_model
 
+# Measured (scripts/bench/memory, docs/benchmarks.md): a peer's processes before any
+# model (the daemon, a worker with torch loaded, the spare worker) and what torch and the
+# allocator keep beside the tensors counted above.
+RUNTIME = 512 << 20
+
 
 @dataclass(frozen=True)
 class MemoryNeed:
@@ -54,6 +64,7 @@ class MemoryNeed:
     optimizer: int
     activations: int
     host: int  # the outer copies, fp32 in host memory
+    runtime: int = 0  # host memory of the processes before any model: torch, the daemon
 
     @property
     def device(self) -> int:
@@ -62,7 +73,7 @@ class MemoryNeed:
 
     @property
     def total(self) -> int:
-        return self.device + self.host
+        return self.device + self.host + self.runtime
 
 
 def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: int = 3,
@@ -83,16 +94,18 @@ def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: 
     trainable = [p for p in model.parameters() if p.requires_grad]
     grads = sum(p.numel() * p.element_size() for p in trainable)
     fp32 = sum(t.numel() * 4 for t in state.values() if t.is_floating_point())
-    copies = 2 + 2 * held_states + 2 + 1 + 1 + shards + (3 if overlap else 0)
+    copies = 2 + 1 + 2 + (3 if overlap else 0)  # see the module's docstring: not per shard
+    eval_copy = 0
     if members:
         # An ensemble state holds every member's weights, AdamW moments and a spare
         # section (6 fp32 copies a member); the round's member checkpoints (weights and
         # moments) arrive beside the held states, and the vote holds every member once.
         copies = 2 + 6 * members * held_states + 3 * members + members
+        eval_copy = local
     return MemoryNeed(
-        params=sum(p.numel() for p in trainable), model=local, eval_copy=local, grads=grads,
+        params=sum(p.numel() for p in trainable), model=local, eval_copy=eval_copy, grads=grads,
         optimizer=2 * grads, activations=_activations(model, task, batch_size, fallback=local),
-        host=copies * fp32,
+        host=copies * fp32, runtime=RUNTIME,
     )
 
 
@@ -165,15 +178,16 @@ def fit_problem(need: MemoryNeed, *, device: str, device_free: int, host_free: i
         if need.total <= device_free:
             return None
         short, have, where = need.total, device_free, "memory"
-        room = (device_free - need.activations) / (per_param_device + per_param_host)
+        room = (device_free - need.activations - need.runtime) / (per_param_device + per_param_host)
     else:
-        if need.device <= device_free and need.host <= host_free:
+        host = need.host + need.runtime
+        if need.device <= device_free and host <= host_free:
             return None
-        room = min((device_free - need.activations) / per_param_device, host_free / per_param_host)
+        room = min((device_free - need.activations) / per_param_device, (host_free - need.runtime) / per_param_host)
         if need.device > device_free:
             short, have, where = need.device, device_free, f"memory on {device}"
         else:
-            short, have, where = need.host, host_free, "host memory for the outer copies"
+            short, have, where = host, host_free, "host memory for the outer copies"
             limited = False
     if room >= 1:
         fits = f"a model of up to about {_count(int(room))} parameters would fit here"
