@@ -10,6 +10,8 @@ EXPECTED = {
     "Ensemble", "combine", "decode_member", "encode_member", "evaluate_ensemble", "export_ensemble",
     "init_ensemble", "load_bundle", "member_steps", "read_sidecar", "train_unit", "warm_up",
     "BatchFit", "LrSchedule", "Recipe", "check_job", "fit_batch", "shard_first_step", "warm_state",
+    "agreed_stop", "average_gradients", "join_group", "split_batches",
+    "OuterSum", "iter_delta", "state_chunks", "state_from_file", "template",
 }
 
 

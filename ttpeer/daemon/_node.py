@@ -451,8 +451,13 @@ class Node:
                     self._process(m.fetched(state, ok, now()))
                 case PublishCheckpoint(job=job, round=rnd, state=state):
                     data = await self.executor.export_state(job, state)
-                    blob = await self._put_sealed(data)
-                    self._process(m.checkpoint_published(job, rnd, state, blob, len(data), now()))
+                    size = len(data)
+                    assert self.pool_key is not None
+                    sealed = seal(self.pool_key, BLOB, data)
+                    del data  # a checkpoint is the whole state: not kept beside its sealed copy
+                    blob = await self.transport.put_blob(sealed)
+                    del sealed
+                    self._process(m.checkpoint_published(job, rnd, state, blob, size, now()))
         except DiskError as exc:  # a full disk stops the daemon: retrying would only fail again
             self.fatal = exc
             log.error("%s", exc)

@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -357,12 +358,28 @@ class TorchExecutor:
     async def export_state(self, job: Record, state: str) -> bytes:
         return await _in_thread(lambda: train.state_to_bytes(self._state(job, state)))
 
-    async def import_state(self, job: Record, state: str, data: bytes) -> bool:
+    async def export_state_file(self, job: Record, state: str, out: Path) -> None:
+        """``export_state`` into the file ``out`` (for the worker): a copy of the held
+        state's file, so neither its bytes nor a second set of tensors are in memory."""
+        def run() -> None:
+            src = self._state_file(job.id, state)
+            if not src.exists():  # held in memory only: a state always has a file, but be safe
+                write_atomic(out, train.state_chunks(self._state(job, state)))
+                return
+            tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, out)
+
+        await _in_thread(run)
+
+    async def import_state(self, job: Record, state: str, data: bytes | Path) -> bool:
+        """Hold the state in ``data`` (its bytes, or a file read straight into tensors)."""
         ctx = self._job(job)
 
         def run() -> bool:
             try:
-                loaded = train.state_from_bytes(data, like=ctx.like)
+                loaded = (train.state_from_file(data, like=ctx.like) if isinstance(data, Path)
+                          else train.state_from_bytes(data, like=ctx.like))
             except train.CheckpointError as exc:
                 log.warning("checkpoint for %s refused: %s", state[:19], exc)
                 return False
@@ -372,6 +389,9 @@ class TorchExecutor:
             return True
 
         return await _in_thread(run)
+
+    async def import_state_file(self, job: Record, state: str, path: Path) -> bool:
+        return await self.import_state(job, state, path)
 
     async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
         ctx = self._job(job)

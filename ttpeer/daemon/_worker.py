@@ -103,7 +103,7 @@ class _Worker:
     async def _dispatch(self, rid: int, op: str, a: dict[str, Any]) -> Any:
         from ttpeer.proto import PublishDelta, Train
 
-        from ._workfiles import read_and_remove, write_work
+        from ._workfiles import write_work
 
         ex = self.executor
         if op == "warm":
@@ -148,10 +148,14 @@ class _Worker:
                 return await ex.apply(job, a["base"], deltas, a["expect"])
             state, metrics = await ex.aggregate(job, a["base"], deltas)
             return {"state": state, "metrics": metrics}
-        if op == "export_state":
-            return str(write_work(Path(a["out"]), await ex.export_state(job, a["state"])))
+        if op == "export_state":  # file to file: the worker never holds the state's bytes
+            await ex.export_state_file(job, a["state"], Path(a["out"]))
+            return a["out"]
         if op == "import_state":
-            return await ex.import_state(job, a["state"], read_and_remove(Path(a["file"])))
+            try:
+                return await ex.import_state_file(job, a["state"], Path(a["file"]))
+            finally:
+                Path(a["file"]).unlink(missing_ok=True)
         if op == "finish":
             await ex.finish(job, a["state"], a["metrics"])
             return None
