@@ -44,6 +44,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ttpeer import _logging
+from ttpeer._trim import trim
 from ttpeer.errors import DiskError, LocalWorkLost, StateMissing, TtpeerError, UsageError
 from ttpeer.net import BlobCorrupt, NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
 from ttpeer.net._entropy import random_bytes
@@ -435,11 +436,13 @@ class Node:
                 case Aggregate(job=job, round=rnd, base=base, contribs=contribs):
                     async with self._fetch_deltas(job, contribs) as deltas:
                         state, metrics = await self.executor.aggregate(job, base, deltas)
+                    trim()  # the blobs this close fetched: back to the system
                     ids = tuple(c.id for c in contribs)
                     self._process(m.aggregated(job, rnd, base, ids, state, metrics, now()))
                 case Apply(job=job, close=close, contribs=contribs):
                     async with self._fetch_deltas(job, contribs) as deltas:
                         ok = await self.executor.apply(job, close["base"], deltas, close["state"])
+                    trim()
                     if not ok:
                         log.warning("round %d of job %s did not reproduce state %s here; "
                                     "fetching a checkpoint instead", close["round"], job.id[:12],
@@ -448,6 +451,8 @@ class Node:
                 case FetchState(job=job, state=state, blob=blob):
                     data = await self._get_sealed(blob)
                     ok = await self.executor.import_state(job, state, data)
+                    del data
+                    trim()
                     self._process(m.fetched(state, ok, now()))
                 case PublishCheckpoint(job=job, round=rnd, state=state):
                     data = await self.executor.export_state(job, state)
@@ -457,6 +462,7 @@ class Node:
                     del data  # a checkpoint is the whole state: not kept beside its sealed copy
                     blob = await self.transport.put_blob(sealed)
                     del sealed
+                    trim()
                     self._process(m.checkpoint_published(job, rnd, state, blob, size, now()))
         except DiskError as exc:  # a full disk stops the daemon: retrying would only fail again
             self.fatal = exc

@@ -352,6 +352,12 @@ class ProcessExecutor:
             raise JobError("the worker supervisor is not running")
         env = dict(self._env if self._env is not None else os.environ)
         env.setdefault("TTPEER_WORKER_LOG", logging.getLevelName(logging.getLogger("ttpeer").getEffectiveLevel()))
+        # glibc keeps freed blocks under its mmap threshold in its heaps (one per thread that
+        # allocated, and the executor's calls run in several threads), and that threshold
+        # rises to 32 MB as large blocks are freed: a model's tensors, freed, stayed
+        # resident. A fixed 1 MiB threshold maps each tensor of a model on its own and
+        # gives it back when freed (scripts/bench/memory). Other allocators ignore it.
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
         process = await trio.lowlevel.open_process(
             [self._python, "-m", "ttpeer.daemon._worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env=env, start_new_session=False)

@@ -38,10 +38,17 @@ from typing import Any
 import trio
 import trio.lowlevel
 
+from ttpeer._trim import trim
+
 from ._channel import ChannelError, FrameReader, send
 
 PROGRESS_EVERY = 0.1
 log = logging.getLogger("ttpeer.worker")
+
+
+# Calls that allocate model-sized memory: the worker's resident set is trimmed after each.
+_LARGE = frozenset({"new_job", "prepare", "train", "delta", "aggregate", "apply", "export_state", "import_state",
+                    "finish"})
 
 
 def main() -> None:
@@ -92,6 +99,8 @@ class _Worker:
         log.debug("request %d: %s", rid, msg["op"])
         try:
             result = await self._dispatch(rid, msg["op"], msg.get("args", {}))
+            if msg["op"] in _LARGE:
+                trim()  # what the call freed goes back to the system, not to glibc's heaps
             reply: dict[str, Any] = {"id": rid, "ok": result}
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a frame
             if isinstance(exc, trio.Cancelled | KeyboardInterrupt | SystemExit):
