@@ -112,7 +112,8 @@ def _estimate(task: str, batch: int, shards: int) -> int | None:
         from ttpeer.daemon._torch import KEEP_STATES
 
         loaded = train.load_task(task, Path.home() / ".cache", {})
-        return int(train.memory_need(loaded, batch_size=batch, shards=shards, held_states=KEEP_STATES).total)
+        need = train.memory_need(loaded, batch_size=batch, shards=shards, held_states=KEEP_STATES)
+        return int(getattr(need, "resident", need.total))
     except Exception:  # noqa: BLE001 - an estimate is a bonus here, never a failure
         return None
 

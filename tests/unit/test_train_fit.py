@@ -25,7 +25,8 @@ def test_need_counts_model_optimizer_outer_copies_and_activations():
     assert need.host == (2 + 1 + 2) * p
     # autograd keeps at least the input batch (16 x 8 fp32) for the backward pass; output and its grad
     assert 16 * 8 * 4 + 2 * 16 * 2 * 4 <= need.activations <= 4 * (16 * 8 * 4 + 2 * 16 * 2 * 4)
-    assert need.total == need.device + need.host + need.runtime == 4 * p + need.activations + need.host + RUNTIME
+    assert need.total == need.device + need.host == 4 * p + need.activations + need.host
+    assert need.resident == need.total + RUNTIME  # RSS at the peak: the processes' runtime too
     wider = memory_need(task, batch_size=64, shards=5, held_states=3)
     assert wider.activations > need.activations and wider.host == need.host
     # Deltas are added one at a time and one state is in memory: more shards, more held

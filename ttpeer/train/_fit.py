@@ -26,7 +26,9 @@ holds at its peak:
                     own delta     F    the last pseudo-gradient this peer published
     and the runtime               RUNTIME bytes: torch's own code and buffers in the
                                   worker, the daemon, the spare worker (measured by
-                                  ``scripts/bench/memory``)
+                                  ``scripts/bench/memory``). Not part of ``total``: the
+                                  memory a peer finds free is already net of it; in
+                                  ``resident``, which is what RSS shows at the peak
 
 Activations are measured by running one batch through the model on torch's
 meta device (no memory is allocated) and adding up the tensors autograd saves
@@ -73,7 +75,14 @@ class MemoryNeed:
 
     @property
     def total(self) -> int:
-        return self.device + self.host + self.runtime
+        """What the job needs beyond what the peer's processes already hold: what the fit
+        check compares with the memory free (which the runtime is already out of)."""
+        return self.device + self.host
+
+    @property
+    def resident(self) -> int:
+        """The peer's processes at the job's peak, runtime included: what RSS shows."""
+        return self.total + self.runtime
 
 
 def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: int = 3,
@@ -178,16 +187,15 @@ def fit_problem(need: MemoryNeed, *, device: str, device_free: int, host_free: i
         if need.total <= device_free:
             return None
         short, have, where = need.total, device_free, "memory"
-        room = (device_free - need.activations - need.runtime) / (per_param_device + per_param_host)
+        room = (device_free - need.activations) / (per_param_device + per_param_host)
     else:
-        host = need.host + need.runtime
-        if need.device <= device_free and host <= host_free:
+        if need.device <= device_free and need.host <= host_free:
             return None
-        room = min((device_free - need.activations) / per_param_device, (host_free - need.runtime) / per_param_host)
+        room = min((device_free - need.activations) / per_param_device, host_free / per_param_host)
         if need.device > device_free:
             short, have, where = need.device, device_free, f"memory on {device}"
         else:
-            short, have, where = host, host_free, "host memory for the outer copies"
+            short, have, where = need.host, host_free, "host memory for the outer copies"
             limited = False
     if room >= 1:
         fits = f"a model of up to about {_count(int(room))} parameters would fit here"
