@@ -14,8 +14,8 @@ inf/NaN gradients skipped and the scale lowered). bf16 has fp32's range and need
 A job may leave its precision out ("auto"): each peer then picks bf16 where its
 device runs it fast (a CUDA GPU with bf16, compute capability 8.0 and up) and fp32
 elsewhere. On the CPU autocast works but is slower: measured on this project's
-2-core x86 machine (torch 2.13, 1 thread), the mnist1d MLP ran 317 fp32 vs 96 bf16
-steps/s and the default charlm 11.0 vs 1.3 (``scripts/bench/precision``); so
+shared 2-core x86 machine (torch 2.13, 1 thread, ``scripts/bench/precision``), bf16
+ran at 0.26x the fp32 steps/s on the mnist1d MLP and 0.11x on the default charlm; so
 "auto" is fp32 on the CPU.
 """
 
