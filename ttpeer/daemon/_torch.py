@@ -259,8 +259,16 @@ class TorchExecutor:
                 done += 1
             return sum(len(b) for b in batches[:done])
 
+        def shard() -> int:
+            try:
+                return run()
+            finally:
+                # The gradients are not needed until the next shard's first step, which sets
+                # them anew: freed here, the delta and the round's close do not sit beside them.
+                ctx.trainer.optimizer.zero_grad(set_to_none=True)
+
         async with self._train_lock:
-            return await _in_thread(unit if ctx.ensemble else run)
+            return await _in_thread(unit if ctx.ensemble else shard)
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
         ctx = self._job(eff.job)

@@ -19,6 +19,7 @@ concurrently with itself or with ``start``/``delta``.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 
@@ -97,9 +98,6 @@ class InnerTrainer:
             samples += len(batch)
             if task.slowdown > 0:
                 _throttle(self.device, began, task.slowdown)
-        # The gradients are not needed until the next shard's first step, which sets them
-        # anew: freed here, the delta and the round's close do not sit beside them.
-        self.optimizer.zero_grad(set_to_none=True)
         if not bool(torch.isfinite(losses)):
             self.optimizer = self._new_optimizer()
             self._scaler = _precision.scaler(self.recipe.precision, self.device)
@@ -184,9 +182,12 @@ class InnerTrainer:
         that the training thread is using), then given memory; ``evaluate`` loads the
         floating state, and every other buffer (step counters, constant masks) is
         copied from the local model."""
-        with torch.device("meta"):
-            model = self.task.spec.model()
-        model = model.to_empty(device=self.device)
+        try:
+            with torch.device("meta"):
+                model = self.task.spec.model()
+            model = model.to_empty(device=self.device)
+        except Exception:  # noqa: BLE001 - a task's model that cannot be built on meta: copy ours
+            return copy.deepcopy(self.model)
         own = dict(self.model.named_buffers())
         with torch.no_grad():
             for name, buf in model.named_buffers():
