@@ -11,9 +11,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from ttpeer.proto import PublishDelta, Record, Train
+
+# A contribution's encoded delta: its bytes, or the path of a file that holds them. The
+# node hands over files (fetched one blob at a time) so that neither it nor the worker
+# holds every contribution of a round at once; an executor reads each file when it gets
+# to it (``delta_bytes``) and leaves it in place: whoever wrote it removes it.
+DeltaRef = bytes | Path
+
+
+def delta_bytes(ref: DeltaRef) -> bytes:
+    return ref if isinstance(ref, bytes) else ref.read_bytes()
+
+
+Deltas = list[tuple[DeltaRef, int]]  # a round's contributions: (delta, samples trained)
 
 
 @dataclass(frozen=True)
@@ -58,13 +72,13 @@ class Executor(Protocol):
         ...
 
     async def aggregate(
-        self, job: Record, base: str, deltas: list[tuple[bytes, int]]
+        self, job: Record, base: str, deltas: Deltas
     ) -> tuple[str, dict[str, float]]:
-        """Apply the outer step to ``base`` with the decoded deltas (in the given order);
-        hold the result. Returns its state hash and eval metrics."""
+        """Apply the outer step to ``base`` with the decoded deltas (in the given order,
+        each ``(DeltaRef, samples)``; read one at a time); hold the result. Returns its state hash and eval metrics."""
         ...
 
-    async def apply(self, job: Record, base: str, deltas: list[tuple[bytes, int]], expect: str) -> bool:
+    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str) -> bool:
         """Like ``aggregate``, but keep the result only if it hashes to ``expect``."""
         ...
 

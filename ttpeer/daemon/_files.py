@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from ttpeer.errors import DiskError
@@ -16,16 +17,20 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+def write_atomic(path: Path, data: bytes | Sequence[bytes | memoryview], mode: int = 0o644) -> None:
     """Write ``data`` to ``path`` so that a crash leaves the old or the new file, never
-    a torn one. Raises ``DiskError`` (with the path) when the disk is full or read-only."""
+    a torn one; ``data`` may be pieces to write one after the other (a state's tensors,
+    ``train.state_chunks``: no joined copy of them is made). Raises ``DiskError`` (with
+    the path) when the disk is full or read-only."""
+    pieces = [data] if isinstance(data, bytes) else data
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            for piece in pieces:
+                view = memoryview(piece).cast("B")
+                while view:
+                    view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)

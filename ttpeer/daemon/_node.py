@@ -38,11 +38,13 @@ relay connection.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -50,6 +52,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ttpeer import _logging
+from ttpeer._trim import trim
 from ttpeer.errors import (
     DiskError,
     JobError,
@@ -106,10 +109,11 @@ from ttpeer.proto import (
     verify_proof,
 )
 
-from ._executor import Decline, Executor
+from ._executor import Decline, Deltas, Executor
 from ._home import Home, PoolConfig
 from ._recordlog import RecordLog
 from ._replay import ReplayGuard
+from ._workfiles import write_work
 
 log = logging.getLogger("ttpeer.daemon")
 
@@ -193,6 +197,7 @@ class Node:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.home = home
+        self._fetches = itertools.count()  # names the delta files of ``_fetch_deltas``
         self.cfg: PoolConfig = home.config()
         self.transport = transport
         self.executor = executor
@@ -476,13 +481,15 @@ class Node:
                     self._process(m.delta_published(job, rnd, base, shards, samples, blob, len(data),
                                                     metrics, now()))
                 case Aggregate(job=job, round=rnd, base=base, contribs=contribs):
-                    deltas = await self._fetch_deltas(contribs)
-                    state, metrics = await self.executor.aggregate(job, base, deltas)
+                    async with self._fetch_deltas(job, contribs) as deltas:
+                        state, metrics = await self.executor.aggregate(job, base, deltas)
+                    trim()  # the blobs this close fetched: back to the system
                     ids = tuple(c.id for c in contribs)
                     self._process(m.aggregated(job, rnd, base, ids, state, metrics, now()))
                 case Apply(job=job, close=close, contribs=contribs):
-                    deltas = await self._fetch_deltas(contribs)
-                    ok = await self.executor.apply(job, close["base"], deltas, close["state"])
+                    async with self._fetch_deltas(job, contribs) as deltas:
+                        ok = await self.executor.apply(job, close["base"], deltas, close["state"])
+                    trim()
                     if not ok:
                         log.warning("round %d of job %s did not reproduce state %s here; "
                                     "fetching a checkpoint instead", close["round"], job.id[:12],
@@ -493,11 +500,19 @@ class Node:
                     with self._phase(job.id, f"fetching {what}"):
                         data = await self._get_sealed(blob)
                         ok = await self.executor.import_state(job, state, data)
+                        del data
+                        trim()
                     self._process(m.fetched(state, ok, now()))
                 case PublishCheckpoint(job=job, round=rnd, state=state):
                     data = await self.executor.export_state(job, state)
-                    blob = await self._put_sealed(data)
-                    self._process(m.checkpoint_published(job, rnd, state, blob, len(data), now()))
+                    size = len(data)
+                    assert self.pool_key is not None
+                    sealed = seal(self.pool_key, BLOB, data)
+                    del data  # a checkpoint is the whole state: not kept beside its sealed copy
+                    blob = await self.transport.put_blob(sealed)
+                    del sealed
+                    trim()
+                    self._process(m.checkpoint_published(job, rnd, state, blob, size, now()))
         except DiskError as exc:  # a full disk stops the daemon: retrying would only fail again
             self.fatal = exc
             log.error("%s", exc)
@@ -567,11 +582,29 @@ class Node:
             case PublishCheckpoint(job=job, round=rnd, state=state):
                 self._process(m.checkpoint_published(job, rnd, state, None, 0, now))
 
-    async def _fetch_deltas(self, contribs: tuple[Record, ...]) -> list[tuple[bytes, int]]:
-        out = []
-        for c in contribs:
-            out.append((await self._get_sealed(c["blob"], max_size=c["size"] + 64), c["samples"]))
-        return out
+    @contextlib.asynccontextmanager
+    async def _fetch_deltas(self, job: Record, contribs: tuple[Record, ...]) -> AsyncIterator[Deltas]:
+        """The round's contributions as files in ``HOME/work/<job>/``, fetched and opened one
+        blob at a time: the node never holds a round's deltas at once (with 16 shards that
+        was 16 compressed deltas in the daemon), and the executor reads each file when its
+        outer step gets to it. The files are removed when the block ends."""
+        folder = self.home.path / "work" / job.id
+        folder.mkdir(parents=True, exist_ok=True)
+        paths: Deltas = []
+        try:
+            for c in contribs:
+                data = await self._get_sealed(c["blob"], max_size=c["size"] + 64)
+                path = folder / f"in-{next(self._fetches)}.bin"
+                try:
+                    paths.append((write_work(path, data), c["samples"]))
+                except OSError as exc:  # a full disk stops the daemon, as for any other write
+                    raise DiskError(path, exc) from None
+                del data
+            yield paths
+        finally:
+            for path, _samples in paths:
+                assert isinstance(path, Path)
+                path.unlink(missing_ok=True)
 
     async def _finish(self, job: Record, state: str) -> None:
         try:

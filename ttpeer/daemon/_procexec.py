@@ -46,7 +46,7 @@ from ttpeer.errors import DiskError, JobError, LocalWorkLost, StateMissing, Task
 from ttpeer.proto import PublishDelta, Record, Train
 
 from ._channel import ChannelError, FrameReader, send
-from ._executor import Decline
+from ._executor import Decline, Deltas
 from ._home import Home
 from ._workfiles import read_and_remove, write_work
 
@@ -353,6 +353,12 @@ class ProcessExecutor:
             raise JobError("the worker supervisor is not running")
         env = dict(self._env if self._env is not None else os.environ)
         env.setdefault("TTPEER_WORKER_LOG", logging.getLevelName(logging.getLogger("ttpeer").getEffectiveLevel()))
+        # glibc keeps freed blocks under its mmap threshold in its heaps (one per thread that
+        # allocated, and the executor's calls run in several threads), and that threshold
+        # rises to 32 MB as large blocks are freed: a model's tensors, freed, stayed
+        # resident. A fixed 1 MiB threshold maps each tensor of a model on its own and
+        # gives it back when freed (scripts/bench/memory). Other allocators ignore it.
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
         process = await trio.lowlevel.open_process(
             # -P: a folder named ttpeer in the daemon's working directory must not shadow ours
             [self._python, "-P", "-m", "ttpeer.daemon._worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -610,21 +616,26 @@ class ProcessExecutor:
                                                      "samples": eff.samples, "out": str(out)}, every=True)
         return read_and_remove(Path(result["file"])), result["metrics"]
 
-    async def _with_deltas(self, job: Record, op: str, deltas: list[tuple[bytes, int]], args: dict[str, Any]) -> Any:
+    async def _with_deltas(self, job: Record, op: str, deltas: Deltas, args: dict[str, Any]) -> Any:
+        # Files the node wrote go to the worker as they are (no second copy); bytes become
+        # files here, removed here afterwards. The worker reads each when it adds it.
         folder = self._work_dir(job.id)
-        paths = [write_work(folder / f"{op}-{id(deltas)}-{i}.bin", data) for i, (data, _s) in enumerate(deltas)]
+        mine = [write_work(folder / f"{op}-{id(deltas)}-{i}.bin", ref) for i, (ref, _s) in enumerate(deltas)
+                if isinstance(ref, bytes)]
+        made = iter(mine)
+        paths = [ref if isinstance(ref, Path) else next(made) for ref, _s in deltas]
         try:
             return await self._call(job, op, {**args, "deltas": [[str(p), s] for p, (_d, s) in
                                                                  zip(paths, deltas, strict=True)]})
         finally:
-            for p in paths:
+            for p in mine:
                 p.unlink(missing_ok=True)
 
-    async def aggregate(self, job: Record, base: str, deltas: list[tuple[bytes, int]]) -> tuple[str, dict[str, float]]:
+    async def aggregate(self, job: Record, base: str, deltas: Deltas) -> tuple[str, dict[str, float]]:
         result = await self._with_deltas(job, "aggregate", deltas, {"base": base})
         return result["state"], result["metrics"]
 
-    async def apply(self, job: Record, base: str, deltas: list[tuple[bytes, int]], expect: str) -> bool:
+    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str) -> bool:
         return bool(await self._with_deltas(job, "apply", deltas, {"base": base, "expect": expect}))
 
     async def export_state(self, job: Record, state: str) -> bytes:

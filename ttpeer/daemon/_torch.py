@@ -5,7 +5,15 @@ Theory of operation. Per job it keeps the loaded task, this peer's inner trainer
 residual, and the model states it holds. Every held state is written to
 ``HOME/states/<job>/<hash>.state`` atomically before it is reported held, so a
 peer killed at any moment restarts from a state the pool agreed on; only the
-newest few are kept. Torch never runs on the event loop: each call goes through
+newest few are kept on disk, and one in memory (the one in use: a round's base is
+used by every shard of the round; any other is read from its file when asked for).
+
+Host memory is bounded by the model, not by the round: a round's contributions are
+read, decoded and added to a running sum one at a time (``train.OuterSum``), states
+go between files and tensors without a copy in bytes, and the template every state
+and delta is checked against (``like``) is names and shapes on the meta device.
+
+Torch never runs on the event loop: each call goes through
 ``trio.to_thread.run_sync``, one at a time per job (a lock), since the inner
 trainer is not thread-safe.
 
@@ -22,6 +30,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,7 +44,7 @@ from ttpeer import train
 from ttpeer.errors import DiskError, JobError, StateMissing, TaskFailed, TtpeerError
 from ttpeer.proto import PublishDelta, Record, Train, overlapped
 
-from ._executor import Decline
+from ._executor import Decline, Deltas, delta_bytes
 from ._files import write_atomic
 from ._home import Home, shared_data_dir
 from ._workfiles import DISK_ERRNOS
@@ -50,16 +59,16 @@ WARM_TASK = "mnist1d"  # the README's and the demo's task: its data is made at s
 class _Job:
     task: train.LoadedTask
     trainer: train.InnerTrainer
-    like: train.OuterState
-    states: dict[str, train.OuterState] = field(default_factory=dict)
+    like: train.OuterState  # names and shapes only, on the meta device (``train.template``)
+    states: dict[str, train.OuterState] = field(default_factory=dict)  # at most one: the one in use
     residual: dict[str, torch.Tensor] | None = None
     # Ensemble: member checkpoints trained here and not yet published, by (round, member).
     units: dict[tuple[int, int], train.OuterState] = field(default_factory=dict)
     mode: str = "fused"
-    # The state the local model started this round's work from, as (round, base, state):
-    # the round's base, or with overlap the eager start (see ``_start``).
+    # With overlap, the eager start this round's local work began from, as (round, base,
+    # state) (see ``_start``); without, the round's base is the start and is not kept twice.
     start: tuple[int, str, train.OuterState] | None = None
-    # This peer's latest published pseudo-gradient, unquantized, as (round, delta).
+    # With overlap, this peer's latest published pseudo-gradient, unquantized, as (round, delta).
     own: tuple[int, dict[str, torch.Tensor]] | None = None
 
     @property
@@ -200,9 +209,10 @@ class TorchExecutor:
             log.info("job %s trains in %s, micro-batch %d of %d", job.id[:12], recipe.precision, fit.micro_batch,
                      job["batch_size"])
             if job["mode"] == "ensemble":
-                like = train.init_ensemble(task, job["members"])
-            else:
-                like = train.init_state(task, job["seed"])
+                like = train.template(train.init_ensemble(task, job["members"]))
+            else:  # the local model's own tensors, as meta: no second model is built
+                own = {n: t for n, t in trainer.model.state_dict().items() if t.is_floating_point()}
+                like = train.template(train.OuterState(params=own, momentum=own))
             self._jobs[job.id] = _Job(task, trainer, like, mode=job["mode"])
             return None
 
@@ -232,27 +242,25 @@ class TorchExecutor:
                 name = path.name
                 path = next((p for p in (self.home.path / "states").glob(f"*/{name}")), path)
             try:
-                data = path.read_bytes()
+                loaded = train.state_from_file(path, like=ctx.like)
             except FileNotFoundError:
                 raise StateMissing(state) from None
-            loaded = train.state_from_bytes(data, like=ctx.like)
             if train.state_hash(loaded) != state:
                 raise JobError(f"state file for {state[:19]} is corrupt")
-            ctx.states[state] = loaded
+            ctx.states = {state: loaded}  # one state in memory: the others are on disk
         return ctx.states[state]
 
     def _hold(self, job: Record, state: train.OuterState) -> str:
         ctx = self._job(job)
         digest = train.state_hash(state)
-        write_atomic(self._state_file(job.id, digest), train.state_to_bytes(state))
-        ctx.states[digest] = state
+        write_atomic(self._state_file(job.id, digest), train.state_chunks(state))
+        ctx.states = {digest: state}
         # The initial state stays: the peer remembers holding it, and a later job of the same
         # task and seed starts from it (found by its hash in this job's folder).
         files = sorted((p for p in self.home.states(job.id).glob("*.state") if "sha256:" + p.stem != job["init"]),
                        key=lambda p: p.stat().st_mtime)
         for old in files[:-KEEP_STATES]:
             old.unlink(missing_ok=True)
-            ctx.states.pop("sha256:" + old.stem, None)
         return digest
 
     # -- work ----------------------------------------------------------------------------
@@ -278,7 +286,7 @@ class TorchExecutor:
             if eff.fresh:
                 start = self._start(ctx, eff)
                 ctx.trainer.start(start)
-                ctx.start = (eff.round, eff.base, start)
+                ctx.start = (eff.round, eff.base, start) if overlapped(job) else None
             batches = train.shard_indices(ctx.task.n_train, job["seed"], eff.round, eff.shard,
                                           job["shards"], job["batches"], job["batch_size"])
             first = train.shard_first_step(eff.round, job["batches"])
@@ -293,8 +301,16 @@ class TorchExecutor:
                 done += 1
             return sum(len(b) for b in batches[:done])
 
+        def shard() -> int:
+            try:
+                return run()
+            finally:
+                # The gradients are not needed until the next shard's first step, which sets
+                # them anew: freed here, the delta and the round's close do not sit beside them.
+                ctx.trainer.optimizer.zero_grad(set_to_none=True)
+
         async with self._train_lock:
-            return await _in_thread(unit if ctx.ensemble else run, job["task"])
+            return await _in_thread(unit if ctx.ensemble else shard, job["task"])
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
         ctx = self._job(eff.job)
@@ -312,7 +328,7 @@ class TorchExecutor:
             began = ctx.start
             start = began[2] if began is not None and began[:2] == (eff.round, eff.base) else None
             delta = ctx.trainer.delta(start if start is not None else self._state(eff.job, eff.base))
-            ctx.own = (eff.round, delta)
+            ctx.own = (eff.round, delta) if overlapped(eff.job) else None
             data, ctx.residual = train.encode_delta(delta, ctx.residual, bits=eff.job["bits"])
             metrics = {"fp32_bytes": float(train.fp32_size(delta)), **ctx.trainer.recipe.metrics(eff.job["batch_size"])}
             loss = ctx.trainer.take_train_loss()
@@ -344,26 +360,32 @@ class TorchExecutor:
         return train.outer_step(base, [(own[1], 1)], lr=job["outer_lr"], momentum=job["outer_momentum"],
                                 nesterov=True)
 
-    def _outer(self, job: Record, base: str, deltas: list[tuple[bytes, int]]) -> train.OuterState:
+    def _outer(self, job: Record, base: str, deltas: Deltas) -> train.OuterState:
         ctx = self._job(job)
         if ctx.ensemble:  # the round's member checkpoints replace their members in ``base``
             try:
-                parts = [train.decode_member(data, ctx.like) for data, _samples in deltas]
+                parts = [train.decode_member(delta_bytes(ref), ctx.like) for ref, _samples in deltas]
             except train.CheckpointError as exc:
                 raise JobError(str(exc)) from None
             if sorted(i for i, _ckpt in parts) != list(range(len(job["members"]))):
                 raise JobError(f"round of job {job.id[:12]} does not hold one checkpoint per member "
                                f"(got members {sorted(i for i, _ckpt in parts)})")
             return train.combine(self._state(job, base), parts)
-        decoded = [(train.decode_delta(data, ctx.like), samples) for data, samples in deltas]
-        return train.outer_step(self._state(job, base), decoded, lr=job["outer_lr"],
-                                momentum=job["outer_momentum"], nesterov=True)
+        # One contribution at a time, tensor by tensor, into the running sum: memory holds
+        # the sum and one delta's bytes, whatever the number of contributions.
+        total = train.OuterSum(self._state(job, base), [samples for _ref, samples in deltas])
+        for ref, _samples in deltas:
+            total.add_parts(train.iter_delta(delta_bytes(ref), ctx.like))
+        return total.step(lr=job["outer_lr"], momentum=job["outer_momentum"], nesterov=True)
 
-    async def aggregate(self, job: Record, base: str, deltas: list[tuple[bytes, int]]) -> tuple[str, dict[str, float]]:
+    async def aggregate(self, job: Record, base: str, deltas: Deltas) -> tuple[str, dict[str, float]]:
         ctx = self._job(job)
 
         def run() -> tuple[str, dict[str, float]]:
             new = self._outer(job, base, deltas)
+            # The base is on disk: not kept in memory beside the new state and the model
+            # that evaluates it (a training round that uses it holds its own reference).
+            ctx.states.pop(base, None)
             if ctx.ensemble:
                 members, (loss, metric) = train.evaluate_ensemble(ctx.task, new, self.device)
                 best = max(m for _loss, m in members)
@@ -375,7 +397,7 @@ class TorchExecutor:
         async with self._close_lock:
             return await _in_thread(run, job["task"])
 
-    async def apply(self, job: Record, base: str, deltas: list[tuple[bytes, int]], expect: str) -> bool:
+    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str) -> bool:
         def run() -> bool:
             new = self._outer(job, base, deltas)
             if train.state_hash(new) != expect:
@@ -389,12 +411,28 @@ class TorchExecutor:
     async def export_state(self, job: Record, state: str) -> bytes:
         return await _in_thread(lambda: train.state_to_bytes(self._state(job, state)), job["task"])
 
-    async def import_state(self, job: Record, state: str, data: bytes) -> bool:
+    async def export_state_file(self, job: Record, state: str, out: Path) -> None:
+        """``export_state`` into the file ``out`` (for the worker): a copy of the held
+        state's file, so neither its bytes nor a second set of tensors are in memory."""
+        def run() -> None:
+            src = self._state_file(job.id, state)
+            if not src.exists():  # held in memory only: a state always has a file, but be safe
+                write_atomic(out, train.state_chunks(self._state(job, state)))
+                return
+            tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, out)
+
+        await _in_thread(run)
+
+    async def import_state(self, job: Record, state: str, data: bytes | Path) -> bool:
+        """Hold the state in ``data`` (its bytes, or a file read straight into tensors)."""
         ctx = self._job(job)
 
         def run() -> bool:
             try:
-                loaded = train.state_from_bytes(data, like=ctx.like)
+                loaded = (train.state_from_file(data, like=ctx.like) if isinstance(data, Path)
+                          else train.state_from_bytes(data, like=ctx.like))
             except train.CheckpointError as exc:
                 log.warning("checkpoint for %s refused: %s", state[:19], exc)
                 return False
@@ -407,6 +445,9 @@ class TorchExecutor:
 
     async def release(self, job: str) -> None:
         self._jobs.pop(job, None)
+
+    async def import_state_file(self, job: Record, state: str, path: Path) -> bool:
+        return await self.import_state(job, state, path)
 
     async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
         ctx = self._job(job)

@@ -31,7 +31,7 @@ import trio
 
 from ttpeer.proto import PublishDelta, Record, Train
 
-from ._executor import Decline, Executor
+from ._executor import Decline, Deltas, Executor
 
 
 @dataclass
@@ -120,10 +120,10 @@ class TimedExecutor:
             out["compression"] = round(float(metrics["fp32_bytes"]) / len(data), 3)
         return data, out
 
-    async def aggregate(self, job: Record, base: str, deltas: list[tuple[bytes, int]]) -> tuple[str, dict[str, float]]:
+    async def aggregate(self, job: Record, base: str, deltas: Deltas) -> tuple[str, dict[str, float]]:
         return await self._timed(job.id, "compute_s", self.inner.aggregate(job, base, deltas))
 
-    async def apply(self, job: Record, base: str, deltas: list[tuple[bytes, int]], expect: str) -> bool:
+    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str) -> bool:
         return await self._timed(job.id, "compute_s", self.inner.apply(job, base, deltas, expect))
 
     async def export_state(self, job: Record, state: str) -> bytes:

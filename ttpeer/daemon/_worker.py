@@ -38,10 +38,17 @@ from typing import Any
 import trio
 import trio.lowlevel
 
+from ttpeer._trim import trim
+
 from ._channel import ChannelError, FrameReader, send
 
 PROGRESS_EVERY = 0.1
 log = logging.getLogger("ttpeer.worker")
+
+
+# Calls that allocate model-sized memory: the worker's resident set is trimmed after each.
+_LARGE = frozenset({"new_job", "prepare", "train", "delta", "aggregate", "apply", "export_state", "import_state",
+                    "finish"})
 
 
 def main() -> None:
@@ -92,6 +99,8 @@ class _Worker:
         log.debug("request %d: %s", rid, msg["op"])
         try:
             result = await self._dispatch(rid, msg["op"], msg.get("args", {}))
+            if msg["op"] in _LARGE:
+                trim()  # what the call freed goes back to the system, not to glibc's heaps
             reply: dict[str, Any] = {"id": rid, "ok": result}
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a frame
             if isinstance(exc, trio.Cancelled | KeyboardInterrupt | SystemExit):
@@ -103,7 +112,7 @@ class _Worker:
     async def _dispatch(self, rid: int, op: str, a: dict[str, Any]) -> Any:
         from ttpeer.proto import PublishDelta, Train
 
-        from ._workfiles import read_and_remove, write_work
+        from ._workfiles import write_work
 
         ex = self.executor
         if op == "warm":  # a spare, while it waits: torch's meta kernels, the default task's data
@@ -150,15 +159,20 @@ class _Worker:
                 return {"file": None, "metrics": metrics}
             return {"file": str(write_work(Path(a["out"]), data)), "metrics": metrics}
         if op in ("aggregate", "apply"):
-            deltas = [(read_and_remove(Path(p)), samples) for p, samples in a["deltas"]]
+            # Paths, read one at a time by the outer step; whoever wrote them removes them.
+            deltas = [(Path(p), samples) for p, samples in a["deltas"]]
             if op == "apply":
                 return await ex.apply(job, a["base"], deltas, a["expect"])
             state, metrics = await ex.aggregate(job, a["base"], deltas)
             return {"state": state, "metrics": metrics}
-        if op == "export_state":
-            return str(write_work(Path(a["out"]), await ex.export_state(job, a["state"])))
+        if op == "export_state":  # file to file: the worker never holds the state's bytes
+            await ex.export_state_file(job, a["state"], Path(a["out"]))
+            return a["out"]
         if op == "import_state":
-            return await ex.import_state(job, a["state"], read_and_remove(Path(a["file"])))
+            try:
+                return await ex.import_state_file(job, a["state"], Path(a["file"]))
+            finally:
+                Path(a["file"]).unlink(missing_ok=True)
         if op == "finish":
             await ex.finish(job, a["state"], a["metrics"])
             return None

@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from ttpeer.daemon._executor import Deltas, delta_bytes
 from ttpeer.errors import TaskFailed
 from ttpeer.proto import PublishDelta, Record, Train
 
@@ -128,15 +129,15 @@ class FakeExecutor:
         base, shards = self._local.get(eff.job.id, (eff.base, []))
         return repr((self.name, base, sorted(shards))).encode(), {"fp32_bytes": 4000.0}
 
-    def _outer(self, base: str, deltas: list[tuple[bytes, int]]) -> str:
-        return _h(base, [(d, s) for d, s in deltas])
+    def _outer(self, base: str, deltas: Deltas) -> str:
+        return _h(base, [(delta_bytes(d), s) for d, s in deltas])
 
-    async def aggregate(self, job: Record, base: str, deltas: list[tuple[bytes, int]]) -> tuple[str, dict[str, float]]:
+    async def aggregate(self, job: Record, base: str, deltas: Deltas) -> tuple[str, dict[str, float]]:
         state = self._outer(base, deltas)
         self.disk.states.setdefault(job.id, set()).add(state)
         return state, {"eval_loss": 1.0, "accuracy": 0.5}
 
-    async def apply(self, job: Record, base: str, deltas: list[tuple[bytes, int]], expect: str) -> bool:
+    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str) -> bool:
         if base not in self.disk.states.get(job.id, set()):
             return False
         state = self._outer(base, deltas)

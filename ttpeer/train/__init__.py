@@ -8,7 +8,7 @@ outer step, state hash) is deterministic across machines.
 """
 
 from ._bundle import export_ensemble, load_bundle, read_sidecar
-from ._compress import decode_delta, encode_delta, fp32_size
+from ._compress import decode_delta, encode_delta, fp32_size, iter_delta
 from ._ensemble import (
     Ensemble,
     combine,
@@ -28,12 +28,21 @@ from ._localdp import agreed as agreed_stop
 from ._localdp import average_gradients, join_group
 from ._localdp import split as split_batches
 from ._lr import LrSchedule, shard_first_step
-from ._outer import outer_step
+from ._outer import OuterSum, outer_step
 from ._probe import data_fingerprint, probe
 from ._recipe import Recipe, check_job
 from ._schedule import shard_indices
 from ._spec import LoadedTask, TaskSpec
-from ._state import OuterState, init_state, state_from_bytes, state_hash, state_to_bytes
+from ._state import (
+    OuterState,
+    init_state,
+    state_chunks,
+    state_from_bytes,
+    state_from_file,
+    state_hash,
+    state_to_bytes,
+    template,
+)
 from ._tasks import load_task
 from ._warm import warm_state
 
@@ -62,6 +71,8 @@ __all__ = [
     "combine",
     "data_fingerprint",
     "decode_delta",
+    "iter_delta",
+    "OuterSum",
     "decode_member",
     "describe",
     "encode_delta",
@@ -85,6 +96,9 @@ __all__ = [
     "shard_first_step",
     "shard_indices",
     "state_from_bytes",
+    "state_from_file",
+    "state_chunks",
+    "template",
     "state_hash",
     "state_to_bytes",
     "train_unit",

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder.
+def write_atomic(path: Path, data: bytes | Sequence[bytes | memoryview]) -> None:
+    """Write ``data`` (bytes, or pieces written one after the other) to ``path``
+    through a temporary file in the same folder.
 
     The temporary file is fsynced before ``os.replace`` so a crash cannot leave
     a renamed but empty file, and the folder is fsynced after so the rename
@@ -18,7 +20,8 @@ def write_atomic(path: Path, data: bytes) -> None:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as tmp:
-            tmp.write(data)
+            for piece in [data] if isinstance(data, bytes) else data:
+                tmp.write(piece)
             tmp.flush()
             os.fsync(tmp.fileno())
         os.replace(tmp_name, path)

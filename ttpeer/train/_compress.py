@@ -22,6 +22,7 @@ on every machine.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -36,6 +37,7 @@ ALLOWED_BITS = frozenset({4, 8})
 ALLOWED_BLOCKS = frozenset(1 << k for k in range(4, 17))  # 16 .. 65536
 _HEAD = struct.Struct("<4sBIQ")
 _MAX_WINDOW = 1 << 27  # zstd's own default limit, stated so it cannot drift
+_CHUNK_VALUES = 1 << 20  # values quantized at a time: temporaries of a few MB, not of the model
 
 
 def encode_delta(delta: dict[str, Tensor], residual: dict[str, Tensor] | None, *,
@@ -57,41 +59,61 @@ def encode_delta(delta: dict[str, Tensor], residual: dict[str, Tensor] | None, *
     if residual is not None and (residual.keys() != delta.keys() or any(
             residual[n].shape != delta[n].shape for n in names)):
         raise ValueError("residual must have the same names and shapes as the delta")
-    parts = [delta[n].detach().to("cpu", torch.float32).reshape(-1) for n in names]
-    if residual is not None:
-        parts = [p + residual[n].detach().to("cpu", torch.float32).reshape(-1)
-                 for p, n in zip(parts, names, strict=True)]
-    flat = torch.cat(parts) if parts else torch.empty(0)
+    shapes = {n: delta[n].shape for n in names}
+    # ``delta + residual`` flattened into one buffer, which then becomes the new residual
+    # in place: with the int8 values, the only model-sized memory encoding needs.
+    flat = torch.empty(sum(delta[n].numel() for n in names), dtype=torch.float32)
     if flat.numel() == 0:
         raise ValueError("cannot encode an empty delta")
-    if not bool(torch.isfinite(flat).all()):
-        raise Diverged("the pseudo-gradient holds NaN or inf")
+    offset = 0
+    for n in names:
+        part, size = delta[n].detach().to("cpu", torch.float32).reshape(-1), delta[n].numel()
+        if residual is not None:
+            torch.add(part, residual[n].detach().to("cpu", torch.float32).reshape(-1), out=flat[offset:offset + size])
+        else:
+            flat[offset:offset + size] = part
+        offset += size
+    del delta, residual  # the caller's references may be the last ones: drop ours early
 
     qmax = (1 << (bits - 1)) - 1
-    blocks = _pad(flat, block).view(-1, block)
-    scales = blocks.abs().amax(dim=1) / qmax
-    # A zero (or underflowed) scale means "all zeros"; divide by 1 instead of 0.
-    divisor = torch.where(scales > 0, scales, torch.ones_like(scales))
-    q = (blocks / divisor[:, None]).round().clamp(-qmax, qmax).to(torch.int8).reshape(-1)
-    q = q[:flat.numel()]
-    scales = torch.where(scales > 0, scales, torch.zeros_like(scales))
-
-    decoded = _dequantize(q, scales, block)
+    numel = flat.numel()
+    q = torch.empty(numel, dtype=torch.int8)
+    scales = torch.empty(-(-numel // block), dtype=torch.float32)
+    # Chunk by chunk of whole blocks, so the temporaries stay small; every value goes
+    # through the same fp32 operations as the whole vector at once (the same bytes).
+    chunk = block * max(1, _CHUNK_VALUES // block)
+    for begin in range(0, numel, chunk):
+        end = min(begin + chunk, numel)
+        part = flat[begin:end]
+        if not bool(torch.isfinite(part).all()):
+            raise Diverged("the pseudo-gradient holds NaN or inf")
+        blocks = _pad(part, block).view(-1, block)
+        s = blocks.abs().amax(dim=1) / qmax
+        # A zero (or underflowed) scale means "all zeros"; divide by 1 instead of 0.
+        divisor = torch.where(s > 0, s, torch.ones_like(s))
+        qc = (blocks / divisor[:, None]).round().clamp(-qmax, qmax).to(torch.int8).reshape(-1)[:end - begin]
+        s = torch.where(s > 0, s, torch.zeros_like(s))
+        scales[begin // block:begin // block + len(s)] = s
+        q[begin:end] = qc
+        part.sub_(_dequantize(qc, s, block))  # what the receiver will not see: the residual
     new_residual: dict[str, Tensor] = {}
     offset = 0
-    for name, part in zip(names, parts, strict=True):
-        size = part.numel()
-        new_residual[name] = (part - decoded[offset:offset + size]).reshape(delta[name].shape)
+    for name in names:
+        size = _numel(shapes[name])
+        new_residual[name] = flat[offset:offset + size].view(shapes[name])
         offset += size
 
     values = q.numpy().tobytes() if bits == 8 else _pack_nibbles(q.numpy())
+    del q
     payload = scales.numpy().astype("<f4").tobytes() + values
+    del values
     frame = zstandard.ZstdCompressor(level=level, write_content_size=True).compress(payload)
-    return _HEAD.pack(MAGIC, bits, block, flat.numel()) + frame, new_residual
+    return _HEAD.pack(MAGIC, bits, block, numel) + frame, new_residual
 
 
 def decode_delta(data: bytes | bytearray | memoryview, like: OuterState) -> dict[str, Tensor]:
-    """Decode bytes from ``encode_delta`` into tensors shaped like ``like.params``.
+    """Decode bytes from ``encode_delta`` into tensors shaped like ``like.params``
+    (``like`` may be a template on the meta device: only names and shapes are read).
 
     Deterministic across machines. Raises DeltaError if the bytes are short, the
     magic, bits or block is not allowed, the element count differs from the
@@ -100,6 +122,36 @@ def decode_delta(data: bytes | bytearray | memoryview, like: OuterState) -> dict
     finite, a value is outside the quantization range, or the result is not
     finite.
     """
+    out = dict(iter_delta(data, like))
+    return {name: out[name] for name in like.params}
+
+
+def iter_delta(data: bytes | bytearray | memoryview, like: OuterState) -> Iterator[tuple[str, Tensor]]:
+    """``decode_delta`` one tensor at a time, in sorted-name order: a caller that adds
+    each tensor to a sum never holds the whole decoded delta. The bytes are checked
+    before the first tensor; a tensor that decodes to NaN or inf raises DeltaError
+    when it is reached (what was yielded before it is then to be thrown away)."""
+    names, q_np, scales_np, block = _payload(data, like)
+    scales = torch.from_numpy(scales_np)
+    offset = 0
+    for name in names:
+        shape = like.params[name].shape
+        size = like.params[name].numel()
+        first, last = offset // block, (offset + size - 1) // block
+        # Each value times its block's scale: the same single fp32 multiply as the whole
+        # flat vector at once, so the same bits.
+        per_value = scales[first:last + 1].repeat_interleave(block)
+        lead = offset - first * block
+        values = torch.from_numpy(q_np[offset:offset + size]).to(torch.float32) * per_value[lead:lead + size]
+        if not bool(torch.isfinite(values).all()):
+            raise DeltaError("delta decodes to non-finite values (block scale too large)")
+        offset += size
+        yield name, values.reshape(shape)
+
+
+def _payload(data: bytes | bytearray | memoryview, like: OuterState) -> tuple[list[str], np.ndarray, np.ndarray, int]:
+    """Check a delta's header and frame against ``like``; its sorted names, int8 values,
+    fp32 block scales and block size."""
     data = bytes(data)
     if len(data) < _HEAD.size:
         raise DeltaError(f"delta is {len(data)} bytes, shorter than its {_HEAD.size}-byte header")
@@ -116,22 +168,14 @@ def decode_delta(data: bytes | bytearray | memoryview, like: OuterState) -> dict
     value_bytes = numel if bits == 8 else (numel + 1) // 2
     expected = 4 * nblocks + value_bytes
     payload = _decompress_exact(data[_HEAD.size:], expected)
+    del data
 
     scales_np = np.frombuffer(payload, dtype="<f4", count=nblocks).astype(np.float32)
     if not np.isfinite(scales_np).all() or np.signbit(scales_np).any():
         raise DeltaError("delta has a negative or non-finite block scale")
     raw = np.frombuffer(payload, dtype=np.uint8, offset=4 * nblocks)
     q_np = _unpack_int8(raw, numel) if bits == 8 else _unpack_nibbles(raw, numel)
-    decoded = _dequantize(torch.from_numpy(q_np), torch.from_numpy(scales_np), block)
-    if not bool(torch.isfinite(decoded).all()):
-        raise DeltaError("delta decodes to non-finite values (block scale too large)")
-    out: dict[str, Tensor] = {}
-    offset = 0
-    for name in names:
-        tensor = like.params[name]
-        out[name] = decoded[offset:offset + tensor.numel()].reshape(tensor.shape).clone()
-        offset += tensor.numel()
-    return {name: out[name] for name in like.params}
+    return names, q_np, scales_np, block
 
 
 def fp32_size(state_or_delta: OuterState | dict[str, Tensor]) -> int:
@@ -161,6 +205,13 @@ def _decompress_exact(frame: bytes, expected: int) -> bytes:
     if len(payload) != expected:
         raise DeltaError(f"delta payload is {len(payload)} bytes; expected exactly {expected}")
     return payload
+
+
+def _numel(shape: torch.Size) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
 
 
 def _pad(flat: Tensor, block: int) -> Tensor:

@@ -37,8 +37,12 @@ def export_model(state: OuterState, task: LoadedTask, out: Path, metrics: dict[s
     ``metrics`` is not JSON-serializable, and OSError if ``out`` is not writable.
     """
     out = Path(out)
-    data = _safetensors_bytes(state, {"ttpeer": "1", "task": task.name})
-    digest = hashlib.sha256(data).hexdigest()
+    # Pieces, the tensors' as views of their memory: hashed and written without a copy.
+    pieces = _safetensors_chunks(state, {"ttpeer": "1", "task": task.name})
+    hasher = hashlib.sha256()
+    for piece in pieces:
+        hasher.update(piece)
+    digest = hasher.hexdigest()
     sidecar = {
         "mode": "fused",
         "task": task.name,
@@ -52,7 +56,7 @@ def export_model(state: OuterState, task: LoadedTask, out: Path, metrics: dict[s
     if task.spec.info:
         sidecar["task_info"] = dict(task.spec.info)
     text = json.dumps(sidecar, indent=2, sort_keys=True) + "\n"
-    write_atomic(out, data)
+    write_atomic(out, pieces)
     write_atomic(out.with_suffix(".json"), text.encode())
     return digest
 
@@ -85,6 +89,10 @@ def load_model(path: Path, task: LoadedTask) -> nn.Module:
 
 
 def _safetensors_bytes(state: OuterState, metadata: dict[str, str]) -> bytes:
+    return b"".join(_safetensors_chunks(state, metadata))
+
+
+def _safetensors_chunks(state: OuterState, metadata: dict[str, str]) -> list[bytes | memoryview]:
     names = sorted(state.params)
     header: dict[str, Any] = {"__metadata__": dict(sorted(metadata.items()))}
     offset = 0
@@ -98,5 +106,4 @@ def _safetensors_bytes(state: OuterState, metadata: dict[str, str]) -> bytes:
         offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
-    body = b"".join(le_bytes(state.params[name]) for name in names)
-    return struct.pack("<Q", len(encoded)) + encoded + body
+    return [struct.pack("<Q", len(encoded)) + encoded, *(le_bytes(state.params[name]) for name in names)]

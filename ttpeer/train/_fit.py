@@ -5,23 +5,35 @@ model across machines. So before training, a peer estimates what the job needs
 and declines a job it cannot hold, saying what would fit instead.
 
 For a model with M bytes of state (parameters and buffers, in their dtypes), P
-bytes of trainable parameters and F bytes of fp32 floating state, a peer holds:
+bytes of trainable parameters and F bytes of fp32 floating state, a fused job's peer
+holds at its peak:
 
     on the training device
       local model                 M
-      evaluation copy             M    (InnerTrainer.evaluate keeps its own copy)
-      gradients                   P
+      gradients                   P    (freed after each shard; the evaluation model of a
+                                       round's close takes their place: not counted again)
       AdamW moments               2P
       activations                 one batch's forward pass, measured on the meta device
     in host memory, fp32 (the same memory when training on the CPU)
-      template state              2F   params and outer momentum (TorchExecutor's ``like``)
-      held states                 2F each, ``held_states`` of them
-      outer step result           2F
+      the state in use            2F   params and outer momentum (one in memory; the
+                                       others the executor holds are files)
       error-feedback residual     F
-      delta being encoded         F
-      decoded deltas              F each, one per contribution (at most one per shard)
+      a checkpoint in flight      6F   the daemon seals and uploads a state (the final
+                                       one at least): its bytes, the sealed copy and the
+                                       transport's (measured by ``scripts/bench/memory``:
+                                       the peak of a closing peer). The other working
+                                       copies come at other times and are smaller: the
+                                       delta being encoded and its quantized rest (2F), or
+                                       at a round's close the running sum of its deltas
+                                       becoming the new state (2F; deltas are added one at
+                                       a time: their number does not count)
       with overlap: eager start   2F   params and outer momentum of this round's start
                     own delta     F    the last pseudo-gradient this peer published
+    and the runtime               RUNTIME bytes: torch's own code and buffers in the
+                                  worker, the daemon, the spare worker (measured by
+                                  ``scripts/bench/memory``). Not part of ``total``: the
+                                  memory a peer finds free is already net of it; in
+                                  ``resident``, which is what RSS shows at the peak
 
 Activations are measured by running one batch through the model on torch's
 meta device (no memory is allocated) and adding up the tensors autograd saves
@@ -42,6 +54,11 @@ from torch import Tensor, nn
 from ._spec import LoadedTask, fetch_batch
 from ._tasks import check_model
 
+# Measured (scripts/bench/memory, docs/benchmarks.md): a peer's processes before any
+# model (the daemon, a worker with torch loaded, the spare worker) and what torch and the
+# allocator keep beside the tensors counted above.
+RUNTIME = 384 << 20
+
 
 @dataclass(frozen=True)
 class MemoryNeed:
@@ -54,6 +71,7 @@ class MemoryNeed:
     optimizer: int
     activations: int
     host: int  # the outer copies, fp32 in host memory
+    runtime: int = 0  # host memory of the processes before any model: torch, the daemon
 
     @property
     def device(self) -> int:
@@ -62,7 +80,14 @@ class MemoryNeed:
 
     @property
     def total(self) -> int:
+        """What the job needs beyond what the peer's processes already hold: what the fit
+        check compares with the memory free (which the runtime is already out of)."""
         return self.device + self.host
+
+    @property
+    def resident(self) -> int:
+        """The peer's processes at the job's peak, runtime included: what RSS shows."""
+        return self.total + self.runtime
 
 
 def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: int = 3,
@@ -83,16 +108,18 @@ def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: 
     trainable = [p for p in model.parameters() if p.requires_grad]
     grads = sum(p.numel() * p.element_size() for p in trainable)
     fp32 = sum(t.numel() * 4 for t in state.values() if t.is_floating_point())
-    copies = 2 + 2 * held_states + 2 + 1 + 1 + shards + (3 if overlap else 0)
+    copies = 2 + 1 + 6 + (3 if overlap else 0)  # see the module's docstring: not per shard
+    eval_copy = 0
     if members:
         # An ensemble state holds every member's weights, AdamW moments and a spare
         # section (6 fp32 copies a member); the round's member checkpoints (weights and
         # moments) arrive beside the held states, and the vote holds every member once.
         copies = 2 + 6 * members * held_states + 3 * members + members
+        eval_copy = local
     return MemoryNeed(
-        params=sum(p.numel() for p in trainable), model=local, eval_copy=local, grads=grads,
+        params=sum(p.numel() for p in trainable), model=local, eval_copy=eval_copy, grads=grads,
         optimizer=2 * grads, activations=_activations(model, task, batch_size, fallback=local),
-        host=copies * fp32,
+        host=copies * fp32, runtime=RUNTIME,
     )
 
 

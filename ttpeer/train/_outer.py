@@ -5,9 +5,17 @@ the arithmetic is pinned down: fp32 on the CPU, deltas accumulated in the order
 given, and every update written as separate multiplies and adds. (torch's fused
 ``add(..., alpha=)`` may use FMA in vector lanes and not in the tail, which
 rounds differently on different CPUs.)
+
+The mean is a running sum (``OuterSum``): a round's contributions are decoded and
+added one at a time, so memory holds one delta and the sum, however many
+contributions the round has. Every element still sees ``((0 + d0*w0) + d1*w1) + ...``
+in list order, the same operations as summing all deltas at once, so the result is
+the same bits.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -15,43 +23,88 @@ from torch import Tensor
 from ._state import OuterState
 
 
+class OuterSum:
+    """The sample-weighted mean of a round's deltas, built one delta at a time.
+
+    ``samples`` are the contributions' sample counts, in the order their deltas will
+    be added (known before any delta is decoded: they come with the records).
+    Raises ValueError if ``samples`` is empty, a count is negative or all are zero.
+    """
+
+    def __init__(self, state: OuterState, samples: Sequence[int]) -> None:
+        if not samples:
+            raise ValueError("outer_step needs at least one delta")
+        total = sum(samples)
+        if any(s < 0 for s in samples) or total <= 0:
+            raise ValueError(f"sample counts must be >= 0 with a positive total, got {list(samples)}")
+        self.state = state
+        # Weights are rounded to fp32 once, here, so no device or kernel picks its own precision.
+        self._weights = [_f32(s / total) for s in samples]
+        self._added = 0
+        self._grad: dict[str, Tensor] = {name: torch.zeros_like(p) for name, p in state.params.items()}
+
+    def add(self, delta: dict[str, Tensor]) -> None:
+        """Add the next delta (in ``samples`` order). Raises ValueError if its names or
+        shapes differ from the state's, or every delta was already added."""
+        if delta.keys() != self.state.params.keys() or any(
+                delta[n].shape != p.shape for n, p in self.state.params.items()):
+            raise ValueError("every delta must have the state's names and shapes")
+        self.add_parts(delta.items())
+
+    def add_parts(self, parts: Iterable[tuple[str, Tensor]]) -> None:
+        """Add the next delta given tensor by tensor (``train.iter_delta``), each name
+        once, in any order. Raises ValueError for a name or shape not the state's, a
+        name twice or missing, or every delta already added; after such an error (or
+        one raised by ``parts``) the sum is part-added: throw it away."""
+        if self._added == len(self._weights):
+            raise ValueError(f"all {len(self._weights)} deltas were already added")
+        weight = self._weights[self._added]
+        self._added += 1
+        seen: set[str] = set()
+        for name, tensor in parts:
+            grad = self._grad.get(name)
+            if grad is None or name in seen or tensor.shape != grad.shape:
+                raise ValueError("every delta must have the state's names and shapes")
+            seen.add(name)
+            grad.add_(tensor.to("cpu", torch.float32) * weight)
+        if len(seen) != len(self._grad):
+            raise ValueError("every delta must have the state's names and shapes")
+
+    def step(self, *, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True) -> OuterState:
+        """The new state after the outer SGD step, as ``torch.optim.SGD`` takes it:
+        ``buf = momentum*buf + g``; ``step = g + momentum*buf`` (Nesterov) or ``buf``;
+        ``p = p - lr*step``. The state passed in is not changed; the sum is used up
+        (each gradient tensor is dropped once its parameter is done, so the new state
+        and the sum are never both whole). Raises ValueError if a delta is missing."""
+        if self._added != len(self._weights):
+            raise ValueError(f"{self._added} of {len(self._weights)} deltas were added")
+        lr_t, mu_t = _f32(lr), _f32(momentum)
+        params: dict[str, Tensor] = {}
+        buffers: dict[str, Tensor] = {}
+        for name, param in self.state.params.items():
+            grad = self._grad.pop(name)
+            buf = self.state.momentum[name] * mu_t + grad
+            step = grad + buf * mu_t if nesterov else buf
+            params[name] = param - step * lr_t
+            buffers[name] = buf
+        return OuterState(params=params, momentum=buffers)
+
+
 def outer_step(state: OuterState, deltas: list[tuple[dict[str, Tensor], int]], *,
                lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True) -> OuterState:
     """Return a new state after one outer SGD step; the inputs are not changed.
 
     The gradient is the sample-weighted mean of ``deltas`` (pairs of delta and
-    sample count, weights ``samples / total``), summed in list order. Then, as
-    ``torch.optim.SGD`` does: ``buf = momentum*buf + g``; ``step = g +
-    momentum*buf`` (Nesterov) or ``buf``; ``p = p - lr*step``.
+    sample count, weights ``samples / total``), summed in list order (see
+    ``OuterSum``, which this is, for deltas already in memory).
 
     Raises ValueError if ``deltas`` is empty, a sample count is negative or all
     are zero, or a delta's names or shapes differ from the state's.
     """
-    if not deltas:
-        raise ValueError("outer_step needs at least one delta")
-    total = sum(samples for _, samples in deltas)
-    if any(samples < 0 for _, samples in deltas) or total <= 0:
-        raise ValueError(f"sample counts must be >= 0 with a positive total, got "
-                         f"{[samples for _, samples in deltas]}")
+    total = OuterSum(state, [samples for _, samples in deltas])
     for delta, _ in deltas:
-        if delta.keys() != state.params.keys() or any(
-                delta[n].shape != p.shape for n, p in state.params.items()):
-            raise ValueError("every delta must have the state's names and shapes")
-
-    # Weights are rounded to fp32 once, here, so no device or kernel picks its own precision.
-    weights = [_f32(samples / total) for _, samples in deltas]
-    lr_t, mu_t = _f32(lr), _f32(momentum)
-    params: dict[str, Tensor] = {}
-    buffers: dict[str, Tensor] = {}
-    for name, param in state.params.items():
-        grad = torch.zeros_like(param)
-        for (delta, _), weight in zip(deltas, weights, strict=True):
-            grad = grad + delta[name].to("cpu", torch.float32) * weight
-        buf = state.momentum[name] * mu_t + grad
-        step = grad + buf * mu_t if nesterov else buf
-        params[name] = param - step * lr_t
-        buffers[name] = buf
-    return OuterState(params=params, momentum=buffers)
+        total.add(delta)
+    return total.step(lr=lr, momentum=momentum, nesterov=nesterov)
 
 
 def _f32(value: float) -> Tensor:

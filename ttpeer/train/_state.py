@@ -19,9 +19,13 @@ Names are unique and sorted, so one state has exactly one encoding.
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -104,6 +108,13 @@ def state_to_bytes(state: OuterState) -> bytes:
     Raises ValueError if the state is not fp32 CPU with matching momentum, or
     breaks a cap (tensor count, name length, rank, 8 GiB total).
     """
+    return b"".join(state_chunks(state))
+
+
+def state_chunks(state: OuterState) -> list[bytes | memoryview]:
+    """``state_to_bytes`` as a list of pieces to write one after the other: the
+    tensors' pieces are views of their memory, so writing a state to a file needs no
+    second copy of it. Raises as ``state_to_bytes``."""
     _check_state(state)
     names = sorted(state.params)
     if len(names) > MAX_TENSORS:
@@ -122,7 +133,7 @@ def state_to_bytes(state: OuterState) -> bytes:
         raise ValueError(f"state is {total} bytes; the format allows {MAX_TOTAL_BYTES}")
     for tensors in (state.params, state.momentum):
         parts += [le_bytes(tensors[name]) for name in names]
-    return b"".join(parts)
+    return parts
 
 
 def state_from_bytes(data: bytes | bytearray | memoryview,
@@ -130,13 +141,38 @@ def state_from_bytes(data: bytes | bytearray | memoryview,
     """Parse bytes written by ``state_to_bytes``; safe on hostile input.
 
     With ``like``, the tensor names and shapes must be exactly those of
-    ``like`` and the result follows ``like``'s key order. Raises
+    ``like`` and the result follows ``like``'s key order (``like`` may be a
+    template on the meta device: only names and shapes are read). Raises
     CheckpointError for a wrong magic or version, a cap broken (tensor count,
     name length, rank, 8 GiB), a dtype other than float32, duplicate or
     unsorted names, a length that is not exact, or a mismatch with ``like``.
     """
     view = memoryview(data).cast("B")
     reader = _Reader(view)
+    return _parse(reader, len(view), like, lambda shape: _read_tensor(reader, shape))
+
+
+def state_from_file(path: Path, like: OuterState | None = None) -> OuterState:
+    """``state_from_bytes`` of a file, read straight into the tensors: the file's bytes
+    and the tensors are never in memory at once. Raises CheckpointError as
+    ``state_from_bytes``, OSError if the file cannot be read."""
+    with open(path, "rb") as f:
+        reader = _FileReader(f)
+
+        def tensor(shape: tuple[int, ...]) -> Tensor:
+            out = torch.empty(shape, dtype=torch.float32)
+            array = out.numpy().reshape(-1).view(np.uint8)
+            if f.readinto(array) != array.size:
+                raise CheckpointError("state checkpoint is truncated")
+            if sys.byteorder != "little":
+                out.numpy().byteswap(inplace=True)
+            return out
+
+        return _parse(reader, os.fstat(f.fileno()).st_size, like, tensor)
+
+
+def _parse(reader: _Reader | _FileReader, size: int, like: OuterState | None,
+           read_tensor: Callable[[tuple[int, ...]], Tensor]) -> OuterState:
     magic, version, count = _HEAD.unpack(reader.take(_HEAD.size))
     if magic != MAGIC:
         raise CheckpointError("not a ttpeer state checkpoint (bad magic)")
@@ -155,8 +191,8 @@ def state_from_bytes(data: bytes | bytearray | memoryview,
         if total > MAX_TOTAL_BYTES:
             raise CheckpointError(f"state checkpoint is larger than {MAX_TOTAL_BYTES} bytes")
         entries.append((name, shape))
-    if len(view) - reader.offset != total:
-        raise CheckpointError(f"state checkpoint body is {len(view) - reader.offset} bytes; "
+    if size - reader.offset != total:
+        raise CheckpointError(f"state checkpoint body is {size - reader.offset} bytes; "
                               f"its header says {total}")
     if like is not None:
         _match(entries, like)
@@ -164,11 +200,32 @@ def state_from_bytes(data: bytes | bytearray | memoryview,
     momentum: dict[str, Tensor] = {}
     for tensors in (params, momentum):
         for name, shape in entries:
-            tensors[name] = _read_tensor(reader, shape)
+            tensors[name] = read_tensor(shape)
     if like is not None:
         params = {name: params[name] for name in like.params}
         momentum = {name: momentum[name] for name in like.params}
     return OuterState(params=params, momentum=momentum)
+
+
+def template(state: OuterState) -> OuterState:
+    """``state``'s names and shapes on the meta device: what ``state_from_bytes`` and
+    ``decode_delta`` check against, in no memory at all."""
+    return OuterState(params={n: torch.empty(t.shape, device="meta") for n, t in state.params.items()},
+                      momentum={n: torch.empty(t.shape, device="meta") for n, t in state.momentum.items()})
+
+
+class _FileReader:
+    """``_Reader`` over an open file: the header is read piece by piece."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.offset = f, 0
+
+    def take(self, size: int) -> memoryview:
+        chunk = self.f.read(size)
+        if len(chunk) != size:
+            raise CheckpointError("state checkpoint is truncated")
+        self.offset += size
+        return memoryview(chunk)
 
 
 class _Reader:
@@ -185,7 +242,7 @@ class _Reader:
         return chunk
 
 
-def _read_entry(reader: _Reader) -> tuple[str, tuple[int, ...]]:
+def _read_entry(reader: _Reader | _FileReader) -> tuple[str, tuple[int, ...]]:
     (name_len,) = _ENTRY.unpack(reader.take(_ENTRY.size))
     if not 0 < name_len <= 4 * MAX_NAME_CHARS:
         raise CheckpointError(f"state checkpoint has a tensor name of {name_len} bytes")
