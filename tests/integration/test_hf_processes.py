@@ -50,7 +50,8 @@ def test_a_hf_model_trains_on_two_daemons_exports_to_hf_and_logs_tensorboard(tmp
         assert len(history) == ROUNDS and all(row["peers"] for row in history)
         # Written as the closes arrive, not only at the end: every round is there while the daemons run.
         boards = [h / "tensorboard" / job for h in homes]
-        wait_for(lambda: all(len(scalars(b).get("eval/loss", [])) == ROUNDS for b in boards), 30,
+        # (a board's folder appears with its first event: until then there is nothing to read)
+        wait_for(lambda: all(b.is_dir() and len(scalars(b).get("eval/loss", [])) == ROUNDS for b in boards), 30,
                  "the last round's events")
         hashes = [ttpeer("export", job, str(h / "model.safetensors"), "--home", str(h))[-1] for h in homes]
         assert len(set(hashes)) == 1
