@@ -118,28 +118,15 @@ async def test_a_worker_sigkilled_mid_shard_is_restarted_and_the_pool_ends_ident
     homes = _homes(tmp_path)
     spec = _spec(rounds=4, shards=4, batches=12, steal=True, task=FAULTY.name)
     executors = [ProcessExecutor(home, env=_env("slow:30")) for home in homes]
-    async with MemoryRelay() as relay, trio.open_nursery() as nursery:
-        nodes = []
-        for home, executor in zip(homes, executors, strict=True):
-            await nursery.start(executor.run)
-            cfg = home.config()
-            nodes.append(Node(home, relay.client(cfg.pool, home.node_key(), cfg.proof), executor,
-                              timing=Timing(digest_interval=0.5)))
-            await nursery.start(nodes[-1].run)
-        with trio.fail_after(180):
-            for executor in executors:  # as the daemon does at start: a spare worker waits
-                await executor.warm_up()
-            job = await nodes[0].submit(spec, FAULTY.read_bytes())
-            while nodes[1].machine.training is None or nodes[1].machine.training[1] < 1:
-                await trio.sleep(0.02)
-            (victim,) = executors[1].workers()
-            os.kill(victim["pid"], signal.SIGKILL)
-            for node in nodes:
-                await node.done_event(job.id).wait()
-        nursery.cancel_scope.cancel()
-    finals = {hashlib.sha256((h.path / "states" / job.id / "final.safetensors").read_bytes()).hexdigest()
-              for h in homes}
-    assert len(finals) == 1
+
+    async def kill_bobs_worker(nodes: list[Node], executors: list[ProcessExecutor]) -> None:
+        while nodes[1].machine.training is None or nodes[1].machine.training[1] < 1:
+            await trio.sleep(0.02)
+        (victim,) = executors[1].workers()
+        os.kill(victim["pid"], signal.SIGKILL)
+
+    job = await _pool_run(homes, executors, spec, during=kill_bobs_worker)
+    assert len(_finals(homes, job)) == 1
     assert executors[1]._jobs[job.id].deaths == 1
 
 
