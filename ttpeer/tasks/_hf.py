@@ -98,8 +98,10 @@ def lm_loss(logits: Tensor, target: Tensor) -> Tensor:
 
 
 def perplexity(logits: Tensor, target: Tensor) -> float:
-    """``exp`` of the batch's mean loss (exact over a one-batch validation set)."""
-    return math.exp(lm_loss(logits, target).item())
+    """``exp`` of the batch's mean loss (exact over a one-batch validation set). A loss
+    past 700 nats (a diverged model) is capped there: ``math.exp`` would overflow, and
+    the metric would fail the job instead of showing it diverged."""
+    return math.exp(min(lm_loss(logits, target).item(), 700.0))
 
 
 def _check_settings(block_size: int, batch_size: int, val_fraction: float, val_windows: int) -> None:

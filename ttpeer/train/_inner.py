@@ -209,6 +209,7 @@ class InnerTrainer:
             model = model.to_empty(device=self.device)
         except Exception:  # noqa: BLE001 - a task's model that cannot be built on meta: copy ours
             return copy.deepcopy(self.model)
+        _tie_like(model, self.model)
         own = dict(self.model.named_buffers())
         with torch.no_grad():
             for name, buf in model.named_buffers():
@@ -219,6 +220,21 @@ class InnerTrainer:
     def _new_optimizer(self) -> torch.optim.Optimizer:
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         return torch.optim.AdamW(trainable, lr=self._lr, weight_decay=self._weight_decay)
+
+
+def _tie_like(model: nn.Module, like: nn.Module) -> None:
+    """Gives ``model`` the parameter sharing of ``like``. ``to_empty`` from the meta
+    device makes a new Parameter for every name, so a tied head (GPT-2's ``lm_head``
+    is ``wte``) becomes a second, uninitialised tensor that the loaded state (which
+    names each shared tensor once) never fills."""
+    first: dict[int, str] = {}
+    for name, param in like.named_parameters(remove_duplicate=False):
+        if id(param) not in first:
+            first[id(param)] = name
+            continue
+        owner, _, attr = name.rpartition(".")
+        module = model.get_submodule(owner) if owner else model
+        setattr(module, attr, model.get_parameter(first[id(param)]))
 
 
 def _load(model: nn.Module, names: list[str], params: dict[str, Tensor]) -> None:
