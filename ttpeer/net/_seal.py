@@ -3,6 +3,11 @@
 - Pool sealing (gossip payloads, blobs): ChaCha20-Poly1305 under the pool key, a
   random 96-bit nonce per message, and a purpose label bound in as associated data
   so a blob can never be replayed as a message or the reverse.
+- Pool sealing in pieces (model states, checkpoints: files of any size): a random
+  16-byte salt derives a key for this blob alone (HKDF-SHA256 from the pool key),
+  then each 1 MiB piece is sealed under it with its index as the nonce and a last-
+  piece flag, the STREAM construction: pieces cannot be reordered, dropped or cut
+  off at the end, and no piece larger than one MiB is ever in memory.
 - Direct sealing (handing the pool key to a new member): an ephemeral X25519 key
   agreement with the recipient's sealing key, HKDF-SHA256, ChaCha20-Poly1305.
 
@@ -11,6 +16,8 @@ the input and keep going.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -24,6 +31,10 @@ from ._entropy import new_sealing_key, random_bytes
 
 _POOL_MAGIC = b"TS1P"
 _DIRECT_MAGIC = b"TS1D"
+_STREAM_MAGIC = b"TS2S"
+SALT = 16
+PIECE = 1 << 20  # plaintext bytes per sealed piece
+TAG = 16
 NONCE = 12
 MAX_SEALED = 2**31 - 1024  # ChaCha20-Poly1305 in cryptography takes at most 2**31 - 1 bytes
 
@@ -40,12 +51,98 @@ def seal(key: bytes, purpose: bytes, plaintext: bytes) -> bytes:
 
 
 def open_sealed(key: bytes, purpose: bytes, data: bytes) -> bytes:
+    """Opens either pool format: one piece (``seal``) or pieces (``seal_file``)."""
+    if data[:4] == _STREAM_MAGIC:
+        count = _piece_count(len(data))
+        aead = ChaCha20Poly1305(_piece_key(key, data[4:4 + SALT], purpose))
+        view, step = memoryview(data)[4 + SALT:], PIECE + TAG
+        return b"".join(_open_piece(aead, i, count, view[i * step:(i + 1) * step], purpose) for i in range(count))
     if len(data) < 4 + NONCE + 16 or data[:4] != _POOL_MAGIC:
         raise SealError("not a pool-sealed payload")
     try:
         return ChaCha20Poly1305(key).decrypt(data[4 : 4 + NONCE], data[4 + NONCE :], purpose)
     except InvalidTag:
         raise SealError("sealed payload does not authenticate (tampered or another pool key)") from None
+
+
+def seal_file(key: bytes, purpose: bytes, source: Path, out: Path) -> int:
+    """Seal the file ``source`` into ``out`` in pieces, reading and writing one piece at a
+    time; returns the sealed size. Raises ``OSError`` from either file."""
+    salt = random_bytes(SALT)
+    aead = ChaCha20Poly1305(_piece_key(key, salt, purpose))
+    size = source.stat().st_size
+    count = max(1, -(-size // PIECE))
+    with open(source, "rb") as src, open(out, "wb") as dst:
+        dst.write(_STREAM_MAGIC + salt)
+        for index in range(count):
+            piece = src.read(PIECE)
+            dst.write(aead.encrypt(_piece_nonce(index, index == count - 1), piece, purpose))
+        if src.read(1):
+            raise OSError(f"{source} grew while it was sealed")
+    return 4 + SALT + size + count * TAG
+
+
+def open_sealed_file(keys: list[bytes], purpose: bytes, source: Path, out: Path) -> None:
+    """Open the pool-sealed file ``source`` (either format) into ``out``, trying each of
+    ``keys`` (newest first) on its first piece: one piece in memory at a time for the
+    format in pieces. Raises ``SealError`` (``out`` is then removed) and ``OSError``."""
+    size = source.stat().st_size
+    with open(source, "rb") as src:
+        if src.read(4) != _STREAM_MAGIC:
+            src.seek(0)
+            data = src.read()
+            out.write_bytes(_open_any(keys, lambda key: open_sealed(key, purpose, data)))
+            return
+        salt = src.read(SALT)
+        count = _piece_count(size)
+        first = src.read(PIECE + TAG)
+        aead = _open_any(keys, lambda key: _first_piece(key, salt, purpose, first, count))
+        try:
+            with open(out, "wb") as dst:
+                dst.write(_open_piece(aead, 0, count, first, purpose))
+                for index in range(1, count):
+                    dst.write(_open_piece(aead, index, count, src.read(PIECE + TAG), purpose))
+        except BaseException:
+            out.unlink(missing_ok=True)
+            raise
+
+
+def _open_any(keys: list[bytes], attempt):  # noqa: ANN001, ANN202 - attempt(key) raises SealError
+    for key in keys:
+        try:
+            return attempt(key)
+        except SealError:
+            continue
+    raise SealError("sealed payload does not authenticate under any pool key held here")
+
+
+def _first_piece(key: bytes, salt: bytes, purpose: bytes, piece: bytes, count: int) -> ChaCha20Poly1305:
+    aead = ChaCha20Poly1305(_piece_key(key, salt, purpose))
+    _open_piece(aead, 0, count, piece, purpose)
+    return aead
+
+
+def _piece_count(sealed_size: int) -> int:
+    body = sealed_size - 4 - SALT
+    if body < TAG:
+        raise SealError("sealed payload is cut short")
+    return -(-body // (PIECE + TAG))
+
+
+def _open_piece(aead: ChaCha20Poly1305, index: int, count: int, piece: bytes | memoryview,
+                purpose: bytes) -> bytes:
+    try:
+        return aead.decrypt(_piece_nonce(index, index == count - 1), bytes(piece), purpose)
+    except InvalidTag:
+        raise SealError("sealed piece does not authenticate (tampered, cut short, or another pool key)") from None
+
+
+def _piece_key(key: bytes, salt: bytes, purpose: bytes) -> bytes:
+    return HKDF(hashes.SHA256(), 32, salt, b"ttpeer/pieces/v1" + purpose).derive(key)
+
+
+def _piece_nonce(index: int, last: bool) -> bytes:
+    return index.to_bytes(NONCE - 1, "big") + (b"\x01" if last else b"\x00")
 
 
 def _direct_key(shared: bytes, eph_pub: bytes, recipient_pub: bytes) -> bytes:
