@@ -112,6 +112,33 @@ async def test_a_download_broken_mid_body_resumes_with_range(
     assert b.bytes_received >= len(data)
 
 
+async def test_a_file_blob_streams_both_ways_resumes_and_leaves_no_file_on_failure(
+    start_relay: StartRelay, pool: Pool, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    running = await start_relay()
+    data = os.urandom(BIG)
+    (tmp_path / "up").write_bytes(data)
+    async with member(running, pool, "a") as a:
+        blob = await a.put_blob_file(tmp_path / "up")
+        assert blob == hashlib.sha256(data).hexdigest()
+        assert await a.get_blob(blob, max_size=len(data)) == data  # the same blob as put_blob's
+        with pytest.raises(BlobCorrupt, match="over"):
+            await a.get_blob_file(blob, tmp_path / "small", max_size=len(data) - 1)
+        assert not (tmp_path / "small").exists()
+    forwarder = Forwarder(running.port, "cut", after=2 * 2**20)
+    listeners = await nursery.start(partial(trio.serve_tcp, forwarder.handle, 0, host="127.0.0.1"))
+    url = f"https://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    key, proof = pool.member("b")
+    async with RelayClient(url, running.fingerprint, pool=pool.id, peer_key=key, proof=proof,
+                           timeout=2.0) as b:
+        with trio.fail_after(20):
+            await b.get_blob_file(blob, tmp_path / "down", max_size=len(data))
+        forwarder.release.set()
+    assert forwarder.broken == 1  # cut mid-body: the file was resumed with Range, not restarted
+    assert (tmp_path / "down").read_bytes() == data
+    assert b.bytes_received - len(data) < 4096
+
+
 async def test_download_through_a_connect_proxy(
     start_relay: StartRelay, pool: Pool, nursery: trio.Nursery
 ) -> None:

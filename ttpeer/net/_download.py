@@ -27,6 +27,7 @@ deadline costs trio a few microseconds, so it moves at most every ``timeout / 8`
 from __future__ import annotations
 
 import hashlib
+from typing import BinaryIO
 
 import trio
 
@@ -74,6 +75,25 @@ class Body:
 
     def append(self, chunk: bytes) -> None:
         self.parts.append(chunk)
+        self.size += len(chunk)
+        self.sha256.update(chunk)
+
+
+class FileBody(Body):
+    """A ``Body`` that goes to a file as it arrives (a model state: never whole in
+    memory). ``parts`` stays empty; ``clear`` starts the file over."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+        super().__init__()
+
+    def clear(self) -> None:
+        super().clear()
+        self._file.seek(0)
+        self._file.truncate()
+
+    def append(self, chunk: bytes) -> None:
+        self._file.write(chunk)
         self.size += len(chunk)
         self.sha256.update(chunk)
 

@@ -23,6 +23,7 @@ import random
 from collections import deque
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 
 import trio
@@ -290,6 +291,12 @@ class MemoryTransport:
             self.bytes_sent += len(data)
         await trio.lowlevel.checkpoint()
         return blob
+
+    async def put_blob_file(self, path: Path) -> str:
+        return await self.put_blob(path.read_bytes())
+
+    async def get_blob_file(self, blob: str, path: Path, *, max_size: int) -> None:
+        path.write_bytes(await self.get_blob(blob, max_size=max_size))
 
     async def get_blob(self, blob: str, *, max_size: int) -> bytes:
         check_blob_name(blob)

@@ -26,6 +26,7 @@ import json
 import math
 import ssl
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
@@ -34,7 +35,7 @@ import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..proto import public_hex
-from ._download import Answer, Body, Malformed, request_head
+from ._download import Answer, Body, FileBody, Malformed, request_head
 from ._errors import (
     BlobCorrupt,
     BlobMissing,
@@ -135,12 +136,13 @@ class RelayClient:
         self._login_lock = trio.Lock()
         self._limits: dict[str, int] = {}  # the relay's caps, learnt at login
 
-    def _check_size(self, data: bytes, limit: str) -> None:
+    def _check_size(self, data: bytes, limit: str, *, size: int | None = None) -> None:
         """Refuse locally what the relay would refuse: it cannot answer a large body
         cleanly before the whole body has been sent."""
         cap = self._limits.get(limit)
-        if cap is not None and len(data) > cap:
-            raise RelayLimit(self.url, 413, f"{len(data)} bytes is over the relay's {cap}-byte "
+        size = len(data) if size is None else size
+        if cap is not None and size > cap:
+            raise RelayLimit(self.url, 413, f"{size} bytes is over the relay's {cap}-byte "
                              "cap", None)
 
     async def __aenter__(self) -> RelayClient:
@@ -210,11 +212,12 @@ class RelayClient:
 
     async def _send(
         self, method: str, path: str, *, auth: bool, stream: bool = False,
-        blob: str | None = None, read_timeout: float | None = None, upload: bytes | None = None,
+        blob: str | None = None, read_timeout: float | None = None, upload: bytes | Path | None = None,
         **kwargs: Any,
     ) -> httpx.Response:
         """Send one request (logging in again once on 401); a 2xx response or a NetError.
-        ``upload`` is a large body, sent in pieces with its Content-Length."""
+        ``upload`` is a large body (bytes, or a file read as it goes), sent in pieces with
+        its Content-Length."""
         if self._http is None:
             raise RelayUnavailable(self.url, "not connected; call connect() first")
         for attempt in (1, 2):
@@ -223,14 +226,16 @@ class RelayClient:
             if auth:
                 headers["authorization"] = f"Bearer {self._session}"
             timeout = httpx.Timeout(self._timeout, read=read_timeout or self._timeout)
+            upload_size = 0
             if upload is not None:  # a fresh iterator each attempt: a 401 sends it again
-                headers["content-length"] = str(len(upload))
-                kwargs["content"] = _pieces(upload)
+                upload_size = upload.stat().st_size if isinstance(upload, Path) else len(upload)
+                headers["content-length"] = str(upload_size)
+                kwargs["content"] = _file_pieces(upload) if isinstance(upload, Path) else _pieces(upload)
             request = self._http.build_request(method, path, headers=headers, timeout=timeout,
                                                **kwargs)
             kwargs["headers"] = headers
             # Other bodies are bytes, read at build time.
-            self.bytes_sent += len(upload) if upload is not None else len(request.content)
+            self.bytes_sent += upload_size if upload is not None else len(request.content)
             response = await self._transmit(request, stream)
             if response.status_code == 401 and auth and attempt == 1:
                 await response.aclose()
@@ -369,14 +374,40 @@ class RelayClient:
             await response.aclose()  # its small JSON answer says nothing a peer needs
         return blob
 
+    async def put_blob_file(self, path: Path) -> str:
+        """``put_blob`` of a file's bytes, read from the file as they go out (hashed first,
+        in a thread): a model-sized blob is never in memory. Raises ``OSError`` too."""
+        blob = await trio.to_thread.run_sync(_file_sha256, path)
+        size = path.stat().st_size
+        self._check_size(b"", "max_blob_bytes", size=size)
+        if size <= ASK_FIRST_BYTES or not await self.has_blob(blob):
+            response = await self._send("PUT", f"/v1/blob/{blob}", auth=True, upload=path, stream=True)
+            await response.aclose()
+        return blob
+
+    async def get_blob_file(self, blob: str, path: Path, *, max_size: int) -> None:
+        """``get_blob`` into the file ``path`` (created or replaced), chunk by chunk as it
+        arrives; the file is removed if the download fails. Raises as ``get_blob`` does,
+        and ``OSError``."""
+        try:
+            with open(path, "wb") as file:
+                await self._get_into(FileBody(file), blob, max_size)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+
     async def get_blob(self, blob: str, *, max_size: int) -> bytes:
         """Fetch ``blob``, resuming with Range after a broken connection.
 
         Raises ``BlobMissing``, ``BlobCorrupt`` (wrong hash, larger than
         ``max_size``), ``RelayUnavailable``.
         """
-        check_blob_name(blob)
         body = Body()
+        await self._get_into(body, blob, max_size)
+        return b"".join(body.parts)
+
+    async def _get_into(self, body: Body, blob: str, max_size: int) -> None:
+        check_blob_name(blob)
         for attempt in range(1, _FETCH_ATTEMPTS + 1):
             before = body.size
             try:
@@ -387,7 +418,6 @@ class RelayClient:
                     raise
         if body.sha256.hexdigest() != blob:
             raise BlobCorrupt(blob, "its bytes do not hash to its name")
-        return b"".join(body.parts)
 
     async def _fetch_into(self, body: Body, blob: str, max_size: int) -> None:
         """Append the rest of ``blob`` to ``body`` (all of it if the relay ignores the
@@ -479,6 +509,21 @@ class RelayClient:
             await answer.read_into(body)
         finally:
             self.bytes_received += body.size - start
+
+
+async def _file_pieces(path: Path) -> AsyncIterator[bytes]:
+    """The file at ``path`` in ``UPLOAD_PIECE`` reads, one in memory at a time."""
+    async with await trio.open_file(path, "rb") as f:
+        while piece := await f.read(UPLOAD_PIECE):
+            yield piece
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while piece := f.read(UPLOAD_PIECE):
+            digest.update(piece)
+    return digest.hexdigest()
 
 
 async def _pieces(data: bytes) -> AsyncIterator[bytes]:

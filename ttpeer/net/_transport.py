@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 RECV_MAX_COUNT = 1024  # messages in one recv answer at most
@@ -73,6 +74,13 @@ class Transport(Protocol):
 
     async def get_blob(self, blob: str, *, max_size: int) -> bytes:
         """Fetch a blob. Raises ``BlobMissing``, ``BlobCorrupt`` (bad hash, over max_size)."""
+
+    async def put_blob_file(self, path: Path) -> str:
+        """``put_blob`` of the file at ``path``, streamed: never whole in memory. Raises
+        as ``put_blob`` does, and ``OSError`` reading the file."""
+
+    async def get_blob_file(self, blob: str, path: Path, *, max_size: int) -> None:
+        """``get_blob`` into the file ``path``, streamed; no file is left if it fails."""
 
     async def has_blob(self, blob: str) -> bool:
         """Whether the relay holds the blob now."""
