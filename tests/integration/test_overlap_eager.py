@@ -81,7 +81,8 @@ async def _final_loss(tmp_path: Path, overlap: int) -> float:
     peers = [TorchExecutor(home) for home in homes]
     job, s0 = await _job(homes[0], peers[0], {**SPEC, "overlap": overlap})
     assert await peers[1].prepare(job, TASK_FILE.read_bytes()) is None
-    assert await peers[1].import_state(job, s0, await peers[0].export_state(job, s0))
+    await peers[0].export_state(job, s0, homes[0].path / "s0.state")
+    assert await peers[1].import_state(job, s0, homes[0].path / "s0.state")
     states, loss = [s0], float("nan")
     for rnd in range(SPEC["rounds"]):
         base = states[max(0, rnd - 1)] if overlap else states[rnd]  # as proto's train_base

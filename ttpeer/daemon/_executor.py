@@ -43,15 +43,15 @@ class Decline:
 
 
 class Executor(Protocol):
-    async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
+    async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes | Path]:
         """Build a job's initial state for submission. Returns the job fields this side
         fixes (``task_hash``, ``init``, ``data``: a fingerprint of the task's data) and the
-        initial state's bytes, after running the task on one batch. A warm start comes as
-        ``spec["init"]``, the path of a safetensors file on this machine; the returned
-        ``init`` (the state's hash) replaces it in the record. Raises ``TaskFailed`` for a
-        task that does not load or fails on that batch, ``TtpeerError`` for a file that
-        does not match its model or job fields no peer could train (a warm-up as long as
-        the job)."""
+        initial state's bytes (or a file holding them, which the caller removes), after
+        running the task on one batch. A warm start comes as ``spec["init"]``, the path of
+        a safetensors file on this machine; the returned ``init`` (the state's hash)
+        replaces it in the record. Raises ``TaskFailed`` for a task that does not load or
+        fails on that batch, ``TtpeerError`` for a file that does not match its model or
+        job fields no peer could train (a warm-up as long as the job)."""
         ...
 
     async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
@@ -82,12 +82,14 @@ class Executor(Protocol):
         """Like ``aggregate``, but keep the result only if it hashes to ``expect``."""
         ...
 
-    async def export_state(self, job: Record, state: str) -> bytes:
-        """The bytes of a held state, for a checkpoint blob."""
+    async def export_state(self, job: Record, state: str, out: Path) -> None:
+        """Write a held state's bytes to the file ``out``, for a checkpoint blob (a file:
+        a model-sized state is never one ``bytes`` in the daemon)."""
         ...
 
-    async def import_state(self, job: Record, state: str, data: bytes) -> bool:
-        """Hold the state in ``data`` if it hashes to ``state``."""
+    async def import_state(self, job: Record, state: str, data: bytes | Path) -> bool:
+        """Hold the state in ``data`` (its bytes, or a file holding them) if it hashes to
+        ``state``. A file stays where it is: the caller removes it."""
         ...
 
     def held_states(self, job: Record) -> set[str]:

@@ -65,7 +65,17 @@ from ttpeer.errors import (
 )
 from ttpeer.net import BlobCorrupt, NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
 from ttpeer.net._entropy import random_bytes
-from ttpeer.net._seal import COUNTER, SealError, gossip_ad, open_direct, open_sealed, seal, seal_to
+from ttpeer.net._seal import (
+    COUNTER,
+    SealError,
+    gossip_ad,
+    open_direct,
+    open_sealed,
+    open_sealed_file,
+    seal,
+    seal_file,
+    seal_to,
+)
 from ttpeer.proto import (
     MAX_KEEP,
     RETRY_AFTER,
@@ -113,7 +123,7 @@ from ._executor import Decline, Deltas, Executor
 from ._home import Home, PoolConfig
 from ._recordlog import RecordLog
 from ._replay import ReplayGuard
-from ._workfiles import write_work
+from ._workfiles import disk_or_job, write_work
 
 log = logging.getLogger("ttpeer.daemon")
 
@@ -351,8 +361,15 @@ class Node:
         signed = self._sign_task(task_file) if task_file is not None else None
         await self._key_event.wait()
         spec = self._sized(_with_members(spec))
-        fixed, init_bytes = await self.executor.new_job(spec, task_file)
-        init_blob = await self._put_sealed(init_bytes)
+        fixed, init = await self.executor.new_job(spec, task_file)
+        if isinstance(init, Path):  # a model-sized file: sealed and uploaded a piece at a time
+            with contextlib.ExitStack() as stack:
+                stack.callback(init.unlink, missing_ok=True)
+                sealed = stack.enter_context(self._work_files("submit", "init"))[1]
+                await self._seal_file(init, sealed)
+                init_blob = await self.transport.put_blob_file(sealed)
+        else:
+            init_blob = await self._put_sealed(init)
         task_blob = await self._put_sealed(signed) if signed is not None else ""
         body = {**spec, **fixed, "init_blob": init_blob, "task_blob": task_blob, "at": int(self._wall())}
         rec = sign("job", self.cfg.pool, body, self._key)
@@ -497,21 +514,19 @@ class Node:
                     self._process(m.applied(close["state"], ok, now()))
                 case FetchState(job=job, state=state, blob=blob):
                     what = "the initial state" if state == job["init"] else "the latest checkpoint"
-                    with self._phase(job.id, f"fetching {what}"):
-                        data = await self._get_sealed(blob)
-                        ok = await self.executor.import_state(job, state, data)
-                        del data
-                        trim()
+                    with self._phase(job.id, f"fetching {what}"), self._work_files(job.id, "fetch") as (sealed, plain):
+                        await self.transport.get_blob_file(blob, sealed, max_size=MAX_BLOB)
+                        await self._open_file(sealed, plain)
+                        ok = await self.executor.import_state(job, state, plain)
                     self._process(m.fetched(state, ok, now()))
                 case PublishCheckpoint(job=job, round=rnd, state=state):
-                    data = await self.executor.export_state(job, state)
-                    size = len(data)
-                    assert self.pool_key is not None
-                    sealed = seal(self.pool_key, BLOB, data)
-                    del data  # a checkpoint is the whole state: not kept beside its sealed copy
-                    blob = await self.transport.put_blob(sealed)
-                    del sealed
-                    trim()
+                    # File to file, a piece at a time: a model-sized state is never in the
+                    # daemon's memory (it was, three times over: bytes, sealed, in transport).
+                    with self._work_files(job.id, "checkpoint") as (plain, sealed):
+                        await self.executor.export_state(job, state, plain)
+                        size = plain.stat().st_size
+                        await self._seal_file(plain, sealed)
+                        blob = await self.transport.put_blob_file(sealed)
                     self._process(m.checkpoint_published(job, rnd, state, blob, size, now()))
         except DiskError as exc:  # a full disk stops the daemon: retrying would only fail again
             self.fatal = exc
@@ -645,6 +660,30 @@ class Node:
                 if not last:
                     await trio.sleep(RETRY_AFTER)
         return None
+
+    @contextlib.contextmanager
+    def _work_files(self, job: str, what: str) -> Iterator[tuple[Path, Path]]:
+        """Two fresh paths in ``HOME/work/<job>/`` for a state and its sealed copy, removed
+        when the block ends (a crash leaves them to the startup sweep of ``work/``)."""
+        folder = self.home.path / "work" / job
+        folder.mkdir(parents=True, exist_ok=True)
+        n = next(self._fetches)
+        paths = folder / f"{what}-{n}.state", folder / f"{what}-{n}.sealed"
+        try:
+            yield paths
+        except OSError as exc:  # writing or reading a file, in the transport too
+            raise disk_or_job(folder, exc) from None
+        finally:
+            for path in paths:
+                path.unlink(missing_ok=True)
+
+    async def _seal_file(self, plain: Path, sealed: Path) -> None:
+        assert self.pool_key is not None
+        await trio.to_thread.run_sync(seal_file, self.pool_key, BLOB, plain, sealed)
+
+    async def _open_file(self, sealed: Path, plain: Path) -> None:
+        """Open with whichever epoch's key sealed it, newest first. Raises ``SealError``."""
+        await trio.to_thread.run_sync(open_sealed_file, list(reversed(self.pool_keys)), BLOB, sealed, plain)
 
     async def _put_sealed(self, data: bytes) -> str:
         assert self.pool_key is not None

@@ -554,7 +554,8 @@ class ProcessExecutor:
 
     # -- the executor interface ------------------------------------------------------------
 
-    async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
+    async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], Path]:
+        """The initial state comes back as the worker's file: the caller removes it."""
         worker = await self._take()
         out = self._work_dir("submit") / f"init-{os.getpid()}-{id(worker)}.state"
         try:
@@ -566,7 +567,7 @@ class ProcessExecutor:
             await worker.close()
             raise
         await self._give_back(worker)  # it holds no job: the job's own worker, if this peer prepares it
-        return result["fixed"], read_and_remove(Path(result["file"]))
+        return result["fixed"], Path(result["file"])
 
     async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
         j = self._jobs.get(job.id)
@@ -638,12 +639,13 @@ class ProcessExecutor:
     async def apply(self, job: Record, base: str, deltas: Deltas, expect: str) -> bool:
         return bool(await self._with_deltas(job, "apply", deltas, {"base": base, "expect": expect}))
 
-    async def export_state(self, job: Record, state: str) -> bytes:
-        out = self._work_dir(job.id) / f"export-{state.removeprefix('sha256:')[:16]}.state"
-        return read_and_remove(Path(await self._call(job, "export_state", {"state": state, "out": str(out)})))
+    async def export_state(self, job: Record, state: str, out: Path) -> None:
+        await self._call(job, "export_state", {"state": state, "out": str(out)})
 
-    async def import_state(self, job: Record, state: str, data: bytes) -> bool:
-        path = write_work(self._work_dir(job.id) / f"import-{state.removeprefix('sha256:')[:16]}.state", data)
+    async def import_state(self, job: Record, state: str, data: bytes | Path) -> bool:
+        """A file is handed to the worker as it is (the worker removes it once read)."""
+        path = data if isinstance(data, Path) else write_work(
+            self._work_dir(job.id) / f"import-{state.removeprefix('sha256:')[:16]}.state", data)
         try:
             return bool(await self._call(job, "import_state", {"state": state, "file": str(path)}))
         finally:

@@ -21,6 +21,7 @@ raised as the ``TtpeerError`` they are; the command line prints them.
 from __future__ import annotations
 
 import logging
+import shutil
 import signal
 import threading
 from functools import partial
@@ -79,6 +80,9 @@ async def run_daemon(
     if ended is not None:  # revoked, or lost its token's race: starting cannot help
         home.unlock()
         raise MembershipEnded(ended)
+    # Files in flight between this daemon and its workers (a checkpoint being sealed, a
+    # state being fetched) from a run that crashed: model-sized, and nothing reads them.
+    shutil.rmtree(home.path / "work", ignore_errors=True)
     try:
         await _serve(home, device=device, task_options=task_options, proxy=proxy, timing=timing,
                      metrics=metrics, stop_grace=stop_grace, notifier=notifier or Notifier(None),

@@ -408,12 +408,9 @@ class TorchExecutor:
         async with self._close_lock:
             return await _in_thread(run, job["task"])
 
-    async def export_state(self, job: Record, state: str) -> bytes:
-        return await _in_thread(lambda: train.state_to_bytes(self._state(job, state)), job["task"])
-
-    async def export_state_file(self, job: Record, state: str, out: Path) -> None:
-        """``export_state`` into the file ``out`` (for the worker): a copy of the held
-        state's file, so neither its bytes nor a second set of tensors are in memory."""
+    async def export_state(self, job: Record, state: str, out: Path) -> None:
+        """A copy of the held state's file, so neither its bytes nor a second set of
+        tensors are in memory."""
         def run() -> None:
             src = self._state_file(job.id, state)
             if not src.exists():  # held in memory only: a state always has a file, but be safe
@@ -445,9 +442,6 @@ class TorchExecutor:
 
     async def release(self, job: str) -> None:
         self._jobs.pop(job, None)
-
-    async def import_state_file(self, job: Record, state: str, path: Path) -> bool:
-        return await self.import_state(job, state, path)
 
     async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
         ctx = self._job(job)

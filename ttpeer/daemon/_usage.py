@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -101,7 +102,7 @@ class TimedExecutor:
         finally:
             self.usage.add(job, kind, self.usage.clock() - began)
 
-    async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
+    async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes | Path]:
         return await self.inner.new_job(spec, task_file)
 
     async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
@@ -126,10 +127,10 @@ class TimedExecutor:
     async def apply(self, job: Record, base: str, deltas: Deltas, expect: str) -> bool:
         return await self._timed(job.id, "compute_s", self.inner.apply(job, base, deltas, expect))
 
-    async def export_state(self, job: Record, state: str) -> bytes:
-        return await self._timed(job.id, "compute_s", self.inner.export_state(job, state))
+    async def export_state(self, job: Record, state: str, out: Path) -> None:
+        return await self._timed(job.id, "compute_s", self.inner.export_state(job, state, out))
 
-    async def import_state(self, job: Record, state: str, data: bytes) -> bool:
+    async def import_state(self, job: Record, state: str, data: bytes | Path) -> bool:
         return await self._timed(job.id, "compute_s", self.inner.import_state(job, state, data))
 
     def held_states(self, job: Record) -> set[str]:
@@ -158,6 +159,20 @@ class TimedTransport:
         job, began = self._usage.current, self._usage.clock()
         try:
             return await self._inner.put_blob(data)
+        finally:
+            self._usage.add(job, "comm_s", self._usage.clock() - began)
+
+    async def put_blob_file(self, path: Path) -> str:
+        job, began = self._usage.current, self._usage.clock()
+        try:
+            return await self._inner.put_blob_file(path)
+        finally:
+            self._usage.add(job, "comm_s", self._usage.clock() - began)
+
+    async def get_blob_file(self, blob: str, path: Path, *, max_size: int) -> None:
+        job, began = self._usage.current, self._usage.clock()
+        try:
+            await self._inner.get_blob_file(blob, path, max_size=max_size)
         finally:
             self._usage.add(job, "comm_s", self._usage.clock() - began)
 

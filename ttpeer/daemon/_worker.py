@@ -166,11 +166,11 @@ class _Worker:
             state, metrics = await ex.aggregate(job, a["base"], deltas)
             return {"state": state, "metrics": metrics}
         if op == "export_state":  # file to file: the worker never holds the state's bytes
-            await ex.export_state_file(job, a["state"], Path(a["out"]))
+            await ex.export_state(job, a["state"], Path(a["out"]))
             return a["out"]
         if op == "import_state":
             try:
-                return await ex.import_state_file(job, a["state"], Path(a["file"]))
+                return await ex.import_state(job, a["state"], Path(a["file"]))
             finally:
                 Path(a["file"]).unlink(missing_ok=True)
         if op == "finish":

@@ -29,7 +29,7 @@ def write_work(path: Path, data: bytes) -> Path:
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise _translated(path, exc) from None
+        raise disk_or_job(path, exc) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -40,12 +40,14 @@ def read_and_remove(path: Path) -> bytes:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise _translated(path, exc) from None
+        raise disk_or_job(path, exc) from None
     path.unlink(missing_ok=True)
     return data
 
 
-def _translated(path: Path, exc: OSError) -> DiskError | JobError:
+def disk_or_job(path: Path, exc: OSError) -> DiskError | JobError:
+    """A full or read-only disk stops the daemon (``DiskError``); any other failure of a
+    work file fails the job (``JobError``)."""
     if exc.errno in DISK_ERRNOS:
         return DiskError(path, exc)
     return JobError(f"{path}: {exc.strerror or exc}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -146,10 +147,12 @@ class FakeExecutor:
         self.disk.states.setdefault(job.id, set()).add(state)
         return True
 
-    async def export_state(self, job: Record, state: str) -> bytes:
-        return state.encode()
+    async def export_state(self, job: Record, state: str, out: Path) -> None:
+        out.write_bytes(state.encode())
 
-    async def import_state(self, job: Record, state: str, data: bytes) -> bool:
+    async def import_state(self, job: Record, state: str, data: bytes | Path) -> bool:
+        if isinstance(data, Path):
+            data = data.read_bytes()
         if data != state.encode():
             return False
         self.disk.states.setdefault(job.id, set()).add(state)
