@@ -131,6 +131,7 @@ GOSSIP = b"ttpeer/gossip/v1"
 BLOB = b"ttpeer/blob/v1"
 KEY_DOMAIN = b"ttpeer/keyshare/v1\n"
 MAX_BLOB = 8 * 2**30
+THREAD_FILE_BYTES = 4 * 2**20  # a larger state is sealed or opened in a thread
 RECV_WAIT = 20.0
 SUSPECT_BEATS = 3  # heartbeats missed before a peer is suspected
 EXPIRY_GRACE = 15 * 60.0  # clock skew and a slow first hello, past an invite's expiry
@@ -515,8 +516,7 @@ class Node:
                 case FetchState(job=job, state=state, blob=blob):
                     what = "the initial state" if state == job["init"] else "the latest checkpoint"
                     with self._phase(job.id, f"fetching {what}"), self._work_files(job.id, "fetch") as (sealed, plain):
-                        await self.transport.get_blob_file(blob, sealed, max_size=MAX_BLOB)
-                        await self._open_file(sealed, plain)
+                        await self._get_sealed_file(blob, sealed, plain)
                         ok = await self.executor.import_state(job, state, plain)
                     self._process(m.fetched(state, ok, now()))
                 case PublishCheckpoint(job=job, round=rnd, state=state):
@@ -679,11 +679,17 @@ class Node:
 
     async def _seal_file(self, plain: Path, sealed: Path) -> None:
         assert self.pool_key is not None
-        await trio.to_thread.run_sync(seal_file, self.pool_key, BLOB, plain, sealed)
+        await _off_loop(plain, seal_file, self.pool_key, BLOB, plain, sealed)
 
-    async def _open_file(self, sealed: Path, plain: Path) -> None:
-        """Open with whichever epoch's key sealed it, newest first. Raises ``SealError``."""
-        await trio.to_thread.run_sync(open_sealed_file, list(reversed(self.pool_keys)), BLOB, sealed, plain)
+    async def _get_sealed_file(self, blob: str, sealed: Path, plain: Path) -> None:
+        """``_get_sealed`` from file to file: the blob into ``sealed``, opened into
+        ``plain``. Raises as ``_get_sealed`` does, and ``OSError``."""
+        try:
+            await self.transport.get_blob_file(blob, sealed, max_size=MAX_BLOB)
+            await _off_loop(sealed, open_sealed_file, list(reversed(self.pool_keys)), BLOB, sealed, plain)
+        except (BlobCorrupt, SealError):
+            self.counters.reject("blob")
+            raise
 
     async def _put_sealed(self, data: bytes) -> str:
         assert self.pool_key is not None
@@ -1083,6 +1089,17 @@ class Node:
         from ._status import snapshot
 
         return snapshot(self)
+
+
+async def _off_loop(path: Path, fn: Callable[..., Any], *args: Any) -> None:
+    """``fn(*args)`` on a file at ``path``: in a thread when the file is large enough that
+    the event loop would notice (a model state: about a second of ChaCha20), inline when not (the
+    thread hop costs more, and the simulator stays deterministic)."""
+    if path.stat().st_size > THREAD_FILE_BYTES:
+        await trio.to_thread.run_sync(fn, *args)
+    else:
+        fn(*args)
+        await trio.lowlevel.checkpoint()
 
 
 def _ended_message(node: str, seal_pub: str, records: list[Record]) -> bytes:
