@@ -266,8 +266,8 @@ def job_facts(job: Record, closed: int, contribs: list[Record], names: dict[str,
     return head + [
         ["rounds closed", f"{closed} of {job['rounds']}"],
         ["per round", f"{job['shards']} shards x {job['batches']} inner steps x batch {job['batch_size']}"],
-        ["optimizers", f"inner AdamW lr {job['inner_lr']}, outer Nesterov lr {job['outer_lr']} "
-                       f"momentum {job['outer_momentum']}; deltas int{job['bits']}"],
+        ["optimizers", f"inner AdamW lr {job['inner_lr']}{_sched(job, '')}, outer Nesterov lr {job['outer_lr']}"
+                       f"{_sched(job, 'outer_')} momentum {job['outer_momentum']}; deltas int{job['bits']}"],
         ["contributions", f"{len(contribs)} from {peers} peers, {sent:.2f} MiB of compressed deltas"],
     ]
 
@@ -293,3 +293,13 @@ def write_report(home: Home, prefix: str, out: Path) -> str:
     write_atomic(out, page.encode(), 0o644)
     return (f"job {job.id[:12]}, {summary['rounds']} rounds, {summary['peers']} peers, "
             f"{summary['images']} plots, {len(page) / 1024:.0f} KiB")
+
+
+def _sched(job: dict, prefix: str) -> str:
+    """`` (cosine, warm-up 10)`` for a scheduled lr; nothing for a constant one."""
+    kind = job.get(f"{prefix}lr_schedule", "constant")
+    warmup = job.get(f"{prefix}warmup", 0)
+    if kind == "constant" and not warmup:
+        return ""
+    unit = "rounds" if prefix else "steps"
+    return f" ({kind}" + (f", warm-up {warmup} {unit}" if warmup else "") + ")"

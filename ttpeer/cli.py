@@ -152,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inner steps of linear lr warm-up at the job's start (default 0)")
     s.add_argument("--final-lr-ratio", type=float, default=None,
                    help="cosine/linear: the last step's lr as a fraction of --inner-lr (default 0)")
+    s.add_argument("--outer-lr-schedule", choices=["constant", "cosine", "linear"], default=None,
+                   help="outer lr over the job's rounds, the same on every peer (default constant)")
+    s.add_argument("--outer-warmup", type=int, default=None,
+                   help="rounds of linear outer-lr warm-up at the job's start (default 0)")
+    s.add_argument("--outer-final-lr-ratio", type=float, default=None,
+                   help="outer cosine/linear: the last round's outer lr as a fraction of --outer-lr (default 0)")
     s.add_argument("--init", default=None, metavar="FILE|JOB",
                    help="warm start: a .safetensors state dict of the task's model, or a finished job's "
                         "id (its final model on this peer)")
@@ -484,6 +490,8 @@ def _recipe_fields(args: argparse.Namespace, home: Any) -> dict[str, Any]:
     those given, so a job without them is the record it always was."""
     fields = {"precision": args.precision, "micro_batch": args.micro_batch, "lr_schedule": args.lr_schedule,
               "warmup": args.warmup, "final_lr_ratio": args.final_lr_ratio,
+              "outer_lr_schedule": args.outer_lr_schedule, "outer_warmup": args.outer_warmup,
+              "outer_final_lr_ratio": args.outer_final_lr_ratio,
               "checkpointing": 1 if args.checkpointing else None}
     out = {k: v for k, v in fields.items() if v is not None}
     if args.micro_batch is not None and args.micro_batch > (args.batch_size or 64):

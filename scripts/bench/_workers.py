@@ -75,7 +75,7 @@ async def _round(executor: Any, home: Home, spec: dict[str, Any], rnd: int, stat
     samples = await executor.train(Train(job, rnd, 0, 0, base, fresh=True), lambda: False)
     trained = time.perf_counter() - began
     data, _metrics = await executor.delta(PublishDelta(job, rnd, base, (0,), samples))
-    new, _m = await executor.aggregate(job, base, [(data, samples)])
+    new, _m = await executor.aggregate(job, base, [(data, samples)], rnd=0)
     state["base"] = new
     return trained, time.perf_counter() - began
 

@@ -91,8 +91,8 @@ async def _final_loss(tmp_path: Path, overlap: int) -> float:
             samples = await peer.train(Train(job, rnd, shard, 0, base, fresh=True), lambda: False)
             delta, _ = await peer.delta(PublishDelta(job, rnd, base, (shard,), samples))
             deltas.append((delta, samples))
-        state, metrics = await peers[0].aggregate(job, states[rnd], deltas)
-        assert await peers[1].apply(job, states[rnd], deltas, state)  # bit-identical on both
+        state, metrics = await peers[0].aggregate(job, states[rnd], deltas, rnd=rnd)
+        assert await peers[1].apply(job, states[rnd], deltas, state, rnd=rnd)  # bit-identical on both
         states.append(state)
         loss = metrics["eval_loss"]
     return loss
@@ -125,7 +125,7 @@ async def test_a_round_closes_while_the_next_round_trains(tmp_path: Path) -> Non
         nursery.start_soon(executor.train, Train(job, 1, 1, 0, s0, fresh=True), hold)
         await trio.to_thread.run_sync(in_step.wait, 10)
         with trio.fail_after(20):
-            state, metrics = await executor.aggregate(job, s0, [(delta, samples)])
-            assert await executor.apply(job, s0, [(delta, samples)], state)
+            state, metrics = await executor.aggregate(job, s0, [(delta, samples)], rnd=0)
+            assert await executor.apply(job, s0, [(delta, samples)], state, rnd=0)
         assert not release.is_set() and "eval_loss" in metrics
         release.set()

@@ -65,8 +65,8 @@ async def test_bf16_trains_as_well_as_fp32_and_every_peer_reproduces_each_close(
                 data, _ = await executor.delta(PublishDelta(job, rnd, base, (shard,), samples))
                 deltas.append((data, samples))
             (first, job0, _, _), (second, job1, _, _) = peers
-            new, metrics = await first.aggregate(job0, base, deltas)
-            assert await second.apply(job1, base, deltas, new)  # fp32 outer step: the same bits
+            new, metrics = await first.aggregate(job0, base, deltas, rnd=rnd)
+            assert await second.apply(job1, base, deltas, new, rnd=rnd)  # fp32 outer step: the same bits
             base = new
         losses[precision] = metrics["eval_loss"]
     assert losses["fp32"] < 4.5  # it learned (ln 256 = 5.5 at the start)
@@ -121,3 +121,30 @@ async def test_a_peer_short_of_memory_for_the_batch_trains_in_micro_batches(tmp_
     assert metrics["micro_batch"] == recipe.micro_batch and metrics["precision"] == 32
     _, _, _, refused = await _prepared(home, {**spec, "seed": 2}, memory_limit=eighth // 4)
     assert refused is not None and "micro-batches down to 1 sample tried" in refused.reason
+
+
+async def test_the_outer_lr_follows_its_schedule_round_by_round_and_every_peer_reproduces_it(tmp_path: Path) -> None:
+    spec = {**SPEC, "rounds": 4, "outer_lr_schedule": "cosine", "outer_warmup": 1, "outer_final_lr_ratio": 0.2}
+    schedule = train.LrSchedule.outer_of_job(spec)
+    assert [train.outer_lr(spec, r) for r in range(4)] == [0.7 * schedule.factor(r) for r in range(4)]
+    assert len({train.outer_lr(spec, r) for r in range(4)}) == 4  # a different outer lr every round
+    assert {train.outer_lr(SPEC, r) for r in range(3)} == {0.7}  # constant: exactly the job's outer_lr
+    homes = _homes(tmp_path)
+    (first, job0, s0, _), (second, job1, _, _) = [await _prepared(home, spec) for home in homes]
+    samples = await first.train(Train(job0, 0, 0, 0, s0, fresh=True), lambda: False)
+    data, _ = await first.delta(PublishDelta(job0, 0, s0, (0,), samples))
+    deltas = [(data, samples)]
+    by_round = {}
+    for rnd in (0, 2):
+        by_round[rnd], _ = await first.aggregate(job0, s0, deltas, rnd=rnd)
+    assert by_round[0] != by_round[2]  # the round's outer lr, not the job's constant
+    assert await second.apply(job1, s0, deltas, by_round[2], rnd=2)  # the same bits on the follower
+    assert not await second.apply(job1, s0, deltas, by_round[2], rnd=1)  # another round's lr: another state
+    # By hand: the outer step of round 2 at its scheduled lr is the state the closer held.
+    task = train.load_task(TASK, homes[0].data_dir)
+    like = train.template(train.init_state(task, SPEC["seed"]))
+    base = train.state_from_bytes(train.state_to_bytes(train.init_state(task, SPEC["seed"])), like=like)
+    assert train.state_hash(base) == s0
+    expect = train.outer_step(base, [(train.decode_delta(data, like), samples)], lr=train.outer_lr(spec, 2),
+                              momentum=SPEC["outer_momentum"], nesterov=True)
+    assert train.state_hash(expect) == by_round[2]

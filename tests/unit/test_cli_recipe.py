@@ -24,6 +24,9 @@ def test_only_the_flags_given_become_job_fields(tmp_path):
                    "--warmup", "100", "--final-lr-ratio", "0.1", "--checkpointing") == {
         "precision": "bf16", "micro_batch": 16, "lr_schedule": "cosine", "warmup": 100, "final_lr_ratio": 0.1,
         "checkpointing": 1}
+    assert _fields(tmp_path, "--outer-lr-schedule", "linear", "--outer-warmup", "2",
+                   "--outer-final-lr-ratio", "0.3") == {
+        "outer_lr_schedule": "linear", "outer_warmup": 2, "outer_final_lr_ratio": 0.3}
 
 
 def test_init_takes_a_file_or_a_finished_job_of_this_home(tmp_path):

@@ -43,7 +43,8 @@ TAMPERED = {
     "cut at a piece boundary": lambda d: d[:HEAD + 2 * STEP],
     "last byte gone": lambda d: d[:-1],
     "a middle piece dropped": lambda d: d[:HEAD + STEP] + d[HEAD + 2 * STEP:],
-    "two pieces swapped": lambda d: d[:HEAD] + d[HEAD + STEP:HEAD + 2 * STEP] + d[HEAD:HEAD + STEP] + d[HEAD + 2 * STEP:],
+    "two pieces swapped": lambda d: (d[:HEAD] + d[HEAD + STEP:HEAD + 2 * STEP] + d[HEAD:HEAD + STEP]
+                                     + d[HEAD + 2 * STEP:]),
     "a bit flipped": lambda d: d[:HEAD + STEP + 7] + bytes([d[HEAD + STEP + 7] ^ 1]) + d[HEAD + STEP + 8:],
     "the salt changed": lambda d: d[:5] + bytes([d[5] ^ 1]) + d[6:],
     "no pieces at all": lambda d: d[:HEAD],

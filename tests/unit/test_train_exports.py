@@ -10,7 +10,7 @@ EXPECTED = {
     "Ensemble", "combine", "decode_member", "encode_member", "evaluate_ensemble", "export_ensemble",
     "init_ensemble", "load_bundle", "member_steps", "read_sidecar", "train_unit", "warm_up",
     "agreed_stop", "average_gradients", "join_group", "split_batches",
-    "BatchFit", "LrSchedule", "Recipe", "check_job", "fit_batch", "shard_first_step", "warm_state",
+    "BatchFit", "LrSchedule", "Recipe", "check_job", "fit_batch", "outer_lr", "shard_first_step", "warm_state",
     "Diverged", "data_fingerprint", "describe", "probe",
     "OuterSum", "iter_delta", "state_chunks", "state_from_file", "template",
 }

@@ -175,3 +175,37 @@ def test_a_peer_that_cannot_hold_the_batch_trains_with_a_micro_batch_that_fits(c
     assert forced.micro_batch == 8 and forced.misfit is None
     tiny = fit_batch(charlm, device_free=whole.host, host_free=whole.host, **args)
     assert tiny.misfit is not None and "(micro-batches down to 1 sample tried)" in tiny.misfit.message
+
+
+@pytest.mark.parametrize(("fields", "error"), [
+    ({"outer_warmup": 5}, "--outer-warmup (5 rounds) must be shorter than the job, which has 5 rounds"),
+    ({"outer_final_lr_ratio": -0.1}, "--outer-final-lr-ratio must be between 0 and 1"),
+    ({"outer_lr_schedule": "step"}, "unknown outer lr schedule 'step'"),
+])
+def test_a_bad_outer_schedule_is_refused_at_submit_with_what_to_change(linear, fields, error):
+    from ttpeer.train import check_job
+
+    with pytest.raises(TaskError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        check_job(linear, {"rounds": 5, "batches": 8, **fields})
+
+
+def test_the_outer_schedule_runs_over_rounds_and_its_record_fields_are_checked(tmp_path):
+    from ttpeer.daemon import Home
+    from ttpeer.train import outer_lr
+
+    job = {"rounds": 10, "outer_lr": 0.5, "outer_lr_schedule": "linear", "outer_warmup": 2,
+           "outer_final_lr_ratio": 0.0}
+    assert [outer_lr(job, r) for r in (0, 1, 2, 6)] == pytest.approx([0.5 / 3, 1.0 / 3, 0.5, 0.25])
+    assert outer_lr({"rounds": 10, "outer_lr": 0.5}, 9) == 0.5
+    home = Home(tmp_path / "a")
+    cfg = home.create_pool("https://relay.test.invalid", "sha256:" + "0" * 64, "a", 0)
+    body = {"task": "mnist1d", "task_hash": "0" * 64, "task_blob": "", "mode": "fused", "rounds": 5, "shards": 2,
+            "batches": 8, "batch_size": 64, "inner_lr": 1e-3, "weight_decay": 0.0, "outer_lr": 0.7,
+            "outer_momentum": 0.9, "bits": 8, "seed": 0, "init": "sha256:" + "0" * 64, "init_blob": "0" * 64,
+            "lease": 30.0, "steal": True, "at": 0}
+    sign("job", cfg.pool, {**body, "outer_lr_schedule": "cosine", "outer_warmup": 4, "outer_final_lr_ratio": 0.1},
+         home.node_key())
+    with pytest.raises(RecordError, match="outer_warmup"):
+        sign("job", cfg.pool, {**body, "outer_warmup": 5}, home.node_key())
+    with pytest.raises(RecordError, match="outer_lr_schedule"):
+        sign("job", cfg.pool, {**body, "outer_lr_schedule": "step"}, home.node_key())

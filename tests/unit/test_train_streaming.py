@@ -167,7 +167,7 @@ async def main():
     before = rss()
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    await ex.apply(job, fixed["init"], deltas, "sha256:" + "0" * 64)
+    await ex.apply(job, fixed["init"], deltas, "sha256:" + "0" * 64, rnd=0)
     stop.set()
     t.join()
     print(params, max(peak[0], rss()) - before)

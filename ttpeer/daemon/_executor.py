@@ -72,13 +72,15 @@ class Executor(Protocol):
         ...
 
     async def aggregate(
-        self, job: Record, base: str, deltas: Deltas
+        self, job: Record, base: str, deltas: Deltas, *, rnd: int
     ) -> tuple[str, dict[str, float]]:
-        """Apply the outer step to ``base`` with the decoded deltas (in the given order,
-        each ``(DeltaRef, samples)``; read one at a time); hold the result. Returns its state hash and eval metrics."""
+        """Apply the outer step of round ``rnd`` (its outer lr: the job's outer schedule there)
+        to ``base`` with the decoded deltas (in the given order, each ``(DeltaRef,
+        samples)``; read one at a time); hold the result. Returns its state hash and eval
+        metrics."""
         ...
 
-    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str) -> bool:
+    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int) -> bool:
         """Like ``aggregate``, but keep the result only if it hashes to ``expect``."""
         ...
 

@@ -500,13 +500,13 @@ class Node:
                                                     metrics, now()))
                 case Aggregate(job=job, round=rnd, base=base, contribs=contribs):
                     async with self._fetch_deltas(job, contribs) as deltas:
-                        state, metrics = await self.executor.aggregate(job, base, deltas)
+                        state, metrics = await self.executor.aggregate(job, base, deltas, rnd=rnd)
                     trim()  # the blobs this close fetched: back to the system
                     ids = tuple(c.id for c in contribs)
                     self._process(m.aggregated(job, rnd, base, ids, state, metrics, now()))
                 case Apply(job=job, close=close, contribs=contribs):
                     async with self._fetch_deltas(job, contribs) as deltas:
-                        ok = await self.executor.apply(job, close["base"], deltas, close["state"])
+                        ok = await self.executor.apply(job, close["base"], deltas, close["state"], rnd=close["round"])
                     trim()
                     if not ok:
                         log.warning("round %d of job %s did not reproduce state %s here; "

@@ -632,12 +632,12 @@ class ProcessExecutor:
             for p in mine:
                 p.unlink(missing_ok=True)
 
-    async def aggregate(self, job: Record, base: str, deltas: Deltas) -> tuple[str, dict[str, float]]:
-        result = await self._with_deltas(job, "aggregate", deltas, {"base": base})
+    async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int) -> tuple[str, dict[str, float]]:
+        result = await self._with_deltas(job, "aggregate", deltas, {"base": base, "round": rnd})
         return result["state"], result["metrics"]
 
-    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str) -> bool:
-        return bool(await self._with_deltas(job, "apply", deltas, {"base": base, "expect": expect}))
+    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int) -> bool:
+        return bool(await self._with_deltas(job, "apply", deltas, {"base": base, "expect": expect, "round": rnd}))
 
     async def export_state(self, job: Record, state: str, out: Path) -> None:
         await self._call(job, "export_state", {"state": state, "out": str(out)})

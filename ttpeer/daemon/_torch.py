@@ -357,10 +357,10 @@ class TorchExecutor:
         if not overlapped(eff.job) or own is None or own[0] != eff.round - 1:
             return base
         job = eff.job
-        return train.outer_step(base, [(own[1], 1)], lr=job["outer_lr"], momentum=job["outer_momentum"],
-                                nesterov=True)
+        return train.outer_step(base, [(own[1], 1)], lr=train.outer_lr(job.body, eff.round - 1),
+                                momentum=job["outer_momentum"], nesterov=True)
 
-    def _outer(self, job: Record, base: str, deltas: Deltas) -> train.OuterState:
+    def _outer(self, job: Record, base: str, deltas: Deltas, rnd: int) -> train.OuterState:
         ctx = self._job(job)
         if ctx.ensemble:  # the round's member checkpoints replace their members in ``base``
             try:
@@ -376,13 +376,13 @@ class TorchExecutor:
         total = train.OuterSum(self._state(job, base), [samples for _ref, samples in deltas])
         for ref, _samples in deltas:
             total.add_parts(train.iter_delta(delta_bytes(ref), ctx.like))
-        return total.step(lr=job["outer_lr"], momentum=job["outer_momentum"], nesterov=True)
+        return total.step(lr=train.outer_lr(job.body, rnd), momentum=job["outer_momentum"], nesterov=True)
 
-    async def aggregate(self, job: Record, base: str, deltas: Deltas) -> tuple[str, dict[str, float]]:
+    async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int) -> tuple[str, dict[str, float]]:
         ctx = self._job(job)
 
         def run() -> tuple[str, dict[str, float]]:
-            new = self._outer(job, base, deltas)
+            new = self._outer(job, base, deltas, rnd)
             # The base is on disk: not kept in memory beside the new state and the model
             # that evaluates it (a training round that uses it holds its own reference).
             ctx.states.pop(base, None)
@@ -397,9 +397,9 @@ class TorchExecutor:
         async with self._close_lock:
             return await _in_thread(run, job["task"])
 
-    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str) -> bool:
+    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int) -> bool:
         def run() -> bool:
-            new = self._outer(job, base, deltas)
+            new = self._outer(job, base, deltas, rnd)
             if train.state_hash(new) != expect:
                 return False
             self._hold(job, new)
@@ -420,7 +420,7 @@ class TorchExecutor:
             shutil.copyfile(src, tmp)
             os.replace(tmp, out)
 
-        await _in_thread(run)
+        await _in_thread(run, job["task"])
 
     async def import_state(self, job: Record, state: str, data: bytes | Path) -> bool:
         """Hold the state in ``data`` (its bytes, or a file read straight into tensors)."""

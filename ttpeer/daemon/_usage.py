@@ -121,11 +121,11 @@ class TimedExecutor:
             out["compression"] = round(float(metrics["fp32_bytes"]) / len(data), 3)
         return data, out
 
-    async def aggregate(self, job: Record, base: str, deltas: Deltas) -> tuple[str, dict[str, float]]:
-        return await self._timed(job.id, "compute_s", self.inner.aggregate(job, base, deltas))
+    async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int) -> tuple[str, dict[str, float]]:
+        return await self._timed(job.id, "compute_s", self.inner.aggregate(job, base, deltas, rnd=rnd))
 
-    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str) -> bool:
-        return await self._timed(job.id, "compute_s", self.inner.apply(job, base, deltas, expect))
+    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int) -> bool:
+        return await self._timed(job.id, "compute_s", self.inner.apply(job, base, deltas, expect, rnd=rnd))
 
     async def export_state(self, job: Record, state: str, out: Path) -> None:
         return await self._timed(job.id, "compute_s", self.inner.export_state(job, state, out))

@@ -162,8 +162,8 @@ class _Worker:
             # Paths, read one at a time by the outer step; whoever wrote them removes them.
             deltas = [(Path(p), samples) for p, samples in a["deltas"]]
             if op == "apply":
-                return await ex.apply(job, a["base"], deltas, a["expect"])
-            state, metrics = await ex.aggregate(job, a["base"], deltas)
+                return await ex.apply(job, a["base"], deltas, a["expect"], rnd=a["round"])
+            state, metrics = await ex.aggregate(job, a["base"], deltas, rnd=a["round"])
             return {"state": state, "metrics": metrics}
         if op == "export_state":  # file to file: the worker never holds the state's bytes
             await ex.export_state(job, a["state"], Path(a["out"]))

@@ -104,7 +104,7 @@ def _member_list(v: Any) -> bool:
 
 def _job_consistent(body: dict[str, Any]) -> str | None:
     """Cross-field rules of a job: an ensemble lists one member per shard, fused lists none;
-    a micro-batch fits in the batch; the lr warm-up ends before the job does."""
+    a micro-batch fits in the batch; the lr warm-ups (inner, outer) end before the job does."""
     if body["mode"] == "ensemble":
         if "members" not in body or len(body["members"]) != body["shards"]:
             return "an ensemble job must list exactly one member per shard"
@@ -118,6 +118,8 @@ def _job_consistent(body: dict[str, Any]) -> str | None:
     if body.get("warmup", 0) >= steps:
         return (f"warmup ({body['warmup']} steps) must be shorter than the job ({steps} inner steps: "
                 "rounds x inner steps)")
+    if body.get("outer_warmup", 0) >= body["rounds"]:
+        return f"outer_warmup ({body['outer_warmup']} rounds) must be shorter than the job ({body['rounds']} rounds)"
     return None
 
 
@@ -152,6 +154,8 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         "precision": _choice("fp32", "bf16", "fp16"), "micro_batch": _int(1, 65536),
         "checkpointing": _choice(0, 1), "lr_schedule": _choice("constant", "cosine", "linear"),
         "warmup": _int(0, 2**40), "final_lr_ratio": _num(0, 1),
+        "outer_lr_schedule": _choice("constant", "cosine", "linear"), "outer_warmup": _int(0, 2**40),
+        "outer_final_lr_ratio": _num(0, 1),
         # OPTIONAL: sha256 over the task's dataset sizes and a fixed sample of its items, as
         # the submitter built them; a peer whose copy differs declines (code "data").
         "data": _HEX,
@@ -200,7 +204,8 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
 # older records stay valid byte for byte), and rules that span several fields.
 OPTIONAL: dict[str, frozenset[str]] = {
     "job": frozenset({"members", "overlap", "precision", "micro_batch", "checkpointing", "lr_schedule", "warmup",
-                      "final_lr_ratio", "data", "step_timeout"}),
+                      "final_lr_ratio", "data", "step_timeout", "outer_lr_schedule", "outer_warmup",
+                      "outer_final_lr_ratio"}),
     "close": frozenset({"tbase"}),
     "decline": frozenset({"code"}),
 }

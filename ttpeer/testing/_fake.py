@@ -133,12 +133,12 @@ class FakeExecutor:
     def _outer(self, base: str, deltas: Deltas) -> str:
         return _h(base, [(delta_bytes(d), s) for d, s in deltas])
 
-    async def aggregate(self, job: Record, base: str, deltas: Deltas) -> tuple[str, dict[str, float]]:
+    async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int) -> tuple[str, dict[str, float]]:
         state = self._outer(base, deltas)
         self.disk.states.setdefault(job.id, set()).add(state)
         return state, {"eval_loss": 1.0, "accuracy": 0.5}
 
-    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str) -> bool:
+    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int) -> bool:
         if base not in self.disk.states.get(job.id, set()):
             return False
         state = self._outer(base, deltas)

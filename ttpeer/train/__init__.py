@@ -27,7 +27,7 @@ from ._inner import InnerTrainer
 from ._localdp import agreed as agreed_stop
 from ._localdp import average_gradients, join_group
 from ._localdp import split as split_batches
-from ._lr import LrSchedule, shard_first_step
+from ._lr import LrSchedule, outer_lr, shard_first_step
 from ._outer import OuterSum, outer_step
 from ._probe import data_fingerprint, probe
 from ._recipe import Recipe, check_job
@@ -59,6 +59,7 @@ __all__ = [
     "split_batches",
     "LoadedTask",
     "LrSchedule",
+    "outer_lr",
     "MemoryNeed",
     "Misfit",
     "ModelTooLarge",

@@ -16,6 +16,11 @@ that peer did before.
     cosine       f + (1 - f) (1 + cos(pi p)) / 2
 
 Rules (``check``): W < T, 0 <= f <= 1. Steps past T (none in a job) keep the last value.
+
+The outer lr has a schedule of its own (``LrSchedule.outer_of_job``): the same
+shapes over the job's rounds (T = rounds, W in rounds), read at the round a close
+computes. Every peer that closes or applies round r uses the same outer lr, so the
+states stay bit-identical; the default is constant, the outer lr the job names.
 """
 
 from __future__ import annotations
@@ -48,6 +53,13 @@ class LrSchedule:
         return cls(kind=job.get("lr_schedule", "constant"), warmup=job.get("warmup", 0),
                    total=job["rounds"] * job["batches"], final_ratio=job.get("final_lr_ratio", 0.0))
 
+    @classmethod
+    def outer_of_job(cls, job: Mapping[str, Any]) -> LrSchedule:
+        """The outer schedule of a job record (or spec), over its rounds; absent fields:
+        constant outer lr."""
+        return cls(kind=job.get("outer_lr_schedule", "constant"), warmup=job.get("outer_warmup", 0),
+                   total=job["rounds"], final_ratio=job.get("outer_final_lr_ratio", 0.0))
+
     def factor(self, step: int) -> float:
         """The multiplier of the base lr at global inner step ``step`` (>= 0)."""
         if step < self.warmup:
@@ -72,6 +84,26 @@ def check(kind: str, warmup: int, total: int, final_ratio: float) -> str | None:
     if not 0.0 <= final_ratio <= 1.0:
         return f"--final-lr-ratio must be between 0 and 1, got {final_ratio!r}"
     return None
+
+
+def check_outer(kind: str, warmup: int, rounds: int, final_ratio: float) -> str | None:
+    """``check`` for the outer schedule, in its own flags' words."""
+    if kind not in KINDS:
+        return f"unknown outer lr schedule {kind!r}: use one of {', '.join(KINDS)}"
+    if type(warmup) is not int or warmup < 0:
+        return f"--outer-warmup must be a whole number of rounds >= 0, got {warmup!r}"
+    if warmup >= rounds:
+        return (f"--outer-warmup ({warmup} rounds) must be shorter than the job, which has {rounds} rounds; "
+                "lower --outer-warmup or add --rounds")
+    if not 0.0 <= final_ratio <= 1.0:
+        return f"--outer-final-lr-ratio must be between 0 and 1, got {final_ratio!r}"
+    return None
+
+
+def outer_lr(job: Mapping[str, Any], round: int) -> float:
+    """The outer lr of the close of ``round`` (0-based): the job's ``outer_lr`` times its
+    outer schedule's factor there (exactly ``outer_lr`` for a constant schedule)."""
+    return job["outer_lr"] * LrSchedule.outer_of_job(job).factor(round)
 
 
 def shard_first_step(round: int, batches_per_shard: int) -> int:

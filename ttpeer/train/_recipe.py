@@ -19,7 +19,7 @@ from ttpeer.proto import PRECISION_CODES
 
 from . import _precision
 from ._errors import TaskError
-from ._lr import LrSchedule
+from ._lr import LrSchedule, check_outer
 from ._spec import LoadedTask
 from ._tasks import check_model
 
@@ -58,6 +58,10 @@ def check_job(task: LoadedTask, job: Mapping[str, Any]) -> None:
         LrSchedule.of_job(job)
     except ValueError as exc:
         raise TaskError(str(exc)) from None
+    problem = check_outer(job.get("outer_lr_schedule", "constant"), job.get("outer_warmup", 0), job["rounds"],
+                          job.get("outer_final_lr_ratio", 0.0))
+    if problem is not None:
+        raise TaskError(problem)
     if job.get("checkpointing"):
         model = check_model(task.spec, f"task {task.name}")
         if not callable(getattr(model, "gradient_checkpointing_enable", None)):
