@@ -295,10 +295,10 @@ def write_report(home: Home, prefix: str, out: Path) -> str:
             f"{summary['images']} plots, {len(page) / 1024:.0f} KiB")
 
 
-def _sched(job: dict, prefix: str) -> str:
+def _sched(job: Any, prefix: str) -> str:
     """`` (cosine, warm-up 10)`` for a scheduled lr; nothing for a constant one."""
-    kind = job.get(f"{prefix}lr_schedule", "constant")
-    warmup = job.get(f"{prefix}warmup", 0)
+    kind = job.body.get(f"{prefix}lr_schedule", "constant")
+    warmup = job.body.get(f"{prefix}warmup", 0)
     if kind == "constant" and not warmup:
         return ""
     unit = "rounds" if prefix else "steps"

@@ -154,8 +154,8 @@ async def test_memory_relay_matches_the_https_relay(tmp_path: Path, nursery: tri
 
 def test_both_transports_satisfy_the_protocol() -> None:
     pool, [(key, proof)] = make_pool(1)
-    methods = {"connect", "send", "broadcast", "recv", "roster", "put_blob", "get_blob",
-               "has_blob", "aclose", "revoke"}
+    methods = {"connect", "send", "broadcast", "recv", "roster", "put_blob", "get_blob", "put_blob_file",
+               "get_blob_file", "has_blob", "aclose", "revoke"}
     declared = {name for name in vars(Transport) if not name.startswith("_")}
     assert declared == methods
     assert isinstance(MemoryRelay().client(pool, key, proof), Transport)
