@@ -18,15 +18,12 @@ holds at its peak:
       the state in use            2F   params and outer momentum (one in memory; the
                                        others the executor holds are files)
       error-feedback residual     F
-      a checkpoint in flight      6F   the daemon seals and uploads a state (the final
-                                       one at least): its bytes, the sealed copy and the
-                                       transport's (measured by ``scripts/bench/memory``:
-                                       the peak of a closing peer). The other working
-                                       copies come at other times and are smaller: the
-                                       delta being encoded and its quantized rest (2F), or
+      the largest working copy    2F   the delta being encoded and its quantized rest, or
                                        at a round's close the running sum of its deltas
-                                       becoming the new state (2F; deltas are added one at
-                                       a time: their number does not count)
+                                       becoming the new state (deltas are added one at a
+                                       time: their number does not count). A checkpoint
+                                       costs none: it goes file to file, sealed and
+                                       uploaded a MiB at a time
       with overlap: eager start   2F   params and outer momentum of this round's start
                     own delta     F    the last pseudo-gradient this peer published
     and the runtime               RUNTIME bytes: torch's own code and buffers in the
@@ -108,7 +105,7 @@ def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: 
     trainable = [p for p in model.parameters() if p.requires_grad]
     grads = sum(p.numel() * p.element_size() for p in trainable)
     fp32 = sum(t.numel() * 4 for t in state.values() if t.is_floating_point())
-    copies = 2 + 1 + 6 + (3 if overlap else 0)  # see the module's docstring: not per shard
+    copies = 2 + 1 + 2 + (3 if overlap else 0)  # see the module's docstring: not per shard
     eval_copy = 0
     if members:
         # An ensemble state holds every member's weights, AdamW moments and a spare
