@@ -135,7 +135,6 @@ class PeerMachine:
         self._prepared: dict[str, bool | None] = {}  # None = asked, not answered
         # Claims by (job, round, shard), then by (author, attempt).
         self._claims: dict[tuple[str, int, int], dict[tuple[str, int], _Claim]] = {}
-        self._claimed_shards: dict[tuple[str, int], set[int]] = {}  # (job, round) -> shards with claims
         self.rate = 0.0  # this peer's measured training speed, batches per second (EMA)
         self.peer_rates: dict[str, float] = {}  # speeds peers published with their claims
         self.wasted_batches = 0  # batches trained that no close used (cancelled copies)
@@ -536,10 +535,8 @@ class PeerMachine:
         self._gossip_index[rec.id[: _gossip.ID_PREFIX]] = rec
         if rec.kind in ("claim", "release"):
             self._live_claim_records.setdefault((rec["job"], rec["round"]), []).append(rec)
-        if rec.kind in ("claim", "release"):
             key = (rec["job"], rec["round"], rec["shard"], rec.author, rec["attempt"])
             on_shard = self._claims.setdefault(key[:3], {})
-            self._claimed_shards.setdefault(key[:2], set()).add(key[2])
             if rec.kind == "release":
                 self._released.add(key)
                 on_shard.pop(key[3:], None)
@@ -722,7 +719,7 @@ class PeerMachine:
         if not older:
             return
         current = self._chain(job).round
-        for table in (self._claims, self._claimed_shards, self._covered_at, self._lease_heap):
+        for table in (self._claims, self._covered_at, self._lease_heap):
             for key in [k for k in table if k[0] == job.id and k[1] < current]:
                 del table[key]
         self._released = {k for k in self._released if not (k[0] == job.id and k[1] < current)}
