@@ -67,16 +67,27 @@ from ttpeer.proto import (
     MAX_KEEP,
     RETRY_AFTER,
     Aggregate,
+    Aggregated,
+    Applied,
     Apply,
     Broadcast,
     Cancel,
+    CheckpointPublished,
+    Declined,
+    DeltaEncoded,
+    DeltaPublished,
     Effect,
+    Failed,
+    Fetched,
     FetchState,
     JobDone,
+    JobFailed,
     Member,
     PeerMachine,
     Persist,
+    Prepared,
     PrepareJob,
+    Progress,
     ProofError,
     PublishCheckpoint,
     PublishDelta,
@@ -84,9 +95,12 @@ from ttpeer.proto import (
     RecordError,
     RevokeError,
     Send,
+    StateLost,
     TaskSignatureError,
     Timing,
     Train,
+    Trained,
+    WorkLost,
     admitted,
     cancel_of,
     decode,
@@ -434,7 +448,7 @@ class Node:
                                          if job["task_blob"] else None)
                     except TaskSignatureError as exc:
                         log.warning("refusing job %s: %s", job.id[:12], exc)
-                        self._process(m.job_prepared(job.id, False, str(exc), now(), code="refused"))
+                        self._process(m.report(Declined(job.id, str(exc), code="refused"), now()))
                         return
                     with self._phase(job.id, "loading the task and its data, checking it fits"):
                         decline = await self.executor.prepare(job, task_file)
@@ -442,10 +456,10 @@ class Node:
                         decline = Decline(decline)
                     if decline is not None:
                         log.warning("declining job %s: %s", job.id[:12], decline.reason)
-                        self._process(m.job_prepared(job.id, False, decline.reason, now(),
-                                                     need=decline.need, have=decline.have, code=decline.code))
+                        self._process(m.report(Declined(job.id, decline.reason, decline.need, decline.have,
+                                                        decline.code), now()))
                     else:
-                        self._process(m.job_prepared(job.id, True, "", now()))
+                        self._process(m.report(Prepared(job.id), now()))
                 case Train(job=job, round=rnd, shard=shard):
                     key = (job.id, rnd, shard)
                     self._cancelled.discard(key)
@@ -461,25 +475,25 @@ class Node:
                     stats.shards_trained += 1 if samples else 0
                     stats.train_seconds += seconds
                     batches = samples // job["batch_size"]
-                    self._process(m.train_done(job.id, rnd, shard, samples, now(), batches=batches, seconds=seconds))
+                    self._process(m.report(Trained(job.id, rnd, shard, samples, batches, seconds), now()))
                 case PublishDelta(job=job, round=rnd, base=base, shards=shards, samples=samples):
                     data, metrics = await self.executor.delta(eff)
                     # The local model is free: the next shard trains while this delta uploads.
-                    self._process(m.delta_encoded(job, rnd, base, shards, now()))
+                    self._process(m.report(DeltaEncoded(job, rnd, base, shards), now()))
                     blob = await self._upload_delta(data)
                     if blob is None:
-                        self._process(m.delta_published(job, rnd, base, shards, samples, None, 0, {}, now()))
+                        self._process(m.report(Failed(eff), now()))
                         return
                     stats = self._stats(job.id)
                     stats.fp32_bytes += int(metrics.pop("fp32_bytes", 0))
                     stats.wire_bytes += len(data)
-                    self._process(m.delta_published(job, rnd, base, shards, samples, blob, len(data),
-                                                    metrics, now()))
+                    self._process(m.report(DeltaPublished(job, rnd, base, shards, samples, blob, len(data),
+                                                          metrics), now()))
                 case Aggregate(job=job, round=rnd, base=base, contribs=contribs):
                     deltas = await self._fetch_deltas(contribs)
                     state, metrics = await self.executor.aggregate(job, base, deltas)
                     ids = tuple(c.id for c in contribs)
-                    self._process(m.aggregated(job, rnd, base, ids, state, metrics, now()))
+                    self._process(m.report(Aggregated(job, rnd, base, ids, state, metrics), now()))
                 case Apply(job=job, close=close, contribs=contribs):
                     deltas = await self._fetch_deltas(contribs)
                     ok = await self.executor.apply(job, close["base"], deltas, close["state"])
@@ -487,17 +501,17 @@ class Node:
                         log.warning("round %d of job %s did not reproduce state %s here; "
                                     "fetching a checkpoint instead", close["round"], job.id[:12],
                                     close["state"][:19])
-                    self._process(m.applied(close["state"], ok, now()))
+                    self._process(m.report(Applied(close["state"], ok), now()))
                 case FetchState(job=job, state=state, blob=blob):
                     what = "the initial state" if state == job["init"] else "the latest checkpoint"
                     with self._phase(job.id, f"fetching {what}"):
                         data = await self._get_sealed(blob)
                         ok = await self.executor.import_state(job, state, data)
-                    self._process(m.fetched(state, ok, now()))
+                    self._process(m.report(Fetched(state, ok), now()))
                 case PublishCheckpoint(job=job, round=rnd, state=state):
                     data = await self.executor.export_state(job, state)
                     blob = await self._put_sealed(data)
-                    self._process(m.checkpoint_published(job, rnd, state, blob, len(data), now()))
+                    self._process(m.report(CheckpointPublished(job, rnd, state, blob, len(data)), now()))
         except DiskError as exc:  # a full disk stops the daemon: retrying would only fail again
             self.fatal = exc
             log.error("%s", exc)
@@ -507,16 +521,16 @@ class Node:
         except (NetError, SealError, TtpeerError) as exc:
             log.warning("%s failed: %s", type(eff).__name__, exc)
             if isinstance(exc, StateMissing):  # so the machine recomputes or fetches it
-                self._process(self.machine.state_lost(exc.state, self._now()))
+                self._process(self.machine.report(StateLost(exc.state), self._now()))
             if isinstance(exc, LocalWorkLost):  # so the machine trains those shards again
-                self._process(self.machine.local_work_lost(exc.job, self._now()))
+                self._process(self.machine.report(WorkLost(exc.job), self._now()))
             self._report_failure(eff)
         except Exception as exc:  # noqa: BLE001 - the last resort: a bug fails the job, not the daemon
             self._bug(_job_of(eff), type(eff).__name__, exc)
 
     def _task_failed(self, job: Record, reason: str) -> None:
         log.error("job %s failed on this peer: %s", job.id[:12], reason)
-        self._process(self.machine.job_failed(job.id, reason, self._now()))
+        self._process(self.machine.report(JobFailed(job.id, reason), self._now()))
         self._release(job.id)
 
     def _release(self, job: str) -> None:
@@ -550,22 +564,7 @@ class Node:
                 del self.phases[job]
 
     def _report_failure(self, eff: Effect) -> None:
-        m, now = self.machine, self._now()
-        match eff:
-            case PrepareJob(job=job):
-                self._process(m.job_prepared(job.id, False, "could not load the task", now))
-            case Train(job=job, round=rnd, shard=shard):
-                self._process(m.train_done(job.id, rnd, shard, 0, now, failed=True))
-            case PublishDelta(job=job, round=rnd, base=base, shards=shards, samples=samples):
-                self._process(m.delta_published(job, rnd, base, shards, samples, None, 0, {}, now))
-            case Aggregate(job=job, round=rnd, base=base):
-                self._process(m.aggregated(job, rnd, base, (), None, {}, now))
-            case Apply():
-                self._process(m.sync_failed(now))
-            case FetchState():
-                self._process(m.sync_failed(now))
-            case PublishCheckpoint(job=job, round=rnd, state=state):
-                self._process(m.checkpoint_published(job, rnd, state, None, 0, now))
+        self._process(self.machine.report(Failed(eff), self._now()))
 
     async def _fetch_deltas(self, contribs: tuple[Record, ...]) -> list[tuple[bytes, int]]:
         out = []
@@ -647,7 +646,7 @@ class Node:
             if not timer.cancelled_caught:
                 continue
             for (job, rnd, shard), p in list(self._progress.items()):
-                self.machine.progress(job, rnd, shard, p.done, p.rate(trio.current_time()))
+                self.machine.report(Progress(job, rnd, shard, p.done, p.rate(trio.current_time())), self._now())
             # Protocol time is trio time less the outages: the subtraction can land a hair
             # before the deadline that just fired, which must not leave it unfired.
             self._process(self.machine.tick(max(self._now(), deadline)), wake=False)

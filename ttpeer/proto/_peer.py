@@ -247,65 +247,6 @@ class PeerMachine:
                 raise TypeError(f"unknown report {report!r}")
         return self._step(now)
 
-    # -- the positional report methods, until the daemon and tests use ``report`` --------
-
-    def job_prepared(self, job: str, ok: bool, reason: str, now: float, *, need: int = 0, have: int = 0,
-                     code: str = "") -> list[Effect]:
-        return self.report(rp.Prepared(job) if ok else rp.Declined(job, reason, need, have, code), now)
-
-    def job_failed(self, job: str, reason: str, now: float) -> list[Effect]:
-        return self.report(rp.JobFailed(job, reason), now)
-
-    def holds(self, state: str, now: float) -> list[Effect]:
-        return self.report(rp.Holds(state), now)
-
-    def progress(self, job: str, rnd: int, shard: int, done: int, rate: float) -> None:
-        self.report(rp.Progress(job, rnd, shard, done, rate), self._now)
-
-    def train_done(self, job: str, rnd: int, shard: int, samples: int, now: float, *, batches: int = 0,
-                   seconds: float = 0.0, failed: bool = False) -> list[Effect]:
-        if failed:
-            self._local.trained(job, rnd, shard, samples, now, batches=batches, seconds=seconds, failed=True)
-            return self._step(now)
-        return self.report(rp.Trained(job, rnd, shard, samples, batches, seconds), now)
-
-    def delta_encoded(self, job: Record, rnd: int, base: str, shards: tuple[int, ...], now: float) -> list[Effect]:
-        return self.report(rp.DeltaEncoded(job, rnd, base, shards), now)
-
-    def delta_published(self, job: Record, rnd: int, base: str, shards: tuple[int, ...], samples: int,
-                        blob: str | None, size: int, metrics: dict[str, float], now: float) -> list[Effect]:
-        if blob is None:
-            return self.report(rp.Failed(PublishDelta(job, rnd, base, shards, samples)), now)
-        return self.report(rp.DeltaPublished(job, rnd, base, shards, samples, blob, size, metrics), now)
-
-    def aggregated(self, job: Record, rnd: int, base: str, contribs: tuple[str, ...], state: str | None,
-                   metrics: dict[str, float], now: float) -> list[Effect]:
-        if state is None:
-            return self.report(rp.Failed(Aggregate(job, rnd, base, ())), now)
-        return self.report(rp.Aggregated(job, rnd, base, contribs, state, metrics), now)
-
-    def local_work_lost(self, job: str, now: float) -> list[Effect]:
-        return self.report(rp.WorkLost(job), now)
-
-    def state_lost(self, state: str, now: float) -> list[Effect]:
-        return self.report(rp.StateLost(state), now)
-
-    def applied(self, target: str, ok: bool, now: float) -> list[Effect]:
-        return self.report(rp.Applied(target, ok), now)
-
-    def fetched(self, state: str, ok: bool, now: float) -> list[Effect]:
-        return self.report(rp.Fetched(state, ok), now)
-
-    def sync_failed(self, now: float) -> list[Effect]:
-        self._follower.failed(now)
-        return self._step(now)
-
-    def checkpoint_published(self, job: Record, rnd: int, state: str, blob: str | None, size: int,
-                             now: float) -> list[Effect]:
-        if blob is None:
-            return self.report(rp.Failed(PublishCheckpoint(job, rnd, state)), now)
-        return self.report(rp.CheckpointPublished(job, rnd, state, blob, size), now)
-
     def _aggregated(self, job: JobSpec, rnd: int, base: str, contribs: tuple[str, ...], state: str,
                     metrics: dict[str, float], now: float) -> list[Effect]:
         body = self._closer.aggregated(job, rnd, base, contribs, state, metrics, self.records)
