@@ -1,12 +1,14 @@
 """Each activity of PeerMachine waits out its own failures: a checkpoint fetch that did
-not hash delays the next fetch, not this peer's next claim (the machine once kept one
-retry time for every activity)."""
+not hash delays the next fetch, not this peer's next claim; a Train that could not run
+delays the next claim, not the close (the machine once kept one retry time for all)."""
 
 from __future__ import annotations
 
 from ttpeer.proto import (
     RETRY_AFTER,
+    Aggregate,
     Effect,
+    Failed,
     Fetched,
     FetchState,
     Holds,
@@ -52,3 +54,19 @@ def test_a_failed_checkpoint_fetch_does_not_delay_the_next_claim() -> None:
     trains = _of(m.report(Prepared(b.id), 1.5), Train)
     assert [(t.job.id, t.round, t.base) for t in trains] == [(b.id, 0, b["init"])], (
         f"the claim waited for the failed fetch's retry ({RETRY_AFTER} s)")
+
+
+def test_a_failed_train_does_not_delay_the_close() -> None:
+    job = sign("job", P.id, job_body(shards=2, rounds=1), OTHER)
+    m = PeerMachine(P.id, ME, now=0.0)
+    m.load([r.raw for r in [*MEMBERSHIP, job]], 0.0)
+    m.report(Prepared(job.id), 1.0)
+    [train] = _of(m.report(Holds(job["init"]), 1.0), Train)
+    assert not _of(m.report(Failed(train), 2.0), Train)  # the worker waits before claiming again
+
+    # OTHER's contribution covers the round; OTHER has been silent for a lease (never heard
+    # here), so this peer closes at once rather than when its worker's retry time comes.
+    cover = contrib(P.id, OTHER, job, 0, job["init"], [0, 1])
+    aggregates = _of(m.add_local(cover, 2.1), Aggregate)
+    assert [a.contribs for a in aggregates] == [(cover,)], (
+        f"the close waited for the failed Train's retry ({RETRY_AFTER} s)")
