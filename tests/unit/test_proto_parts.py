@@ -48,3 +48,14 @@ def test_proto_stays_pure() -> None:
     for path in PROTO.glob("*.py"):
         _local, absolute = _imports(path.stem)
         assert not absolute & FORBIDDEN, f"{path.name} imports {absolute & FORBIDDEN}"
+
+
+def test_the_public_surface_resolves_and_carries_the_typed_reports() -> None:
+    import ttpeer.proto as proto
+    from ttpeer.proto import _reports
+
+    assert len(set(proto.__all__)) == len(proto.__all__)
+    for name in proto.__all__:
+        assert getattr(proto, name) is not None, name
+    reports = {t.__name__ for t in _reports.Report.__args__}  # type: ignore[attr-defined]
+    assert reports <= set(proto.__all__) and {"JobSpec", "PeerMachine", "RETRY_AFTER"} <= set(proto.__all__)
