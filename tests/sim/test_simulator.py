@@ -58,7 +58,7 @@ async def test_ten_peers_lossy_network_and_a_crash(tmp_path, autojump_clock, ove
             # Kill a peer while it holds a claim: its shard must come back via the lease.
             with trio.fail_after(60):
                 while not (victim := next((i for i, p in enumerate(sim.peers)
-                                           if i and p.node and p.node.machine._training), None)):
+                                           if i and p.node and p.node.machine.training), None)):
                     await trio.sleep(0.01)
             sim.kill(victim)
             await sim.wait_done(job, timeout=600)

@@ -16,21 +16,33 @@ from hypothesis import strategies as st
 
 from ttpeer.proto import (
     Aggregate,
+    Aggregated,
+    Applied,
     Apply,
     Broadcast,
     Cancel,
+    CheckpointPublished,
+    Declined,
+    DeltaEncoded,
+    DeltaPublished,
     Effect,
+    Failed,
+    Fetched,
     FetchState,
+    Holds,
     JobDone,
     PeerMachine,
     Persist,
+    Prepared,
     PrepareJob,
     PublishCheckpoint,
     PublishDelta,
     Record,
     RecordSet,
     Send,
+    StateLost,
     Train,
+    Trained,
     canonical_chain,
     covered,
     public_hex,
@@ -75,7 +87,7 @@ class Cluster:
     blocked: set[frozenset[str]] = field(default_factory=set)  # partitioned pairs
     fail_apply: set[str] = field(default_factory=set)  # machines whose next Apply does not reproduce
     decline: set[str] = field(default_factory=set)  # machines that refuse every job
-    encode: bool = False  # report delta_encoded before the upload (the daemon does)
+    encode: bool = False  # report DeltaEncoded before the upload (the daemon does)
     encode_time: float = 0.01
     upload_time: float = 0.1
     ckpt_size: int = 100
@@ -136,11 +148,11 @@ class Cluster:
                 assert e.record.id not in held, "asked to persist a record twice"
                 held.add(e.record.id)
             elif isinstance(e, PrepareJob):
-                ok = me not in self.decline
-                self.later(0.0, me, lambda now, j=e.job, ok=ok: m.job_prepared(j.id, ok, "too big", now))
+                answer = Prepared(e.job.id) if me not in self.decline else Declined(e.job.id, "too big")
+                self.later(0.0, me, lambda now, a=answer: m.report(a, now))
             elif isinstance(e, FetchState):
                 self.fetches.append((me, e))
-                self.later(0.1, me, lambda now, s=e.state: m.fetched(s, True, now))
+                self.later(0.1, me, lambda now, s=e.state: m.report(Fetched(s, True), now))
             elif isinstance(e, Train):
                 assert e.base in m.held, "asked to train on a state it does not hold"
                 assert not self.taking.get(me), "asked to train while a delta is taken from the local model"
@@ -148,16 +160,16 @@ class Cluster:
                     del self.lose_at[me]
                     self.lost.append((me, e.base))
                     def missing(now: float, t: Train = e) -> list[Effect]:
-                        out = m.state_lost(t.base, now)
+                        out = m.report(StateLost(t.base), now)
                         self.still_held.append(t.base in m.held)
-                        return out + m.train_done(t.job.id, t.round, t.shard, 0, now, failed=True)
+                        return out + m.report(Failed(t), now)
 
                     self.later(0.01, me, missing)
                     continue
                 self.trains.append((me, e))
                 self.train_at.append((me, self.now))
                 self.later(self.train_time * (1 + self.rng.random() * self.jitter), me,
-                           lambda now, t=e: m.train_done(t.job.id, t.round, t.shard, 64, now))
+                           lambda now, t=e: m.report(Trained(t.job.id, t.round, t.shard, 64), now))
             elif isinstance(e, Cancel):
                 self.cancels.append((me, e))
             elif isinstance(e, PublishDelta):
@@ -172,12 +184,15 @@ class Cluster:
 
                 def encoded(now: float, d: PublishDelta = e, taking: set = taking) -> list[Effect]:
                     taking.discard((d.round, d.shards))
-                    return m.delta_encoded(d.job, d.round, d.base, d.shards, now)
+                    return m.report(DeltaEncoded(d.job, d.round, d.base, d.shards), now)
 
                 def published(now: float, d: PublishDelta = e, b: str | None = blob, taking: set = taking
                               ) -> list[Effect]:
                     taking.discard((d.round, d.shards))
-                    return m.delta_published(d.job, d.round, d.base, d.shards, d.samples, b, 100, {"loss": 1.0}, now)
+                    if b is None:
+                        return m.report(Failed(d), now)
+                    return m.report(DeltaPublished(d.job, d.round, d.base, d.shards, d.samples, b, 100, {"loss": 1.0}),
+                                    now)
 
                 if self.encode:
                     self.later(self.encode_time, me, encoded)
@@ -186,8 +201,8 @@ class Cluster:
                 self.aggregates.append((me, e))
                 self.aggregated_at.append(self.now)
                 ids = tuple(c.id for c in e.contribs)
-                self.later(0.1, me, lambda now, a=e, ids=ids: m.aggregated(
-                    a.job, a.round, a.base, ids, derive(a.base, list(ids)), {}, now))
+                self.later(0.1, me, lambda now, a=e, ids=ids: m.report(Aggregated(
+                    a.job, a.round, a.base, ids, derive(a.base, list(ids)), {}), now))
             elif isinstance(e, Apply):
                 self.applies.append((me, e.close["state"]))
                 ok = derive(e.close["base"], [c.id for c in e.contribs]) == e.close["state"]
@@ -195,10 +210,10 @@ class Cluster:
                     self.fail_apply.discard(me)
                     ok = False
                 assert [c.id for c in e.contribs] == list(e.close["contribs"])
-                self.later(0.1, me, lambda now, s=e.close["state"], ok=ok: m.applied(s, ok, now))
+                self.later(0.1, me, lambda now, s=e.close["state"], ok=ok: m.report(Applied(s, ok), now))
             elif isinstance(e, PublishCheckpoint):
-                self.later(0.1, me, lambda now, c=e: m.checkpoint_published(
-                    c.job, c.round, c.state, hex64(c.state), self.ckpt_size, now))
+                self.later(0.1, me, lambda now, c=e: m.report(CheckpointPublished(
+                    c.job, c.round, c.state, hex64(c.state), self.ckpt_size), now))
             elif isinstance(e, JobDone):
                 assert self.done.get(me) != e.state, "JobDone twice for the same state"
                 self.done[me] = e.state
@@ -216,7 +231,7 @@ class Cluster:
         fresh.load([r.raw for r in old.records], self.now)
         self.machines[me] = fresh
         for s in sorted(old.held):
-            self.handle(me, fresh.holds(s, self.now))
+            self.handle(me, fresh.report(Holds(s), self.now))
         return fresh
 
     def alive(self) -> list[str]:
@@ -473,7 +488,7 @@ def test_a_decline_is_published_once_and_every_peer_learns_who_and_why() -> None
         [rec] = c.machines[me].records.of_job(job.id, "decline")
         assert (rec.author, rec["reason"], rec["need"], rec["have"]) == (c.order[2], "too big", 0, 0)
     # Asked again (a restart re-prepares the job), it publishes nothing new.
-    again = c.machines[c.order[2]].job_prepared(job.id, False, "too big", c.now, need=5, have=1)
+    again = c.machines[c.order[2]].report(Declined(job.id, "too big", need=5, have=1), c.now)
     assert not [e for e in again if isinstance(e, Persist)]
 
 
@@ -511,9 +526,9 @@ def _ready(m: PeerMachine, effects: list[Effect], now: float) -> list[Effect]:
     while pending:
         e = pending.pop(0)
         if isinstance(e, PrepareJob):
-            pending += m.job_prepared(e.job.id, True, "", now)
+            pending += m.report(Prepared(e.job.id), now)
         elif isinstance(e, FetchState):
-            pending += m.fetched(e.state, True, now)
+            pending += m.report(Fetched(e.state, True), now)
         else:
             out.append(e)
     return out
@@ -657,7 +672,7 @@ def test_released_claim_is_free_at_once_and_the_releaser_claims_nothing_more() -
         got += b.receive(a.me, payload, seen + 0.1)  # long before the lease would expire
     trains = [e for e in got if isinstance(e, Train)]
     assert [(t.shard, t.attempt) for t in trains] == [(0, 1)]
-    a.train_done(job.id, 0, 0, 0, seen + 0.2)
+    a.report(Trained(job.id, 0, 0, 0), seen + 0.2)
     assert not [e for e in a.tick(seen + 10 * LEASE) if isinstance(e, Train)]  # stopping: no new claims
 
 
@@ -690,10 +705,10 @@ def test_idle_fast_peer_runs_a_backup_of_the_stragglers_shard() -> None:
         back += a.receive(b.me, payload, 0.6)
     assert not [e for e in back if isinstance(e, Cancel)]
     # The backup finishes first and publishes; the owner stops as soon as it hears.
-    done = b.train_done(job.id, 0, 0, 160, 0.7, batches=20, seconds=0.2)
+    done = b.report(Trained(job.id, 0, 0, 160, batches=20, seconds=0.2), 0.7)
     pub = [e for e in done if isinstance(e, PublishDelta)]
     assert len(pub) == 1 and pub[0].shards == (0,)
-    contrib = b.delta_published(job, 0, pub[0].base, (0,), 160, hex64("b-blob"), 100, {}, 0.8)
+    contrib = b.report(DeltaPublished(job, 0, pub[0].base, (0,), 160, hex64("b-blob"), 100, {}), 0.8)
     heard: list[Effect] = []
     for payload in _broadcasts(contrib):
         heard += a.receive(b.me, payload, 0.9)
@@ -760,7 +775,7 @@ def test_a_close_must_name_the_right_training_base(overlap: int) -> None:
 
 
 def test_the_next_shard_trains_while_a_delta_uploads() -> None:
-    """Once the driver has taken the delta from the local model (``delta_encoded``) the
+    """Once the driver has taken the delta from the local model (``DeltaEncoded``) the
     peer trains on during the upload: an overlapped job over slow uploads ends sooner,
     with every shard in its close and no shard trained twice by its own peer. (Without
     overlap a peer publishes when its round has nothing left to train: nothing to gain.)"""
@@ -806,7 +821,7 @@ def test_an_upload_ending_never_frees_the_local_model_of_a_later_delta() -> None
 @pytest.mark.parametrize("overlap", [0, 1])
 def test_a_peer_whose_held_state_is_gone_recomputes_it(overlap: int) -> None:
     """The driver may not have a state the machine counts as held (two jobs share a state
-    hash and the first pruned its file). ``state_lost`` makes the peer stop counting it,
+    hash and the first pruned its file). ``StateLost`` makes the peer stop counting it,
     so it gets it again (from a close it can replay, or a checkpoint) or moves on, instead
     of retrying Train or Apply on it forever (the WAN bench's second job, before)."""
     c = Cluster(2)

@@ -1,10 +1,22 @@
-"""PeerMachine when the task fails on this peer (``job_failed``) and when a job ends for
+"""PeerMachine when the task fails on this peer (``JobFailed``) and when a job ends for
 the pool: its claim is released at once, it signs a decline for good, it trains nothing
 more of the job, and a machine restored from the same records does not prepare it again."""
 
 from __future__ import annotations
 
-from ttpeer.proto import Cancel, PeerMachine, Persist, PrepareJob, Record, Train, public_hex, sign
+from ttpeer.proto import (
+    Cancel,
+    Holds,
+    JobFailed,
+    PeerMachine,
+    Persist,
+    Prepared,
+    PrepareJob,
+    Record,
+    Train,
+    public_hex,
+    sign,
+)
 
 from .proto_helpers import Pool, job_body, key
 
@@ -26,22 +38,22 @@ def _persisted(effects, kind: str) -> list[Record]:  # noqa: ANN001
 def _training(job: Record) -> tuple[PeerMachine, Train]:
     m = _machine()
     assert any(isinstance(e, PrepareJob) for e in m.add_local(job, 1.0))
-    m.job_prepared(job.id, True, "", 1.0)
-    [train] = [e for e in m.holds(job["init"], 1.0) if isinstance(e, Train)]
+    m.report(Prepared(job.id), 1.0)
+    [train] = [e for e in m.report(Holds(job["init"]), 1.0) if isinstance(e, Train)]
     return m, train
 
 
 def test_a_failure_releases_the_claim_declines_for_good_and_trains_nothing_more():
     job = sign("job", P.id, job_body(shards=4), OTHER)
     m, train = _training(job)
-    out = m.job_failed(job.id, "my_task.py:3 in loss: RuntimeError: boom", 2.0)
+    out = m.report(JobFailed(job.id, "my_task.py:3 in loss: RuntimeError: boom"), 2.0)
     [release] = _persisted(out, "release")
     assert (release["shard"], release["attempt"]) == (train.shard, train.attempt)
     [decline] = _persisted(out, "decline")
     assert (decline["code"], decline["reason"]) == ("failed", "my_task.py:3 in loss: RuntimeError: boom")
     assert m.training is None and m.declined[job.id] == decline["reason"]
     assert not [e for e in m.tick(100.0) if isinstance(e, Train)]
-    assert not _persisted(m.job_failed(job.id, "again", 3.0), "decline")  # published once
+    assert not _persisted(m.report(JobFailed(job.id, "again"), 3.0), "decline")  # published once
 
     # Restored from its records (a restart), the machine does not prepare the job again.
     again = _machine(job, decline, release)

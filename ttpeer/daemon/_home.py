@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ttpeer.errors import HomeError
 from ttpeer.net._entropy import new_sealing_key, new_signing_key, random_bytes
-from ttpeer.proto import Record, Token, parse, pool_id_of, public_hex, sign
+from ttpeer.proto import Record, Token, pool_id_of, public_hex, sign
 
 from ._files import make_private_dir, write_atomic, write_secret
 
@@ -261,6 +261,3 @@ def new_invite(
     }, root)
     return invite, key
 
-
-def own_records(cfg: PoolConfig) -> list[Record]:
-    return [parse(raw) for raw in cfg.proof]

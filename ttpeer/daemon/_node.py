@@ -80,16 +80,27 @@ from ttpeer.proto import (
     MAX_KEEP,
     RETRY_AFTER,
     Aggregate,
+    Aggregated,
+    Applied,
     Apply,
     Broadcast,
     Cancel,
+    CheckpointPublished,
+    Declined,
+    DeltaEncoded,
+    DeltaPublished,
     Effect,
+    Failed,
+    Fetched,
     FetchState,
     JobDone,
+    JobFailed,
     Member,
     PeerMachine,
     Persist,
+    Prepared,
     PrepareJob,
+    Progress,
     ProofError,
     PublishCheckpoint,
     PublishDelta,
@@ -97,9 +108,12 @@ from ttpeer.proto import (
     RecordError,
     RevokeError,
     Send,
+    StateLost,
     TaskSignatureError,
     Timing,
     Train,
+    Trained,
+    WorkLost,
     admitted,
     cancel_of,
     decode,
@@ -457,7 +471,7 @@ class Node:
                                          if job["task_blob"] else None)
                     except TaskSignatureError as exc:
                         log.warning("refusing job %s: %s", job.id[:12], exc)
-                        self._process(m.job_prepared(job.id, False, str(exc), now(), code="refused"))
+                        self._process(m.report(Declined(job.id, str(exc), code="refused"), now()))
                         return
                     with self._phase(job.id, "loading the task and its data, checking it fits"):
                         decline = await self.executor.prepare(job, task_file)
@@ -465,10 +479,10 @@ class Node:
                         decline = Decline(decline)
                     if decline is not None:
                         log.warning("declining job %s: %s", job.id[:12], decline.reason)
-                        self._process(m.job_prepared(job.id, False, decline.reason, now(),
-                                                     need=decline.need, have=decline.have, code=decline.code))
+                        self._process(m.report(Declined(job.id, decline.reason, decline.need, decline.have,
+                                                        decline.code), now()))
                     else:
-                        self._process(m.job_prepared(job.id, True, "", now()))
+                        self._process(m.report(Prepared(job.id), now()))
                 case Train(job=job, round=rnd, shard=shard):
                     key = (job.id, rnd, shard)
                     self._cancelled.discard(key)
@@ -484,26 +498,26 @@ class Node:
                     stats.shards_trained += 1 if samples else 0
                     stats.train_seconds += seconds
                     batches = samples // job["batch_size"]
-                    self._process(m.train_done(job.id, rnd, shard, samples, now(), batches=batches, seconds=seconds))
+                    self._process(m.report(Trained(job.id, rnd, shard, samples, batches, seconds), now()))
                 case PublishDelta(job=job, round=rnd, base=base, shards=shards, samples=samples):
                     data, metrics = await self.executor.delta(eff)
                     # The local model is free: the next shard trains while this delta uploads.
-                    self._process(m.delta_encoded(job, rnd, base, shards, now()))
+                    self._process(m.report(DeltaEncoded(job, rnd, base, shards), now()))
                     blob = await self._upload_delta(data)
                     if blob is None:
-                        self._process(m.delta_published(job, rnd, base, shards, samples, None, 0, {}, now()))
+                        self._process(m.report(Failed(eff), now()))
                         return
                     stats = self._stats(job.id)
                     stats.fp32_bytes += int(metrics.pop("fp32_bytes", 0))
                     stats.wire_bytes += len(data)
-                    self._process(m.delta_published(job, rnd, base, shards, samples, blob, len(data),
-                                                    metrics, now()))
+                    self._process(m.report(DeltaPublished(job, rnd, base, shards, samples, blob, len(data),
+                                                          metrics), now()))
                 case Aggregate(job=job, round=rnd, base=base, contribs=contribs):
                     async with self._fetch_deltas(job, contribs) as deltas:
                         state, metrics = await self.executor.aggregate(job, base, deltas, rnd=rnd)
                     trim()  # the blobs this close fetched: back to the system
                     ids = tuple(c.id for c in contribs)
-                    self._process(m.aggregated(job, rnd, base, ids, state, metrics, now()))
+                    self._process(m.report(Aggregated(job, rnd, base, ids, state, metrics), now()))
                 case Apply(job=job, close=close, contribs=contribs):
                     async with self._fetch_deltas(job, contribs) as deltas:
                         ok = await self.executor.apply(job, close["base"], deltas, close["state"], rnd=close["round"])
@@ -512,13 +526,13 @@ class Node:
                         log.warning("round %d of job %s did not reproduce state %s here; "
                                     "fetching a checkpoint instead", close["round"], job.id[:12],
                                     close["state"][:19])
-                    self._process(m.applied(close["state"], ok, now()))
+                    self._process(m.report(Applied(close["state"], ok), now()))
                 case FetchState(job=job, state=state, blob=blob):
                     what = "the initial state" if state == job["init"] else "the latest checkpoint"
                     with self._phase(job.id, f"fetching {what}"), self._work_files(job.id, "fetch") as (sealed, plain):
                         await self._get_sealed_file(blob, sealed, plain)
                         ok = await self.executor.import_state(job, state, plain)
-                    self._process(m.fetched(state, ok, now()))
+                    self._process(m.report(Fetched(state, ok), now()))
                 case PublishCheckpoint(job=job, round=rnd, state=state):
                     # File to file, a piece at a time: a model-sized state is never in the
                     # daemon's memory (it was, three times over: bytes, sealed, in transport).
@@ -527,7 +541,7 @@ class Node:
                         size = plain.stat().st_size
                         await self._seal_file(plain, sealed)
                         blob = await self.transport.put_blob_file(sealed)
-                    self._process(m.checkpoint_published(job, rnd, state, blob, size, now()))
+                    self._process(m.report(CheckpointPublished(job, rnd, state, blob, size), now()))
         except DiskError as exc:  # a full disk stops the daemon: retrying would only fail again
             self.fatal = exc
             log.error("%s", exc)
@@ -537,16 +551,16 @@ class Node:
         except (NetError, SealError, TtpeerError) as exc:
             log.warning("%s failed: %s", type(eff).__name__, exc)
             if isinstance(exc, StateMissing):  # so the machine recomputes or fetches it
-                self._process(self.machine.state_lost(exc.state, self._now()))
+                self._process(self.machine.report(StateLost(exc.state), self._now()))
             if isinstance(exc, LocalWorkLost):  # so the machine trains those shards again
-                self._process(self.machine.local_work_lost(exc.job, self._now()))
+                self._process(self.machine.report(WorkLost(exc.job), self._now()))
             self._report_failure(eff)
         except Exception as exc:  # noqa: BLE001 - the last resort: a bug fails the job, not the daemon
             self._bug(_job_of(eff), type(eff).__name__, exc)
 
     def _task_failed(self, job: Record, reason: str) -> None:
         log.error("job %s failed on this peer: %s", job.id[:12], reason)
-        self._process(self.machine.job_failed(job.id, reason, self._now()))
+        self._process(self.machine.report(JobFailed(job.id, reason), self._now()))
         self._release(job.id)
 
     def _release(self, job: str) -> None:
@@ -580,22 +594,7 @@ class Node:
                 del self.phases[job]
 
     def _report_failure(self, eff: Effect) -> None:
-        m, now = self.machine, self._now()
-        match eff:
-            case PrepareJob(job=job):
-                self._process(m.job_prepared(job.id, False, "could not load the task", now))
-            case Train(job=job, round=rnd, shard=shard):
-                self._process(m.train_done(job.id, rnd, shard, 0, now, failed=True))
-            case PublishDelta(job=job, round=rnd, base=base, shards=shards, samples=samples):
-                self._process(m.delta_published(job, rnd, base, shards, samples, None, 0, {}, now))
-            case Aggregate(job=job, round=rnd, base=base):
-                self._process(m.aggregated(job, rnd, base, (), None, {}, now))
-            case Apply():
-                self._process(m.sync_failed(now))
-            case FetchState():
-                self._process(m.sync_failed(now))
-            case PublishCheckpoint(job=job, round=rnd, state=state):
-                self._process(m.checkpoint_published(job, rnd, state, None, 0, now))
+        self._process(self.machine.report(Failed(eff), self._now()))
 
     @contextlib.asynccontextmanager
     async def _fetch_deltas(self, job: Record, contribs: tuple[Record, ...]) -> AsyncIterator[Deltas]:
@@ -725,7 +724,7 @@ class Node:
             if not timer.cancelled_caught:
                 continue
             for (job, rnd, shard), p in list(self._progress.items()):
-                self.machine.progress(job, rnd, shard, p.done, p.rate(trio.current_time()))
+                self.machine.report(Progress(job, rnd, shard, p.done, p.rate(trio.current_time())), self._now())
             # Protocol time is trio time less the outages: the subtraction can land a hair
             # before the deadline that just fired, which must not leave it unfired.
             self._process(self.machine.tick(max(self._now(), deadline)), wake=False)

@@ -23,6 +23,7 @@ from ._effects import (
 )
 from ._ensemble import member_variants
 from ._errors import ProofError, RecordError, RevokeError, TtpeerError
+from ._jobspec import JobSpec
 from ._ledger import (
     Chain,
     RecordSet,
@@ -45,8 +46,27 @@ from ._outcome import (
     may_cancel,
     standing_declines,
 )
-from ._peer import RETRY_AFTER, PeerMachine, Timing
+from ._peer import PeerMachine, Timing
 from ._records import MAX_KEEP, MAX_RECORD_BYTES, PRECISION_CODES, Record, parse, pool_id_of, public_hex, sign
+from ._reports import (
+    RETRY_AFTER,
+    Aggregated,
+    Applied,
+    CheckpointPublished,
+    Declined,
+    DeltaEncoded,
+    DeltaPublished,
+    Failed,
+    Fetched,
+    Holds,
+    JobFailed,
+    Prepared,
+    Progress,
+    Report,
+    StateLost,
+    Trained,
+    WorkLost,
+)
 from ._sizing import default_sizing
 from ._tasksig import TaskSignatureError, open_task, sign_task
 from ._token import Token, TokenError, make_token, parse_token
@@ -60,7 +80,24 @@ __all__ = [
     "Effect",
     "FetchState",
     "JobDone",
+    "JobSpec",
     "PeerMachine",
+    "Report",
+    "Prepared",
+    "Declined",
+    "Progress",
+    "Trained",
+    "DeltaEncoded",
+    "DeltaPublished",
+    "Aggregated",
+    "Applied",
+    "Fetched",
+    "CheckpointPublished",
+    "Failed",
+    "JobFailed",
+    "Holds",
+    "StateLost",
+    "WorkLost",
     "Persist",
     "PrepareJob",
     "PublishCheckpoint",

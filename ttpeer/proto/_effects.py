@@ -1,8 +1,8 @@
 """Effects: what a peer machine asks its driver to do. The machine performs none.
 
-Each effect that starts work has a matching report method on ``PeerMachine``
-(named in the docstring); until the report comes back the machine does not ask
-for the same work again.
+Each effect that starts work has a matching report (``_reports``, named in the
+docstring; ``Failed(effect)`` when it could not run), given to ``PeerMachine.report``;
+until the report comes back the machine does not ask for the same work again.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Persist:
 
 @dataclass(frozen=True)
 class PrepareJob:
-    """Load the job's task and check it fits this peer. Report: ``job_prepared``."""
+    """Load the job's task and check it fits this peer. Report: ``Prepared`` or ``Declined``."""
 
     job: Record
 
@@ -44,7 +44,7 @@ class PrepareJob:
 @dataclass(frozen=True)
 class Train:
     """Train one shard on the local model. ``fresh``: reset the local model to ``base``
-    first. Report: ``train_done``."""
+    first. Report: ``Trained``."""
 
     job: Record
     round: int
@@ -66,8 +66,8 @@ class Cancel:
 @dataclass(frozen=True)
 class PublishDelta:
     """Compress, seal and upload the local model's delta against ``base``.
-    Report: ``delta_encoded`` once the delta is taken from the local model (optional:
-    the next shard may then train during the upload), then ``delta_published``."""
+    Report: ``DeltaEncoded`` once the delta is taken from the local model (optional:
+    the next shard may then train during the upload), then ``DeltaPublished``."""
 
     job: Record
     round: int
@@ -79,7 +79,7 @@ class PublishDelta:
 @dataclass(frozen=True)
 class Aggregate:
     """Fetch the contributions' blobs, apply the outer step to ``base`` and report the
-    resulting state. Report: ``aggregated``."""
+    resulting state. Report: ``Aggregated``."""
 
     job: Record
     round: int
@@ -90,7 +90,7 @@ class Aggregate:
 @dataclass(frozen=True)
 class Apply:
     """Apply a round close to the held state ``base``; the result must hash to
-    ``close["state"]``. Report: ``applied``."""
+    ``close["state"]``. Report: ``Applied``."""
 
     job: Record
     close: Record
@@ -99,7 +99,7 @@ class Apply:
 
 @dataclass(frozen=True)
 class FetchState:
-    """Download the checkpoint blob holding ``state``. Report: ``fetched``."""
+    """Download the checkpoint blob holding ``state``. Report: ``Fetched``."""
 
     job: Record
     state: str
@@ -109,7 +109,7 @@ class FetchState:
 @dataclass(frozen=True)
 class PublishCheckpoint:
     """Upload the held ``state`` (the model entering ``round``) so late joiners and
-    repairing peers can fetch it. Report: ``checkpoint_published``."""
+    repairing peers can fetch it. Report: ``CheckpointPublished``."""
 
     job: Record
     round: int
@@ -128,3 +128,12 @@ Effect = (
     Broadcast | Send | Persist | PrepareJob | Train | Cancel | PublishDelta | Aggregate | Apply
     | FetchState | PublishCheckpoint | JobDone
 )
+
+
+@dataclass(frozen=True)
+class Sign:
+    """Internal to the machine, never seen by a driver: a part of ``PeerMachine`` asks it
+    to sign, admit and broadcast a record of ``kind`` with ``body`` (parts hold no key)."""
+
+    kind: str
+    body: dict

@@ -1,0 +1,139 @@
+"""The closer: when this peer aggregates a covered round, and when it checkpoints.
+
+Theory of operation. It holds when this peer first saw each round covered (on its own
+clock), the round it is aggregating (at most one at a time), the checkpoints it has
+started, and its own retry time after an aggregate that could not run (it delays only
+the next aggregate). Once contributions cover every shard, the designated closer (the
+smallest author among the canonical cover) aggregates at once; any other peer waits for
+it a lease plus two digests from the cover (time for a close lost on the way to be
+resent), or not at all once the closer has been silent for a lease (it died).
+
+What it promises: some live covering peer closes every covered round (I2, I4), closes
+are not made twice in parallel, and checkpoints add at most 1/``CHECKPOINT_DELTA_RATIO``
+to the bytes the pool uploads. It returns close and checkpoint bodies; the machine signs
+them. What breaks it: a ``heard`` map that is not updated on every message received (a
+live closer would look dead, and others would close beside it: harmless but wasteful).
+"""
+
+from __future__ import annotations
+
+from ._effects import Aggregate
+from ._jobspec import JobSpec
+from ._ledger import Chain, RecordSet
+from ._records import Record
+from ._reports import RETRY_AFTER
+
+CHECKPOINT_EVERY = 4  # rounds between the checkpoints a round's closer publishes (ensembles)
+# Fused jobs: a checkpoint once the deltas closed since the last one add up to this many
+# checkpoints' bytes (see ``checkpoint_due``).
+CHECKPOINT_DELTA_RATIO = 4
+
+
+class Closer:
+    def __init__(self, me: str, digest_interval: float) -> None:
+        self.me = me
+        self.digest_interval = digest_interval
+        self._covered_at: dict[tuple[str, int, str], float] = {}
+        self._aggregating: tuple[str, int] | None = None
+        self._ckpt_done: set[tuple[str, int]] = set()
+        self.retry_at = 0.0
+
+    def deadlines(self, job: JobSpec, rnd: int) -> list[float]:
+        out = []
+        for (jid, r, _base), at in self._covered_at.items():
+            if jid == job.id and r == rnd:
+                out += [at + job.lease, at + self.grace(job)]
+        return [*out, self.retry_at]
+
+    def deadline_key(self) -> object:
+        return len(self._covered_at), self.retry_at
+
+    def forget_before(self, job: str, rnd: int) -> None:
+        for key in [k for k in self._covered_at if k[0] == job and k[1] < rnd]:
+            del self._covered_at[key]
+
+    def grace(self, job: JobSpec, closer: str | None = None, now: float = 0.0,
+              heard: dict[str, float] | None = None) -> float:
+        """How long others wait, from the moment the round is covered, for the designated
+        closer before closing themselves: nothing once the closer has been silent for a
+        lease (it died: every live peer sends a digest each ``digest_interval``, so others
+        close at the latest one lease after its last word), else a lease plus two digests,
+        time for a close lost on the way to be resent. Waiting a lease from the cover too
+        cost a second lease when the closer died before the round was covered (its own
+        later shard requeued: the kill in scripts/bench/straggler)."""
+        if closer is not None and heard is not None and now - heard.get(closer, -float("inf")) >= job.lease:
+            return 0.0
+        return job.lease + 2 * self.digest_interval
+
+    def maybe_close(self, job: JobSpec, rnd: int, base: str, cover: list[Record], now: float,
+                    heard: dict[str, float]) -> list[Aggregate]:
+        """The round is covered by ``cover``: aggregate it if it is this peer's turn."""
+        first = self._covered_at.setdefault((job.id, rnd, base), now)
+        if self._aggregating is not None or now < self.retry_at:
+            return []
+        closer = min(c.author for c in cover)
+        if closer != self.me and now < first + self.grace(job, closer, now, heard):
+            return []
+        self._aggregating = (job.id, rnd)
+        return [Aggregate(job.record, rnd, base, tuple(cover))]
+
+    def aggregated(self, job: JobSpec, rnd: int, base: str, contribs: tuple[str, ...], state: str,
+                   metrics: dict[str, float], records: RecordSet) -> dict:
+        """An ``Aggregate`` made ``state``: the close's body to sign."""
+        self._aggregating = None
+        body = {"job": job.id, "round": rnd, "base": base, "contribs": sorted(contribs), "state": state,
+                "metrics": metrics}
+        if job.overlap:
+            body["tbase"] = records.by_id[contribs[0]]["base"]
+        return body
+
+    def aggregate_failed(self, now: float) -> None:
+        """An ``Aggregate`` could not run: try again after ``RETRY_AFTER``."""
+        self._aggregating = None
+        self.retry_at = now + RETRY_AFTER
+
+    def checkpoint(self, job: JobSpec, rnd: int, contribs: tuple[str, ...], records: RecordSet,
+                   chain: Chain) -> bool:
+        """Whether to publish a checkpoint of the state this peer's close of ``rnd`` made
+        (once per round). Checkpoints (and one of the final state) let late joiners and
+        repairing peers skip ahead; between them they replay the closes' deltas."""
+        if not self.checkpoint_due(job, rnd, contribs, records, chain) or (job.id, rnd + 1) in self._ckpt_done:
+            return False
+        self._ckpt_done.add((job.id, rnd + 1))
+        return True
+
+    def checkpoint_published(self, job: str, rnd: int, blob: str | None) -> bool:
+        """A checkpoint upload ended; False if it failed (a later close may try again)."""
+        if blob is None:
+            self._ckpt_done.discard((job, rnd))
+        return blob is not None
+
+    def failed(self, job: str) -> None:
+        if self._aggregating is not None and self._aggregating[0] == job:
+            self._aggregating = None
+
+    @staticmethod
+    def checkpoint_due(job: JobSpec, rnd: int, contribs: tuple[str, ...], records: RecordSet, chain: Chain) -> bool:
+        """Whether the closer of round ``rnd`` publishes a checkpoint of the state it made.
+
+        The final state always. Fused jobs: once the deltas closed since the last
+        checkpoint add up to ``CHECKPOINT_DELTA_RATIO`` checkpoints. A peer catching up
+        fetches the checkpoint and replays at most that many checkpoints' worth of deltas,
+        and checkpoints add at most 1/ratio to the bytes the pool uploads: a fixed "every
+        4 rounds" was most of the traffic when deltas are 4-bit (a checkpoint is the fp32
+        parameters and outer momentum: 16x a 4-bit delta). Before the first checkpoint its
+        size is estimated from the largest delta and the job's bits. Ensembles (whose
+        contributions are member checkpoints): every ``CHECKPOINT_EVERY`` rounds."""
+        if rnd + 1 == job.rounds:
+            return True
+        if job.ensemble:
+            return (rnd + 1) % CHECKPOINT_EVERY == 0
+        by_id = records.by_id
+        ckpts = [c for c in records.of_job(job.id, "ckpt") if c["round"] <= rnd]
+        since = max((c["round"] for c in ckpts), default=0)
+        closed = [tuple(chain.closes[r]["contribs"]) for r in range(since, min(rnd, len(chain.closes)))]
+        sizes = [by_id[c]["size"] for ids in [*closed, contribs] for c in ids if c in by_id]
+        if not sizes:
+            return False
+        size = max((c["size"] for c in ckpts if c["round"] == since), default=0) or max(sizes) * 64 // job.bits
+        return sum(sizes) >= CHECKPOINT_DELTA_RATIO * size
