@@ -53,8 +53,8 @@ except ImportError:  # the root distribution does not ship the relay; use the ch
     sys.path.insert(0, str(RELAY_SRC))
 
 from ttpeer_relay import RelayConfig, RelayRunning, serve  # noqa: E402
+from ttpeer_relay.app import login_message as relay_login_message  # noqa: E402
 from ttpeer_relay.auth import Nonces, Sessions  # noqa: E402
-from ttpeer_relay.auth import login_message as relay_login_message  # noqa: E402
 from ttpeer_relay.blobs import BlobError, BlobStore  # noqa: E402
 from ttpeer_relay.mailbox import Mailboxes, MailboxFull  # noqa: E402
 from ttpeer_relay.ratelimit import RateLimiter  # noqa: E402
@@ -182,30 +182,37 @@ async def test_bad_proofs_and_signatures_are_rejected(start_relay: StartRelay, p
     async with raw_http(running) as http:
         answer = await raw_login(http, running, pool, key, foreign_proof)
         assert answer.status_code == 403 and "bad membership proof" in answer.json()["error"]
+        assert answer.json()["code"] == "bad_proof"
         # Signed for another relay: a login captured elsewhere cannot be replayed here.
         answer = await raw_login(http, running, pool, key, proof, sign_fp="sha256:" + "1" * 64)
         assert answer.status_code == 403 and "bad signature" in answer.json()["error"]
+        assert answer.json()["code"] == "bad_signature"
         # A nonce is good once.
         nonce = (await http.post("/v1/challenge",
                                  json={"pool": pool.id, "peer": public_hex(key)})).json()["nonce"]
         assert (await raw_login(http, running, pool, key, proof, nonce=nonce)).status_code == 200
         replay = await raw_login(http, running, pool, key, proof, nonce=nonce)
         assert replay.status_code == 401 and "nonce" in replay.json()["error"]
+        assert replay.json()["code"] == "bad_nonce"
         # Malformed requests and missing sessions.
-        assert (await http.post("/v1/challenge", json={"pool": "zz"})).status_code == 400
-        assert (await http.post("/v1/challenge", content=b"[")).status_code == 400
+        for bad in (await http.post("/v1/challenge", json={"pool": "zz"}),
+                    await http.post("/v1/challenge", content=b"[")):
+            assert bad.status_code == 400 and bad.json()["code"] == "bad_request"
         too_big = await http.post("/v1/challenge", content=b" " * (65 * 1024))
-        assert too_big.status_code == 413
+        assert too_big.status_code == 413 and too_big.json()["code"] == "too_large"
         unauthorized = await http.get("/v1/roster", headers={"authorization": "Bearer nope"})
         assert unauthorized.status_code == 401
-        assert unauthorized.json() == {"error": "session expired"}
-        assert (await http.get("/v1/nowhere")).status_code == 404
-        assert (await http.delete("/v1/roster")).status_code == 405
+        assert unauthorized.json() == {"error": "session expired", "code": "session_expired"}
+        nowhere = await http.get("/v1/nowhere")
+        assert nowhere.status_code == 404 and nowhere.json()["code"] == "not_found"
+        delete = await http.delete("/v1/roster")
+        assert delete.status_code == 405 and delete.json()["code"] == "method_not_allowed"
         assert (await http.get("/v1/health")).json() == {"ok": True}
 
 
 def test_client_and_relay_sign_the_same_login_bytes() -> None:
     args = ("sha256:" + "ab" * 32, "0" * 32, "cd" * 32)
+    assert login_message is relay_login_message  # one definition, in ttpeer_wire
     assert login_message(*args) == relay_login_message(*args)
     assert login_message(*args).startswith(b"ttpeer/relay-auth/v1\n")
 
