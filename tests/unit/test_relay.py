@@ -11,6 +11,7 @@ import errno
 import hashlib
 import os
 import re
+import shutil
 import signal
 import ssl
 import subprocess
@@ -616,14 +617,37 @@ async def test_process_prints_ready_line_and_stops_on_sigterm(tmp_path: Path, po
             await process.wait()
 
 
+# Run with the relay's own modules first on the path: torch and ttpeer are made unimportable,
+# and the relay must load all it needs (ttpeer_wire included) from the one place given.
+_ALONE = (
+    "import sys; sys.modules['torch'] = None; sys.modules['ttpeer'] = None\n"
+    "import ttpeer_relay.cli, ttpeer_relay.app, ttpeer_wire\n"
+    "assert not any(m == 'torch' or m.startswith(('ttpeer.', 'ttpeer_relay._proto'))\n"
+    "               for m in sys.modules if sys.modules[m])\n"
+    "for module in (ttpeer_relay, ttpeer_wire):\n"
+    "    assert module.__file__.startswith(sys.argv[1]), (module.__file__, sys.argv[1])\n"
+)
+
+
 def test_relay_imports_neither_torch_nor_ttpeer() -> None:
-    code = (
-        "import sys; sys.modules['torch'] = None; sys.modules['ttpeer'] = None\n"
-        "import ttpeer_relay.cli, ttpeer_relay.app\n"
-        "assert not any(m == 'torch' or m.startswith('ttpeer.') for m in sys.modules if sys.modules[m])\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, env={
+    subprocess.run([sys.executable, "-c", _ALONE, str(RELAY_SRC)], check=True, env={
         **os.environ, "PYTHONPATH": str(RELAY_SRC)}, timeout=60)
+
+
+def test_the_relay_installs_alone_from_its_own_directory(tmp_path: Path) -> None:
+    # `pip install ./bootstrap-relay`, from a copy outside the checkout: everything it
+    # needs is inside its directory (no link into ttpeer/), and it carries ttpeer_wire.
+    pytest.importorskip("setuptools", reason="building the relay offline needs setuptools in this environment")
+    source, target = tmp_path / "bootstrap-relay", tmp_path / "installed"
+    shutil.copytree(RELAY_SRC, source, symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+    assert not [p for p in source.rglob("*") if p.is_symlink()]
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                    "--target", str(target), str(source)], check=True, timeout=300, capture_output=True)
+    assert sorted(p.name for p in (target / "ttpeer_wire").glob("*.py")) == sorted(
+        p.name for p in (RELAY_SRC / "ttpeer_wire").glob("*.py"))
+    subprocess.run([sys.executable, "-c", _ALONE, str(target)], check=True, env={
+        **os.environ, "PYTHONPATH": str(target)}, timeout=60)
 
 
 def test_cli_rejects_bad_flags(tmp_path: Path) -> None:
