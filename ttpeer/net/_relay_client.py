@@ -40,6 +40,7 @@ from ttpeer_wire import (
     REVOKE,
     ROSTER,
     SESSION,
+    ErrorCode,
     blob_path,
     fingerprint,
     login_message,
@@ -141,7 +142,7 @@ class RelayClient:
         cap = self._limits.get(limit)
         if cap is not None and len(data) > cap:
             raise RelayLimit(self.url, 413, f"{len(data)} bytes is over the relay's {cap}-byte "
-                             "cap", None)
+                             "cap", None, code=ErrorCode.TOO_LARGE)
 
     async def __aenter__(self) -> RelayClient:
         await self.connect()
