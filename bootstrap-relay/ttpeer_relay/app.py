@@ -68,7 +68,9 @@ _SIG = re.compile(r"^[0-9a-f]{128}$")
 _HEXBYTES = re.compile(r"^(?:[0-9a-f]{2})+$")
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 
+
 def _path(path: str, rest: str = "") -> re.Pattern[str]:
+    """A route's pattern: one of ``ttpeer_wire``'s paths, then ``rest`` (a regex)."""
     return re.compile(re.escape(path) + rest)
 
 
