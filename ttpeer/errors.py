@@ -1,6 +1,6 @@
 """One exception tree for everything a ttpeer user can meet.
 
-    TtpeerError                      (ttpeer.proto: the root, shared with the relay)
+    TtpeerError                      (ttpeer_wire: the root, shared with the relay)
      +-- RecordError                 a record is malformed, forged or tampered with
      +-- ProofError                  a membership proof does not chain to the pool root
      +-- TokenError                  a join token is malformed, expired or for a fake pool

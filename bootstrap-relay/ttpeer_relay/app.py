@@ -1,6 +1,7 @@
 """The relay's HTTP API as an ASGI app: routing, admission, limits.
 
-Every path lives under ``/v1``; every error is ``{"error": "..."}``. A request
+Every path lives under ``/v1``; every error is ``{"error": "...", "code": "..."}``,
+the words for people and the code for clients (``ttpeer_wire``'s table). A request
 is matched to a route, charged to a rate-limit bucket (the peer's when it holds
 a session, else the client IP's), authenticated when the route needs it, and
 handed to one short handler. Status codes:
@@ -25,11 +26,29 @@ from functools import partial
 from typing import Any
 
 import trio
+from ttpeer_wire import (
+    BLOB,
+    BROADCAST,
+    CHALLENGE,
+    HEALTH,
+    MAX_RECORD_BYTES,
+    MAX_WAIT,
+    RECV,
+    RECV_MAX_BYTES,
+    RECV_MAX_COUNT,
+    REVOKE,
+    ROSTER,
+    SEND,
+    SESSION,
+    ErrorCode,
+    ProofError,
+    login_message,
+    verify_proof,
+)
 
 from . import asgi
-from ._proto import MAX_RECORD_BYTES, ProofError, verify_proof
 from .asgi import FileResponse, HttpError, Request, Response, json_response
-from .auth import Nonces, RosterFull, Rosters, Session, Sessions, login_message, signature_ok
+from .auth import Nonces, RosterFull, Rosters, Session, Sessions, signature_ok
 from .blobs import BlobError, BlobStore
 from .config import RelayConfig
 from .mailbox import Mailboxes, MailboxFull
@@ -37,9 +56,6 @@ from .ratelimit import RateLimiter
 
 log = logging.getLogger(__name__)
 
-MAX_WAIT = 30.0  # longest long-poll, seconds; longer requests are clamped
-RECV_MAX_COUNT = 1024  # messages per recv answer
-RECV_MAX_BYTES = 8 * 2**20  # payload bytes per recv answer (one message may exceed it)
 MAILBOX_IDLE = 600.0  # forget empty mailboxes untouched this long
 MAINTAIN_EVERY = 60.0
 DRAIN_LIMIT = 2**20  # HTTP/1: read and drop refused bodies up to this size, then answer
@@ -52,20 +68,26 @@ _SIG = re.compile(r"^[0-9a-f]{128}$")
 _HEXBYTES = re.compile(r"^(?:[0-9a-f]{2})+$")
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 
+
+def _path(path: str, rest: str = "") -> re.Pattern[str]:
+    """A route's pattern: one of ``ttpeer_wire``'s paths, then ``rest`` (a regex)."""
+    return re.compile(re.escape(path) + rest)
+
+
 Handler = Callable[[Request, dict[str, str], Session | None], Awaitable[Response | FileResponse]]
 
 
 def _field(body: dict[str, Any], name: str, pattern: re.Pattern[str]) -> str:
     value = body.get(name)
     if not isinstance(value, str) or not pattern.match(value):
-        raise HttpError(400, f"field {name!r} is missing or malformed")
+        raise HttpError(400, ErrorCode.BAD_REQUEST, f"field {name!r} is missing or malformed")
     return value
 
 
 def _member(session: Session | None) -> Session:
     """The caller's session; ``_dispatch`` has already refused requests without one."""
     if session is None:
-        raise HttpError(401, "session expired")
+        raise HttpError(401, ErrorCode.SESSION_EXPIRED, "session expired")
     return session
 
 
@@ -88,19 +110,18 @@ class RelayApp:
             quota=config.pool_quota,
         )
         self.limiter = RateLimiter(config.rate, config.burst)
-        blob = r"/v1/blob/(?P<blob>[0-9a-f]{64})"
         # path pattern -> {method: (handler, needs a session)}
         self._routes: list[tuple[re.Pattern[str], dict[str, tuple[Handler, bool]]]] = [
-            (re.compile(r"/v1/health"), {"GET": (self.health, False)}),
-            (re.compile(r"/v1/challenge"), {"POST": (self.challenge, False)}),
-            (re.compile(r"/v1/session"), {"POST": (self.session, False)}),
-            (re.compile(r"/v1/roster"), {"GET": (self.roster, True)}),
-            (re.compile(r"/v1/revoke"), {"POST": (self.revoke, True)}),
-            (re.compile(r"/v1/send/(?P<peer>[0-9a-f]{64})"), {"POST": (self.send, True)}),
-            (re.compile(r"/v1/broadcast"), {"POST": (self.broadcast, True)}),
-            (re.compile(r"/v1/recv"), {"GET": (self.recv, True)}),
-            (re.compile(blob), {"PUT": (self.put_blob, True), "GET": (self.get_blob, True),
-                                "HEAD": (self.get_blob, True)}),
+            (_path(HEALTH), {"GET": (self.health, False)}),
+            (_path(CHALLENGE), {"POST": (self.challenge, False)}),
+            (_path(SESSION), {"POST": (self.session, False)}),
+            (_path(ROSTER), {"GET": (self.roster, True)}),
+            (_path(REVOKE), {"POST": (self.revoke, True)}),
+            (_path(SEND, "(?P<peer>[0-9a-f]{64})"), {"POST": (self.send, True)}),
+            (_path(BROADCAST), {"POST": (self.broadcast, True)}),
+            (_path(RECV), {"GET": (self.recv, True)}),
+            (_path(BLOB, "(?P<blob>[0-9a-f]{64})"), {"PUT": (self.put_blob, True), "GET": (self.get_blob, True),
+                                                     "HEAD": (self.get_blob, True)}),
         ]
 
     def load(self) -> None:
@@ -145,7 +166,7 @@ class RelayApp:
             return
         except Exception:  # a bug: answer it like one, and keep serving everyone else
             log.exception("failed on %s %s", request.method, request.path)
-            response = asgi.error_response(HttpError(500, "internal relay error"))
+            response = asgi.error_response(HttpError(500, ErrorCode.INTERNAL, "internal relay error"))
         try:
             await self._answer(request, response, send)
         except asgi.Disconnected:
@@ -179,7 +200,7 @@ class RelayApp:
             if match is None:
                 continue
             if request.method not in methods:
-                raise HttpError(405, f"{request.method} is not allowed on {request.path}")
+                raise HttpError(405, ErrorCode.METHOD_NOT_ALLOWED, f"{request.method} is not allowed on {request.path}")
             handler, needs_session = methods[request.method]
             now = trio.current_time()
             session = None
@@ -189,13 +210,13 @@ class RelayApp:
             key = ("peer", session.pool, session.peer) if session else ("ip", request.client)
             wait = self.limiter.check(key, now)
             if wait is not None:
-                raise HttpError(429, "too many requests; slow down", retry_after=wait)
+                raise HttpError(429, ErrorCode.RATE_LIMITED, "too many requests; slow down", retry_after=wait)
             if needs_session and session is None:
-                raise HttpError(401, "session expired")
+                raise HttpError(401, ErrorCode.SESSION_EXPIRED, "session expired")
             if session is not None and self.rosters.is_revoked(session.pool, session.peer):
-                raise HttpError(403, "this peer was revoked from the pool")
+                raise HttpError(403, ErrorCode.REVOKED, "this peer was revoked from the pool")
             return await handler(request, match.groupdict(), session)
-        raise HttpError(404, f"no such endpoint: {request.path}")
+        raise HttpError(404, ErrorCode.NOT_FOUND, f"no such endpoint: {request.path}")
 
     # -- admission ------------------------------------------------------------------
 
@@ -214,26 +235,26 @@ class RelayApp:
         proof_hex = body.get("proof")
         if not (isinstance(proof_hex, list) and len(proof_hex) == 2
                 and all(isinstance(p, str) and _HEXBYTES.match(p) for p in proof_hex)):
-            raise HttpError(400, "field 'proof' must be [invite_hex, join_hex]")
+            raise HttpError(400, ErrorCode.BAD_REQUEST, "field 'proof' must be [invite_hex, join_hex]")
         now = trio.current_time()
         if not self.nonces.take(nonce, pool, peer, now):
-            raise HttpError(401, "unknown or expired nonce; ask for a new challenge")
+            raise HttpError(401, ErrorCode.BAD_NONCE, "unknown or expired nonce; ask for a new challenge")
         proof = [bytes.fromhex(p) for p in proof_hex]
         if self.rosters.is_revoked(pool, peer):
-            raise HttpError(403, "this peer was revoked from the pool")
+            raise HttpError(403, ErrorCode.REVOKED, "this peer was revoked from the pool")
         try:
             verify_proof(pool, peer, proof)
         except ProofError as exc:
-            raise HttpError(403, f"bad membership proof: {exc}") from None
+            raise HttpError(403, ErrorCode.BAD_PROOF, f"bad membership proof: {exc}") from None
         if not signature_ok(peer, sig, login_message(self.fingerprint, pool, nonce)):
             raise HttpError(
-                403, "bad signature: not signed by the peer's key for this relay's certificate"
+                403, ErrorCode.BAD_SIGNATURE, "bad signature: not signed by the peer's key for this relay's certificate"
             )
         try:
             if self.rosters.admit(pool, peer, proof):
                 await self.rosters.save(pool)
         except RosterFull as exc:
-            raise HttpError(507, str(exc)) from None
+            raise HttpError(507, ErrorCode.ROSTER_FULL, str(exc)) from None
         token = self.sessions.open(pool, peer, now)
         limits = {"max_message_bytes": self.config.max_message_bytes,
                   "max_blob_bytes": self.config.max_blob_bytes, "max_wait": MAX_WAIT}
@@ -247,9 +268,9 @@ class RelayApp:
         try:
             peer = self.rosters.revoke(s.pool, body)
         except ProofError as exc:
-            raise HttpError(403, f"bad revocation: {exc}") from None
+            raise HttpError(403, ErrorCode.BAD_REVOCATION, f"bad revocation: {exc}") from None
         except RosterFull as exc:
-            raise HttpError(507, str(exc)) from None
+            raise HttpError(507, ErrorCode.ROSTER_FULL, str(exc)) from None
         await self.rosters.save(s.pool)
         log.info("pool %s: revoked peer %s", s.pool[:12], peer[:12])
         return json_response(200, {"revoked": peer})
@@ -265,7 +286,7 @@ class RelayApp:
         try:
             return self.mailboxes.put(s.pool, peer, s.peer, data, trio.current_time())
         except MailboxFull as exc:
-            raise HttpError(507, str(exc), retry_after=exc.retry_after) from None
+            raise HttpError(507, ErrorCode.MAILBOX_FULL, str(exc), retry_after=exc.retry_after) from None
 
     async def send(self, request: Request, params: dict[str, str], s: Session | None) -> Response:
         s = _member(s)
@@ -292,9 +313,9 @@ class RelayApp:
             after = int(request.query.get("after", "0"))
             wait = float(request.query.get("wait", "0"))
         except ValueError:
-            raise HttpError(400, "after must be an integer and wait a number") from None
+            raise HttpError(400, ErrorCode.BAD_REQUEST, "after must be an integer and wait a number") from None
         if after < 0 or not 0 <= wait < float("inf"):
-            raise HttpError(400, "after and wait must not be negative")
+            raise HttpError(400, ErrorCode.BAD_REQUEST, "after and wait must not be negative")
         messages = await self.mailboxes.receive(
             s.pool, s.peer, after, min(wait, MAX_WAIT),
             max_count=RECV_MAX_COUNT, max_bytes=RECV_MAX_BYTES,
@@ -311,7 +332,7 @@ class RelayApp:
         blob, now = params["blob"], time.time()
         declared = request.declared_length
         if declared is not None and declared > self.config.max_blob_bytes:
-            raise HttpError(413, f"blob is over the {self.config.max_blob_bytes}-byte cap")
+            raise HttpError(413, ErrorCode.TOO_LARGE, f"blob is over the {self.config.max_blob_bytes}-byte cap")
         if self.blobs.stat(s.pool, blob, now) is not None:
             await request.drain(self.config.max_blob_bytes)
             await self.blobs.touch(s.pool, blob, now)
@@ -319,7 +340,7 @@ class RelayApp:
         try:
             await self.blobs.put(s.pool, blob, request.chunks(), now)
         except BlobError as exc:
-            raise HttpError(exc.status, exc.message) from None
+            raise HttpError(exc.status, exc.code, exc.message) from None
         return json_response(201, {"blob": blob, "created": True})
 
     async def get_blob(self, request: Request, params: dict[str, str], s: Session | None) -> FileResponse:
@@ -327,11 +348,11 @@ class RelayApp:
         blob = params["blob"]
         size = self.blobs.stat(s.pool, blob, time.time())
         if size is None:
-            raise HttpError(404, "no such blob")
+            raise HttpError(404, ErrorCode.NO_BLOB, "no such blob")
         try:
             source = await trio.open_file(self.blobs.path(s.pool, blob), "rb")
         except FileNotFoundError:
-            raise HttpError(404, "no such blob") from None
+            raise HttpError(404, ErrorCode.NO_BLOB, "no such blob") from None
         status, start, length = 200, 0, size
         headers = [("accept-ranges", "bytes")]
         match = _RANGE.match(request.headers.get("range", ""))
@@ -340,7 +361,7 @@ class RelayApp:
             end = min(int(match[2]), size - 1) if match[2] else size - 1
             if start >= size or end < start:
                 await source.aclose()
-                raise HttpError(416, f"range starts past the end of the {size}-byte blob")
+                raise HttpError(416, ErrorCode.BAD_RANGE, f"range starts past the end of the {size}-byte blob")
             status, length = 206, end - start + 1
             headers.append(("content-range", f"bytes {start}-{end}/{size}"))
         return FileResponse(status, source, start, length, headers, head=request.method == "HEAD")

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import trio
+from ttpeer_wire import ErrorCode, error_body
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -29,11 +30,14 @@ _DIGITS = re.compile(r"[0-9]{1,20}")
 
 
 class HttpError(Exception):
-    """Answer the request with ``status`` and ``{"error": message}``."""
+    """Answer the request with ``status`` and ``{"error": message, "code": code}``
+    (``ttpeer_wire.error_body``; the codes are ``ttpeer_wire.ErrorCode``)."""
 
-    def __init__(self, status: int, message: str, *, retry_after: float | None = None) -> None:
+    def __init__(self, status: int, code: ErrorCode, message: str, *,
+                 retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.code = code
         self.message = message
         self.headers: list[tuple[str, str]] = []
         if retry_after is not None:
@@ -99,19 +103,19 @@ class Request:
         due = self._started + max(self.grace, (self._received + 1) / self.min_rate)
         with trio.move_on_at(due):
             return await self.receive()
-        raise HttpError(408, f"request body arrives slower than {self.min_rate:.0f} bytes a second")
+        raise HttpError(408, ErrorCode.TOO_SLOW, f"request body arrives slower than {self.min_rate:.0f} bytes a second")
 
     async def body(self, limit: int) -> bytes:
         """The whole body; 413 as soon as it passes ``limit`` bytes."""
         declared = self.declared_length
         if declared is not None and declared > limit:
-            raise HttpError(413, f"body is over the {limit}-byte cap")
+            raise HttpError(413, ErrorCode.TOO_LARGE, f"body is over the {limit}-byte cap")
         parts: list[bytes] = []
         size = 0
         async for chunk in self.chunks():
             size += len(chunk)
             if size > limit:
-                raise HttpError(413, f"body is over the {limit}-byte cap")
+                raise HttpError(413, ErrorCode.TOO_LARGE, f"body is over the {limit}-byte cap")
             parts.append(chunk)
         return b"".join(parts)
 
@@ -120,9 +124,9 @@ class Request:
         try:
             value = json.loads(raw)
         except (UnicodeDecodeError, ValueError):
-            raise HttpError(400, "body is not JSON") from None
+            raise HttpError(400, ErrorCode.BAD_REQUEST, "body is not JSON") from None
         if not isinstance(value, dict):
-            raise HttpError(400, "body must be a JSON object")
+            raise HttpError(400, ErrorCode.BAD_REQUEST, "body must be a JSON object")
         return value
 
     async def finish(self, drain_limit: int) -> list[tuple[str, str]]:
@@ -159,7 +163,7 @@ class Request:
         async for chunk in self.chunks():
             size += len(chunk)
             if size > limit:
-                raise HttpError(413, f"body is over the {limit}-byte cap")
+                raise HttpError(413, ErrorCode.TOO_LARGE, f"body is over the {limit}-byte cap")
         return size
 
 
@@ -192,7 +196,7 @@ def json_response(status: int, value: Any, headers: list[tuple[str, str]] | None
 
 
 def error_response(error: HttpError) -> Response:
-    return json_response(error.status, {"error": error.message}, error.headers)
+    return json_response(error.status, error_body(error.code, error.message), error.headers)
 
 
 async def send_response(send: Send, response: Response | FileResponse) -> None:

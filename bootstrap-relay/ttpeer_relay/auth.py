@@ -1,8 +1,9 @@
 """Admission: challenges, sessions, and the roster of admitted proofs.
 
 Theory of operation. A peer asks for a nonce (single use, 60 s), signs
-``LOGIN_DOMAIN + fingerprint + pool + nonce`` with its node key, and presents
-the signature with its membership proof [invite, join]. The relay's own
+``login_message(fingerprint, pool, nonce)`` (``ttpeer_wire``: a domain string, then
+those three) with its node key, and presents the signature with its membership
+proof [invite, join]. The relay's own
 certificate fingerprint is inside the signed message, so a login captured at one
 relay is useless at another. The relay holds no pool secret: the proof chains to
 the pool id by itself (``verify_proof``).
@@ -31,18 +32,11 @@ from pathlib import Path
 import trio
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-from ._proto import ProofError, verify_proof, verify_revocation
+from ttpeer_wire import ProofError, verify_proof, verify_revocation
 
 log = logging.getLogger(__name__)
 
-LOGIN_DOMAIN = b"ttpeer/relay-auth/v1\n"
 MAX_REVOKED = 4096  # revoked peers remembered per pool
-
-
-def login_message(fingerprint: str, pool: str, nonce: str) -> bytes:
-    """The bytes a peer signs to log in at the relay whose certificate is ``fingerprint``."""
-    return LOGIN_DOMAIN + fingerprint.encode() + b"\n" + pool.encode() + b"\n" + nonce.encode()
 
 
 def signature_ok(peer: str, sig: str, message: bytes) -> bool:

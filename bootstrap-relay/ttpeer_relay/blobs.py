@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from ttpeer_wire import ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,12 @@ _MAX_IOV = 1024  # IOV_MAX on Linux: buffers one writev may take
 
 
 class BlobError(Exception):
-    """An upload was refused; ``status`` is the HTTP status to answer with."""
+    """An upload was refused; ``status`` and ``code`` are what to answer with."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.status = status
+        self.code = code
         self.message = message
 
 
@@ -137,7 +139,7 @@ class BlobStore:
         """Store the streamed ``body`` as ``blob``. Raises ``BlobError`` (400, 413, 507)."""
         entry = self._pools.setdefault(pool, _Pool())
         if len(entry.blobs) >= self.max_blobs:
-            raise BlobError(507, "pool quota exceeded")
+            raise BlobError(507, ErrorCode.POOL_QUOTA, "pool quota exceeded")
         directory = self.directory(pool)
         tmp = directory / f"{secrets.token_hex(8)}.part"
         digest = hashlib.sha256()
@@ -157,9 +159,9 @@ class BlobStore:
                     size += len(chunk)
                     entry.reserved += len(chunk)
                     if size > self.max_blob_bytes:
-                        raise BlobError(413, f"blob is over the {self.max_blob_bytes}-byte cap")
+                        raise BlobError(413, ErrorCode.TOO_LARGE, f"blob is over the {self.max_blob_bytes}-byte cap")
                     if entry.used + entry.reserved > self.quota:
-                        raise BlobError(507, "pool quota exceeded")
+                        raise BlobError(507, ErrorCode.POOL_QUOTA, "pool quota exceeded")
                     batch.append(chunk)
                     batched += len(chunk)
                     if batched >= _WRITE_BUFFER:
@@ -170,11 +172,11 @@ class BlobStore:
             finally:
                 os.close(fd)
             if digest.hexdigest() != blob:
-                raise BlobError(400, f"body hashes to {digest.hexdigest()}, not to {blob}")
+                raise BlobError(400, ErrorCode.BAD_BLOB, f"body hashes to {digest.hexdigest()}, not to {blob}")
             await trio.to_thread.run_sync(_commit, tmp, self.path(pool, blob))
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise BlobError(507, "the relay's disk is full") from None
+                raise BlobError(507, ErrorCode.DISK_FULL, "the relay's disk is full") from None
             raise
         finally:
             entry.reserved -= size

@@ -27,8 +27,9 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 from hypercorn.typing import ASGIFramework
+from ttpeer_wire import MAX_WAIT
 
-from .app import MAX_WAIT, RelayApp
+from .app import RelayApp
 from .config import GiB, KiB, MiB, RelayConfig
 from .tls import ensure_certificate, pem_fingerprint
 

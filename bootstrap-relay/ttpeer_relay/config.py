@@ -6,6 +6,8 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+import ttpeer_wire as wire
+
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
 
@@ -15,13 +17,15 @@ class RelayConfig:
     listen: str = "0.0.0.0:8443"
     cert: Path | None = None  # both or neither; neither: self-signed in data/tls/
     key: Path | None = None
-    max_blob_bytes: int = 1 * GiB
+    # The defaults of the caps both relays share (ttpeer_wire); the session answer
+    # tells each peer the ones in force.
+    max_blob_bytes: int = wire.MAX_BLOB_BYTES
     blob_ttl: float = 7 * 86400.0
-    pool_quota: int = 20 * GiB
-    max_message_bytes: int = 256 * KiB
-    max_json_bytes: int = 64 * KiB
-    mailbox_messages: int = 4096
-    mailbox_bytes: int = 64 * MiB
+    pool_quota: int = wire.POOL_QUOTA
+    max_message_bytes: int = wire.MAX_MESSAGE_BYTES
+    max_json_bytes: int = wire.MAX_JSON_BYTES
+    mailbox_messages: int = wire.MAILBOX_MESSAGES
+    mailbox_bytes: int = wire.MAILBOX_BYTES
     mailbox_total_bytes: int = 1 * GiB
     rate: float = 50.0  # requests per second, per client IP (no session) or per peer
     burst: int = 200

@@ -9,7 +9,6 @@ invalidates every token that names this relay.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import ipaddress
 import os
 import socket
@@ -20,12 +19,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from ttpeer_wire import fingerprint
 
 VALIDITY = datetime.timedelta(days=3650)
-
-
-def fingerprint(der: bytes) -> str:
-    return "sha256:" + hashlib.sha256(der).hexdigest()
 
 
 def pem_fingerprint(cert_path: Path) -> str:

@@ -4,11 +4,15 @@ never was), and a revoked machine. Real daemons in the simulator."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from typing import NoReturn
+
 import pytest
 import trio
+from ttpeer_wire import ErrorCode
 
 from ttpeer.errors import MembershipEnded
-from ttpeer.net import MemoryRelay
+from ttpeer.net import MemoryRelay, RelayRejected
 from ttpeer.proto import parse
 from ttpeer.testing import Simulation
 
@@ -94,3 +98,57 @@ async def test_a_revoked_daemon_stops_as_soon_as_its_revocation_reaches_it(tmp_p
             assert isinstance(victim.fatal, MembershipEnded) and "revoked" in str(victim.fatal)
             assert "revoked" in (sim.peers[2].home.ended() or "")
             nursery.cancel_scope.cancel()
+
+
+class _Refusing:
+    """A relay that refuses this peer at login with ``error``: a ``Transport`` whose every
+    call raises it (the daemon gets no further than ``connect``)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def connect(self) -> None:
+        await trio.lowlevel.checkpoint()
+        raise self.error
+
+    async def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
+        await trio.lowlevel.checkpoint()
+        raise self.error
+
+    send = broadcast = recv = revoke = roster = put_blob = get_blob = has_blob = _refuse
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+async def test_the_daemon_knows_a_revocation_by_the_relays_code_not_its_words(tmp_path, autojump_clock):
+    from ttpeer.daemon import Node
+    from ttpeer.testing._fake import FakeExecutor
+
+    async with MemoryRelay() as relay:
+        sim = Simulation(tmp_path, relay, seed=3)
+        sim.create(2)
+        peer = sim.peers[1]
+
+        def node(error: Exception) -> Node:
+            return Node(peer.home, _Refusing(error), FakeExecutor("x", peer.disk), durable=False)
+
+        # Reworded, with the code: a revocation, final.
+        revoked = RelayRejected("memory://relay", 403, "(reworded) go away", code=ErrorCode.REVOKED)
+        ended = await _raised(node(revoked).run())
+        assert isinstance(ended, MembershipEnded) and "revoked" in str(ended)
+        # The word without the code (an older relay, a proxy): a refusal like any other,
+        # raised as it came; the daemon does not take it for the end of its membership.
+        worded = RelayRejected("memory://relay", 403, "this peer was revoked from the pool")
+        assert await _raised(node(worded).run()) is worded
+
+
+async def _raised(run: Awaitable[object]) -> BaseException:
+    """What ``run`` raised, out of the nurseries' single-exception groups."""
+    try:
+        await run
+    except BaseException as exc:  # whatever it was: the test looks at it
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]
+        return exc
+    raise AssertionError("the daemon ran to its end")

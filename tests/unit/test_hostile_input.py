@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from ttpeer_relay.app import RelayApp
 from ttpeer_relay.config import RelayConfig
+from ttpeer_wire import ErrorCode
 
 from ttpeer.daemon import Home, Node, new_invite
 from ttpeer.net import MemoryRelay, NetError, RelayClient, RelayUnavailable
@@ -163,8 +164,9 @@ def test_fuzz_relay_handlers_answer_every_request_without_a_500(
     assert waited < 120, f"waited {waited:.0f} s (virtual): past any long-poll (30 s) or body grace, a hang"
     assert answer.starts == 1
     assert answer.status in OK_STATUSES, (answer.status, answer.body[:200])
-    if answer.status >= 400:
-        assert set(json.loads(answer.body)) == {"error"}
+    if answer.status >= 400:  # words for people, and a code every client knows
+        error = json.loads(answer.body)
+        assert set(error) == {"error", "code"} and error["code"] in {code.value for code in ErrorCode}
 
 
 @pytest.mark.parametrize(("path", "authorized", "limit"), [

@@ -1,18 +1,17 @@
-"""MemoryRelay keeps the HTTPS relay's promises, and its faults are deterministic.
+"""MemoryRelay's own side: both transports are ``Transport``s, the in-memory relay's
+availability switch and tampering, and its faults are deterministic.
 
-The same scenario runs against the in-memory relay and the real one over TLS,
-and the transcripts (with seqs made relative) must be equal. Fault injection
-runs under trio's MockClock: a seed gives the same drops, duplicates, delays and
-order every time.
+That it keeps the HTTPS relay's promises is ``test_relay_contract.py``: one suite run
+against both relays, and one scenario whose two transcripts must be equal. Fault
+injection runs under trio's MockClock: a seed gives the same drops, duplicates, delays
+and order every time.
 """
 
 from __future__ import annotations
 
 import hashlib
-import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
-from pathlib import Path
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -24,25 +23,14 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 import ttpeer.net
 from ttpeer.net import (
     BlobCorrupt,
-    BlobMissing,
     Faults,
     MemoryRelay,
-    Message,
     RelayClient,
-    RelayLimit,
     RelayRejected,
     RelayUnavailable,
     Transport,
 )
 from ttpeer.proto import pool_id_of, public_hex, sign
-
-ROOT = Path(__file__).resolve().parents[2]
-try:
-    import ttpeer_relay  # noqa: F401
-except ImportError:  # the root distribution does not ship the relay; use the checkout
-    sys.path.insert(0, str(ROOT / "bootstrap-relay"))
-
-from ttpeer_relay import RelayConfig, RelayRunning, serve  # noqa: E402
 
 Proof = list[bytes]
 
@@ -70,88 +58,6 @@ def make_pool(n: int, fixed: str | None = None) -> tuple[str, list[tuple[Ed25519
     return pool, members
 
 
-MakeClient = Callable[[str, Ed25519PrivateKey, Proof], Transport]
-
-
-async def scenario(make: MakeClient) -> list[Any]:
-    """Drive three peers through every Transport method; return what they observed."""
-    pool, members = make_pool(3)
-    log: list[Any] = []
-    async with AsyncExitStack() as stack:
-        a, b, c = (make(pool, key, proof) for key, proof in members)
-        for t in (a, b, c):
-            await t.connect()
-            stack.push_async_callback(t.aclose)
-        peer = {public_hex(key): name for (key, _), name in zip(members, "abc", strict=True)}
-        b_id = public_hex(members[1][0])
-        base: dict[str, int] = {}
-
-        def show(who: str, messages: list[Message], cursor: int) -> None:
-            first = base.setdefault(who, messages[0].seq if messages else cursor)
-            log.append((who, [(m.seq - first, peer[m.sender], m.data) for m in messages],
-                        cursor - first if messages else "unchanged"))
-
-        for i in range(3):
-            await a.send(b_id, b"m%d" % i)
-        messages, cursor = await b.recv(0, 0)
-        show("b", messages, cursor)
-        show("b", *(await b.recv(messages[0].seq, 0)))  # unacknowledged: delivered again
-        log.append(await b.recv(cursor, 0) == ([], cursor))  # acknowledged: gone
-        log.append(await a.broadcast(b"all"))
-        for who, t in (("b", b), ("c", c)):
-            show(who, *(await t.recv(cursor if who == "b" else 0, 0)))
-        log.append(await a.recv(0, 0))
-
-        got: list[bytes] = []
-        _, cursor = await b.recv(cursor, 0)
-        _, cursor = await b.recv(cursor, 0)
-
-        async def poll() -> None:
-            new, _ = await b.recv(cursor, 30)
-            got.extend(m.data for m in new)
-
-        with trio.fail_after(10):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(poll)
-                await trio.testing.wait_all_tasks_blocked()
-                await c.send(b_id, b"wake")
-        log.append(got)
-
-        data = bytes(range(256)) * 100
-        blob = await a.put_blob(data)
-        log.append((blob == hashlib.sha256(data).hexdigest(), await b.has_blob(blob),
-                    await c.get_blob(blob, max_size=len(data)) == data))
-        for call in (c.get_blob(blob, max_size=10), c.get_blob("0" * 64, max_size=10)):
-            try:
-                await call
-            except (BlobCorrupt, BlobMissing) as exc:
-                log.append(type(exc).__name__)
-        log.append(await c.has_blob("0" * 64))
-        try:
-            await a.send(b_id, b"x" * (256 * 1024 + 1))
-        except RelayLimit as exc:
-            log.append((exc.status, exc.retry_after))
-        log.append(sorted(await c.roster()) == sorted(proof for _, proof in members))
-    return log
-
-
-async def test_memory_relay_matches_the_https_relay(tmp_path: Path, nursery: trio.Nursery) -> None:
-    async with MemoryRelay() as memory:
-        in_memory = await scenario(memory.client)
-    running: RelayRunning = await nursery.start(
-        serve, RelayConfig(data=tmp_path / "relay", listen="127.0.0.1:0")
-    )
-
-    def https(pool: str, key: Ed25519PrivateKey, proof: Proof) -> Transport:
-        return RelayClient(running.url, running.fingerprint, pool=pool, peer_key=key, proof=proof)
-
-    over_https = await scenario(https)
-    assert in_memory == over_https
-    assert in_memory[0] == ("b", [(0, "a", b"m0"), (1, "a", b"m1"), (2, "a", b"m2")], 2)
-    assert in_memory[3] == 2 and in_memory[6] == ([], 0)  # broadcast skipped its sender
-    assert "BlobCorrupt" in in_memory and "BlobMissing" in in_memory
-
-
 def test_both_transports_satisfy_the_protocol() -> None:
     pool, [(key, proof)] = make_pool(1)
     methods = {"connect", "send", "broadcast", "recv", "roster", "put_blob", "get_blob", "put_blob_file",
@@ -165,7 +71,7 @@ def test_both_transports_satisfy_the_protocol() -> None:
 
 def test_public_surface() -> None:
     assert sorted(ttpeer.net.__all__) == sorted([
-        "BlobCorrupt", "BlobMissing", "Faults", "MemoryRelay", "MemoryTransport", "Message",
+        "BlobCorrupt", "BlobMissing", "ErrorCode", "Faults", "MemoryRelay", "MemoryTransport", "Message",
         "NetError", "RelayClient", "RelayFingerprintMismatch", "RelayLimit", "RelayRejected",
         "RelayUnavailable", "Transport", "fetch_certificate", "fingerprint", "fingerprint_of",
         "login_message", "pinned_ssl_context",

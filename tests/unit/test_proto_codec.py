@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from ttpeer_wire._codec import MAX_DEPTH, MAX_INT
 
 from ttpeer.proto import RecordError, decode, encode
-from ttpeer.proto._codec import MAX_DEPTH, MAX_INT
 
 BIG = 1 << 20
 

@@ -10,9 +10,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ttpeer_wire._records import OPTIONAL, SCHEMAS, _signed_part
 
 from ttpeer.proto import MAX_RECORD_BYTES, Record, RecordError, encode, parse, public_hex, sign
-from ttpeer.proto._records import OPTIONAL, SCHEMAS, _signed_part
 
 from .proto_helpers import Pool, hex64, key, state, valid_bodies
 

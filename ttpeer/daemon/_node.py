@@ -50,6 +50,7 @@ from typing import Any
 import trio
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from ttpeer_wire import ErrorCode
 
 from ttpeer import _logging
 from ttpeer._trim import trim
@@ -1107,7 +1108,7 @@ def _ended_message(node: str, seal_pub: str, records: list[Record]) -> bytes:
 
 
 def _revoked_by_relay(exc: Exception) -> bool:
-    return isinstance(exc, RelayRejected) and exc.status == 403 and "revoked" in exc.message
+    return isinstance(exc, RelayRejected) and exc.status == 403 and exc.code == ErrorCode.REVOKED
 
 
 def _with_members(spec: dict[str, Any]) -> dict[str, Any]:

@@ -2,11 +2,16 @@
 
 ``Transport`` is the one interface; ``RelayClient`` speaks it over HTTPS to a
 pinned relay, ``MemoryRelay().client(...)`` in memory (with seeded ``Faults``)
-for tests and the simulator. Every error is a ``NetError`` (see ``_errors``).
+for tests and the simulator. Every error is a ``NetError`` (see ``_errors``); what
+the relay answered is its ``status`` and ``code`` (an ``ErrorCode``). The wire
+contract itself (paths, limits, login bytes, fingerprints, codes) is ``ttpeer_wire``.
 """
 
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
+
+from ttpeer_wire import ErrorCode, fingerprint, login_message
+from ttpeer_wire import fingerprint as fingerprint_of
 
 from ._errors import (
     BlobCorrupt,
@@ -20,16 +25,14 @@ from ._errors import (
 
 if TYPE_CHECKING:
     from ._memory import Faults, MemoryRelay, MemoryTransport
-    from ._relay_client import RelayClient, login_message
-    from ._tls import fetch_certificate, fingerprint, pinned_ssl_context
-    from ._tls import fingerprint as fingerprint_of
+    from ._relay_client import RelayClient
+    from ._tls import fetch_certificate, pinned_ssl_context
     from ._transport import Message, Transport
 
 # The rest on first use: httpx (with its own command line's click and rich) costs a
 # client command such as 'ttpeer status' more than everything else it imports.
 _LAZY = {"Faults": "_memory", "MemoryRelay": "_memory", "MemoryTransport": "_memory",
-         "RelayClient": "_relay_client", "login_message": "_relay_client", "fetch_certificate": "_tls",
-         "fingerprint": "_tls", "fingerprint_of": "_tls", "pinned_ssl_context": "_tls",
+         "RelayClient": "_relay_client", "fetch_certificate": "_tls", "pinned_ssl_context": "_tls",
          "Message": "_transport", "Transport": "_transport"}
 
 
@@ -37,8 +40,7 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'ttpeer.net' has no attribute {name!r}")
-    # fingerprint_of: the name ttpeer.cli imports for _tls.fingerprint
-    value = getattr(import_module(f"{__name__}.{module}"), "fingerprint" if name == "fingerprint_of" else name)
+    value = getattr(import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value
 
@@ -46,6 +48,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "BlobCorrupt",
     "BlobMissing",
+    "ErrorCode",
     "Faults",
     "MemoryRelay",
     "MemoryTransport",

@@ -13,11 +13,15 @@
 
 Foreign exceptions (httpx, ssl, trio, OSError) are translated where ``ttpeer.net``
 calls them and never escape. Each message says what happened and what to do next.
+
+What the relay answered travels as ``status`` and ``code``: the code of its error
+answer (``ttpeer_wire.ErrorCode``, or a newer one this client does not know), None when
+it sent none. Code that decides matches ``status`` and ``code``, never the words.
 """
 
 from __future__ import annotations
 
-from ..proto import TtpeerError
+from ttpeer_wire import TtpeerError
 
 
 class NetError(TtpeerError):
@@ -30,13 +34,14 @@ class RelayUnavailable(NetError):
     Transient by nature: retry later with backoff.
     """
 
-    def __init__(self, url: str, detail: str, *, message: str | None = None) -> None:
+    def __init__(self, url: str, detail: str, *, message: str | None = None, code: str | None = None) -> None:
         super().__init__(message or (
             f"relay {url} is unavailable ({detail}); it may be down, or unreachable "
             "from here or through the configured proxy"
         ))
         self.url = url
         self.detail = detail
+        self.code = code
 
 
 class RelayRejected(NetError):
@@ -46,11 +51,12 @@ class RelayRejected(NetError):
     request is malformed. Retrying the same request will fail the same way.
     """
 
-    def __init__(self, url: str, status: int, message: str) -> None:
+    def __init__(self, url: str, status: int, message: str, *, code: str | None = None) -> None:
         super().__init__(f"relay {url} refused the request ({status}): {message}")
         self.url = url
         self.status = status
         self.message = message
+        self.code = code
 
 
 class RelayFingerprintMismatch(NetError):
@@ -80,13 +86,15 @@ class RelayLimit(NetError):
     not help (a body over the size cap, a pool over its blob quota).
     """
 
-    def __init__(self, url: str, status: int, message: str, retry_after: float | None) -> None:
+    def __init__(self, url: str, status: int, message: str, retry_after: float | None, *,
+                 code: str | None = None) -> None:
         hint = f"; retry in {retry_after:g} s" if retry_after is not None else ""
         super().__init__(f"relay {url} limit ({status}): {message}{hint}")
         self.url = url
         self.status = status
         self.message = message
         self.retry_after = retry_after
+        self.code = code
 
 
 class BlobMissing(NetError):

@@ -4,7 +4,8 @@
 each peer a ``MemoryTransport`` that implements ``Transport`` exactly as
 ``RelayClient`` does: admission checks the membership proof, ``recv`` acks by
 cursor and long-polls on a ``trio.Event``, broadcast skips the sender, blobs are
-checked against their hash, and the same limits answer with the same errors.
+checked against their hash, and the same limits (``ttpeer_wire``'s) answer with the
+same errors and codes. ``tests/unit/test_relay_contract.py`` holds both relays to that.
 
 Faults. A ``Faults`` decides, for each delivery of a message to one recipient,
 whether it is dropped, duplicated, or delayed (and so reordered). Each decision
@@ -28,13 +29,26 @@ from types import TracebackType
 
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from ttpeer_wire import (
+    MAILBOX_BYTES,
+    MAILBOX_MESSAGES,
+    MAX_BLOB_BYTES,
+    MAX_MESSAGE_BYTES,
+    MAX_WAIT,
+    POOL_QUOTA,
+    RECV_MAX_BYTES,
+    RECV_MAX_COUNT,
+    ErrorCode,
+    ProofError,
+    public_hex,
+    verify_proof,
+    verify_revocation,
+)
 
-from ..proto import ProofError, public_hex, verify_proof, verify_revocation
 from ._errors import BlobCorrupt, BlobMissing, RelayLimit, RelayRejected, RelayUnavailable
-from ._transport import RECV_MAX_BYTES, RECV_MAX_COUNT, Message, check_blob_name
+from ._transport import Message, check_blob_name
 
 URL = "memory://relay"
-MAX_WAIT = 30.0
 
 
 @dataclass
@@ -75,11 +89,11 @@ class MemoryRelay:
         self,
         *,
         faults: Faults | None = None,
-        max_message_bytes: int = 256 * 1024,
-        mailbox_messages: int = 4096,
-        mailbox_bytes: int = 64 * 2**20,
-        max_blob_bytes: int = 2**30,
-        pool_quota: int = 20 * 2**30,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        mailbox_messages: int = MAILBOX_MESSAGES,
+        mailbox_bytes: int = MAILBOX_BYTES,
+        max_blob_bytes: int = MAX_BLOB_BYTES,
+        pool_quota: int = POOL_QUOTA,
     ) -> None:
         self.faults = faults
         self.max_message_bytes = max_message_bytes
@@ -128,7 +142,8 @@ class MemoryRelay:
         """Check the caps like the relay would, then deliver (through the faults)."""
         box = self._box(pool, recipient)
         if len(box.messages) >= self.mailbox_messages or box.bytes + len(data) > self.mailbox_bytes:
-            raise RelayLimit(URL, 507, f"mailbox of peer {recipient[:16]}... is full", 5.0)
+            raise RelayLimit(URL, 507, f"mailbox of peer {recipient[:16]}... is full", 5.0,
+                             code=ErrorCode.MAILBOX_FULL)
         delays = [0.0] if self.faults is None else self.faults.plan(sender, recipient)
         for delay in delays:
             if delay == 0:
@@ -184,7 +199,7 @@ class MemoryTransport:
 
     def _check_revoked(self) -> None:
         if self.peer in self.relay.revoked.get(self.pool, ()):
-            raise RelayRejected(URL, 403, "this peer was revoked from the pool")
+            raise RelayRejected(URL, 403, "this peer was revoked from the pool", code=ErrorCode.REVOKED)
 
     async def connect(self) -> None:
         self.relay._check_up()
@@ -192,7 +207,7 @@ class MemoryTransport:
         try:
             verify_proof(self.pool, self.peer, self._proof)
         except ProofError as exc:
-            raise RelayRejected(URL, 403, f"bad membership proof: {exc}") from None
+            raise RelayRejected(URL, 403, f"bad membership proof: {exc}", code=ErrorCode.BAD_PROOF) from None
         self.relay.rosters.setdefault(self.pool, {})[self.peer] = list(self._proof)
         self._connected = True
         await trio.lowlevel.checkpoint()
@@ -204,7 +219,7 @@ class MemoryTransport:
     def _check_size(self, data: bytes) -> None:
         if len(data) > self.relay.max_message_bytes:
             raise RelayLimit(URL, 413, f"body is over the {self.relay.max_message_bytes}-byte cap",
-                             None)
+                             None, code=ErrorCode.TOO_LARGE)
 
     async def send(self, peer: str, data: bytes) -> None:
         self._ready()
@@ -232,7 +247,7 @@ class MemoryTransport:
     async def recv(self, after: int, wait: float) -> tuple[list[Message], int]:
         self._ready()
         if after < 0 or wait < 0:
-            raise RelayRejected(URL, 400, "after and wait must not be negative")
+            raise RelayRejected(URL, 400, "after and wait must not be negative", code=ErrorCode.BAD_REQUEST)
         box = self.relay._box(self.pool, self.peer)
         while box.messages and box.messages[0].seq <= after:
             box.bytes -= len(box.messages.popleft().data)
@@ -257,7 +272,7 @@ class MemoryTransport:
         try:
             node = verify_revocation(self.pool, record)
         except ProofError as exc:
-            raise RelayRejected(URL, 403, f"bad revocation: {exc}") from None
+            raise RelayRejected(URL, 403, f"bad revocation: {exc}", code=ErrorCode.BAD_REVOCATION) from None
         self.relay.revoked.setdefault(self.pool, set()).add(node)
         self.relay.rosters.get(self.pool, {}).pop(node, None)
         await trio.lowlevel.checkpoint()
@@ -284,9 +299,9 @@ class MemoryTransport:
         if blob not in blobs:
             if len(data) > self.relay.max_blob_bytes:
                 raise RelayLimit(URL, 413, f"blob is over the {self.relay.max_blob_bytes}-byte cap",
-                                 None)
+                                 None, code=ErrorCode.TOO_LARGE)
             if sum(map(len, blobs.values())) + len(data) > self.relay.pool_quota:
-                raise RelayLimit(URL, 507, "pool quota exceeded", None)
+                raise RelayLimit(URL, 507, "pool quota exceeded", None, code=ErrorCode.POOL_QUOTA)
             blobs[blob] = bytes(data)
             self.bytes_sent += len(data)
         await trio.lowlevel.checkpoint()

@@ -15,7 +15,8 @@ by ``_download`` and kept as a spare for the next download; httpx's per-record
 overhead had made it the download's limit.
 
 Errors are translated here, at the boundary: no httpx, ssl or trio exception
-leaves this module, only ``NetError`` subclasses.
+leaves this module, only ``NetError`` subclasses, chosen by the answer's status and
+carrying its error code (``ttpeer_wire.read_error``); its words are only shown.
 """
 
 from __future__ import annotations
@@ -33,8 +34,22 @@ from urllib.parse import urlsplit
 import httpx
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from ttpeer_wire import (
+    BROADCAST,
+    CHALLENGE,
+    RECV,
+    REVOKE,
+    ROSTER,
+    SESSION,
+    ErrorCode,
+    blob_path,
+    fingerprint,
+    login_message,
+    public_hex,
+    read_error,
+    send_path,
+)
 
-from ..proto import public_hex
 from ._download import Answer, Body, FileBody, Malformed, request_head
 from ._errors import (
     BlobCorrupt,
@@ -44,10 +59,9 @@ from ._errors import (
     RelayRejected,
     RelayUnavailable,
 )
-from ._tls import fetch_certificate, fingerprint, host_port, open_tcp, pinned_ssl_context
+from ._tls import fetch_certificate, host_port, open_tcp, pinned_ssl_context
 from ._transport import Message, check_blob_name
 
-LOGIN_DOMAIN = b"ttpeer/relay-auth/v1\n"
 _FETCH_ATTEMPTS = 3  # a blob download resumes (Range) after a broken connection
 # JSON answers are read raw up to this many bytes, and a Content-Encoding is refused: a
 # relay cannot exhaust a peer's memory with a huge or gzip-bombed answer. The largest
@@ -62,11 +76,6 @@ UPLOAD_PIECE = 2**20
 # PUT straight away: sending it twice costs less than a round trip on every upload
 # (at 20 Mbit/s, 256 KiB take 100 ms); the relay drains a body it already has.
 ASK_FIRST_BYTES = 256 * 1024
-
-
-def login_message(fingerprint: str, pool: str, nonce: str) -> bytes:
-    """What a peer signs to log in at the relay whose certificate is ``fingerprint``."""
-    return LOGIN_DOMAIN + fingerprint.encode() + b"\n" + pool.encode() + b"\n" + nonce.encode()
 
 
 def _cert_rejected(exc: BaseException) -> bool:
@@ -85,14 +94,6 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
     except (KeyError, ValueError):
         return None
     return min(seconds, MAX_RETRY_AFTER) if math.isfinite(seconds) and seconds >= 0 else None
-
-
-def _error_message(raw: bytes) -> str:
-    """What an error answer's body says: its JSON ``error``, or the start of its text."""
-    try:
-        return str(json.loads(raw)["error"])[:500]
-    except (ValueError, KeyError, TypeError):
-        return raw[:200].decode("utf-8", "replace")
 
 
 class RelayClient:
@@ -143,7 +144,7 @@ class RelayClient:
         size = len(data) if size is None else size
         if cap is not None and size > cap:
             raise RelayLimit(self.url, 413, f"{size} bytes is over the relay's {cap}-byte "
-                             "cap", None)
+                             "cap", None, code=ErrorCode.TOO_LARGE)
 
     async def __aenter__(self) -> RelayClient:
         await self.connect()
@@ -192,11 +193,11 @@ class RelayClient:
         async with self._login_lock:
             if self._generation != seen_generation:
                 return  # another task logged in while we waited
-            answer = await self._json("POST", "/v1/challenge", auth=False,
+            answer = await self._json("POST", CHALLENGE, auth=False,
                                       json={"pool": self.pool, "peer": self.peer})
             nonce = self._field(answer, "nonce", str)
             sig = self._key.sign(login_message(self.fingerprint, self.pool, nonce)).hex()
-            answer = await self._json("POST", "/v1/session", auth=False, json={
+            answer = await self._json("POST", SESSION, auth=False, json={
                 "pool": self.pool, "peer": self.peer, "nonce": nonce, "sig": sig,
                 "proof": [record.hex() for record in self._proof],
             })
@@ -277,22 +278,23 @@ class RelayClient:
                 raw += chunk
                 if len(raw) > MAX_ERROR_BYTES:
                     break
-            message = _error_message(raw)
+            code, message = read_error(bytes(raw))
         except httpx.HTTPError:
-            message = "(the answer broke off)"
+            code, message = None, "(the answer broke off)"
         finally:
             await response.aclose()
-        self._raise_status(response.status_code, message, response.headers, blob)
+        self._raise_status(response.status_code, code, message, response.headers, blob)
 
-    def _raise_status(self, status: int, message: str, headers: Mapping[str, str],
+    def _raise_status(self, status: int, code: str | None, message: str, headers: Mapping[str, str],
                       blob: str | None) -> NoReturn:
+        """The error for an answer: its class by the status, with the answer's code."""
         if status in (413, 429, 507):
-            raise RelayLimit(self.url, status, message, _retry_after(headers))
+            raise RelayLimit(self.url, status, message, _retry_after(headers), code=code)
         if status in (404, 416) and blob is not None:
             raise BlobMissing(blob)
         if 400 <= status < 500:
-            raise RelayRejected(self.url, status, message)
-        raise RelayUnavailable(self.url, f"HTTP {status}: {message}")
+            raise RelayRejected(self.url, status, message, code=code)
+        raise RelayUnavailable(self.url, f"HTTP {status}: {message}", code=code)
 
     async def _json(self, method: str, path: str, *, auth: bool = True, **kwargs: Any) -> Any:
         response = await self._send(method, path, auth=auth, stream=True, **kwargs)
@@ -327,15 +329,15 @@ class RelayClient:
     async def send(self, peer: str, data: bytes) -> None:
         """Queue ``data`` for ``peer``. Raises ``RelayLimit`` (over 256 KiB, mailbox full)."""
         self._check_size(data, "max_message_bytes")
-        await self._json("POST", f"/v1/send/{peer}", content=data)
+        await self._json("POST", send_path(peer), content=data)
 
     async def broadcast(self, data: bytes) -> int:
         self._check_size(data, "max_message_bytes")
-        answer = await self._json("POST", "/v1/broadcast", content=data)
+        answer = await self._json("POST", BROADCAST, content=data)
         return int(self._field(answer, "delivered", int))
 
     async def recv(self, after: int, wait: float) -> tuple[list[Message], int]:
-        answer = await self._json("GET", "/v1/recv", params={"after": after, "wait": wait},
+        answer = await self._json("GET", RECV, params={"after": after, "wait": wait},
                                   read_timeout=wait + self._timeout)
         try:
             messages = [
@@ -348,10 +350,10 @@ class RelayClient:
 
     async def revoke(self, record: bytes) -> None:
         """Hand the relay a root-signed revocation. Raises ``RelayRejected``."""
-        await self._json("POST", "/v1/revoke", content=record)
+        await self._json("POST", REVOKE, content=record)
 
     async def roster(self) -> list[list[bytes]]:
-        answer = await self._json("GET", "/v1/roster")
+        answer = await self._json("GET", ROSTER)
         try:
             return [[bytes.fromhex(r) for r in proof] for proof in answer["proofs"]]
         except (KeyError, TypeError, ValueError):
@@ -360,7 +362,7 @@ class RelayClient:
     async def has_blob(self, blob: str) -> bool:
         check_blob_name(blob)
         try:
-            response = await self._send("HEAD", f"/v1/blob/{blob}", auth=True, blob=blob, stream=True)
+            response = await self._send("HEAD", blob_path(blob), auth=True, blob=blob, stream=True)
         except BlobMissing:
             return False
         await response.aclose()
@@ -370,7 +372,7 @@ class RelayClient:
         blob = hashlib.sha256(data).hexdigest()
         self._check_size(data, "max_blob_bytes")
         if len(data) <= ASK_FIRST_BYTES or not await self.has_blob(blob):
-            response = await self._send("PUT", f"/v1/blob/{blob}", auth=True, upload=data, stream=True)
+            response = await self._send("PUT", blob_path(blob), auth=True, upload=data, stream=True)
             await response.aclose()  # its small JSON answer says nothing a peer needs
         return blob
 
@@ -424,7 +426,7 @@ class RelayClient:
         Range): one GET, on the spare blob connection or a new one, logging in again
         once on 401."""
         host, port = host_port(self.url)
-        target = f"{urlsplit(self.url).path}/v1/blob/{blob}"
+        target = urlsplit(self.url).path + blob_path(blob)
         authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         for attempt in (1, 2):
             if self._blob_context is None:
@@ -455,7 +457,7 @@ class RelayClient:
             if answer.status == 401 and attempt == 1:
                 await self._login(generation)
                 continue
-            self._raise_status(answer.status, _error_message(b"".join(error.parts)), answer.headers, blob)
+            self._raise_status(answer.status, *read_error(b"".join(error.parts)), answer.headers, blob)
 
     async def _ask(self, host: str, port: int, request: bytes, idle: trio.CancelScope) -> Answer:
         """Send ``request`` on the spare connection, or on a new one if there is none or

@@ -12,7 +12,6 @@ server that later shows another certificate fails the handshake.
 from __future__ import annotations
 
 import base64
-import hashlib
 import socket
 import ssl
 from urllib.parse import unquote, urlsplit
@@ -22,11 +21,6 @@ import trio
 from ._errors import RelayUnavailable
 
 _MAX_PROXY_REPLY = 16 * 1024
-
-
-def fingerprint(der: bytes) -> str:
-    """``sha256:`` + hex sha256 of a DER certificate: the form tokens pin."""
-    return "sha256:" + hashlib.sha256(der).hexdigest()
 
 
 def pinned_ssl_context(der: bytes) -> ssl.SSLContext:

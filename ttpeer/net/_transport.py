@@ -13,7 +13,9 @@ memory for tests and the simulator. Both promise the same semantics:
 - blobs are content-addressed by the sha256 hex of their bytes, and fetching
   one checks that hash.
 
-Every method raises only ``NetError`` subclasses (see ``ttpeer.errors``).
+Every method raises only ``NetError`` subclasses (see ``ttpeer.errors``). The limits,
+paths and error codes both keep are ``ttpeer_wire``'s; ``tests/unit/test_relay_contract.py``
+runs one suite against both.
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-RECV_MAX_COUNT = 1024  # messages in one recv answer at most
-RECV_MAX_BYTES = 8 * 2**20  # payload bytes in one recv answer at most (one message may pass it)
 _BLOB_NAME = re.compile(r"^[0-9a-f]{64}$")
 
 

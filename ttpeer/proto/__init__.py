@@ -1,11 +1,27 @@
 """Pure protocol state machines: no I/O, no clock reads, no trio, no torch.
 
 Everything here takes ``now`` as an argument and returns effects; the daemon and
-the simulator execute them. Only relative imports, so the relay can carry this
-package unchanged (``bootstrap-relay/ttpeer_relay/_proto`` links here).
+the simulator execute them. Records, their codec, membership proofs and the root
+error live in ``ttpeer_wire`` (the contract the relay shares, without this package)
+and are re-exported here unchanged.
 """
 
-from ._codec import decode, encode
+from ttpeer_wire import (
+    MAX_KEEP,
+    MAX_RECORD_BYTES,
+    PRECISION_CODES,
+    Member,
+    Record,
+    decode,
+    encode,
+    parse,
+    pool_id_of,
+    public_hex,
+    sign,
+    verify_proof,
+    verify_revocation,
+)
+
 from ._effects import (
     Aggregate,
     Apply,
@@ -36,7 +52,7 @@ from ._ledger import (
     select_cover,
     train_base,
 )
-from ._membership import Member, admitted, lost_joins, members, revocations, standing, verify_proof, verify_revocation
+from ._membership import admitted, lost_joins, members, revocations, standing
 from ._outcome import (
     DECLINE_CODES,
     Ended,
@@ -47,7 +63,6 @@ from ._outcome import (
     standing_declines,
 )
 from ._peer import PeerMachine, Timing
-from ._records import MAX_KEEP, MAX_RECORD_BYTES, PRECISION_CODES, Record, parse, pool_id_of, public_hex, sign
 from ._reports import (
     RETRY_AFTER,
     Aggregated,

@@ -15,9 +15,10 @@ set refused, or that never passes the jobs' current rounds (the index would only
 
 from __future__ import annotations
 
+from ttpeer_wire import Record
+
 from . import _gossip
 from ._effects import Broadcast, Send
-from ._records import Record
 
 
 class AntiEntropy:

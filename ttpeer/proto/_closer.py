@@ -17,10 +17,11 @@ live closer would look dead, and others would close beside it: harmless but wast
 
 from __future__ import annotations
 
+from ttpeer_wire import Record
+
 from ._effects import Aggregate
 from ._jobspec import JobSpec
 from ._ledger import Chain, RecordSet
-from ._records import Record
 from ._reports import RETRY_AFTER
 
 CHECKPOINT_EVERY = 4  # rounds between the checkpoints a round's closer publishes (ensembles)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._records import Record
+from ttpeer_wire import Record
 
 
 @dataclass(frozen=True)

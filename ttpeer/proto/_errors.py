@@ -1,28 +1,18 @@
-"""The root of ttpeer's exception tree and the errors of the pure protocol layer.
+"""The errors of the pure protocol layer; the root of the tree comes from ``ttpeer_wire``.
 
-``TtpeerError`` lives here, in the bottom layer, so that every package (and the
-relay, which carries a copy of ``proto``) shares one root. The full tree is drawn
-in ``ttpeer/errors.py``.
+``TtpeerError`` lives in ``ttpeer_wire``, the bottom layer, so that every package and
+the relay share one root; ``RecordError`` and ``ProofError`` are the wire's errors of
+reading records and proofs, re-exported here. The full tree is drawn in
+``ttpeer/errors.py``.
 """
 
 from __future__ import annotations
 
-
-class TtpeerError(Exception):
-    """Anything a ttpeer user can meet. The message says what happened and what to do."""
-
-
-class RecordError(TtpeerError):
-    """A record was malformed, oversized, non-canonical, forged or tampered with.
-
-    Raised while decoding or verifying bytes that came from outside; the record is
-    dropped and nothing already held changes.
-    """
-
-
-class ProofError(TtpeerError):
-    """A membership proof does not chain from the pool root to the claimed node."""
+from ttpeer_wire import ProofError, RecordError, TtpeerError
 
 
 class RevokeError(TtpeerError):
     """A revocation cannot be made: not the admin, not a member, or too much to keep."""
+
+
+__all__ = ["ProofError", "RecordError", "RevokeError", "TtpeerError"]

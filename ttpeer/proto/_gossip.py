@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from . import _codec
-from ._errors import RecordError
+from ttpeer_wire import RecordError, decode, encode
 
 MAX_PAYLOAD_BYTES = 240 * 1024  # under the relay's 256 KiB mailbox message cap
 ID_PREFIX = 16  # hex chars of a record id in a digest: 64 bits, collisions are harmless
@@ -28,12 +27,12 @@ def records_payloads(raws: Iterable[bytes]) -> Iterator[bytes]:
     for raw in raws:
         item = raw.hex()
         if batch and size + len(item) + 3 > MAX_PAYLOAD_BYTES:
-            yield _codec.encode({"t": "records", "r": batch})
+            yield encode({"t": "records", "r": batch})
             batch, size = [], 32
         batch.append(item)
         size += len(item) + 3
     if batch:
-        yield _codec.encode({"t": "records", "r": batch})
+        yield encode({"t": "records", "r": batch})
 
 
 def digest_payload(ids: Iterable[str], turn: int = 0) -> bytes:
@@ -44,7 +43,7 @@ def digest_payload(ids: Iterable[str], turn: int = 0) -> bytes:
     parts = max(1, -(-len(prefixes) // (MAX_DIGEST_IDS // 2)))
     lo, hi = _window(turn % parts, parts)
     chosen = prefixes if parts == 1 else [p for p in prefixes if in_window(p, lo, hi)]
-    return _codec.encode({"t": "digest", "ids": chosen, "lo": lo, "hi": hi})
+    return encode({"t": "digest", "ids": chosen, "lo": lo, "hi": hi})
 
 
 WINDOW_HEX = 8  # windows are ranges of the first 32 bits of ids
@@ -61,7 +60,7 @@ def in_window(rec_id: str, lo: int, hi: int) -> bool:
 
 def parse_payload(data: bytes) -> tuple[str, Any]:
     """Returns ("records", [bytes, ...]) or ("digest", (prefixes, lo, hi)). Raises RecordError."""
-    obj = _codec.decode(data, max_size=MAX_PAYLOAD_BYTES + 1024, canonical=False)
+    obj = decode(data, max_size=MAX_PAYLOAD_BYTES + 1024, canonical=False)
     if type(obj) is not dict:
         raise RecordError("gossip payload is not an object")
     if obj.get("t") == "records" and type(obj.get("r")) is list and set(obj) == {"t", "r"}:

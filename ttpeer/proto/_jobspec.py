@@ -1,6 +1,6 @@
 """A job record, read once into the fields the peer machine runs it by.
 
-The record schema (``_records.SCHEMAS``) has already checked every field's type and
+The record schema (``ttpeer_wire``'s ``SCHEMAS``) has already checked every field's type and
 range when the record was admitted; ``JobSpec.of`` only refuses a record that is not a
 job, so the parts of the machine index no ``job["..."]``: a misspelt field is a typed
 attribute that a checker catches, not a ``KeyError`` in the middle of a round.
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ttpeer_wire import Record
+
 from ._errors import RecordError
-from ._records import Record
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ import heapq
 from collections.abc import Container
 from dataclasses import dataclass
 
+from ttpeer_wire import Record
+
 from ._jobspec import JobSpec
-from ._records import Record
 
 Own = tuple[str, int, int, int]  # (job, round, shard, attempt) of the claim this peer trains
 

@@ -25,8 +25,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ._membership import Member, members, revocations
-from ._records import Record
+from ttpeer_wire import Member, Record
+
+from ._membership import members, revocations
 
 
 @dataclass

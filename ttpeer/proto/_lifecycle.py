@@ -16,10 +16,11 @@ breaks it: a driver that reports a job it was not asked to prepare.
 
 from __future__ import annotations
 
+from ttpeer_wire import Record
+
 from ._effects import Effect, JobDone, PrepareJob
 from ._ledger import RecordSet
 from ._outcome import failed_here, job_ended
-from ._records import Record
 from ._views import Views
 
 

@@ -23,39 +23,17 @@ it, then the earliest join (its ``at``, then its id); each other gets the name p
 function of the records, so every peer shows the same names, and the names of nodes
 that chose distinct ones never change.
 
-``verify_proof`` checks the two-record chain (invite, join) a node presents to
-the relay; it needs nothing but the proof itself.
+``ttpeer_wire.verify_proof`` checks the two-record chain (invite, join) a node presents
+to the relay from the proof alone, and ``verify_revocation`` a revocation; both are
+re-exported by ``ttpeer.proto``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import replace
 
-from ._errors import ProofError, RecordError
-from ._records import Record, parse, pool_id_of
-
-
-@dataclass(frozen=True)
-class Member:
-    node: str  # Ed25519 public key (hex): the peer id
-    seal: str  # X25519 public key (hex) for sealing to this member
-    name: str
-    role: str  # "member" or "admin"
-    join: str  # id of the join record
-    invite: str  # id of the invite record
-
-
-def _join_fits_invite(join: Record, invite: Record) -> bool:
-    return (
-        join.kind == "join"
-        and invite.kind == "invite"
-        and join.pool == invite.pool
-        and pool_id_of(invite.author) == invite.pool
-        and join["invite"] == invite.id
-        and join.author == invite["key"]
-        and join["at"] <= invite["expires"]
-    )
+from ttpeer_wire import Member, Record, join_fits_invite, pool_id_of
 
 
 def members(pool: str, records: Iterable[Record]) -> dict[str, Member]:
@@ -82,7 +60,7 @@ def admitted(pool: str, records: Iterable[Record]) -> dict[str, Member]:
     at: dict[str, int] = {}
     for join in sorted(joins, key=lambda r: r.id):
         invite = invites.get(join["invite"])
-        if invite is None or not _join_fits_invite(join, invite):
+        if invite is None or not join_fits_invite(join, invite):
             continue
         if used.get(invite.id, 0) >= invite["uses"] or join["node"] in out:
             continue
@@ -120,7 +98,7 @@ def lost_joins(pool: str, records: Iterable[Record]) -> set[str]:
     invites = {r.id: r for r in records if r.kind == "invite" and r.pool == pool and pool_id_of(r.author) == pool}
     genuine = {
         r["node"] for r in records
-        if r.kind == "join" and r.pool == pool and r["invite"] in invites and _join_fits_invite(r, invites[r["invite"]])
+        if r.kind == "join" and r.pool == pool and r["invite"] in invites and join_fits_invite(r, invites[r["invite"]])
     }
     return genuine - set(members(pool, records))
 
@@ -145,37 +123,3 @@ def revocations(pool: str, records: Iterable[Record]) -> dict[str, frozenset[str
         if rec.kind == "revoke" and rec.pool == pool and pool_id_of(rec.author) == pool:
             out[rec["node"]] = out.get(rec["node"], frozenset()) | frozenset(rec["keep"])
     return out
-
-
-def verify_revocation(pool: str, raw: bytes) -> str:
-    """Check that ``raw`` is a revocation signed by ``pool``'s root; returns the revoked
-    node. The relay uses it to refuse that node's sessions. Raises ``ProofError``."""
-    try:
-        rec = parse(raw)
-    except RecordError as exc:
-        raise ProofError(f"revocation is not a valid record: {exc}") from None
-    if rec.kind != "revoke" or rec.pool != pool or pool_id_of(rec.author) != pool:
-        raise ProofError("not a revocation signed by this pool's root key")
-    node: str = rec["node"]
-    return node
-
-
-def verify_proof(pool: str, peer: str, proof: Sequence[bytes]) -> Member:
-    """Check that ``proof`` = [invite, join] admits ``peer`` to ``pool``.
-
-    Raises ``ProofError`` naming the broken link. Use limits are not judged here:
-    they need the whole record set, which only peers hold.
-    """
-    if len(proof) != 2:
-        raise ProofError("a membership proof is exactly [invite, join]")
-    try:
-        invite, join = parse(proof[0]), parse(proof[1])
-    except RecordError as exc:
-        raise ProofError(f"membership proof has a bad record: {exc}") from None
-    if invite.pool != pool or join.pool != pool:
-        raise ProofError("membership proof is for another pool")
-    if not _join_fits_invite(join, invite):
-        raise ProofError("join record does not chain to a root-signed invite")
-    if join["node"] != peer:
-        raise ProofError("membership proof is for another node")
-    return Member(join["node"], join["seal"], join["name"], invite["role"], join.id, invite.id)

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ttpeer_wire import Record
+
 from ._ledger import RecordSet
-from ._records import Record
 
 # Codes on the wire, words for people: what a decline's ``code`` means.
 DECLINE_CODES = {

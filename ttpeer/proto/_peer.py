@@ -34,6 +34,7 @@ import hashlib
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from ttpeer_wire import Record, parse, sign
 
 from . import _gossip
 from . import _reports as rp
@@ -60,7 +61,6 @@ from ._ledger import Chain, RecordSet
 from ._lifecycle import Lifecycle
 from ._local import LocalWorker
 from ._outcome import FOR_GOOD
-from ._records import Record, parse, sign
 from ._reports import RETRY_AFTER, Report
 from ._rounds import Rounds
 from ._views import Views

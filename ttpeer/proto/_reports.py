@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ttpeer_wire import Record
+
 from ._effects import Effect
-from ._records import Record
 
 RETRY_AFTER = 2.0  # seconds before an activity retries work whose effect failed
 

@@ -18,13 +18,14 @@ steps it while the peer does not hold the chain's head (``PeerMachine`` syncs fi
 
 from __future__ import annotations
 
+from ttpeer_wire import Record
+
 from ._closer import Closer
 from ._effects import Effect, Sign
 from ._jobspec import JobSpec
 from ._leases import LeaseTable
 from ._ledger import Chain, RecordSet, train_base
 from ._local import Local, LocalWorker
-from ._records import Record
 from ._views import Views
 
 

@@ -14,10 +14,7 @@ import hashlib
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-
-from . import _codec
-from ._errors import RecordError, TtpeerError
-from ._records import pool_id_of, public_hex
+from ttpeer_wire import RecordError, TtpeerError, decode, encode, pool_id_of, public_hex
 
 TASK_DOMAIN = b"ttpeer/task/v1\n"
 MAX_TASK_FILE = 4 * 2**20
@@ -37,14 +34,14 @@ def sign_task(root: Ed25519PrivateKey, pool: str, task: bytes) -> bytes:
         raise TaskSignatureError(f"the task file is {len(task)} bytes; at most {MAX_TASK_FILE} are allowed")
     if pool_id_of(public_hex(root)) != pool:
         raise TaskSignatureError("only the pool admin (the machine holding root.key) can sign a task file")
-    return _codec.encode({"task": task.hex(), "root": public_hex(root),
+    return encode({"task": task.hex(), "root": public_hex(root),
                           "sig": root.sign(_message(pool, task)).hex()})
 
 
 def open_task(pool: str, blob: bytes) -> bytes:
     """The task file inside ``blob`` if the pool root signed it. Raises ``TaskSignatureError``."""
     try:
-        obj = _codec.decode(blob, max_size=2 * MAX_TASK_FILE + 4096)
+        obj = decode(blob, max_size=2 * MAX_TASK_FILE + 4096)
     except (RecordError, ValueError):
         raise TaskSignatureError("the task file is not signed (it is not a signed task blob); "
                                  "refusing to run it: only task files signed by the pool admin run") from None

@@ -16,10 +16,7 @@ import re
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-from . import _codec
-from ._errors import RecordError, TtpeerError
-from ._records import Record, parse, pool_id_of
+from ttpeer_wire import Record, RecordError, TtpeerError, decode, encode, parse, pool_id_of
 
 PREFIX = "ttp1."
 MAX_TOKEN = 8192
@@ -47,7 +44,7 @@ def make_token(relays: list[str], fingerprint: str, invite: Record, seed: bytes)
         "relays": relays, "fp": fingerprint, "pool": invite.pool,
         "invite": _b64encode(invite.raw), "seed": seed.hex(),
     }
-    return PREFIX + _b64encode(_codec.encode(body))
+    return PREFIX + _b64encode(encode(body))
 
 
 def _b64encode(data: bytes) -> str:
@@ -65,7 +62,7 @@ def parse_token(text: str, *, now: float) -> Token:
         raise TokenError("this is not a ttpeer join token (it should start with 'ttp1.')")
     try:
         raw = _b64decode(text[len(PREFIX) :])
-        body = _codec.decode(raw, max_size=MAX_TOKEN)
+        body = decode(raw, max_size=MAX_TOKEN)
     except (binascii.Error, ValueError, RecordError):
         raise TokenError("the join token is damaged (was it copied whole?)") from None
     if type(body) is not dict or set(body) != {"relays", "fp", "pool", "invite", "seed"}:

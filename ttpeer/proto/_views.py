@@ -12,9 +12,10 @@ a change to the records that bumps neither ``RecordSet.versions`` nor the member
 
 from __future__ import annotations
 
+from ttpeer_wire import Record
+
 from ._jobspec import JobSpec
 from ._ledger import Chain, RecordSet, canonical_chain, contributions, covered, select_cover
-from ._records import Record
 
 
 class Views:

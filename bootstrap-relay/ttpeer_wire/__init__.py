@@ -1,0 +1,96 @@
+"""What the relay and the peers must agree on, defined once: ttpeer's wire contract.
+
+- records: the signed facts peers hold, their canonical codec and schema table
+  (``_records``, ``_codec``);
+- membership proofs and revocations, checked from their bytes alone (``_proofs``);
+- the relay's HTTPS API: paths, limits, the login bytes, the certificate fingerprint,
+  and the error codes of its answers (``_relay_api``);
+- the root of the exception tree, ``TtpeerError``, with the errors of reading all that.
+
+Both ``ttpeer`` (``proto`` and ``net`` build on it) and the relay (``ttpeer_relay``)
+import this package; it ships in both distributions from this one directory
+(``bootstrap-relay/ttpeer_wire``). It is pure: no I/O, no clock, no trio, httpx or
+torch; its only dependency is ``cryptography`` (Ed25519). ``tests/unit/test_wire.py``
+holds it to that and pins the names below.
+"""
+
+from ._codec import decode, encode
+from ._errors import ProofError, RecordError, TtpeerError
+from ._proofs import Member, join_fits_invite, verify_proof, verify_revocation
+from ._records import MAX_KEEP, MAX_RECORD_BYTES, PRECISION_CODES, Record, parse, pool_id_of, public_hex, sign
+from ._relay_api import (
+    API,
+    BLOB,
+    BROADCAST,
+    CHALLENGE,
+    HEALTH,
+    LOGIN_DOMAIN,
+    MAILBOX_BYTES,
+    MAILBOX_MESSAGES,
+    MAX_BLOB_BYTES,
+    MAX_JSON_BYTES,
+    MAX_MESSAGE_BYTES,
+    MAX_WAIT,
+    POOL_QUOTA,
+    RECV,
+    RECV_MAX_BYTES,
+    RECV_MAX_COUNT,
+    REVOKE,
+    ROSTER,
+    SEND,
+    SESSION,
+    ErrorCode,
+    blob_path,
+    error_body,
+    fingerprint,
+    login_message,
+    read_error,
+    send_path,
+)
+
+__all__ = [
+    "API",
+    "BLOB",
+    "BROADCAST",
+    "CHALLENGE",
+    "HEALTH",
+    "LOGIN_DOMAIN",
+    "MAILBOX_BYTES",
+    "MAILBOX_MESSAGES",
+    "MAX_BLOB_BYTES",
+    "MAX_JSON_BYTES",
+    "MAX_KEEP",
+    "MAX_MESSAGE_BYTES",
+    "MAX_RECORD_BYTES",
+    "MAX_WAIT",
+    "POOL_QUOTA",
+    "PRECISION_CODES",
+    "RECV",
+    "RECV_MAX_BYTES",
+    "RECV_MAX_COUNT",
+    "REVOKE",
+    "ROSTER",
+    "SEND",
+    "SESSION",
+    "ErrorCode",
+    "Member",
+    "ProofError",
+    "Record",
+    "RecordError",
+    "TtpeerError",
+    "blob_path",
+    "decode",
+    "encode",
+    "error_body",
+    "fingerprint",
+    "join_fits_invite",
+    "login_message",
+    "parse",
+    "pool_id_of",
+    "public_hex",
+    "read_error",
+    "send_path",
+    "sign",
+    "verify_proof",
+    "verify_revocation",
+]

@@ -1,0 +1,75 @@
+"""Membership proofs and revocations as the relay checks them, from the bytes alone.
+
+A node logs in at a relay with the two records that admit it: the root-signed invite
+and the join signed with that invite's key (``verify_proof``). The pool admin hands the
+relay a root-signed revocation (``verify_revocation``). Both need nothing but the
+records presented, because the pool id is the hash of the root key: the relay holds no
+pool secret. Use limits and revocations held by peers are not judged here; they need
+the whole record set (``ttpeer.proto``'s membership views).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ._errors import ProofError, RecordError
+from ._records import Record, parse, pool_id_of
+
+
+@dataclass(frozen=True)
+class Member:
+    node: str  # Ed25519 public key (hex): the peer id
+    seal: str  # X25519 public key (hex) for sealing to this member
+    name: str
+    role: str  # "member" or "admin"
+    join: str  # id of the join record
+    invite: str  # id of the invite record
+
+
+def join_fits_invite(join: Record, invite: Record) -> bool:
+    """Whether ``join`` is a join made with ``invite``, a genuine root-signed invite,
+    before the invite expired."""
+    return (
+        join.kind == "join"
+        and invite.kind == "invite"
+        and join.pool == invite.pool
+        and pool_id_of(invite.author) == invite.pool
+        and join["invite"] == invite.id
+        and join.author == invite["key"]
+        and join["at"] <= invite["expires"]
+    )
+
+
+def verify_revocation(pool: str, raw: bytes) -> str:
+    """Check that ``raw`` is a revocation signed by ``pool``'s root; returns the revoked
+    node. The relay uses it to refuse that node's sessions. Raises ``ProofError``."""
+    try:
+        rec = parse(raw)
+    except RecordError as exc:
+        raise ProofError(f"revocation is not a valid record: {exc}") from None
+    if rec.kind != "revoke" or rec.pool != pool or pool_id_of(rec.author) != pool:
+        raise ProofError("not a revocation signed by this pool's root key")
+    node: str = rec["node"]
+    return node
+
+
+def verify_proof(pool: str, peer: str, proof: Sequence[bytes]) -> Member:
+    """Check that ``proof`` = [invite, join] admits ``peer`` to ``pool``.
+
+    Raises ``ProofError`` naming the broken link. Use limits are not judged here:
+    they need the whole record set, which only peers hold.
+    """
+    if len(proof) != 2:
+        raise ProofError("a membership proof is exactly [invite, join]")
+    try:
+        invite, join = parse(proof[0]), parse(proof[1])
+    except RecordError as exc:
+        raise ProofError(f"membership proof has a bad record: {exc}") from None
+    if invite.pool != pool or join.pool != pool:
+        raise ProofError("membership proof is for another pool")
+    if not join_fits_invite(join, invite):
+        raise ProofError("join record does not chain to a root-signed invite")
+    if join["node"] != peer:
+        raise ProofError("membership proof is for another node")
+    return Member(join["node"], join["seal"], join["name"], invite["role"], join.id, invite.id)

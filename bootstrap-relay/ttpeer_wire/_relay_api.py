@@ -1,0 +1,143 @@
+"""The relay's HTTPS API as both ends read it: paths, limits, login bytes, error codes.
+
+The relay (``ttpeer_relay``) serves it; the peers' client (``ttpeer.net``) and the
+in-memory relay of the tests and the simulator speak it. A constant that one side
+relies on the other keeping lives here and nowhere else.
+
+Errors. Every error answer is a JSON object ``{"error": MESSAGE, "code": CODE}``:
+``error`` is English for people (logs, ``ttpeer status``) and may be reworded any
+time; ``code`` is one of ``ErrorCode`` and never changes meaning. Clients decide on
+the HTTP status and the code, never on the words. A code a client does not know
+(a newer relay) is an error of its status class, its message shown as it is.
+
+    status  code                          when
+    400     bad_request                   a field, the query or the JSON body is malformed
+    400     bad_blob                      an uploaded body does not hash to the blob's name
+    401     session_expired               no session, or it expired (the relay restarted): log in again
+    401     bad_nonce                     a login nonce is unknown, spent or stale: ask a new challenge
+    403     bad_proof                     the membership proof does not admit the peer
+    403     bad_signature                 the login is not signed for this relay's certificate
+    403     revoked                       the pool's root revoked this peer: final
+    403     bad_revocation                a revocation not signed by the pool's root
+    404     not_found | no_blob           no such endpoint | the relay does not hold the blob
+    405     method_not_allowed
+    408     too_slow                      a request body arrived too slowly
+    413     too_large                     a body is over a cap (``limits`` in the session answer)
+    416     bad_range                     a blob range starts past its end
+    429     rate_limited                  with Retry-After
+    500     internal                      a bug in the relay
+    507     mailbox_full                  with Retry-After: the recipient collecting its mail frees room
+    507     pool_quota | disk_full | roster_full    waiting alone will not help
+
+Pure: no I/O, no clock; the login message and the fingerprint are functions of bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from enum import StrEnum
+from typing import Any
+
+API = "/v1"
+HEALTH = f"{API}/health"
+CHALLENGE = f"{API}/challenge"
+SESSION = f"{API}/session"
+ROSTER = f"{API}/roster"
+REVOKE = f"{API}/revoke"
+BROADCAST = f"{API}/broadcast"
+RECV = f"{API}/recv"
+SEND = f"{API}/send/"  # + the recipient's peer id
+BLOB = f"{API}/blob/"  # + the blob's sha256 hex
+
+MAX_WAIT = 30.0  # longest long-poll, seconds; longer waits are clamped
+RECV_MAX_COUNT = 1024  # messages in one recv answer at most
+RECV_MAX_BYTES = 8 * 2**20  # payload bytes in one recv answer at most (one message may pass it)
+# The relay's default caps; a relay may be configured otherwise, and tells each peer its
+# own in the session answer's ``limits``.
+MAX_MESSAGE_BYTES = 256 * 2**10
+MAX_JSON_BYTES = 64 * 2**10
+MAX_BLOB_BYTES = 2**30
+MAILBOX_MESSAGES = 4096
+MAILBOX_BYTES = 64 * 2**20
+POOL_QUOTA = 20 * 2**30
+
+LOGIN_DOMAIN = b"ttpeer/relay-auth/v1\n"
+
+
+def send_path(peer: str) -> str:
+    return SEND + peer
+
+
+def blob_path(blob: str) -> str:
+    return BLOB + blob
+
+
+def fingerprint(der: bytes) -> str:
+    """``sha256:`` + hex sha256 of a DER certificate: the form invite tokens pin."""
+    return "sha256:" + hashlib.sha256(der).hexdigest()
+
+
+def login_message(fingerprint: str, pool: str, nonce: str) -> bytes:
+    """The bytes a peer signs to log in at the relay whose certificate is ``fingerprint``:
+    a login captured at one relay is useless at another."""
+    return LOGIN_DOMAIN + fingerprint.encode() + b"\n" + pool.encode() + b"\n" + nonce.encode()
+
+
+class ErrorCode(StrEnum):
+    """The ``code`` of a relay's error answer (see the module's table)."""
+
+    BAD_REQUEST = "bad_request"
+    BAD_BLOB = "bad_blob"
+    SESSION_EXPIRED = "session_expired"
+    BAD_NONCE = "bad_nonce"
+    BAD_PROOF = "bad_proof"
+    BAD_SIGNATURE = "bad_signature"
+    REVOKED = "revoked"
+    BAD_REVOCATION = "bad_revocation"
+    NOT_FOUND = "not_found"
+    NO_BLOB = "no_blob"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    TOO_SLOW = "too_slow"
+    TOO_LARGE = "too_large"
+    BAD_RANGE = "bad_range"
+    RATE_LIMITED = "rate_limited"
+    INTERNAL = "internal"
+    MAILBOX_FULL = "mailbox_full"
+    POOL_QUOTA = "pool_quota"
+    DISK_FULL = "disk_full"
+    ROSTER_FULL = "roster_full"
+
+
+_CODE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+MAX_ERROR_MESSAGE = 500  # characters of an error message a client keeps
+
+
+def error_body(code: ErrorCode, message: str) -> dict[str, str]:
+    """The JSON object of an error answer."""
+    return {"error": message, "code": code.value}
+
+
+def read_error(raw: bytes) -> tuple[str | None, str]:
+    """(code, message) of an error answer's body, from any bytes a server sent.
+
+    A known code comes back as its ``ErrorCode``; one that is well formed but unknown
+    (a newer relay) as the string it is; None when the answer carries none that is
+    well formed (not a relay, or an older one): the caller goes by the status alone.
+    The message is the answer's ``error`` or, for an answer that is not ours, the start
+    of its text."""
+    try:
+        value: Any = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None, raw[:200].decode("utf-8", "replace")
+    if not isinstance(value, dict) or "error" not in value:
+        return None, raw[:200].decode("utf-8", "replace")
+    code = value.get("code")
+    message = str(value["error"])[:MAX_ERROR_MESSAGE]
+    if not isinstance(code, str) or not _CODE.fullmatch(code):
+        return None, message
+    try:
+        return ErrorCode(code), message
+    except ValueError:
+        return code, message
