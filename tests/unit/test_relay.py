@@ -572,6 +572,7 @@ def _relay_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
+@pytest.mark.slow
 async def test_process_prints_ready_line_and_stops_on_sigterm(tmp_path: Path, pool: Pool) -> None:
     data = tmp_path / "relay"
     process = await trio.lowlevel.open_process(
@@ -609,6 +610,7 @@ async def test_process_prints_ready_line_and_stops_on_sigterm(tmp_path: Path, po
             await process.wait()
 
 
+@pytest.mark.slow
 def test_relay_imports_neither_torch_nor_ttpeer() -> None:
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['ttpeer'] = None\n"
