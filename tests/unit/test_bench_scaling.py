@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ttpeer._bench_scaling import main, steps_to
+from bench.scaling import main, steps_to
 
 
 def test_steps_to_a_loss_interpolate_between_evaluations_and_never_extrapolate():
