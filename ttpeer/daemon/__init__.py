@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._client import call
     from ._executor import Executor
-    from ._home import Home, PoolConfig, default_home, new_invite
+    from ._home import Home, PoolConfig, new_invite
     from ._node import Node
     from ._run import run_daemon
 
 _WHERE = {"call": "_client", "Executor": "_executor", "Home": "_home", "PoolConfig": "_home",
-          "default_home": "_home", "new_invite": "_home", "Node": "_node", "run_daemon": "_run"}
+          "new_invite": "_home", "Node": "_node", "run_daemon": "_run"}
 
-__all__ = ["Executor", "Home", "Node", "PoolConfig", "call", "default_home", "new_invite", "run_daemon"]
+__all__ = ["Executor", "Home", "Node", "PoolConfig", "call", "new_invite", "run_daemon"]
 
 
 def __getattr__(name: str) -> Any:
