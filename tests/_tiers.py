@@ -8,7 +8,9 @@ while the tests run rather than trusted to a list:
   its directory (``SLOW_DIRS``): those tiers start real processes;
 - anywhere else, a test that starts a process (any of ``WATCHED``, the audit events of
   ``subprocess``, ``os.fork``, ``os.exec*``, ``os.posix_spawn``, ``os.system``: trio's
-  ``run_process`` and ``multiprocessing`` go through them) or takes a torch optimizer step
+  ``run_process`` goes through them; ``multiprocessing``'s spawn and forkserver start
+  their child without one, so the function both call is watched too) or takes a torch
+  optimizer step
   (``torch.optim``'s global step hook: every inner loop ends in one) must carry
   ``@pytest.mark.slow`` or a module ``pytestmark``; a test that does either unmarked fails,
   in every run (so CI's full run catches one too), and says which event and how to mark it.
@@ -98,8 +100,21 @@ def is_slow_dir(path: Path) -> bool:
     return len(rel.parts) > 1 and rel.parts[0] in SLOW_DIRS
 
 
+def _watch_multiprocessing() -> None:
+    from multiprocessing import util
+
+    spawn = util.spawnv_passfds
+
+    def spawnv_passfds(path: Any, args: Any, passfds: Any) -> Any:
+        _note(f"started a process (multiprocessing: {' '.join(map(str, args))[:100]})")
+        return spawn(path, args, passfds)
+
+    util.spawnv_passfds = spawnv_passfds
+
+
 def install() -> None:
     sys.addaudithook(_audit)
+    _watch_multiprocessing()
     _hook_torch()
 
 

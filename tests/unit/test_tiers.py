@@ -24,6 +24,17 @@ def test_every_way_to_start_a_process_is_watched():
                     "started a process (os.exec)"]
 
 
+def test_multiprocessing_without_fork_is_watched_too():
+    # spawn and forkserver start their child through this function, with no audit event.
+    import os
+    from multiprocessing import util
+
+    with _tiers.capture() as seen:
+        pid = util.spawnv_passfds(b"/bin/true", ["/bin/true"], ())  # the path as multiprocessing gives it
+    os.waitpid(pid, 0)
+    assert seen == ["started a process (multiprocessing: /bin/true)"]
+
+
 def test_an_optimizer_step_is_training():
     torch = pytest.importorskip("torch")
     w = torch.zeros(2, requires_grad=True)
