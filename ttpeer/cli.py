@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import re
 import sys
@@ -320,9 +322,6 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 def run(*args: str) -> list[str]:
     """Run a ttpeer command in this process and return its output lines (the demo's
     and the test harness's way to run one). Raises ``TtpeerError`` if it exits non-zero."""
-    import contextlib
-    import io
-
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         code = main(list(args))
