@@ -94,7 +94,7 @@ def find_task_file(model: Path, side: dict[str, Any], home: Path | None) -> Path
     """The task file ``model`` was trained on, by hash. Raises ``UsageError`` naming
     where it looked, and any file there that has the right name but other bytes."""
     from ttpeer._export import task_copy_path
-    from ttpeer.daemon import default_home
+    from ttpeer.config import default_home
 
     want = side.get("source_hash")
     user = _user_name(side)

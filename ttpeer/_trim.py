@@ -9,12 +9,11 @@ where the C library has no ``malloc_trim`` (musl, macOS).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from collections.abc import Callable
 
 _trim: Callable[[int], int] | None = None
-try:
-    _trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+try:  # the C library already loaded in this process (find_library would run ldconfig)
+    _trim = ctypes.CDLL(None).malloc_trim
 except (OSError, AttributeError):
     _trim = None
 

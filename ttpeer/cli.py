@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -248,54 +251,89 @@ def _home(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return Home(args.settings.home)
 
 
-def _dispatch(args: argparse.Namespace) -> int | None:
-    cmd = args.command
-    if cmd == "relay":
-        from ttpeer_relay.cli import main as relay_main
+def _relay(args: argparse.Namespace) -> int:
+    from ttpeer_relay.cli import main as relay_main
 
-        argv = ["--listen", args.listen, "--data", str(args.data)]
-        if args.cert or args.key:
-            if not (args.cert and args.key):
-                raise UsageError("--cert and --key go together")
-            argv += ["--cert", str(args.cert), "--key", str(args.key)]
-        return relay_main(argv)
-    if cmd == "pool":
-        return _pool_create(args)
-    if cmd == "invite":
-        return _invite(args)
-    if cmd == "join":
-        return _join(args)
-    if cmd == "up":
-        return _up(args, _home(args))
-    if cmd == "submit":
-        return _submit(args)
-    if cmd in ("status", "wait"):
-        from ttpeer import _status_cmds as client
+    argv = ["--listen", args.listen, "--data", str(args.data)]
+    if args.cert or args.key:
+        if not (args.cert and args.key):
+            raise UsageError("--cert and --key go together")
+        argv += ["--cert", str(args.cert), "--key", str(args.key)]
+    return relay_main(argv)
 
-        return client.status(args, _home(args)) if cmd == "status" else client.wait(args, _home(args))
-    if cmd == "export":
-        return _export(args)
-    if cmd == "predict":
-        from ttpeer._predict import predict
 
-        return predict(args.bundle, args.input, args.task, home=args.settings.home)
-    if cmd == "demo":
-        from ttpeer.demo import run_demo
+def _status(args: argparse.Namespace) -> int:
+    from ttpeer import _status_cmds
 
-        return run_demo(rounds=args.rounds, keep=args.keep)
+    return _status_cmds.status(args, _home(args))
+
+
+def _wait(args: argparse.Namespace) -> int:
+    from ttpeer import _status_cmds
+
+    return _status_cmds.wait(args, _home(args))
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from ttpeer._predict import predict
+
+    return predict(args.bundle, args.input, args.task, home=args.settings.home)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from ttpeer.demo import run_demo
+
+    # The demo creates its pool and exports its models with this module's commands,
+    # run in this process: handed down, so that the demo does not import the CLI back.
+    return run_demo(rounds=args.rounds, keep=args.keep, command=run)
+
+
+def _service(args: argparse.Namespace) -> int:
     from ttpeer import _commands
 
-    if cmd == "service":
-        return _commands.service(args, args.settings)
-    if cmd == "config":
-        return _commands.config_show(args, args.settings)
-    if cmd == "report":
-        return _commands.report(args, _home(args))
-    if cmd == "revoke":
-        return _commands.revoke(args, _home(args))
-    if cmd == "cancel":
-        return _commands.cancel(args, _home(args))
-    raise UsageError(f"unknown command {cmd}")
+    return _commands.service(args, args.settings)
+
+
+def _config(args: argparse.Namespace) -> int:
+    from ttpeer import _commands
+
+    return _commands.config_show(args, args.settings)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ttpeer import _commands
+
+    return _commands.report(args, _home(args))
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    from ttpeer import _commands
+
+    return _commands.revoke(args, _home(args))
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from ttpeer import _commands
+
+    return _commands.cancel(args, _home(args))
+
+
+def _dispatch(args: argparse.Namespace) -> int | None:
+    handler = COMMANDS.get(args.command)
+    if handler is None:
+        raise UsageError(f"unknown command {args.command}")
+    return handler(args)
+
+
+def run(*args: str) -> list[str]:
+    """Run a ttpeer command in this process and return its output lines (the demo's
+    and the test harness's way to run one). Raises ``TtpeerError`` if it exits non-zero."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(list(args))
+    if code != 0:
+        raise TtpeerError(f"'ttpeer {args[0]}' failed ({code}): {buf.getvalue()[-500:]}")
+    return buf.getvalue().splitlines()
 
 
 def _default_name() -> str:
@@ -510,6 +548,16 @@ def _recipe_fields(args: argparse.Namespace, home: Any) -> dict[str, Any]:
             path = finished_folder(home, args.init, "--init") / "final.safetensors"
         out["init"] = str(path.absolute())
     return out
+
+
+# Each command's handler, by its name in build_parser; each imports what it needs when run,
+# so that 'ttpeer status' does not load torch.
+COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {
+    "relay": _relay, "pool": _pool_create, "invite": _invite, "join": _join,
+    "up": lambda args: _up(args, _home(args)), "submit": _submit, "status": _status, "wait": _wait,
+    "export": _export, "predict": _predict, "demo": _demo, "service": _service, "config": _config,
+    "report": _report, "revoke": _revoke, "cancel": _cancel,
+}
 
 
 if __name__ == "__main__":

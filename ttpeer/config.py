@@ -162,6 +162,13 @@ def _default_home() -> Path:
     return Path(platformdirs.user_data_dir("ttpeer", appauthor=False))
 
 
+def default_home() -> Path:
+    """The home without a flag or a settings file: ``$TTPEER_HOME`` if set, else the
+    per-user data directory (``ttpeer.load`` looks for task files there)."""
+    env = os.environ.get("TTPEER_HOME")
+    return Path(env) if env else _default_home()
+
+
 KEYS: dict[str, _Key] = {
     "home": _Key(_home, "TTPEER_HOME", "--home", "home directory: keys, record log, model states"),
     "device": _Key(_device, "TTPEER_DEVICE", "--device", "torch device (auto: cuda if present, else cpu)"),

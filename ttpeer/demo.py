@@ -5,12 +5,16 @@ way a user would (``ttpeer relay``, ``ttpeer up``, ``ttpeer join TOKEN``),
 trains mnist1d in fused mode, then an ensemble of 3 members with the same data
 budget, then the fused job on a pool of one peer, and prints them side by side.
 Every process it starts is stopped before it returns, also when interrupted.
+
+The demo runs ttpeer's commands through ``command`` (``ttpeer.cli.run``, handed down by
+``ttpeer demo``, so this module does not import the CLI back). The test and bench
+harness beside the package (``ttpeer_harness``, not installed) drives its processes
+with the same ``Cluster``, ``make_pool`` and ``wait_for``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -19,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,10 @@ from typing import Any
 from ttpeer.errors import TtpeerError
 
 READY_TIMEOUT = 60.0
+
+Command = Callable[..., list[str]]
+"""Runs one ttpeer command (``command("export", JOB, OUT, "--home", HOME)``) and returns
+its output lines; raises ``TtpeerError`` if it fails (``ttpeer.cli.run``)."""
 
 
 @dataclass
@@ -96,18 +104,6 @@ def stop_processes(procs: list[subprocess.Popen[bytes]], grace: float = 10.0) ->
             proc.wait()
 
 
-def ttpeer(*args: str) -> list[str]:
-    """Run a ttpeer command in this process; returns its output lines. Raises on failure."""
-    from ttpeer.cli import main
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        code = main(list(args))
-    if code != 0:
-        raise TtpeerError(f"'ttpeer {args[0]}' failed ({code}): {buf.getvalue()[-500:]}")
-    return buf.getvalue().splitlines()
-
-
 def status(home: Path) -> dict[str, Any]:
     from ttpeer.daemon import call
 
@@ -129,11 +125,12 @@ def wait_for(condition, timeout: float, what: str, poll: float = 0.1):  # type: 
     raise TtpeerError(f"timed out after {timeout:.0f}s waiting for {what}" + (f" ({last_exc})" if last_exc else ""))
 
 
-def make_pool(cluster: Cluster, url: str, fp: str, names: list[str], extra: tuple[str, ...] = ()) -> list[Path]:
+def make_pool(cluster: Cluster, url: str, fp: str, names: list[str], extra: tuple[str, ...] = (), *,
+              command: Command) -> list[Path]:
     """Create a pool whose admin is ``names[0]`` and start every peer as a process
     (``extra``: more arguments for ``ttpeer up`` and ``ttpeer join``)."""
     homes = [cluster.root / name for name in names]
-    lines = ttpeer("pool", "create", "--relay", url, "--fingerprint", fp, "--name", names[0],
+    lines = command("pool", "create", "--relay", url, "--fingerprint", fp, "--name", names[0],
                    "--uses", str(max(1, len(names) - 1)), "--home", str(homes[0]))
     token = lines[-1]
     cluster.spawn(names[0], "up", "--home", str(homes[0]), *extra)
@@ -164,7 +161,7 @@ def ensemble_spec(rounds: int, members: int = 3) -> dict[str, Any]:
             "batches": 360 // members}
 
 
-def run_job(homes: list[Path], spec: dict[str, Any], label: str, progress: Any = None) -> Outcome:
+def run_job(homes: list[Path], spec: dict[str, Any], label: str, command: Command, progress: Any = None) -> Outcome:
     from ttpeer.daemon import call
 
     sent_before = sum(status(h)["bytes_sent"] for h in homes)  # counters are per daemon, not per job
@@ -185,7 +182,7 @@ def run_job(homes: list[Path], spec: dict[str, Any], label: str, progress: Any =
     wait_for(done, 600, f"job {job[:12]} to finish on every peer", poll=0.25)
     wall = time.monotonic() - started
     finals = [status(h) for h in homes]
-    hashes = [ttpeer("export", job, str(h / "model.safetensors"), "--home", str(h))[-1] for h in homes]
+    hashes = [command("export", job, str(h / "model.safetensors"), "--home", str(h))[-1] for h in homes]
     first = [j for j in finals[0]["jobs"] if j["id"] == job][0]
     ratios = [j["compression_ratio"] for st in finals for j in st["jobs"] if j["id"] == job and j["compression_ratio"]]
     best = None
@@ -210,7 +207,7 @@ def temporary_cluster(keep: bool = False) -> Iterator[Cluster]:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def run_demo(rounds: int = 8, keep: bool = False) -> int:
+def run_demo(command: Command, rounds: int = 8, keep: bool = False) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -220,15 +217,15 @@ def run_demo(rounds: int = 8, keep: bool = False) -> int:
         console.print("[bold]ttpeer demo[/]: a relay and 3 peers as separate processes on 127.0.0.1")
         url, fp = cluster.start_relay()
         console.print(f"relay ready at {url} ({fp[:23]}...)")
-        pool = make_pool(cluster, url, fp, ["alice", "bob", "carol"])
+        pool = make_pool(cluster, url, fp, ["alice", "bob", "carol"], command=command)
         console.print("3 peers enrolled; training mnist1d, fused mode")
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("rounds"),
                    TimeElapsedColumn())
         with Progress(*columns, console=console) as progress:
-            fused = run_job(pool, job_spec(rounds), "fused pool (3 peers)", progress)
-            ensemble = run_job(pool, ensemble_spec(rounds), "ensemble pool (3 peers, 3 members)", progress)
-            solo_pool = make_pool(cluster, url, fp, ["solo"])
-            solo = run_job(solo_pool, job_spec(rounds), "one peer alone", progress)
+            fused = run_job(pool, job_spec(rounds), "fused pool (3 peers)", command, progress)
+            ensemble = run_job(pool, ensemble_spec(rounds), "ensemble pool (3 peers, 3 members)", command, progress)
+            solo_pool = make_pool(cluster, url, fp, ["solo"], command=command)
+            solo = run_job(solo_pool, job_spec(rounds), "one peer alone", command, progress)
     identical = len(set(fused.hashes)) == 1 and len(set(ensemble.hashes)) == 1
     table = Table(title=f"mnist1d, same data budget: {rounds} rounds x 6 shards x 60 steps "
                         f"(ensemble: 3 members x {rounds} units x 120 steps)")

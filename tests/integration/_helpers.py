@@ -13,8 +13,8 @@ from typing import Any
 
 from ttpeer import train
 from ttpeer.daemon._integrity import scan_log
-from ttpeer.demo import status
 from ttpeer.proto import parse
+from ttpeer_harness import status
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

@@ -24,8 +24,8 @@ import pytest
 from ttpeer.daemon import call
 from ttpeer.daemon._integrity import scan_log
 from ttpeer.daemon._recordlog import _HEAD
-from ttpeer.demo import Cluster, job_spec, make_pool, status, ttpeer, wait_for
 from ttpeer.errors import TtpeerError
+from ttpeer_harness import Cluster, job_spec, make_pool, status, ttpeer, wait_for
 
 from ._helpers import audit_home, job_finished, job_of
 

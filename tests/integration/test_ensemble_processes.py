@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import ttpeer
-from ttpeer.demo import Cluster, make_pool, wait_for
-from ttpeer.demo import ttpeer as run_ttpeer
+from ttpeer_harness import Cluster, make_pool, wait_for
+from ttpeer_harness import ttpeer as run_ttpeer
 
 from ._helpers import job_of
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ttpeer.cli import main
-from ttpeer.demo import READY_TIMEOUT, Cluster, job_spec, make_pool, status, ttpeer, wait_for
+from ttpeer_harness import READY_TIMEOUT, Cluster, job_spec, make_pool, status, ttpeer, wait_for
 
 from ._helpers import job_finished, job_of
 

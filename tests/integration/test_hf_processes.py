@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ttpeer.demo import Cluster, make_pool, ttpeer, wait_for
+from ttpeer_harness import Cluster, make_pool, ttpeer, wait_for
 
 from ..unit.hf_helpers import TINY_GPT2, task_file, text_files
 from ._helpers import job_finished, job_of

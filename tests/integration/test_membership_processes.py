@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ttpeer.demo import Cluster, make_pool, status, ttpeer, wait_for
+from ttpeer_harness import Cluster, make_pool, status, ttpeer, wait_for
 
 pytestmark = pytest.mark.slow
 

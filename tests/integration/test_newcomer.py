@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from ttpeer.demo import Cluster, status, wait_for
+from ttpeer_harness import Cluster, status, wait_for
 
 pytestmark = pytest.mark.slow
 

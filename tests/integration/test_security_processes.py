@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ttpeer.daemon import call
-from ttpeer.demo import Cluster, job_spec, make_pool, status, ttpeer, wait_for
+from ttpeer_harness import Cluster, job_spec, make_pool, status, ttpeer, wait_for
 
 pytestmark = pytest.mark.slow
 

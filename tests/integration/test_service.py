@@ -28,8 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ttpeer.daemon import call
 from ttpeer.daemon._integrity import scan_log
-from ttpeer.demo import Cluster, job_spec, make_pool, status, ttpeer, wait_for
 from ttpeer.proto import parse
+from ttpeer_harness import Cluster, job_spec, make_pool, status, ttpeer, wait_for
 
 from ._helpers import CHROMIUM, audit_home, images_in_chromium, job_of
 

@@ -1,6 +1,6 @@
 """ttpeer across a network lab: a relay, two peers behind NAT routers, one peer whose
 only way out is an HTTP CONNECT proxy, each in its own network namespace, links
-shaped with tbf and a delaying forwarder (see ``ttpeer/testing/_netlab.py``).
+shaped with tbf and a delaying forwarder (see ``ttpeer_harness/netlab.py``).
 
 Root only (CI runs as root); elsewhere every test skips with the reason. One lab and
 one pool serve the module; every namespace and process is removed afterwards, also
@@ -21,9 +21,9 @@ import pytest
 
 from tests.integration._helpers import audit_home, job_finished
 from ttpeer.daemon import call
-from ttpeer.demo import job_spec, status, ttpeer, wait_for
 from ttpeer.errors import TtpeerError
-from ttpeer.testing._netlab import (
+from ttpeer_harness import job_spec, status, ttpeer, wait_for
+from ttpeer_harness.netlab import (
     PREFIX,
     RELAY_ADDR,
     Lab,

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ttpeer.testing._netlab import Lab, lab_namespaces, unavailable
+from ttpeer_harness.netlab import Lab, lab_namespaces, unavailable
 
 WHY_NOT = unavailable()
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]

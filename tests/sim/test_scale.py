@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 
+import pytest
 import trio
 import trio.testing
 
@@ -28,6 +29,7 @@ SPEC = {
 }
 
 
+@pytest.mark.slow
 def test_fifty_peers_twenty_rounds_with_every_fault(tmp_path):
     # Deterministic: the same seed replays this run exactly (see test_replay.py).
     with deterministic(SEED):

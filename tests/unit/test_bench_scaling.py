@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ttpeer._bench_scaling import main, steps_to
+from bench.scaling import main, steps_to
 
 
 def test_steps_to_a_loss_interpolate_between_evaluations_and_never_extrapolate():
@@ -18,6 +18,7 @@ def test_steps_to_a_loss_interpolate_between_evaluations_and_never_extrapolate()
     assert steps_to(curve, 0.75) == 150 + (1.2 - 0.75) / (1.2 - 0.5) * 50  # the first time, after a rise
 
 
+@pytest.mark.slow
 def test_a_short_run_prints_both_batches_and_their_ratio(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     assert main(["--task", "mnist1d:samples=4000", "--steps", "40", "--every", "10",
                  "--eval-samples", "500", "--data", str(tmp_path)]) == 0

@@ -3,7 +3,7 @@ samples, and the targets' ratios (the lab runs themselves are a benchmark, not a
 
 from __future__ import annotations
 
-from ttpeer._bench_wan import Row, table
+from bench.wan import Row, table
 
 
 def _row(name: str, curve: list[tuple[float, int, float]], sent: list[int], util: float) -> Row:

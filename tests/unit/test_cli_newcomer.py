@@ -68,6 +68,7 @@ def _enrolled(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_client_commands_do_not_import_torch(tmp_path):
     home = _enrolled(tmp_path / "h")
     out = subprocess.run([sys.executable, "-c", _NO_TORCH, str(home), str(FIXTURES / "status.json"),
@@ -135,6 +136,7 @@ def test_unknown_jobs_and_missing_files(tmp_path, capsys, argv, says):
     _one_line_error(capsys, [*argv, "--home", str(home)], says)
 
 
+@pytest.mark.slow
 def test_a_closed_pipe_ends_quietly(tmp_path):
     """'ttpeer status | head -1' with the reader gone before the writer is done: unbuffered,
     so that the first line already meets the closed pipe."""

@@ -97,3 +97,14 @@ def test_memory_limit_reads_sizes_and_defaults_to_no_limit(tmp_path):
     assert config.load(file=_file(tmp_path, "memory_limit = 4096\n"), env={}).memory_limit == 4096
     with pytest.raises(ConfigError, match="memory_limit from env TTPEER_MEMORY_LIMIT: must be a number of bytes"):
         config.load(file=tmp_path / "none.toml", env={"TTPEER_MEMORY_LIMIT": "lots"})
+
+
+def test_without_flag_or_file_the_home_is_ttpeer_home_else_the_per_user_data_dir(tmp_path, monkeypatch):
+    # What ttpeer.load falls back on to find a task file (it reads no settings file).
+    import platformdirs
+
+    monkeypatch.setenv("TTPEER_HOME", str(tmp_path / "h"))
+    assert config.default_home() == tmp_path / "h"
+    monkeypatch.delenv("TTPEER_HOME")
+    assert config.default_home() == config.load({}, file=_file(tmp_path, "")).home
+    assert str(config.default_home()) == platformdirs.user_data_dir("ttpeer", appauthor=False)

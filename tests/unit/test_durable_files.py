@@ -100,6 +100,7 @@ def test_a_torn_tail_is_cut_and_reported_as_a_crash(tmp_path):
     assert home.records_log.read_bytes() == whole and not list(home.path.glob("records.log.damaged-*"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_full_disk_mid_append_keeps_every_record_written(tmp_path):
     mnt = tmp_path / "disk"

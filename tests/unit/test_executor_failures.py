@@ -86,6 +86,7 @@ RAISES_LATER = _source("""
 """)
 
 
+@pytest.mark.slow
 async def test_a_loss_that_raises_in_training_fails_with_the_users_file_and_line(tmp_path):
     ex = TorchExecutor(_home(tmp_path))
     job = await _job(ex, "my_task.py", RAISES_LATER)
@@ -96,6 +97,7 @@ async def test_a_loss_that_raises_in_training_fails_with_the_users_file_and_line
     assert str(info.value) == info.value.reason
 
 
+@pytest.mark.slow
 async def test_a_nan_loss_fails_as_diverged_with_what_to_do(tmp_path):
     source = _source("""
         def loss(output, target):
@@ -178,6 +180,7 @@ async def test_a_peer_whose_data_differs_declines_with_that_reason(tmp_path):
     assert decline.reason.startswith("your copy of the task's data differs from the submitter's: fingerprint ")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["mnist1d", "charlm"])
 def test_the_data_fingerprint_of_the_built_ins_is_cheap_and_stable(tmp_path, spec):
     task = train.load_task(spec, tmp_path)
@@ -187,6 +190,7 @@ def test_the_data_fingerprint_of_the_built_ins_is_cheap_and_stable(tmp_path, spe
     assert first == train.data_fingerprint(train.load_task(spec, tmp_path)) and len(first) == 64
 
 
+@pytest.mark.slow
 async def test_task_code_calling_sys_exit_fails_the_job_not_the_process(tmp_path):
     source = RAISES_LATER.replace(b'raise RuntimeError("boom")', b'raise SystemExit("bye")')
     ex = TorchExecutor(_home(tmp_path))

@@ -26,6 +26,7 @@ def _load(path: Path, tmp_path: Path) -> train.LoadedTask:
     return train.load_task(path, tmp_path / "cache")
 
 
+@pytest.mark.slow
 def test_a_config_model_on_text_files_trains_and_its_loss_falls(tmp_path):
     data = text_files(tmp_path / "data")
     task = _load(task_file(tmp_path / "t.py", TINY_GPT2, data, block_size=32), tmp_path)
@@ -156,6 +157,7 @@ def _trained_export(tmp_path: Path, folder: Path | None) -> tuple[train.LoadedTa
     return task, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_tokenizer", [False, True])
 def test_export_hf_loads_back_in_transformers_with_identical_weights(tmp_path, with_tokenizer):
     folder = model_folder(tmp_path / "gpt") if with_tokenizer else None
@@ -183,6 +185,7 @@ def test_export_hf_loads_back_in_transformers_with_identical_weights(tmp_path, w
     assert json.loads((tmp_path / "hf" / "ttpeer.json").read_text())["model_sha256"] == sidecar["model_sha256"]
 
 
+@pytest.mark.slow
 def test_export_hf_refuses_what_it_cannot_write(tmp_path):
     task, out = _trained_export(tmp_path, None)
     sidecar = json.loads(out.with_suffix(".json").read_text())
@@ -199,6 +202,7 @@ def test_export_hf_refuses_what_it_cannot_write(tmp_path):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_the_public_surface_is_one_helper_that_imports_transformers_only_when_called():
     import ttpeer.tasks
 
@@ -209,6 +213,7 @@ def test_the_public_surface_is_one_helper_that_imports_transformers_only_when_ca
     assert out.stdout.split()[-1] == "[]"
 
 
+@pytest.mark.slow
 def test_export_format_hf_of_another_task_is_one_clear_line_and_writes_nothing(tmp_path, capsys):
     from ttpeer.cli import main
 

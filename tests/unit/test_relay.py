@@ -541,6 +541,7 @@ def _relay_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
+@pytest.mark.slow
 async def test_process_prints_ready_line_and_stops_on_sigterm(tmp_path: Path, pool: Pool) -> None:
     data = tmp_path / "relay"
     process = await trio.lowlevel.open_process(
@@ -590,11 +591,13 @@ _ALONE = (
 )
 
 
+@pytest.mark.slow
 def test_relay_imports_neither_torch_nor_ttpeer() -> None:
     subprocess.run([sys.executable, "-c", _ALONE, str(RELAY_SRC)], check=True, env={
         **os.environ, "PYTHONPATH": str(RELAY_SRC)}, timeout=60)
 
 
+@pytest.mark.slow
 def test_the_relay_installs_alone_from_its_own_directory(tmp_path: Path) -> None:
     # `pip install ./bootstrap-relay`, from a copy outside the checkout: everything it
     # needs is inside its directory (no link into ttpeer/), and it carries ttpeer_wire.

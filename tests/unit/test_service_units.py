@@ -75,6 +75,7 @@ def test_the_daemon_units_say_what_the_issue_asks():
     assert "WantedBy=default.target" in user and "WantedBy=multi-user.target" in system
 
 
+@pytest.mark.slow
 @needs_analyze
 def test_every_unit_passes_systemd_analyze_verify(tmp_path):
     runtime = tmp_path / "run"
@@ -89,6 +90,7 @@ def test_every_unit_passes_systemd_analyze_verify(tmp_path):
         assert level.split()[1] in ("SAFE", "OK"), (name, level)
 
 
+@pytest.mark.slow
 @needs_analyze
 def test_a_broken_unit_fails_verify(tmp_path):
     # the check above can fail: a typo in a directive is reported

@@ -78,6 +78,7 @@ def test_stdlib_task_is_deterministic_and_records_its_corpus():
     assert load_task(TINY, Path("/nonexistent")).source_hash != a.source_hash
 
 
+@pytest.mark.slow
 def test_it_learns_and_perplexity_is_exp_of_the_validation_loss(tmp_path):
     task = load_task(TINY, Path("/nonexistent"))
     trainer = InnerTrainer(task, lr=3e-3)

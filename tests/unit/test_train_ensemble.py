@@ -49,6 +49,7 @@ def test_members_differ_in_seed_and_variant(members):
     assert member_variants(5, 3, 0.05, 0.01) == members  # a pure function of the job
 
 
+@pytest.mark.slow
 def test_a_unit_continues_the_member_exactly_as_one_uninterrupted_run(task, members):
     # Two units, each from the previous unit's published checkpoint, against one trainer
     # that never stopped: same weights bit for bit, and the step count carries on.
@@ -63,6 +64,7 @@ def test_a_unit_continues_the_member_exactly_as_one_uninterrupted_run(task, memb
     assert [train.member_steps(state, i) for i in range(3)] == [2 * H] * 3
 
 
+@pytest.mark.slow
 def test_a_stopped_unit_publishes_nothing(task, members):
     state = train.init_ensemble(task, members)
     calls = iter(range(100))
@@ -70,6 +72,7 @@ def test_a_stopped_unit_publishes_nothing(task, members):
     assert (ckpt, samples) == (None, 0)
 
 
+@pytest.mark.slow
 def test_tampered_or_foreign_member_checkpoints_are_refused(task, members):
     state = train.init_ensemble(task, members)
     ckpt, _ = train.train_unit(task, state, 2, members[2], 0, H, BATCH)
@@ -83,6 +86,7 @@ def test_tampered_or_foreign_member_checkpoints_are_refused(task, members):
         train.combine(state, [(2, ckpt), (2, ckpt)])
 
 
+@pytest.mark.slow
 def test_the_bundle_round_trips_through_load_and_predict(task, members, tmp_path, capsys):
     state = _run(task, members, units=2)
     scores = train.evaluate_ensemble(task, state)

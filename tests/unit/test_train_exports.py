@@ -3,7 +3,7 @@
 import ttpeer.train
 
 EXPECTED = {
-    "CheckpointError", "DeltaError", "InnerTrainer", "LoadedTask", "MemoryNeed", "Misfit", "ModelTooLarge",
+    "CheckpointError", "DeltaError", "InnerTrainer", "LoadedTask", "MemoryNeed", "Misfit",
     "OuterState", "TaskError", "TaskSpec", "TrainError", "decode_delta", "encode_delta",
     "export_model", "fit_problem", "fp32_size", "init_state", "load_model", "load_task", "memory_need",
     "outer_step", "shard_indices", "state_from_bytes", "state_hash", "state_to_bytes",
@@ -23,7 +23,7 @@ def test_all_is_the_intended_surface():
 
 
 def test_errors_share_one_base():
-    for name in ("TaskError", "DeltaError", "CheckpointError", "ModelTooLarge", "Diverged"):
+    for name in ("TaskError", "DeltaError", "CheckpointError", "Diverged"):
         assert issubclass(getattr(ttpeer.train, name), ttpeer.train.TrainError)
 
 

@@ -34,6 +34,7 @@ def linear():
     return load_task(str(FIXTURE), Path("/nonexistent"))
 
 
+@pytest.mark.slow
 def test_two_peers_improve_mnist1d_accuracy(mnist):
     state = init_state(mnist, seed=0)
     peers = [InnerTrainer(mnist, seed=i) for i in range(2)]
@@ -65,6 +66,7 @@ def test_init_state_is_seeded_and_leaves_global_rng_alone(linear):
     assert list(first.params) == ["weight", "bias"]
 
 
+@pytest.mark.slow
 def test_delta_is_zero_before_training_and_base_minus_local_after(linear):
     state = init_state(linear, 0)
     trainer = InnerTrainer(linear, lr=1e-2)
@@ -77,6 +79,7 @@ def test_delta_is_zero_before_training_and_base_minus_local_after(linear):
     assert any(d.abs().max() > 0 for d in delta.values())
 
 
+@pytest.mark.slow
 def test_should_stop_ends_the_shard_between_batches(linear):
     trainer = InnerTrainer(linear)
     trainer.start(init_state(linear, 0))
@@ -91,6 +94,7 @@ def test_should_stop_ends_the_shard_between_batches(linear):
     assert trainer.train_shard(batches, should_stop=lambda: True) == 0
 
 
+@pytest.mark.slow
 def test_evaluate_does_not_disturb_the_local_model(linear):
     trainer = InnerTrainer(linear)
     state = init_state(linear, 0)
@@ -115,6 +119,7 @@ def test_mismatched_base_raises_checkpoint_error(linear):
         trainer.start(wrong)
 
 
+@pytest.mark.slow
 def test_divergence_raises_train_error_and_resets_adamw(linear):
     trainer = InnerTrainer(linear, lr=1e30)
     trainer.start(init_state(linear, 0))

@@ -46,6 +46,7 @@ def _grads_after_one_step(task, recipe: Recipe, batch: list[int]) -> dict[str, t
     return {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_name", ["linear", "charlm"])
 def test_four_micro_batches_of_16_give_the_gradient_of_one_batch_of_64(task_name, request, monkeypatch):
     task = request.getfixturevalue(task_name)
@@ -64,6 +65,7 @@ def test_micro_batches_split_as_evenly_as_they_can():
     assert split(10, 4) == [4, 3, 3] and sum(split(1000, 7)) == 1000 and max(split(1000, 7)) <= 7
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_keeps_the_gradient_and_needs_less_memory(charlm):
     batch = shard_indices(charlm.n_train, 0, 0, 0, 1, 1, 32)[0]
     plain = _grads_after_one_step(charlm, Recipe(), batch)
@@ -80,6 +82,7 @@ def test_a_model_without_checkpointing_says_so(linear):
         InnerTrainer(linear, recipe=Recipe(checkpointing=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_autocast_trains_fp32_weights_and_optimizer(charlm, precision):
     trainer = InnerTrainer(charlm, lr=3e-3, seed=0, recipe=Recipe(precision=precision))
@@ -100,6 +103,7 @@ def test_autocast_trains_fp32_weights_and_optimizer(charlm, precision):
     assert (trainer._scaler is not None) == (precision == "fp16")
 
 
+@pytest.mark.slow
 def test_the_lr_of_a_step_is_the_schedules_at_its_global_step(linear):
     schedule = LrSchedule("cosine", warmup=3, total=40, final_ratio=0.1)
     trainer = InnerTrainer(linear, lr=0.01, recipe=Recipe(schedule=schedule))

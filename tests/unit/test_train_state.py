@@ -34,6 +34,7 @@ def _deltas(seed: int, count: int) -> list[tuple[dict[str, torch.Tensor], int]]:
             for i in range(count)]
 
 
+@pytest.mark.slow
 def test_outer_step_matches_torch_sgd_nesterov():
     state = OuterState(params=_state(1).params,
                        momentum={n: torch.zeros(s) for n, s in SHAPES.items()})

@@ -100,6 +100,7 @@ def test_bad_options_raise_task_error(options):
         load_task(str(FIXTURE), Path("/nonexistent"), options)
 
 
+@pytest.mark.slow
 def test_mnist1d_is_cached_and_hashed(tmp_path):
     first = load_task("mnist1d", tmp_path)
     assert (tmp_path / "mnist1d.npz").exists()
@@ -114,6 +115,7 @@ def test_mnist1d_is_cached_and_hashed(tmp_path):
     assert load_task("mnist1d:samples=500", tmp_path).source_hash == small.source_hash  # regenerated
 
 
+@pytest.mark.slow
 def test_mnist1d_with_more_samples_is_its_own_task_and_cache(tmp_path):
     fewer = load_task("mnist1d:samples=500", tmp_path)  # sizes other than the default, which is slow to make
     more = load_task("mnist1d:samples=6000", tmp_path)

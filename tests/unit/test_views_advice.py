@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from ttpeer.daemon._views import OVERFIT_ROUNDS, advice
@@ -38,6 +39,7 @@ def test_no_advice_while_learning_too_early_or_without_train_loss() -> None:
     assert OVERFIT_ROUNDS == 3
 
 
+@pytest.mark.slow
 def test_the_inner_trainer_reports_its_mean_training_loss_since_the_last_start() -> None:
     torch.set_num_threads(1)
     task = load_task(str(FIXTURE), Path("/nonexistent"))

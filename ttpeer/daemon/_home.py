@@ -31,7 +31,6 @@ from ttpeer.proto import Record, Token, pool_id_of, public_hex, sign
 
 from ._files import make_private_dir, write_atomic, write_secret
 
-ENV_HOME = "TTPEER_HOME"
 ENDED = "ended"
 
 
@@ -41,15 +40,6 @@ def ended_reason(home: Path) -> str | None:
         return (home / ENDED).read_text().strip() or None
     except (OSError, UnicodeDecodeError):
         return None
-
-
-def default_home() -> Path:
-    env = os.environ.get(ENV_HOME)
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("ttpeer", appauthor=False))
 
 
 def shared_data_dir() -> Path:
@@ -104,12 +94,6 @@ class Home:
     @property
     def data_dir(self) -> Path:
         p = self.path / "data"
-        p.mkdir(parents=True, exist_ok=True)
-        return p
-
-    @property
-    def blobs_dir(self) -> Path:
-        p = self.path / "blobs"
         p.mkdir(parents=True, exist_ok=True)
         return p
 

@@ -20,12 +20,14 @@ peer whose decline stands (``need_bytes``/``have_bytes`` are 0 unless memory was
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import trio
 
 from ttpeer.proto import (
     Chain,
+    PeerMachine,
     Record,
     RecordSet,
     contributions,
@@ -36,10 +38,62 @@ from ttpeer.proto import (
     train_base,
 )
 
-if TYPE_CHECKING:
-    from ._node import Node
+from ._home import PoolConfig
+from ._replay import ReplayGuard
 
 SCHEMA_VERSION = 1
+
+
+class JobStatsView(Protocol):
+    @property
+    def fp32_bytes(self) -> int: ...
+    @property
+    def wire_bytes(self) -> int: ...
+
+
+class CountersView(Protocol):
+    @property
+    def started(self) -> float: ...
+    @property
+    def peers_seen(self) -> Mapping[str, float]: ...
+    @property
+    def jobs(self) -> Mapping[str, JobStatsView]: ...
+    @property
+    def relay_ok(self) -> bool: ...
+    @property
+    def last_error(self) -> str: ...
+    @property
+    def rejected(self) -> Mapping[str, int]: ...
+
+
+class NodeView(Protocol):
+    """What a snapshot reads of a running node, read-only: ``_node.Node`` is one. A
+    protocol rather than ``Node`` itself, so that this module does not import the node
+    that imports it."""
+
+    @property
+    def machine(self) -> PeerMachine: ...
+    @property
+    def me(self) -> str: ...
+    @property
+    def cfg(self) -> PoolConfig: ...
+    @property
+    def counters(self) -> CountersView: ...
+    @property
+    def pool_key(self) -> bytes | None: ...
+    @property
+    def pool_keys(self) -> Sequence[bytes]: ...
+    @property
+    def replay(self) -> ReplayGuard: ...
+    @property
+    def finished(self) -> Mapping[str, str]: ...
+    @property
+    def phases(self) -> Mapping[str, str]: ...
+    @property
+    def bytes_sent(self) -> int: ...
+    @property
+    def bytes_received(self) -> int: ...
+    def liveness(self, peer: str) -> str: ...
 
 
 def duplicate_fraction(records: RecordSet, job: Record, chain: Chain) -> float | None:
@@ -79,7 +133,7 @@ def ended(records: RecordSet, job: Record) -> dict[str, Any] | None:
             "reasons": [{"peer": p, "name": name(p), "reason": r} for p, r in end.reasons]}
 
 
-def snapshot(node: Node) -> dict[str, Any]:
+def snapshot(node: NodeView) -> dict[str, Any]:
     m = node.machine
     now = trio.current_time()
     peers = []

@@ -15,16 +15,14 @@ schema version 1: fields are only ever added.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ._status import NodeView
 from ._usage import Usage
 from ._views import advice, history, peer_rows
 
-if TYPE_CHECKING:
-    from ._node import Node
 
-
-def extend(status: dict[str, Any], node: Node, usage: Usage | None, *, metrics_url: str | None,
+def extend(status: dict[str, Any], node: NodeView, usage: Usage | None, *, metrics_url: str | None,
            repairs: list[str]) -> dict[str, Any]:
     m = node.machine
     status["metrics_url"] = metrics_url

@@ -17,7 +17,9 @@ the input and keep going.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -28,6 +30,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from ttpeer.proto import TtpeerError
 
 from ._entropy import new_sealing_key, random_bytes
+
+T = TypeVar("T")
 
 _POOL_MAGIC = b"TS1P"
 _DIRECT_MAGIC = b"TS1D"
@@ -107,7 +111,8 @@ def open_sealed_file(keys: list[bytes], purpose: bytes, source: Path, out: Path)
             raise
 
 
-def _open_any(keys: list[bytes], attempt):  # noqa: ANN001, ANN202 - attempt(key) raises SealError
+def _open_any(keys: list[bytes], attempt: Callable[[bytes], T]) -> T:
+    """``attempt(key)`` with each key until one does not raise ``SealError``."""
     for key in keys:
         try:
             return attempt(key)

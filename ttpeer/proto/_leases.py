@@ -75,9 +75,10 @@ class LeaseTable:
 
     def forget_before(self, job: str, rnd: int) -> None:
         """Claims and releases of rounds before ``rnd`` no longer matter."""
-        for table in (self._claims, self._heap):
-            for key in [k for k in table if k[0] == job and k[1] < rnd]:
-                del table[key]
+        for key in [k for k in self._claims if k[0] == job and k[1] < rnd]:
+            del self._claims[key]
+        for top in [k for k in self._heap if k[0] == job and k[1] < rnd]:
+            del self._heap[top]
         self._released = {k for k in self._released if not (k[0] == job and k[1] < rnd)}
 
     def earliest_expiry(self, job: str, rnd: int, lease: float, now: float) -> float | None:

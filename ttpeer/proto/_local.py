@@ -131,7 +131,7 @@ class LocalWorker:
         self._go("cancel")
         return [Cancel(t.job, t.round, t.shard)]
 
-    def renew(self, lease: float, now: float) -> list[Effect]:
+    def renew(self, lease: float, now: float) -> list[Effect | Sign]:
         """Renew the claim in training once a third of its lease has passed."""
         t = self.claim
         if t is None or self.state is not TRAINING or now < t.renewed_at + lease / 3:
@@ -148,11 +148,11 @@ class LocalWorker:
         return older
 
     def round_train(self, job: JobSpec, rnd: int, base: str, done: set[int], now: float,
-                    leases: LeaseTable, records: RecordSet) -> tuple[list[Effect], bool]:
+                    leases: LeaseTable, records: RecordSet) -> tuple[list[Effect | Sign], bool]:
         """Train in round ``rnd`` (``work``): renew or stop the shard in training, else
         claim the next shard (or back a straggler up), else publish what was trained.
         Returns the effects and whether there was nothing to do at all."""
-        out: list[Effect] = []
+        out: list[Effect | Sign] = []
         if self.uploading:  # shards whose delta is on its way count as done for this peer
             done = done | {s for j, r, s in self.uploading if (j, r) == (job.id, rnd)}
         t = self.claim
@@ -205,7 +205,7 @@ class LocalWorker:
     def _release_record(self, t: Training) -> Sign:
         return Sign("release", {"job": t.job, "round": t.round, "shard": t.shard, "attempt": t.attempt})
 
-    def release(self) -> list[Effect]:
+    def release(self) -> list[Effect | Sign]:
         """This peer is shutting down: stop training, release its claim, claim no more."""
         self.stopping = True
         t = self.claim
@@ -277,10 +277,10 @@ class LocalWorker:
             self.publishing = None
             self._go("lost")
 
-    def failed(self, job: str) -> list[Effect]:
+    def failed(self, job: str) -> list[Effect | Sign]:
         """The job's task failed here: drop what the model does for it; release a claim
         that still trains, so others need not wait for its lease."""
-        out: list[Effect] = []
+        out: list[Effect | Sign] = []
         t = self.claim
         if t is not None and t.job == job:
             if self.state is TRAINING:

@@ -97,5 +97,5 @@ class Rounds:
     def _train(self, job: JobSpec, rnd: int, base: str, done: set[int], now: float) -> tuple[list, bool]:
         return self.local.round_train(job, rnd, base, done, now, self.leases, self.records)
 
-    def _maybe_close(self, job: JobSpec, rnd: int, base: str, cover: list[Record], now: float) -> list[Effect]:
+    def _maybe_close(self, job: JobSpec, rnd: int, base: str, cover: list[Record], now: float) -> list[Effect | Sign]:
         return list(self.closer.maybe_close(job, rnd, base, cover, now, self.heard))

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from ttpeer.daemon._executor import Deltas, delta_bytes
+from ttpeer.daemon import Deltas, delta_bytes
 from ttpeer.errors import TaskFailed
 from ttpeer.proto import PublishDelta, Record, Train
 

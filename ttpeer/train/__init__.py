@@ -19,7 +19,7 @@ from ._ensemble import (
     train_unit,
 )
 from ._ensemble import evaluate as evaluate_ensemble
-from ._errors import CheckpointError, DeltaError, Diverged, ModelTooLarge, TaskError, TrainError
+from ._errors import CheckpointError, DeltaError, Diverged, TaskError, TrainError
 from ._export import export_model, load_model
 from ._failure import describe
 from ._fit import BatchFit, MemoryNeed, Misfit, fit_batch, fit_problem, memory_need, warm_up
@@ -62,7 +62,6 @@ __all__ = [
     "outer_lr",
     "MemoryNeed",
     "Misfit",
-    "ModelTooLarge",
     "OuterState",
     "Recipe",
     "TaskError",

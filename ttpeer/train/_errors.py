@@ -4,8 +4,10 @@
     ├── TaskError         a task spec or task file is missing, broken or invalid
     ├── Diverged          local training produced a NaN/inf loss or delta
     ├── DeltaError        a compressed delta is malformed, oversized or non-finite
-    ├── CheckpointError   state bytes or a model file are malformed or do not match
-    └── ModelTooLarge     a model will not fit in the memory available for it
+    └── CheckpointError   state bytes or a model file are malformed or do not match
+
+A model that does not fit a peer is not an error: the fit check (``fit_problem``)
+returns a ``Misfit`` and the peer declines the job with its message.
 
 Programming errors (a caller breaking a documented precondition, such as a
 negative round number) raise ValueError instead: they are bugs, not situations
@@ -47,8 +49,3 @@ class DeltaError(TrainError):
 class CheckpointError(TrainError):
     """Raised when state bytes or an exported model cannot be read back, or
     their tensor names and shapes do not match the model they are meant for."""
-
-
-class ModelTooLarge(TrainError):
-    """Raised when a task's model (with optimizer and outer state) would not
-    fit in the memory available on the chosen device."""

@@ -1,6 +1,6 @@
 """The WAN benchmark behind ``scripts/bench/wan`` (issue 7, part 3).
 
-Two peers on a shaped link of the network lab (``ttpeer/testing/_netlab.py``): each
+Two peers on a shaped link of the network lab (``ttpeer_harness/netlab.py``): each
 peer's access link is ``--rate`` each way (tbf) with ``--delay`` added to each
 direction of its TCP connections. One model and data set for all rows: the ttpeer task
 ``--task`` (default the mnist1d MLP on 60,000 generated signals), batch 64, AdamW lr 2e-3
@@ -9,7 +9,7 @@ Nesterov SGD lr 0.7 and momentum ``--outer-momentum`` (0.5 by default, for every
 
 Rows, one after the other in one lab:
 
-- ``one peer alone``: a plain loop with no network (``_bench_wan_worker single``);
+- ``one peer alone``: a plain loop with no network (``wan_worker.py single``);
 - ``gloo DDP``: all-reduce of gradients every step, 2 processes;
 - ``DDP, same math on loopback``: the same DDP run to ttpeer's sample count with both
   processes on one host (no shaped link, no slowdown), only for the loss at equal samples:
@@ -53,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ttpeer.testing._netlab import Host, Lab, start_pool, start_relay, unavailable
+from ttpeer_harness.netlab import Host, Lab, start_pool, start_relay, unavailable
 
 BATCH = 64
 PEERS = 2
@@ -93,7 +93,8 @@ def _tx_bytes(host: Host) -> int:
 
 
 def _worker(mode: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", "ttpeer._bench_wan_worker", mode, *args]
+    # By path: a lab host's process needs only ttpeer installed, not this folder on its path.
+    return [sys.executable, str(Path(__file__).with_name("wan_worker.py")), mode, *args]
 
 
 def _wait_all(procs: list[subprocess.Popen[bytes]], timeout: float, what: str, lab: Lab, logs: list[str]) -> None:
@@ -148,7 +149,7 @@ def _pool(lab: Lab, args: argparse.Namespace) -> dict[str, Path]:
 
 def _ttpeer(lab: Lab, homes: dict[str, Path], args: argparse.Namespace, rounds: int, overlap: bool) -> Row:
     from ttpeer.daemon import call
-    from ttpeer.demo import job_spec, status
+    from ttpeer_harness import job_spec, status
 
     spec = {**job_spec(rounds), "task": args.task, "bits": args.bits, "shards": PEERS, "batches": args.H,
             "lease": 60.0}

@@ -16,7 +16,7 @@ route to every other routed peer's LAN): they reach each other directly at their
 addresses, as the synchronous baselines of ``scripts/bench/wan`` (gloo, torchft) need.
 
 Links are veth pairs. ``shape(host, rate, delay)`` puts ``tbf`` on both ends of a
-host's access link (the rate each way) and, for a delay, starts ``_delayfwd.py``
+host's access link (the rate each way) and, for a delay, starts ``delayfwd.py``
 in the host's gateway: an ``iptables REDIRECT`` sends the LAN's TCP connections
 through it, and it holds each chunk ``delay`` seconds in each direction (so the
 round trip grows by ``2 * delay``; the kernel here has no netem). ``cut(host)``
@@ -47,8 +47,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ttpeer.demo import stop_processes
 from ttpeer.errors import TtpeerError
+
+from ._cluster import stop_processes
 
 PREFIX = "ttpl-"
 RELAY_ADDR = "10.200.0.1"
@@ -56,7 +57,7 @@ RELAY_PORT = 8443
 PROXY_PORT = 8888
 DELAY_PORT = 15001
 READY_TIMEOUT = 60.0
-_DELAYFWD = Path(__file__).with_name("_delayfwd.py")
+_DELAYFWD = Path(__file__).with_name("delayfwd.py")
 _counter = itertools.count()
 
 
@@ -397,7 +398,7 @@ def start_pool(lab: Lab, url: str, fingerprint: str, admin: str, members: list[s
     """``ttpeer pool create`` + ``ttpeer up`` on ``admin``, ``ttpeer join TOKEN`` on each of
     ``members``, every command inside its host (a proxied host through its proxy). Returns
     the homes by name once every peer has the pool key and sees all the others."""
-    from ttpeer.demo import status, wait_for
+    from ._cluster import status, wait_for
 
     homes = {name: home_of(lab, name) for name in [admin, *members]}
     host = lab.hosts[admin]

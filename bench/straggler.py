@@ -24,8 +24,8 @@ import sys
 import time
 
 from ttpeer.daemon import call
-from ttpeer.demo import Cluster, job_spec, status, temporary_cluster, ttpeer, wait_for
 from ttpeer.errors import TtpeerError
+from ttpeer_harness import Cluster, job_spec, status, temporary_cluster, ttpeer, wait_for
 
 SLOWDOWN = 2.0  # batches take 1 + 2 = 3x as long on the straggler
 

@@ -14,7 +14,7 @@ import argparse
 import json
 import time
 
-from ttpeer.demo import Cluster, make_pool, status, temporary_cluster, ttpeer, wait_for
+from ttpeer_harness import Cluster, make_pool, status, temporary_cluster, ttpeer, wait_for
 
 
 def main() -> int:

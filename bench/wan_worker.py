@@ -1,6 +1,6 @@
 """One process of a baseline in ``scripts/bench/wan``: a peer alone, gloo DDP, or torchft DiLoCo.
 
-Run by ``ttpeer._bench_wan`` inside a lab host (``python -m ttpeer._bench_wan_worker
+Run by ``bench.wan`` inside a lab host (``python bench/wan_worker.py
 MODE ...``). Every mode trains the model of the ttpeer task ``--task`` (loaded with
 ttpeer's own ``load_task``, so the same model, data and loss as the ttpeer row) with the
 settings of ttpeer's fused jobs (batch 64, AdamW lr 2e-3 weight decay 0.01, gradients
@@ -260,7 +260,7 @@ def hivemind_diloco(run: Run) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ttpeer._bench_wan_worker")
+    ap = argparse.ArgumentParser(prog="python bench/wan_worker.py")
     ap.add_argument("mode", choices=["single", "ddp", "diloco", "hivemind"])
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--world", type=int, default=1)

@@ -25,7 +25,7 @@ import concurrent.futures
 import time
 from pathlib import Path
 
-from .config import _default_home
+from ttpeer.config import _default_home
 
 DEFAULT_TASK = "mnist1d:samples=60000"
 
@@ -36,9 +36,9 @@ def train(task_name: str, data: Path, batch: int, steps: int, every: int, eval_s
     import torch
     from torch import nn
 
-    from ._bench_wan_worker import CLIP, LR, WEIGHT_DECAY
-    from .train import load_task
-    from .train._spec import fetch_batch
+    from bench.wan_worker import CLIP, LR, WEIGHT_DECAY
+    from ttpeer.train import load_task
+    from ttpeer.train._spec import fetch_batch
 
     torch.set_num_threads(1)  # the two runs share the machine evenly
     task = load_task(task_name, data)

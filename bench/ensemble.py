@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ttpeer.daemon import call
-from ttpeer.demo import Cluster, make_pool, status, temporary_cluster, ttpeer, wait_for
+from ttpeer_harness import Cluster, make_pool, status, temporary_cluster, ttpeer, wait_for
 
 
 def ensemble_spec(members: int, rounds: int, batches: int, seed: int = 0) -> dict[str, Any]:

@@ -8,7 +8,7 @@ ways, holding every chunk ``delay`` seconds before writing it on. At most
 ``_MAX_QUEUED`` bytes wait per direction, so a slow reader slows the writer as a
 real link would (the rate itself is ``tbf`` on the veth, not here).
 
-It runs as a script (``python _delayfwd.py ADDR PORT DELAY_FILE``), without
+It runs as a script (``python delayfwd.py ADDR PORT DELAY_FILE``), without
 importing ttpeer. The delay in seconds is read from DELAY_FILE at start and
 again on SIGHUP; connections already open keep theirs.
 """

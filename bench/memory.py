@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ttpeer.demo import make_pool, status, temporary_cluster, ttpeer, wait_for
+from ttpeer_harness import make_pool, status, temporary_cluster, ttpeer, wait_for
 
 TASK = "charlm:n_layer=8,d_model=768,n_head=12,block_size=64"
 PAGE = os.sysconf("SC_PAGE_SIZE")

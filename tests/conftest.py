@@ -1,0 +1,35 @@
+"""The tiers: ``slow`` (processes, torch training) and the rest, the fast lane
+(``scripts/test --fast``). The rule and its guard are in ``tests/_tiers.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests import _tiers
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _tiers.install()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _tiers.modify(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    _tiers.start(item)
+    try:
+        return (yield)
+    finally:
+        _tiers.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    report = yield
+    if call.when == "teardown":
+        _tiers.verdict(item, report)
+    return report

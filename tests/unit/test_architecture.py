@@ -1,0 +1,262 @@
+"""The import rules of docs/ARCHITECTURE.md ("Imports"), checked on the source.
+
+Every ``import`` counts, also one inside a function or under ``TYPE_CHECKING``: a lazy
+import is still a dependency. The layers, lowest first; a module may import its own
+layer and the ones below, never one above, and the packages of one layer (``SIBLINGS``)
+not each other:
+
+    ttpeer_wire                          pure: records, codec, proofs, the relay API (shared with the relay)
+    ttpeer.proto                         pure: membership views, ledger, machines (no I/O, no clock)
+    ttpeer.net | ttpeer.train | base     trio + httpx | torch | errors, logging, settings
+    ttpeer.tasks                         task helpers built on train (Hugging Face)
+    ttpeer.daemon                        one nursery driving proto with net, train, the disk
+    ttpeer.testing                       fakes and the simulator (real daemons, fake network)
+    ttpeer                               the application: cli and its commands, demo, load()
+    ttpeer_harness                       tests' and benches' processes and network lab
+    bench                                the benchmarks
+
+A new package gets a line in ``LAYERS`` (and in ``SIBLINGS`` if it must not know its
+neighbours), and into ``PURE`` if it must stay without I/O too.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = {"ttpeer": ROOT / "ttpeer", "ttpeer_relay": ROOT / "bootstrap-relay" / "ttpeer_relay",
+           "ttpeer_wire": ROOT / "bootstrap-relay" / "ttpeer_wire",
+           "ttpeer_harness": ROOT / "ttpeer_harness", "bench": ROOT / "bench"}
+SHIPPED = ("ttpeer", "ttpeer_relay", "ttpeer_wire")  # what the wheel holds (pyproject's packages)
+BASE = ("ttpeer.errors", "ttpeer._logging", "ttpeer.config", "ttpeer._trim")
+LAYERS: list[tuple[str, ...]] = [
+    ("ttpeer_wire",),
+    ("ttpeer.proto",),
+    ("ttpeer.net", "ttpeer.train", *BASE),
+    ("ttpeer.tasks",),
+    ("ttpeer.daemon",),
+    ("ttpeer.testing",),
+    ("ttpeer",),
+    ("ttpeer_harness",),
+    ("bench",),
+]
+SIBLINGS: list[tuple[str, ...]] = [("ttpeer.net", "ttpeer.train", BASE[0])]
+SIBLING_GROUPS = {BASE[0]: BASE}  # one sibling that stands for several modules
+# What the pure protocol and the wire contract may not import: I/O, the clock, the event
+# loop, torch (the relay shares ttpeer_wire; the simulator drives proto).
+_IMPURE = ("trio", "httpx", "httpcore", "torch", "numpy", "time", "datetime", "asyncio", "socket", "ssl", "threading",
+           "subprocess")
+PURE = {"ttpeer.proto": _IMPURE, "ttpeer_wire": _IMPURE}
+# The relay installs and runs without torch, and without ttpeer (it imports ttpeer_wire).
+RELAY_FORBIDS = ("torch", "numpy", "ttpeer", "ttpeer_harness", "bench")
+# Private modules of one package imported by another: each one a name to export from its
+# package's door instead. Listed so that no new one comes in; remove a line with its fix.
+KNOWN_PRIVATE = {
+    ("ttpeer._api", "ttpeer.train._tasks"),
+    ("ttpeer._commands", "ttpeer.daemon._units"),
+    ("ttpeer._export", "ttpeer.tasks._hf_export"),
+    ("ttpeer._report", "ttpeer.daemon._files"),
+    ("ttpeer._report", "ttpeer.daemon._integrity"),
+    ("ttpeer._report", "ttpeer.daemon._views"),
+    ("ttpeer.cli", "ttpeer.daemon._systemd"),
+    ("ttpeer.daemon._home", "ttpeer.net._entropy"),
+    ("ttpeer.daemon._node", "ttpeer.net._entropy"),
+    ("ttpeer.daemon._node", "ttpeer.net._seal"),
+    ("ttpeer.daemon._replay", "ttpeer.net._seal"),
+    ("ttpeer.testing._hostile", "ttpeer.net._seal"),
+    ("ttpeer.testing._sim", "ttpeer.net._entropy"),
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for folder in SOURCES.values():
+        for path in folder.rglob("*.py"):
+            rel = path.relative_to(folder.parent).with_suffix("")
+            if "__pycache__" in rel.parts:
+                continue
+            parts = list(rel.parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> Iterator[str]:
+    """Every module ``name`` imports (ours as modules, foreign ones by their top name)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            subs = [f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in MODULES]
+            yield from subs
+            if len(subs) < len(node.names):
+                yield module
+
+
+GRAPH: dict[str, set[str]] = {name: set(_imports(name, path)) - {name} for name, path in MODULES.items()}
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _layer(module: str) -> tuple[int, str] | None:
+    best = None
+    for i, layer in enumerate(LAYERS):
+        for prefix in layer:
+            if _within(module, prefix) and (best is None or len(prefix) > len(best[1])):
+                best = (i, prefix)
+    return best
+
+
+def _ours(target: str) -> bool:
+    return target.split(".")[0] in SOURCES
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in MODULES if not m.startswith("ttpeer_relay") and _layer(m) is None] == []
+
+
+def test_no_layer_imports_one_above_it():
+    upward = []
+    for module, targets in GRAPH.items():
+        here = _layer(module)
+        for target in targets:
+            there = _layer(target)
+            # The root package itself runs on every import of a submodule, whatever imports it.
+            if here and there and _ours(target) and target != "ttpeer" and there[0] > here[0]:
+                upward.append(f"{module} -> {target}")
+    assert sorted(upward) == []
+
+
+def test_siblings_of_a_layer_do_not_import_each_other():
+    crossing = []
+    for group in SIBLINGS:
+        members = {s: SIBLING_GROUPS.get(s, (s,)) for s in group}
+        for module, targets in GRAPH.items():
+            mine = [s for s, prefixes in members.items() if any(_within(module, p) for p in prefixes)]
+            for target in targets:
+                theirs = [s for s, prefixes in members.items() if any(_within(target, p) for p in prefixes)]
+                if mine and theirs and mine != theirs:
+                    crossing.append(f"{module} -> {target}")
+    assert sorted(crossing) == []
+
+
+def test_proto_is_pure():
+    impure = [f"{module} -> {target}" for module, targets in GRAPH.items() for pkg, banned in PURE.items()
+              if _within(module, pkg) for target in targets if target.split(".")[0] in banned
+              or (_ours(target) and not any(_within(target, q) for q in PURE))]
+    assert sorted(impure) == []
+
+
+def test_the_relay_imports_no_torch_and_no_ttpeer():
+    found = [f"{module} -> {target}" for module, targets in GRAPH.items() if _within(module, "ttpeer_relay")
+             for target in targets if target.split(".")[0] in RELAY_FORBIDS]
+    assert sorted(found) == []
+
+
+def test_what_ships_imports_neither_the_harness_nor_the_benches():
+    found = [f"{module} -> {target}" for module, targets in GRAPH.items() if module.split(".")[0] in SHIPPED
+             for target in targets if target.split(".")[0] in ("ttpeer_harness", "bench", "tests")]
+    assert sorted(found) == []
+
+
+def _private_owner(target: str) -> str | None:
+    """The package whose private module ``target`` is (``ttpeer.net`` for ``ttpeer.net._seal``)."""
+    parts = target.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:i])
+    return None
+
+
+def test_no_package_imports_another_packages_private_module():
+    found = set()
+    for module, targets in GRAPH.items():
+        if module.split(".")[0] not in SHIPPED:
+            continue  # the harness and the benches reach inside, as tests do
+        for target in targets:
+            owner = _private_owner(target)
+            if owner and _ours(target) and not _within(module, owner):
+                found.add((module, target))
+    assert sorted(found - KNOWN_PRIVATE) == []
+
+
+def test_no_import_cycles():
+    """Between modules, lazy imports included (Tarjan's strongly connected components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:  # the graph is small and shallow: recursion is fine
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in GRAPH.get(v, ()):
+            if w not in MODULES:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                cycles.append(sorted(part))
+
+    for v in MODULES:
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_the_wheel_holds_the_package_and_the_relay_only():
+    import tomllib
+
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert {p.split(".")[0] for p in packages} == set(SHIPPED)
+    on_disk = {m for m, p in MODULES.items() if p.name == "__init__.py" and m.split(".")[0] in SHIPPED}
+    assert on_disk <= set(packages)  # no shipped package forgotten either
+
+
+def test_the_checks_see_the_imports():
+    """The graph is not empty by mistake: a few edges that must be there."""
+    assert any(_within(t, "ttpeer_wire") for t in GRAPH["ttpeer.net._relay_client"])
+    assert any(_within(t, "ttpeer_wire") for t in GRAPH["ttpeer_relay.app"])
+    assert "ttpeer.demo" in GRAPH["ttpeer.cli"]  # a lazy one, inside a function
+    assert any(_within(t, "ttpeer.daemon") for t in GRAPH["ttpeer.testing._sim"])
+    assert _private_owner("ttpeer.net._seal") == "ttpeer.net" and _private_owner("ttpeer.net") is None
+
+
+def _group(module: str) -> str:
+    layer = _layer(module)
+    return layer[1] if layer else module.split(".")[0]
+
+
+def test_layers_as_documented_have_no_unused_entries():
+    used = defaultdict(int)
+    for module in MODULES:
+        layer = _layer(module)
+        if layer:
+            used[layer[1]] += 1
+    assert [p for layer in LAYERS for p in layer if not used[p]] == []
+    assert _group("ttpeer.daemon._node") == "ttpeer.daemon"
