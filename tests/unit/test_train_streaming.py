@@ -185,6 +185,7 @@ def _peak_above(tmp_path: Path, n: int) -> tuple[int, int]:
     return int(params), int(peak)
 
 
+@pytest.mark.slow
 def test_memory_of_a_round_does_not_grow_with_its_contributions(tmp_path: Path) -> None:
     params, two = _peak_above(tmp_path, 2)
     _params, sixteen = _peak_above(tmp_path, 16)
