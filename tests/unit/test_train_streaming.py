@@ -193,3 +193,21 @@ def test_memory_of_a_round_does_not_grow_with_its_contributions(tmp_path: Path) 
     # the peak (the sum, the new state, one delta's temporaries) is the same for any count.
     print(f"2 deltas: +{two / params:.1f} B/param, 16: +{sixteen / params:.1f} B/param")
     assert sixteen - two < 8 * params, f"2 deltas: +{two / params:.1f} B/param, 16: +{sixteen / params:.1f} B/param"
+
+
+def test_a_state_file_streamed_tensor_by_tensor_gives_the_hash_and_outer_step_of_the_state(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(4)
+    state = train.OuterState(params=_random(g, 1.0, SMALL), momentum=_random(g, 0.1, SMALL))
+    path = tmp_path / "s.state"
+    path.write_bytes(train.state_to_bytes(state))
+    like = train.template(state)
+    assert train.file_state_hash(path) == train.state_hash(state)
+    assert [n for n, _p, _m in train.iter_state_file(path, like)] == list(state.params)
+    deltas = [(_random(g, 0.01, SMALL), samples) for samples in (5, 0, 9)]
+    total = train.OuterSum(like, [s for _d, s in deltas])  # a template: the base comes from the file
+    for delta, _s in deltas:
+        total.add(delta)
+    streamed = total.step(lr=0.7, momentum=0.9, base=train.iter_state_file(path, like))
+    assert _bits(streamed) == _bits(train.outer_step(state, deltas, lr=0.7, momentum=0.9))
+    path.write_bytes(path.read_bytes()[:-4] + b"\0\0\0\1")  # one value changed: another hash
+    assert train.file_state_hash(path) != train.state_hash(state)

@@ -5,8 +5,13 @@ Theory of operation. Per job it keeps the loaded task, this peer's inner trainer
 residual, and the model states it holds. Every held state is written to
 ``HOME/states/<job>/<hash>.state`` atomically before it is reported held, so a
 peer killed at any moment restarts from a state the pool agreed on; only the
-newest few are kept on disk, and one in memory (the one in use: a round's base is
-used by every shard of the round; any other is read from its file when asked for).
+newest few are kept on disk. A fused job keeps none in memory: a state is read from
+its file where it is used (a shard's start reads the base's params into the local
+model, the delta reads them a tensor at a time, the close streams the base through
+the outer step), and its hash is checked the first time this executor reads a file it
+did not write. Kept in memory, the round's base (params and outer momentum, 8 bytes a
+parameter) sat idle beside the model and AdamW while every shard trained. An ensemble
+keeps the one in use (every unit of a round reads its members from it).
 
 Host memory is bounded by the model, not by the round: a round's contributions are
 read, decoded and added to a running sum one at a time (``train.OuterSum``), states
@@ -32,7 +37,7 @@ import math
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -60,13 +65,16 @@ class _Job:
     task: train.LoadedTask
     trainer: train.InnerTrainer
     like: train.OuterState  # names and shapes only, on the meta device (``train.template``)
-    states: dict[str, train.OuterState] = field(default_factory=dict)  # at most one: the one in use
+    # Ensemble: at most one, the one in use. Fused: none (states are read from their files
+    # when used, see ``_state_path``).
+    states: dict[str, train.OuterState] = field(default_factory=dict)
+    verified: set[str] = field(default_factory=set)  # states whose file's hash was checked here
     residual: dict[str, torch.Tensor] | None = None
     # Ensemble: member checkpoints trained here and not yet published, by (round, member).
     units: dict[tuple[int, int], train.OuterState] = field(default_factory=dict)
     mode: str = "fused"
     # With overlap, the eager start this round's local work began from, as (round, base,
-    # state) (see ``_start``); without, the round's base is the start and is not kept twice.
+    # state) (see ``_start``); when the round's base is the start, it is read from its file.
     start: tuple[int, str, train.OuterState] | None = None
     # With overlap, this peer's latest published pseudo-gradient, unquantized, as (round, delta).
     own: tuple[int, dict[str, torch.Tensor]] | None = None
@@ -232,29 +240,59 @@ class TorchExecutor:
     def held_states(self, job: Record) -> set[str]:
         return self.home.held_states(job.id)
 
-    def _state(self, job: Record, state: str) -> train.OuterState:
+    def _state_path(self, job: Record, state: str) -> Path:
+        """The file of ``state``, its hash checked (once: a file this executor wrote or
+        checked is not hashed again). Raises StateMissing, JobError if it is corrupt."""
         ctx = self._job(job)
-        if state not in ctx.states:
-            path = self._state_file(job.id, state)
-            if not path.exists():
-                # States are named by their hash, so another job's file with this name holds
-                # the same bytes (two jobs of one task and seed start from one state).
-                name = path.name
-                path = next((p for p in (self.home.path / "states").glob(f"*/{name}")), path)
+        path = self._state_file(job.id, state)
+        if not path.exists():
+            # States are named by their hash, so another job's file with this name holds
+            # the same bytes (two jobs of one task and seed start from one state).
+            name = path.name
+            path = next((p for p in (self.home.path / "states").glob(f"*/{name}")), path)
+        if state not in ctx.verified or not path.exists():
             try:
-                loaded = train.state_from_file(path, like=ctx.like)
+                digest = train.file_state_hash(path)
             except FileNotFoundError:
                 raise StateMissing(state) from None
-            if train.state_hash(loaded) != state:
+            except train.CheckpointError:
+                digest = None
+            if digest != state:
                 raise JobError(f"state file for {state[:19]} is corrupt")
+            ctx.verified.add(state)
+        return path
+
+    def _state(self, job: Record, state: str) -> train.OuterState:
+        """``state`` in memory. A fused job's is read from its file at every call and not
+        kept: while a shard trains, the local model has the params and nothing needs the
+        outer momentum, so 8 bytes a parameter stayed resident for nothing (the peak of a
+        fused job is the round's close, which streams the base from the file)."""
+        ctx = self._job(job)
+        if state not in ctx.states:
+            try:
+                loaded = train.state_from_file(self._state_path(job, state), like=ctx.like)
+            except FileNotFoundError:
+                raise StateMissing(state) from None
+            if not ctx.ensemble:
+                return loaded
             ctx.states = {state: loaded}  # one state in memory: the others are on disk
         return ctx.states[state]
+
+    def _params(self, job: Record, state: str) -> Iterator[tuple[str, torch.Tensor]]:
+        """``state``'s params one tensor at a time, from its file."""
+        ctx = self._job(job)
+        try:
+            for name, param, _momentum in train.iter_state_file(self._state_path(job, state), ctx.like):
+                yield name, param
+        except FileNotFoundError:
+            raise StateMissing(state) from None
 
     def _hold(self, job: Record, state: train.OuterState) -> str:
         ctx = self._job(job)
         digest = train.state_hash(state)
         write_atomic(self._state_file(job.id, digest), train.state_chunks(state))
-        ctx.states = {digest: state}
+        ctx.verified.add(digest)
+        ctx.states = {digest: state} if ctx.ensemble else {}
         # The initial state stays: the peer remembers holding it, and a later job of the same
         # task and seed starts from it (found by its hash in this job's folder).
         files = sorted((p for p in self.home.states(job.id).glob("*.state") if "sha256:" + p.stem != job["init"]),
@@ -285,8 +323,13 @@ class TorchExecutor:
         def run() -> int:
             if eff.fresh:
                 start = self._start(ctx, eff)
-                ctx.trainer.start(start)
-                ctx.start = (eff.round, eff.base, start) if overlapped(job) else None
+                if start is None:  # the round's base: its params, read from its file
+                    params = dict(self._params(job, eff.base))
+                    ctx.trainer.start(train.OuterState(params=params, momentum=params))
+                    del params
+                else:
+                    ctx.trainer.start(start)
+                ctx.start = (eff.round, eff.base, start) if start is not None else None
             batches = train.shard_indices(ctx.task.n_train, job["seed"], eff.round, eff.shard,
                                           job["shards"], job["batches"], job["batch_size"])
             first = train.shard_first_step(eff.round, job["batches"])
@@ -327,7 +370,8 @@ class TorchExecutor:
         def run() -> tuple[bytes, dict[str, float]]:
             began = ctx.start
             start = began[2] if began is not None and began[:2] == (eff.round, eff.base) else None
-            delta = ctx.trainer.delta(start if start is not None else self._state(eff.job, eff.base))
+            delta = (ctx.trainer.delta(start) if start is not None
+                     else ctx.trainer.delta_from(self._params(eff.job, eff.base)))
             ctx.own = (eff.round, delta) if overlapped(eff.job) else None
             data, ctx.residual = train.encode_delta(delta, ctx.residual, bits=eff.job["bits"])
             metrics = {"fp32_bytes": float(train.fp32_size(delta)), **ctx.trainer.recipe.metrics(eff.job["batch_size"])}
@@ -339,7 +383,7 @@ class TorchExecutor:
         async with self._train_lock:
             return await _in_thread(run, eff.job["task"])
 
-    def _start(self, ctx: _Job, eff: Train) -> train.OuterState:
+    def _start(self, ctx: _Job, eff: Train) -> train.OuterState | None:
         """Where this round's local model starts: the round's base; with overlap, an eager
         start. An overlapped round r trains on the base of round r-1 while round r-1's
         deltas travel; restarting from that base would throw away round r-1's progress and
@@ -351,12 +395,12 @@ class TorchExecutor:
         it to round r's real base, counts round r's progress once. Local only: the closes,
         and so every peer's states, are the same whatever each peer started from. A peer
         without its own delta of round r-1 (it trained none, or restarted) starts from the
-        base, as before."""
-        base = self._state(eff.job, eff.base)
+        base, as before. None: the start is the base (the caller reads its params)."""
         own = ctx.own
         if not overlapped(eff.job) or own is None or own[0] != eff.round - 1:
-            return base
+            return None
         job = eff.job
+        base = self._state(job, eff.base)
         return train.outer_step(base, [(own[1], 1)], lr=train.outer_lr(job.body, eff.round - 1),
                                 momentum=job["outer_momentum"], nesterov=True)
 
@@ -372,11 +416,15 @@ class TorchExecutor:
                                f"(got members {sorted(i for i, _ckpt in parts)})")
             return train.combine(self._state(job, base), parts)
         # One contribution at a time, tensor by tensor, into the running sum: memory holds
-        # the sum and one delta's bytes, whatever the number of contributions.
-        total = train.OuterSum(self._state(job, base), [samples for _ref, samples in deltas])
+        # the sum and one delta's bytes, whatever the number of contributions. The base is
+        # read from its file one tensor at a time as the step goes: it is never whole in
+        # memory beside the sum and the new state.
+        path = self._state_path(job, base)
+        total = train.OuterSum(ctx.like, [samples for _ref, samples in deltas])
         for ref, _samples in deltas:
             total.add_parts(train.iter_delta(delta_bytes(ref), ctx.like))
-        return total.step(lr=train.outer_lr(job.body, rnd), momentum=job["outer_momentum"], nesterov=True)
+        return total.step(lr=train.outer_lr(job.body, rnd), momentum=job["outer_momentum"], nesterov=True,
+                          base=train.iter_state_file(path, ctx.like))
 
     async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int) -> tuple[str, dict[str, float]]:
         ctx = self._job(job)
@@ -391,8 +439,14 @@ class TorchExecutor:
                 best = max(m for _loss, m in members)
                 return self._hold(job, new), {"eval_loss": round(loss, 6), ctx.task.metric_name: round(metric, 6),
                                               "best_member": round(best, 6)}
-            loss, metric = ctx.trainer.evaluate(new.params)
-            return self._hold(job, new), {"eval_loss": round(loss, 6), ctx.task.metric_name: round(metric, 6)}
+            # Held (on disk) first, so the outer momentum is gone before the evaluation model
+            # is built, and the params once it has them: the close's peak is that model and
+            # its activations beside the trainer's model, AdamW and residual.
+            digest = self._hold(job, new)
+            params = new.params
+            del new
+            loss, metric = ctx.trainer.evaluate(params, consume=True)
+            return digest, {"eval_loss": round(loss, 6), ctx.task.metric_name: round(metric, 6)}
 
         async with self._close_lock:
             return await _in_thread(run, job["task"])

@@ -35,7 +35,9 @@ from ._schedule import shard_indices
 from ._spec import LoadedTask, TaskSpec
 from ._state import (
     OuterState,
+    file_state_hash,
     init_state,
+    iter_state_file,
     state_chunks,
     state_from_bytes,
     state_from_file,
@@ -72,6 +74,8 @@ __all__ = [
     "data_fingerprint",
     "decode_delta",
     "iter_delta",
+    "iter_state_file",
+    "file_state_hash",
     "OuterSum",
     "decode_member",
     "describe",

@@ -15,8 +15,10 @@ holds at its peak:
       AdamW moments               2P
       activations                 one batch's forward pass, measured on the meta device
     in host memory, fp32 (the same memory when training on the CPU)
-      the state in use            2F   params and outer momentum (one in memory; the
-                                       others the executor holds are files)
+      held states                 0    none in memory: every state the executor holds is
+                                       a file, read when used (a shard's start reads the
+                                       base's params into the local model, the delta and
+                                       the close read the base a tensor at a time)
       error-feedback residual     F
       the largest working copy    2F   the delta being encoded and its quantized rest, or
                                        at a round's close the running sum of its deltas
@@ -105,7 +107,7 @@ def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: 
     trainable = [p for p in model.parameters() if p.requires_grad]
     grads = sum(p.numel() * p.element_size() for p in trainable)
     fp32 = sum(t.numel() * 4 for t in state.values() if t.is_floating_point())
-    copies = 2 + 1 + 2 + (3 if overlap else 0)  # see the module's docstring: not per shard
+    copies = 1 + 2 + (3 if overlap else 0)  # see the module's docstring: not per shard
     eval_copy = 0
     if members:
         # An ensemble state holds every member's weights, AdamW moments and a spare

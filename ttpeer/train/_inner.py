@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -30,7 +30,7 @@ from . import _precision
 from ._errors import CheckpointError, Diverged, TaskError
 from ._recipe import Recipe, enable_checkpointing, split
 from ._spec import LoadedTask, fetch_batch
-from ._state import OuterState, floating_state
+from ._state import OuterState
 
 GRAD_CLIP = 1.0
 EVAL_BATCH = 1024
@@ -165,18 +165,40 @@ class InnerTrainer:
         Raises CheckpointError if ``base`` does not have the model's tensors.
         """
         _check_names(self._names, base.params)
-        local = floating_state(self.model)
-        return {name: base.params[name] - local[name] for name in self._names}
+        return self.delta_from(base.params.items())
 
-    def evaluate(self, params: dict[str, Tensor]) -> tuple[float, float]:
+    def delta_from(self, params: Iterable[tuple[str, Tensor]]) -> dict[str, Tensor]:
+        """``delta`` of a base given tensor by tensor (``train.iter_state_file``): neither
+        the base nor a copy of the local model is ever whole beside the delta.
+
+        Raises CheckpointError if ``params`` does not have the model's tensors, each once.
+        """
+        local = self.model.state_dict()
+        out: dict[str, Tensor] = {}
+        for name, base in params:
+            if name not in self._names or name in out or base.shape != local[name].shape:
+                raise CheckpointError(f"parameters do not match the model at {name!r}")
+            # As ``floating_state``'s copy, one tensor at a time: the same bits.
+            mine = local[name].detach().to(device="cpu", dtype=torch.float32, copy=True,
+                                           memory_format=torch.contiguous_format)
+            out[name] = base - mine
+        if len(out) != len(self._names):
+            _check_names(self._names, out)
+        return {name: out[name] for name in self._names}
+
+    def evaluate(self, params: dict[str, Tensor], *, consume: bool = False) -> tuple[float, float]:
         """Return ``(test loss, test metric)`` of ``params`` on the task's test set.
 
         Loss and metric are assumed to be batch means; they are averaged
-        weighted by batch size. Raises CheckpointError if ``params`` does not
+        weighted by batch size. ``consume``: empty ``params`` once the evaluation
+        model has them (the caller's last use: the model's copy is then the only
+        one while the test set runs). Raises CheckpointError if ``params`` does not
         have the model's tensors, TaskError if the metric is not a number.
         """
         model = self._eval_model()
         _load(model, self._names, params)
+        if consume:
+            params.clear()
         model.eval()
         task, n_test = self.task, self.task.n_test
         loss_sum = metric_sum = 0.0

@@ -41,7 +41,10 @@ class OuterSum:
         # Weights are rounded to fp32 once, here, so no device or kernel picks its own precision.
         self._weights = [_f32(s / total) for s in samples]
         self._added = 0
-        self._grad: dict[str, Tensor] = {name: torch.zeros_like(p) for name, p in state.params.items()}
+        # ``state`` may be a template (meta tensors, ``train.template``) when ``step`` is
+        # given the base tensor by tensor: the sum is fp32 on the CPU either way.
+        self._grad: dict[str, Tensor] = {name: torch.zeros(p.shape, dtype=torch.float32)
+                                         for name, p in state.params.items()}
 
     def add(self, delta: dict[str, Tensor]) -> None:
         """Add the next delta (in ``samples`` order). Raises ValueError if its names or
@@ -70,23 +73,33 @@ class OuterSum:
         if len(seen) != len(self._grad):
             raise ValueError("every delta must have the state's names and shapes")
 
-    def step(self, *, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True) -> OuterState:
+    def step(self, *, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,
+             base: Iterable[tuple[str, Tensor, Tensor]] | None = None) -> OuterState:
         """The new state after the outer SGD step, as ``torch.optim.SGD`` takes it:
         ``buf = momentum*buf + g``; ``step = g + momentum*buf`` (Nesterov) or ``buf``;
         ``p = p - lr*step``. The state passed in is not changed; the sum is used up
         (each gradient tensor is dropped once its parameter is done, so the new state
-        and the sum are never both whole). Raises ValueError if a delta is missing."""
+        and the sum are never both whole). ``base``: the state's ``(name, param,
+        momentum)`` one at a time (``train.iter_state_file``), for a state passed in as
+        a template: the base is then never whole in memory either. Raises ValueError if
+        a delta is missing, or ``base`` lacks a name or has one twice or a wrong shape."""
         if self._added != len(self._weights):
             raise ValueError(f"{self._added} of {len(self._weights)} deltas were added")
         lr_t, mu_t = _f32(lr), _f32(momentum)
         params: dict[str, Tensor] = {}
         buffers: dict[str, Tensor] = {}
-        for name, param in self.state.params.items():
-            grad = self._grad.pop(name)
-            buf = self.state.momentum[name] * mu_t + grad
+        if base is None:
+            base = ((n, p, self.state.momentum[n]) for n, p in self.state.params.items())
+        for name, param, mom in base:
+            grad = self._grad.pop(name, None)
+            if grad is None or param.shape != grad.shape or mom.shape != grad.shape:
+                raise ValueError("the base must have the state's names and shapes, each once")
+            buf = mom * mu_t + grad
             step = grad + buf * mu_t if nesterov else buf
             params[name] = param - step * lr_t
             buffers[name] = buf
+        if self._grad:
+            raise ValueError("the base must have the state's names and shapes, each once")
         return OuterState(params=params, momentum=buffers)
 
 

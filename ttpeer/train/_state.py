@@ -171,8 +171,64 @@ def state_from_file(path: Path, like: OuterState | None = None) -> OuterState:
         return _parse(reader, os.fstat(f.fileno()).st_size, like, tensor)
 
 
-def _parse(reader: _Reader | _FileReader, size: int, like: OuterState | None,
-           read_tensor: Callable[[tuple[int, ...]], Tensor]) -> OuterState:
+def file_state_hash(path: Path) -> str:
+    """``state_hash`` of the state in the file at ``path``, read a MiB at a time: no
+    tensor is made. The file holds the hashed bytes in the hashed order (sorted names,
+    params then momentum, little-endian). Raises CheckpointError as ``state_from_file``,
+    OSError if the file cannot be read."""
+    with open(path, "rb") as f:
+        reader = _FileReader(f)
+        entries = _header(reader, os.fstat(f.fileno()).st_size)
+        digest = hashlib.sha256(b"ttpeer-state-v1")
+        for section in (b"params", b"momentum"):
+            digest.update(b"\0" + section + b"\0")
+            for name, shape in entries:
+                encoded = name.encode()
+                digest.update(struct.pack("<I", len(encoded)) + encoded + b"float32")
+                digest.update(struct.pack(f"<I{len(shape)}Q", len(shape), *shape))
+                left = 4 * _numel(shape)
+                while left:
+                    chunk = f.read(min(left, 1 << 20))
+                    if not chunk:
+                        raise CheckpointError("state checkpoint is truncated")
+                    digest.update(chunk)
+                    left -= len(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+def iter_state_file(path: Path, like: OuterState) -> Iterator[tuple[str, Tensor, Tensor]]:
+    """The state in the file at ``path`` one tensor at a time, as ``(name, param,
+    momentum)`` in ``like``'s order: a caller that uses each pair and drops it never
+    holds the whole state. Checked as ``state_from_file`` (the header against ``like``,
+    the exact length) before the first pair; its hash is not (``file_state_hash``)."""
+    with open(path, "rb") as f:
+        reader = _FileReader(f)
+        entries = _header(reader, os.fstat(f.fileno()).st_size)
+        _match(entries, like)
+        where: dict[str, int] = {}
+        offset = reader.offset
+        for name, shape in entries:
+            where[name] = offset
+            offset += 4 * _numel(shape)
+        half = offset - reader.offset  # the momentum section follows the params section
+
+        def tensor(shape: tuple[int, ...], at: int) -> Tensor:
+            out = torch.empty(shape, dtype=torch.float32)
+            array = out.numpy().reshape(-1).view(np.uint8)
+            f.seek(at)
+            if f.readinto(array) != array.size:
+                raise CheckpointError("state checkpoint is truncated")
+            if sys.byteorder != "little":
+                out.numpy().byteswap(inplace=True)
+            return out
+
+        shapes = dict(entries)
+        for name in like.params:
+            yield name, tensor(shapes[name], where[name]), tensor(shapes[name], where[name] + half)
+
+
+def _header(reader: _Reader | _FileReader, size: int) -> list[tuple[str, tuple[int, ...]]]:
+    """The checked header's names and shapes; the body must be exactly their size."""
     magic, version, count = _HEAD.unpack(reader.take(_HEAD.size))
     if magic != MAGIC:
         raise CheckpointError("not a ttpeer state checkpoint (bad magic)")
@@ -194,6 +250,12 @@ def _parse(reader: _Reader | _FileReader, size: int, like: OuterState | None,
     if size - reader.offset != total:
         raise CheckpointError(f"state checkpoint body is {size - reader.offset} bytes; "
                               f"its header says {total}")
+    return entries
+
+
+def _parse(reader: _Reader | _FileReader, size: int, like: OuterState | None,
+           read_tensor: Callable[[tuple[int, ...]], Tensor]) -> OuterState:
+    entries = _header(reader, size)
     if like is not None:
         _match(entries, like)
     params: dict[str, Tensor] = {}
