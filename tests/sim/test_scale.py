@@ -30,6 +30,7 @@ SPEC = {
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # all CPU: 200 s of it here (2 cores), over 300 s of wall time under load
 def test_fifty_peers_twenty_rounds_with_every_fault(tmp_path):
     # Deterministic: the same seed replays this run exactly (see test_replay.py).
     with deterministic(SEED):
