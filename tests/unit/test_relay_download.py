@@ -87,6 +87,14 @@ class Forwarder:
         both.cancel()
 
 
+async def _behind(forwarder: Forwarder, running: RelayRunning, pool: Pool, nursery: trio.Nursery) -> RelayClient:
+    """Member b's client, reaching the relay through ``forwarder`` (not yet connected)."""
+    listeners = await nursery.start(partial(trio.serve_tcp, forwarder.handle, 0, host="127.0.0.1"))
+    url = f"https://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    key, proof = pool.member("b")
+    return RelayClient(url, running.fingerprint, pool=pool.id, peer_key=key, proof=proof, timeout=2.0)
+
+
 @pytest.mark.parametrize("mode", ["cut", "stall"])
 async def test_a_download_broken_mid_body_resumes_with_range(
     start_relay: StartRelay, pool: Pool, nursery: trio.Nursery, mode: str
@@ -96,11 +104,7 @@ async def test_a_download_broken_mid_body_resumes_with_range(
     async with member(running, pool, "a") as a:
         blob = await a.put_blob(data)
     forwarder = Forwarder(running.port, mode, after=2 * 2**20)
-    listeners = await nursery.start(partial(trio.serve_tcp, forwarder.handle, 0, host="127.0.0.1"))
-    url = f"https://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
-    key, proof = pool.member("b")
-    async with RelayClient(url, running.fingerprint, pool=pool.id, peer_key=key, proof=proof,
-                           timeout=2.0) as b:
+    async with await _behind(forwarder, running, pool, nursery) as b:
         with trio.fail_after(20):
             got = await b.get_blob(blob, max_size=len(data))
         forwarder.release.set()
@@ -126,11 +130,7 @@ async def test_a_file_blob_streams_both_ways_resumes_and_leaves_no_file_on_failu
             await a.get_blob_file(blob, tmp_path / "small", max_size=len(data) - 1)
         assert not (tmp_path / "small").exists()
     forwarder = Forwarder(running.port, "cut", after=2 * 2**20)
-    listeners = await nursery.start(partial(trio.serve_tcp, forwarder.handle, 0, host="127.0.0.1"))
-    url = f"https://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
-    key, proof = pool.member("b")
-    async with RelayClient(url, running.fingerprint, pool=pool.id, peer_key=key, proof=proof,
-                           timeout=2.0) as b:
+    async with await _behind(forwarder, running, pool, nursery) as b:
         with trio.fail_after(20):
             await b.get_blob_file(blob, tmp_path / "down", max_size=len(data))
         forwarder.release.set()

@@ -12,7 +12,7 @@ EXPECTED = {
     "agreed_stop", "average_gradients", "join_group", "split_batches",
     "BatchFit", "LrSchedule", "Recipe", "check_job", "fit_batch", "outer_lr", "shard_first_step", "warm_state",
     "Diverged", "data_fingerprint", "describe", "probe",
-    "OuterSum", "iter_delta", "state_chunks", "state_from_file", "template",
+    "OuterSum", "iter_delta", "state_chunks", "state_from_file", "template", "file_state_hash", "iter_state_file",
 }
 
 

@@ -139,7 +139,8 @@ def test_a_bad_schedule_is_refused_with_what_to_change(fields, error):
         LrSchedule.of_job({"rounds": 5, "batches": 8, **fields})
 
 
-def test_a_job_record_with_a_warmup_past_its_end_or_a_micro_batch_over_its_batch_is_invalid(tmp_path):
+def _pool_and_job(tmp_path):
+    """A home with a pool, and the body of a valid fused job to sign in it."""
     from ttpeer.daemon import Home
 
     home = Home(tmp_path / "a")
@@ -148,6 +149,11 @@ def test_a_job_record_with_a_warmup_past_its_end_or_a_micro_batch_over_its_batch
             "batches": 8, "batch_size": 64, "inner_lr": 1e-3, "weight_decay": 0.0, "outer_lr": 0.7,
             "outer_momentum": 0.9, "bits": 8, "seed": 0, "init": "sha256:" + "0" * 64, "init_blob": "0" * 64,
             "lease": 30.0, "steal": True, "at": 0}
+    return home, cfg, body
+
+
+def test_a_job_record_with_a_warmup_past_its_end_or_a_micro_batch_over_its_batch_is_invalid(tmp_path):
+    home, cfg, body = _pool_and_job(tmp_path)
     sign("job", cfg.pool, {**body, "warmup": 39, "micro_batch": 64, "precision": "bf16"}, home.node_key())
     with pytest.raises(RecordError, match="warmup"):
         sign("job", cfg.pool, {**body, "warmup": 40}, home.node_key())
@@ -194,19 +200,13 @@ def test_a_bad_outer_schedule_is_refused_at_submit_with_what_to_change(linear, f
 
 
 def test_the_outer_schedule_runs_over_rounds_and_its_record_fields_are_checked(tmp_path):
-    from ttpeer.daemon import Home
     from ttpeer.train import outer_lr
 
     job = {"rounds": 10, "outer_lr": 0.5, "outer_lr_schedule": "linear", "outer_warmup": 2,
            "outer_final_lr_ratio": 0.0}
     assert [outer_lr(job, r) for r in (0, 1, 2, 6)] == pytest.approx([0.5 / 3, 1.0 / 3, 0.5, 0.25])
     assert outer_lr({"rounds": 10, "outer_lr": 0.5}, 9) == 0.5
-    home = Home(tmp_path / "a")
-    cfg = home.create_pool("https://relay.test.invalid", "sha256:" + "0" * 64, "a", 0)
-    body = {"task": "mnist1d", "task_hash": "0" * 64, "task_blob": "", "mode": "fused", "rounds": 5, "shards": 2,
-            "batches": 8, "batch_size": 64, "inner_lr": 1e-3, "weight_decay": 0.0, "outer_lr": 0.7,
-            "outer_momentum": 0.9, "bits": 8, "seed": 0, "init": "sha256:" + "0" * 64, "init_blob": "0" * 64,
-            "lease": 30.0, "steal": True, "at": 0}
+    home, cfg, body = _pool_and_job(tmp_path)
     sign("job", cfg.pool, {**body, "outer_lr_schedule": "cosine", "outer_warmup": 4, "outer_final_lr_ratio": 0.1},
          home.node_key())
     with pytest.raises(RecordError, match="outer_warmup"):

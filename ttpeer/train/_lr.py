@@ -74,29 +74,37 @@ class LrSchedule:
 
 def check(kind: str, warmup: int, total: int, final_ratio: float) -> str | None:
     """None if the schedule is valid, else what to change (one line)."""
-    if kind not in KINDS:
-        return f"unknown lr schedule {kind!r}: use one of {', '.join(KINDS)}"
-    if type(warmup) is not int or warmup < 0:
-        return f"--warmup must be a whole number of steps >= 0, got {warmup!r}"
-    if warmup >= total:
-        return (f"--warmup ({warmup} steps) must be shorter than the job, which has {total} inner steps "
-                "(rounds x inner steps); lower --warmup or train longer")
-    if not 0.0 <= final_ratio <= 1.0:
-        return f"--final-lr-ratio must be between 0 and 1, got {final_ratio!r}"
-    return None
+    return _check(kind, warmup, total, final_ratio, _INNER)
 
 
 def check_outer(kind: str, warmup: int, rounds: int, final_ratio: float) -> str | None:
     """``check`` for the outer schedule, in its own flags' words."""
+    return _check(kind, warmup, rounds, final_ratio, _OUTER)
+
+
+@dataclass(frozen=True)
+class _Words:
+    schedule: str  # "lr schedule"
+    flag: str  # the flags' prefix: "--" or "--outer-"
+    unit: str  # what the warm-up counts
+    total: str  # what the job has that many of
+    fix: str  # how to make the job longer
+
+
+_INNER = _Words("lr schedule", "--", "steps", "inner steps (rounds x inner steps)", "train longer")
+_OUTER = _Words("outer lr schedule", "--outer-", "rounds", "rounds", "add --rounds")
+
+
+def _check(kind: str, warmup: int, total: int, final_ratio: float, w: _Words) -> str | None:
     if kind not in KINDS:
-        return f"unknown outer lr schedule {kind!r}: use one of {', '.join(KINDS)}"
+        return f"unknown {w.schedule} {kind!r}: use one of {', '.join(KINDS)}"
     if type(warmup) is not int or warmup < 0:
-        return f"--outer-warmup must be a whole number of rounds >= 0, got {warmup!r}"
-    if warmup >= rounds:
-        return (f"--outer-warmup ({warmup} rounds) must be shorter than the job, which has {rounds} rounds; "
-                "lower --outer-warmup or add --rounds")
+        return f"{w.flag}warmup must be a whole number of {w.unit} >= 0, got {warmup!r}"
+    if warmup >= total:
+        return (f"{w.flag}warmup ({warmup} {w.unit}) must be shorter than the job, which has {total} {w.total}; "
+                f"lower {w.flag}warmup or {w.fix}")
     if not 0.0 <= final_ratio <= 1.0:
-        return f"--outer-final-lr-ratio must be between 0 and 1, got {final_ratio!r}"
+        return f"{w.flag}final-lr-ratio must be between 0 and 1, got {final_ratio!r}"
     return None
 
 
