@@ -42,7 +42,7 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -415,7 +415,7 @@ class Node:
     def done_event(self, job: str) -> trio.Event:
         return self._job_done.setdefault(job, trio.Event())
 
-    # -- effects -----------------------------------------------------------------------
+    # -- effects: one handler per effect type -------------------------------------------
 
     def _process(self, effects: list[Effect], *, wake: bool = True) -> None:
         """Execute effects; ``wake`` the ticker, since the next deadline may have moved."""
@@ -423,32 +423,54 @@ class Node:
             try:
                 self._execute(eff)
             except DiskError as exc:
-                self.fatal = exc
-                log.error("%s", exc)
-                self.stop()
+                self._disk_full(exc)
                 return
         if wake:
             self._wake.set()
 
     def _execute(self, eff: Effect) -> None:
+        """Cheap effects run here and now; long ones (``_TASKS``) as tasks in the nursery,
+        inside ``_guarded``, that report back into the machine when done."""
         assert self._nursery is not None, "effects run only inside Node.run"
         if log.isEnabledFor(logging.DEBUG) and not isinstance(eff, (Broadcast, Send, Persist)):
             log.debug("effect %s", _describe(eff))
-        match eff:
-            case Persist(record=rec):
-                self.log.append(rec.raw)
-            case Broadcast(payload=p):
-                self._queue(None, p)
-            case Send(peer=peer, payload=p):
-                self._queue(peer, p)
-            case Cancel(job=job, round=rnd, shard=shard):
-                self._cancelled.add((job, rnd, shard))
-            case JobDone(job=job, state=state):
-                self._nursery.start_soon(self._finish, job, state)
-            case PrepareJob() | Train() | PublishDelta() | Aggregate() | Apply() | FetchState() | PublishCheckpoint():
-                self._nursery.start_soon(self._work, eff)
-            case _:
-                raise TypeError(f"unknown effect {eff!r}")
+        inline = _INLINE.get(type(eff))
+        if inline is not None:
+            inline(self, eff)
+        elif type(eff) in _TASKS:
+            self._nursery.start_soon(self._guarded, eff)
+        else:
+            raise TypeError(f"unknown effect {eff!r}")
+
+    async def _guarded(self, eff: Effect) -> None:
+        """Run ``eff``'s handler; the one place its errors are judged. A full disk stops the
+        daemon (retrying would only fail again); the task's own failure ends the job here;
+        an error of the tree is reported (``Failed``, after ``StateLost``/``WorkLost`` when
+        that is what it says), so the machine retries; anything else is a bug that costs
+        the job, not the daemon."""
+        try:
+            await _TASKS[type(eff)](self, eff)
+        except DiskError as exc:
+            self._disk_full(exc)
+        except TaskFailed as exc:
+            self._task_failed(_job_of(eff), exc.reason)
+        except (NetError, SealError, TtpeerError) as exc:
+            log.warning("%s failed: %s", type(eff).__name__, exc)
+            if isinstance(exc, StateMissing):  # so the machine recomputes or fetches it
+                self._report(StateLost(exc.state))
+            if isinstance(exc, LocalWorkLost):  # so the machine trains those shards again
+                self._report(WorkLost(exc.job))
+            self._report(Failed(eff))
+        except Exception as exc:  # noqa: BLE001 - the last resort: a bug fails the job, not the daemon
+            self._bug(_job_of(eff), type(eff).__name__, exc)
+
+    def _report(self, result: Any) -> None:
+        self._process(self.machine.report(result, self._now()))
+
+    def _disk_full(self, exc: DiskError) -> None:
+        self.fatal = exc
+        log.error("%s", exc)
+        self.stop()
 
     def _queue(self, peer: str | None, payload: bytes) -> None:
         if self.pool_key is None:
@@ -460,104 +482,98 @@ class Node:
         except trio.WouldBlock:
             log.warning("outbox full; dropping a gossip payload (anti-entropy resends it)")
 
-    async def _work(self, eff: Effect) -> None:
-        now = self._now
-        m = self.machine
+    def _on_cancel(self, eff: Cancel) -> None:
+        self._cancelled.add((eff.job, eff.round, eff.shard))
+
+    def _on_job_done(self, eff: JobDone) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._finish, eff.job, eff.state)
+
+    async def _prepare(self, eff: PrepareJob) -> None:
+        job = eff.job
         try:
-            match eff:
-                case PrepareJob(job=job):
-                    try:
-                        with self._phase(job.id, "fetching the task file"):
-                            task_file = (open_task(self.cfg.pool, await self._get_sealed(job["task_blob"]))
-                                         if job["task_blob"] else None)
-                    except TaskSignatureError as exc:
-                        log.warning("refusing job %s: %s", job.id[:12], exc)
-                        self._process(m.report(Declined(job.id, str(exc), code="refused"), now()))
-                        return
-                    with self._phase(job.id, "loading the task and its data, checking it fits"):
-                        decline = await self.executor.prepare(job, task_file)
-                    if isinstance(decline, str):
-                        decline = Decline(decline)
-                    if decline is not None:
-                        log.warning("declining job %s: %s", job.id[:12], decline.reason)
-                        self._process(m.report(Declined(job.id, decline.reason, decline.need, decline.have,
-                                                        decline.code), now()))
-                    else:
-                        self._process(m.report(Prepared(job.id), now()))
-                case Train(job=job, round=rnd, shard=shard):
-                    key = (job.id, rnd, shard)
-                    self._cancelled.discard(key)
-                    started = trio.current_time()
-                    progress = self._progress[key] = _Progress(started)
-                    try:
-                        samples = await self.executor.train(eff, progress.stopper(lambda: key in self._cancelled))
-                    finally:
-                        self._progress.pop(key, None)
-                        self._cancelled.discard(key)
-                    seconds = trio.current_time() - started
-                    stats = self._stats(job.id)
-                    stats.shards_trained += 1 if samples else 0
-                    stats.train_seconds += seconds
-                    batches = samples // job["batch_size"]
-                    self._process(m.report(Trained(job.id, rnd, shard, samples, batches, seconds), now()))
-                case PublishDelta(job=job, round=rnd, base=base, shards=shards, samples=samples):
-                    data, metrics = await self.executor.delta(eff)
-                    # The local model is free: the next shard trains while this delta uploads.
-                    self._process(m.report(DeltaEncoded(job, rnd, base, shards), now()))
-                    blob = await self._upload_delta(data)
-                    if blob is None:
-                        self._process(m.report(Failed(eff), now()))
-                        return
-                    stats = self._stats(job.id)
-                    stats.fp32_bytes += int(metrics.pop("fp32_bytes", 0))
-                    stats.wire_bytes += len(data)
-                    self._process(m.report(DeltaPublished(job, rnd, base, shards, samples, blob, len(data),
-                                                          metrics), now()))
-                case Aggregate(job=job, round=rnd, base=base, contribs=contribs):
-                    async with self._fetch_deltas(job, contribs) as deltas:
-                        state, metrics = await self.executor.aggregate(job, base, deltas, rnd=rnd)
-                    trim()  # the blobs this close fetched: back to the system
-                    ids = tuple(c.id for c in contribs)
-                    self._process(m.report(Aggregated(job, rnd, base, ids, state, metrics), now()))
-                case Apply(job=job, close=close, contribs=contribs):
-                    async with self._fetch_deltas(job, contribs) as deltas:
-                        ok = await self.executor.apply(job, close["base"], deltas, close["state"], rnd=close["round"])
-                    trim()
-                    if not ok:
-                        log.warning("round %d of job %s did not reproduce state %s here; "
-                                    "fetching a checkpoint instead", close["round"], job.id[:12],
-                                    close["state"][:19])
-                    self._process(m.report(Applied(close["state"], ok), now()))
-                case FetchState(job=job, state=state, blob=blob):
-                    what = "the initial state" if state == job["init"] else "the latest checkpoint"
-                    with self._phase(job.id, f"fetching {what}"), self._work_files(job.id, "fetch") as (sealed, plain):
-                        await self._get_sealed_file(blob, sealed, plain)
-                        ok = await self.executor.import_state(job, state, plain)
-                    self._process(m.report(Fetched(state, ok), now()))
-                case PublishCheckpoint(job=job, round=rnd, state=state):
-                    # File to file, a piece at a time: a model-sized state is never in the
-                    # daemon's memory (it was, three times over: bytes, sealed, in transport).
-                    with self._work_files(job.id, "checkpoint") as (plain, sealed):
-                        await self.executor.export_state(job, state, plain)
-                        size = plain.stat().st_size
-                        await self._seal_file(plain, sealed)
-                        blob = await self.transport.put_blob_file(sealed)
-                    self._process(m.report(CheckpointPublished(job, rnd, state, blob, size), now()))
-        except DiskError as exc:  # a full disk stops the daemon: retrying would only fail again
-            self.fatal = exc
-            log.error("%s", exc)
-            self.stop()
-        except TaskFailed as exc:  # the task's code failed here: the job ends on this peer
-            self._task_failed(_job_of(eff), exc.reason)
-        except (NetError, SealError, TtpeerError) as exc:
-            log.warning("%s failed: %s", type(eff).__name__, exc)
-            if isinstance(exc, StateMissing):  # so the machine recomputes or fetches it
-                self._process(self.machine.report(StateLost(exc.state), self._now()))
-            if isinstance(exc, LocalWorkLost):  # so the machine trains those shards again
-                self._process(self.machine.report(WorkLost(exc.job), self._now()))
-            self._report_failure(eff)
-        except Exception as exc:  # noqa: BLE001 - the last resort: a bug fails the job, not the daemon
-            self._bug(_job_of(eff), type(eff).__name__, exc)
+            with self._phase(job.id, "fetching the task file"):
+                task_file = (open_task(self.cfg.pool, await self._get_sealed(job["task_blob"]))
+                             if job["task_blob"] else None)
+        except TaskSignatureError as exc:
+            log.warning("refusing job %s: %s", job.id[:12], exc)
+            self._report(Declined(job.id, str(exc), code="refused"))
+            return
+        with self._phase(job.id, "loading the task and its data, checking it fits"):
+            decline = await self.executor.prepare(job, task_file)
+        if isinstance(decline, str):
+            decline = Decline(decline)
+        if decline is not None:
+            log.warning("declining job %s: %s", job.id[:12], decline.reason)
+            self._report(Declined(job.id, decline.reason, decline.need, decline.have, decline.code))
+        else:
+            self._report(Prepared(job.id))
+
+    async def _train(self, eff: Train) -> None:
+        job, key = eff.job, (eff.job.id, eff.round, eff.shard)
+        self._cancelled.discard(key)
+        started = trio.current_time()
+        progress = self._progress[key] = _Progress(started)
+        try:
+            samples = await self.executor.train(eff, progress.stopper(lambda: key in self._cancelled))
+        finally:
+            self._progress.pop(key, None)
+            self._cancelled.discard(key)
+        seconds = trio.current_time() - started
+        stats = self._stats(job.id)
+        stats.shards_trained += 1 if samples else 0
+        stats.train_seconds += seconds
+        batches = samples // job["batch_size"]
+        self._report(Trained(job.id, eff.round, eff.shard, samples, batches, seconds))
+
+    async def _publish_delta(self, eff: PublishDelta) -> None:
+        job, rnd, base, shards = eff.job, eff.round, eff.base, eff.shards
+        data, metrics = await self.executor.delta(eff)
+        # The local model is free: the next shard trains while this delta uploads.
+        self._report(DeltaEncoded(job, rnd, base, shards))
+        blob = await self._upload_delta(data)
+        if blob is None:
+            self._report(Failed(eff))
+            return
+        stats = self._stats(job.id)
+        stats.fp32_bytes += int(metrics.pop("fp32_bytes", 0))
+        stats.wire_bytes += len(data)
+        self._report(DeltaPublished(job, rnd, base, shards, eff.samples, blob, len(data), metrics))
+
+    async def _aggregate(self, eff: Aggregate) -> None:
+        async with self._fetch_deltas(eff.job, eff.contribs) as deltas:
+            state, metrics = await self.executor.aggregate(eff.job, eff.base, deltas, rnd=eff.round)
+        trim()  # the blobs this close fetched: back to the system
+        ids = tuple(c.id for c in eff.contribs)
+        self._report(Aggregated(eff.job, eff.round, eff.base, ids, state, metrics))
+
+    async def _apply(self, eff: Apply) -> None:
+        job, close = eff.job, eff.close
+        async with self._fetch_deltas(job, eff.contribs) as deltas:
+            ok = await self.executor.apply(job, close["base"], deltas, close["state"], rnd=close["round"])
+        trim()
+        if not ok:
+            log.warning("round %d of job %s did not reproduce state %s here; fetching a checkpoint instead",
+                        close["round"], job.id[:12], close["state"][:19])
+        self._report(Applied(close["state"], ok))
+
+    async def _fetch_state(self, eff: FetchState) -> None:
+        job, state = eff.job, eff.state
+        what = "the initial state" if state == job["init"] else "the latest checkpoint"
+        with self._phase(job.id, f"fetching {what}"), self._work_files(job.id, "fetch") as (sealed, plain):
+            await self._get_sealed_file(eff.blob, sealed, plain)
+            ok = await self.executor.import_state(job, state, plain)
+        self._report(Fetched(state, ok))
+
+    async def _publish_checkpoint(self, eff: PublishCheckpoint) -> None:
+        # File to file, a piece at a time: a model-sized state is never in the daemon's
+        # memory (it was, three times over: bytes, sealed, in transport).
+        with self._work_files(eff.job.id, "checkpoint") as (plain, sealed):
+            await self.executor.export_state(eff.job, eff.state, plain)
+            size = plain.stat().st_size
+            await self._seal_file(plain, sealed)
+            blob = await self.transport.put_blob_file(sealed)
+        self._report(CheckpointPublished(eff.job, eff.round, eff.state, blob, size))
 
     def _task_failed(self, job: Record, reason: str) -> None:
         log.error("job %s failed on this peer: %s", job.id[:12], reason)
@@ -594,9 +610,6 @@ class Node:
             if self.phases.get(job) == what:
                 del self.phases[job]
 
-    def _report_failure(self, eff: Effect) -> None:
-        self._process(self.machine.report(Failed(eff), self._now()))
-
     @contextlib.asynccontextmanager
     async def _fetch_deltas(self, job: Record, contribs: tuple[Record, ...]) -> AsyncIterator[Deltas]:
         """The round's contributions as files in ``HOME/work/<job>/``, fetched and opened one
@@ -625,12 +638,10 @@ class Node:
         try:
             await self._write_final(job, state)
         except DiskError as exc:
-            self.fatal = exc
-            log.error("%s", exc)
-            self.stop()
+            self._disk_full(exc)
         except TaskFailed as exc:
             self._task_failed(job, exc.reason)
-        except Exception as exc:  # noqa: BLE001 - as in _work: the job, not the daemon
+        except Exception as exc:  # noqa: BLE001 - as in _guarded: the job, not the daemon
             self._bug(job, "writing the final model", exc)
 
     async def _write_final(self, job: Record, state: str) -> None:
@@ -1128,7 +1139,7 @@ def _with_members(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _job_of(eff: Effect) -> Record:
-    """The job of an effect that ``_work`` runs (each of them names one)."""
+    """The job of an effect that ``_guarded`` runs (each of them names one)."""
     job = getattr(eff, "job", None)
     if not isinstance(job, Record):
         raise TypeError(f"{type(eff).__name__} names no job")
@@ -1148,6 +1159,26 @@ def _describe(eff: Effect) -> str:
         elif hasattr(value, "id"):
             parts.append(f"{name}={value.id[:12]}")
     return " ".join(parts)
+
+
+# The handler of each effect: inline ones run at once on the trio thread, task ones in the
+# node's nursery under ``Node._guarded`` (their failure path), reporting back when done.
+_INLINE: dict[type, Callable[[Node, Any], None]] = {
+    Persist: lambda node, eff: node.log.append(eff.record.raw),
+    Broadcast: lambda node, eff: node._queue(None, eff.payload),
+    Send: lambda node, eff: node._queue(eff.peer, eff.payload),
+    Cancel: Node._on_cancel,
+    JobDone: Node._on_job_done,
+}
+_TASKS: dict[type, Callable[[Node, Any], Awaitable[None]]] = {
+    PrepareJob: Node._prepare,
+    Train: Node._train,
+    PublishDelta: Node._publish_delta,
+    Aggregate: Node._aggregate,
+    Apply: Node._apply,
+    FetchState: Node._fetch_state,
+    PublishCheckpoint: Node._publish_checkpoint,
+}
 
 
 def _ratio(stats: JobStats) -> float | None:
