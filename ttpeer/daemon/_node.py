@@ -38,21 +38,17 @@ relay connection.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from ttpeer_wire import ErrorCode
 
-from ttpeer import _logging
 from ttpeer._trim import trim
 from ttpeer.errors import (
     DiskError,
@@ -64,22 +60,16 @@ from ttpeer.errors import (
     TtpeerError,
     UsageError,
 )
-from ttpeer.net import BlobCorrupt, NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
-from ttpeer.net._entropy import random_bytes
+from ttpeer.net import NetError, RelayRejected, Transport
 from ttpeer.net._seal import (
     COUNTER,
     SealError,
     gossip_ad,
     open_direct,
-    open_sealed,
-    open_sealed_file,
-    seal,
-    seal_file,
     seal_to,
 )
 from ttpeer.proto import (
     MAX_KEEP,
-    RETRY_AFTER,
     Aggregate,
     Aggregated,
     Applied,
@@ -134,25 +124,21 @@ from ttpeer.proto import (
     verify_proof,
 )
 
-from ._executor import Decline, Deltas, Executor
+from ._counters import Counters, JobStats
+from ._executor import Decline, Executor
 from ._home import Home, PoolConfig
+from ._keys import BLOB as BLOB
+from ._keys import GOSSIP, Blobs, PoolKeys, open_handover
+from ._link import Link, revoked_by_relay
 from ._recordlog import RecordLog
 from ._replay import ReplayGuard
-from ._workfiles import disk_or_job, write_work
 
 log = logging.getLogger("ttpeer.daemon")
 
-GOSSIP = b"ttpeer/gossip/v1"
-BLOB = b"ttpeer/blob/v1"
-KEY_DOMAIN = b"ttpeer/keyshare/v1\n"
-MAX_BLOB = 8 * 2**30
-THREAD_FILE_BYTES = 4 * 2**20  # a larger state is sealed or opened in a thread
-RECV_WAIT = 20.0
 SUSPECT_BEATS = 3  # heartbeats missed before a peer is suspected
 EXPIRY_GRACE = 15 * 60.0  # clock skew and a slow first hello, past an invite's expiry
 REHELLO_EVERY = 30.0  # at most one hello per this many seconds for messages we cannot open
 DEAD_BEATS = 8  # ... and before it is reported dead (leases, not this, requeue its work)
-DELTA_UPLOAD_TRIES = 3  # then the delta is given up and its shards trained again
 ENDED_EVERY = 5.0  # at most one L reply per this many seconds to one node
 MAX_ENDED_RECORDS = 64  # records in one L message: the invite and its winning joins, or revocations
 ENDED = {
@@ -161,14 +147,6 @@ ENDED = {
     "revoked": "this machine was revoked from the pool by its admin; it can no longer take part "
                "(ask the admin for a new token, and join with it in a new --home)",
 }
-
-
-@dataclass
-class JobStats:
-    fp32_bytes: int = 0
-    wire_bytes: int = 0
-    shards_trained: int = 0
-    train_seconds: float = 0.0
 
 
 @dataclass
@@ -195,21 +173,6 @@ class _Progress:
         return self.done / elapsed if self.done and elapsed > 0 else 0.0
 
 
-@dataclass
-class Counters:
-    started: float = 0.0
-    peers_seen: dict[str, float] = field(default_factory=dict)
-    jobs: dict[str, JobStats] = field(default_factory=dict)
-    relay_ok: bool = False
-    last_error: str = ""
-    # Input refused as not authentic or malformed, by what it was ("message: SealError",
-    # "blob"): a relay that tampers or forges shows up here, never in the state.
-    rejected: dict[str, int] = field(default_factory=dict)
-
-    def reject(self, what: str) -> None:
-        self.rejected[what] = self.rejected.get(what, 0) + 1
-
-
 class Node:
     def __init__(
         self,
@@ -223,25 +186,23 @@ class Node:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.home = home
-        self._fetches = itertools.count()  # names the delta files of ``_fetch_deltas``
         self.cfg: PoolConfig = home.config()
         self.transport = transport
         self.executor = executor
         self._key = home.node_key()
         self._seal_key = home.seal_key()
-        self.pool_keys: list[bytes] = home.pool_keys()  # oldest epoch first; the last one seals
-        self.pool_key: bytes | None = self.pool_keys[-1] if self.pool_keys else None
-        self._offset = 0.0  # relay outages so far: protocol time stands still while we are cut off
-        self._down_since: float | None = None
+        self.keys = PoolKeys(home)
+        self.counters = Counters()
+        self._rng = random.Random(seed)
+        self._wake = trio.Event()
+        self.link = Link(transport, self.counters, self._rng, lambda: self._wake.set())
         self.machine = PeerMachine(self.cfg.pool, self._key, now=self._now(), timing=timing)
         self.me = self.machine.me
         self.log = RecordLog(home.records_log, fsync=durable)
         self.replay = ReplayGuard(home.path, durable=durable)
-        self.counters = Counters()
-        self._rng = random.Random(seed)
+        self.blobs = Blobs(self.keys, transport, home, self.counters.reject)
         self._wall = wall  # calendar time, only for the `at` of jobs this node submits
-        self._outbox_send, self._outbox_recv = trio.open_memory_channel[tuple[str | None, bytes]](10_000)
-        self._wake = trio.Event()
+        self._outbox_send, self._outbox_recv = self.link.outbox_send, self.link.outbox_recv
         self._cancelled: set[tuple[str, int, int]] = set()
         self._progress: dict[tuple[str, int, int], _Progress] = {}
         self._nursery: trio.Nursery | None = None
@@ -261,6 +222,15 @@ class Node:
         self._renamed = False  # said that our chosen name was taken
         if self.pool_key is not None:
             self._key_event.set()
+
+    @property
+    def pool_keys(self) -> list[bytes]:
+        """Every pool key epoch held here, oldest first; the last one seals."""
+        return self.keys.keys
+
+    @property
+    def pool_key(self) -> bytes | None:
+        return self.keys.newest
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -288,8 +258,8 @@ class Node:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await self._connect()
-            nursery.start_soon(self._receiver)
-            nursery.start_soon(self._outbox)
+            nursery.start_soon(self.link.receiver, self._on_message, self._settle, self._revoked_by_relay)
+            nursery.start_soon(self.link.outbox)
             nursery.start_soon(self._hello_loop)
             nursery.start_soon(self._ticker)
             task_status.started()
@@ -300,25 +270,17 @@ class Node:
             self._nursery.cancel_scope.cancel()
 
     async def _connect(self) -> None:
-        delay = 0.5
-        while True:
-            try:
-                await self.transport.connect()
-                self._relay_up()
-                await self._repeat_revocations()
-                return
-            except (RelayFingerprintMismatch, RelayRejected) as exc:
-                if _revoked_by_relay(exc):
-                    self._end("revoked", mark=False)
-                    raise self.fatal from None  # type: ignore[misc]
-                raise exc
-            except NetError as exc:
-                if isinstance(exc, RelayUnavailable):
-                    self._relay_down()
-                self.counters.last_error = str(exc)
-                log.warning("relay unreachable (%s); retrying in %.0f s", exc, delay)
-                await trio.sleep(delay * (0.5 + self._rng.random()))
-                delay = min(delay * 2, 30.0)
+        try:
+            await self.link.connect()
+        except RelayRejected as exc:
+            if revoked_by_relay(exc):
+                self._end("revoked", mark=False)
+                raise self.fatal from None  # type: ignore[misc]
+            raise
+        await self._repeat_revocations()
+
+    def _revoked_by_relay(self) -> None:
+        self._end("revoked", mark=False)
 
     async def _repeat_revocations(self) -> None:
         """Hand the relay every revocation we hold: a relay that lost its disk relearns
@@ -332,30 +294,8 @@ class Node:
     # -- time and liveness -----------------------------------------------------------
 
     def _now(self) -> float:
-        """Protocol time: trio's clock less every relay outage of ours. Losing the relay
-        is our fault, not the pool's: while we are cut off, nobody's lease runs out in
-        our view and nobody goes silent, so a relay restart declares no one dead."""
-        now = trio.current_time() if self._down_since is None else self._down_since
-        return now - self._offset
-
-    def _to_trio(self, deadline: float) -> float:
-        return deadline + self._offset if self._down_since is None else float("inf")
-
-    def _relay_down(self) -> None:
-        self.counters.relay_ok = False
-        if self._down_since is None:
-            self._down_since = trio.current_time()
-            self._wake.set()
-
-    def _relay_up(self) -> None:
-        self.counters.relay_ok = True
-        if self._down_since is not None:
-            outage = trio.current_time() - self._down_since
-            self._down_since = None
-            self._offset += outage
-            for peer in self.counters.peers_seen:
-                self.counters.peers_seen[peer] += outage
-            self._wake.set()
+        """Protocol time: it stands still while we are cut off from the relay (``_link``)."""
+        return self.link.now()
 
     def liveness(self, peer: str) -> str:
         """"alive", "suspect" or "dead", from when we last heard from ``peer`` (every peer
@@ -365,7 +305,7 @@ class Node:
             return "alive"
         if seen is None:
             return "unknown"
-        silent = (trio.current_time() if self._down_since is None else self._down_since) - seen
+        silent = self.link.trio_now() - seen
         beat = self.machine.timing.digest_interval
         return "alive" if silent <= SUSPECT_BEATS * beat else "suspect" if silent <= DEAD_BEATS * beat else "dead"
 
@@ -381,12 +321,11 @@ class Node:
         if isinstance(init, Path):  # a model-sized file: sealed and uploaded a piece at a time
             with contextlib.ExitStack() as stack:
                 stack.callback(init.unlink, missing_ok=True)
-                sealed = stack.enter_context(self._work_files("submit", "init"))[1]
-                await self._seal_file(init, sealed)
-                init_blob = await self.transport.put_blob_file(sealed)
+                sealed = stack.enter_context(self.blobs.work_files("submit", "init"))[1]
+                init_blob = await self.blobs.put_file(init, sealed)
         else:
-            init_blob = await self._put_sealed(init)
-        task_blob = await self._put_sealed(signed) if signed is not None else ""
+            init_blob = await self.blobs.put(init)
+        task_blob = await self.blobs.put(signed) if signed is not None else ""
         body = {**spec, **fixed, "init_blob": init_blob, "task_blob": task_blob, "at": int(self._wall())}
         rec = sign("job", self.cfg.pool, body, self._key)
         self._process(self.machine.add_local(rec, self._now()))
@@ -475,8 +414,8 @@ class Node:
     def _queue(self, peer: str | None, payload: bytes) -> None:
         if self.pool_key is None:
             return  # not a full member yet: gossip will resend once we are
-        sealed = seal(self.pool_key, gossip_ad(GOSSIP, self.me),
-                      self.replay.next_counter().to_bytes(COUNTER, "big") + payload)
+        counter = self.replay.next_counter().to_bytes(COUNTER, "big")
+        sealed = self.keys.seal(gossip_ad(GOSSIP, self.me), counter + payload)
         try:
             self._outbox_send.send_nowait((peer, b"P" + sealed))
         except trio.WouldBlock:
@@ -493,7 +432,7 @@ class Node:
         job = eff.job
         try:
             with self._phase(job.id, "fetching the task file"):
-                task_file = (open_task(self.cfg.pool, await self._get_sealed(job["task_blob"]))
+                task_file = (open_task(self.cfg.pool, await self.blobs.get(job["task_blob"]))
                              if job["task_blob"] else None)
         except TaskSignatureError as exc:
             log.warning("refusing job %s: %s", job.id[:12], exc)
@@ -531,7 +470,7 @@ class Node:
         data, metrics = await self.executor.delta(eff)
         # The local model is free: the next shard trains while this delta uploads.
         self._report(DeltaEncoded(job, rnd, base, shards))
-        blob = await self._upload_delta(data)
+        blob = await self.blobs.upload_delta(data)
         if blob is None:
             self._report(Failed(eff))
             return
@@ -541,7 +480,7 @@ class Node:
         self._report(DeltaPublished(job, rnd, base, shards, eff.samples, blob, len(data), metrics))
 
     async def _aggregate(self, eff: Aggregate) -> None:
-        async with self._fetch_deltas(eff.job, eff.contribs) as deltas:
+        async with self.blobs.deltas(eff.job, eff.contribs) as deltas:
             state, metrics = await self.executor.aggregate(eff.job, eff.base, deltas, rnd=eff.round)
         trim()  # the blobs this close fetched: back to the system
         ids = tuple(c.id for c in eff.contribs)
@@ -549,7 +488,7 @@ class Node:
 
     async def _apply(self, eff: Apply) -> None:
         job, close = eff.job, eff.close
-        async with self._fetch_deltas(job, eff.contribs) as deltas:
+        async with self.blobs.deltas(job, eff.contribs) as deltas:
             ok = await self.executor.apply(job, close["base"], deltas, close["state"], rnd=close["round"])
         trim()
         if not ok:
@@ -560,19 +499,18 @@ class Node:
     async def _fetch_state(self, eff: FetchState) -> None:
         job, state = eff.job, eff.state
         what = "the initial state" if state == job["init"] else "the latest checkpoint"
-        with self._phase(job.id, f"fetching {what}"), self._work_files(job.id, "fetch") as (sealed, plain):
-            await self._get_sealed_file(eff.blob, sealed, plain)
+        with self._phase(job.id, f"fetching {what}"), self.blobs.work_files(job.id, "fetch") as (sealed, plain):
+            await self.blobs.get_file(eff.blob, sealed, plain)
             ok = await self.executor.import_state(job, state, plain)
         self._report(Fetched(state, ok))
 
     async def _publish_checkpoint(self, eff: PublishCheckpoint) -> None:
         # File to file, a piece at a time: a model-sized state is never in the daemon's
         # memory (it was, three times over: bytes, sealed, in transport).
-        with self._work_files(eff.job.id, "checkpoint") as (plain, sealed):
+        with self.blobs.work_files(eff.job.id, "checkpoint") as (plain, sealed):
             await self.executor.export_state(eff.job, eff.state, plain)
             size = plain.stat().st_size
-            await self._seal_file(plain, sealed)
-            blob = await self.transport.put_blob_file(sealed)
+            blob = await self.blobs.put_file(plain, sealed)
         self._report(CheckpointPublished(eff.job, eff.round, eff.state, blob, size))
 
     def _task_failed(self, job: Record, reason: str) -> None:
@@ -610,30 +548,6 @@ class Node:
             if self.phases.get(job) == what:
                 del self.phases[job]
 
-    @contextlib.asynccontextmanager
-    async def _fetch_deltas(self, job: Record, contribs: tuple[Record, ...]) -> AsyncIterator[Deltas]:
-        """The round's contributions as files in ``HOME/work/<job>/``, fetched and opened one
-        blob at a time: the node never holds a round's deltas at once (with 16 shards that
-        was 16 compressed deltas in the daemon), and the executor reads each file when its
-        outer step gets to it. The files are removed when the block ends."""
-        folder = self.home.path / "work" / job.id
-        folder.mkdir(parents=True, exist_ok=True)
-        paths: Deltas = []
-        try:
-            for c in contribs:
-                data = await self._get_sealed(c["blob"], max_size=c["size"] + 64)
-                path = folder / f"in-{next(self._fetches)}.bin"
-                try:
-                    paths.append((write_work(path, data), c["samples"]))
-                except OSError as exc:  # a full disk stops the daemon, as for any other write
-                    raise DiskError(path, exc) from None
-                del data
-            yield paths
-        finally:
-            for path, _samples in paths:
-                assert isinstance(path, Path)
-                path.unlink(missing_ok=True)
-
     async def _finish(self, job: Record, state: str) -> None:
         try:
             await self._write_final(job, state)
@@ -649,79 +563,18 @@ class Node:
         metrics = dict(chain.closes[-1]["metrics"]) if chain.closes else {}
         stats = self._stats(job.id)
         summary = {"job": job.id, "task": job["task"], "state": state, "rounds": chain.round,
-                   "eval": metrics, "compression_ratio": _ratio(stats),
+                   "eval": metrics, "compression_ratio": stats.ratio(),
                    "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
         await self.executor.finish(job, state, summary)
         self.finished[job.id] = state  # status says "done" from here: the final files exist
         self.done_event(job.id).set()
         log.info("job %s done: state %s", job.id[:12], state)
 
-    # -- blobs ------------------------------------------------------------------------
-
-    async def _upload_delta(self, data: bytes) -> str | None:
-        """Upload a delta, retrying a failed upload a few times (the local model has moved
-        on, so a delta given up on is trained again); None if every try failed."""
-        for attempt in range(DELTA_UPLOAD_TRIES):
-            try:
-                return await self._put_sealed(data)
-            except NetError as exc:
-                last = attempt == DELTA_UPLOAD_TRIES - 1
-                log.warning("delta upload failed (%s); %s", exc,
-                            "its shards will be trained again" if last else "retrying")
-                if not last:
-                    await trio.sleep(RETRY_AFTER)
-        return None
-
-    @contextlib.contextmanager
-    def _work_files(self, job: str, what: str) -> Iterator[tuple[Path, Path]]:
-        """Two fresh paths in ``HOME/work/<job>/`` for a state and its sealed copy, removed
-        when the block ends (a crash leaves them to the startup sweep of ``work/``)."""
-        folder = self.home.path / "work" / job
-        folder.mkdir(parents=True, exist_ok=True)
-        n = next(self._fetches)
-        paths = folder / f"{what}-{n}.state", folder / f"{what}-{n}.sealed"
-        try:
-            yield paths
-        except OSError as exc:  # writing or reading a file, in the transport too
-            raise disk_or_job(folder, exc) from None
-        finally:
-            for path in paths:
-                path.unlink(missing_ok=True)
-
-    async def _seal_file(self, plain: Path, sealed: Path) -> None:
-        assert self.pool_key is not None
-        await _off_loop(plain, seal_file, self.pool_key, BLOB, plain, sealed)
-
-    async def _get_sealed_file(self, blob: str, sealed: Path, plain: Path) -> None:
-        """``_get_sealed`` from file to file: the blob into ``sealed``, opened into
-        ``plain``. Raises as ``_get_sealed`` does, and ``OSError``."""
-        try:
-            await self.transport.get_blob_file(blob, sealed, max_size=MAX_BLOB)
-            await _off_loop(sealed, open_sealed_file, list(reversed(self.pool_keys)), BLOB, sealed, plain)
-        except (BlobCorrupt, SealError):
-            self.counters.reject("blob")
-            raise
-
     async def _put_sealed(self, data: bytes) -> str:
-        assert self.pool_key is not None
-        return await self.transport.put_blob(seal(self.pool_key, BLOB, data))
+        return await self.blobs.put(data)
 
-    async def _get_sealed(self, blob: str, max_size: int = MAX_BLOB) -> bytes:
-        assert self.pool_key is not None
-        try:
-            return self._open(BLOB, await self.transport.get_blob(blob, max_size=max_size))
-        except (BlobCorrupt, SealError):
-            self.counters.reject("blob")
-            raise
-
-    def _open(self, purpose: bytes, data: bytes) -> bytes:
-        """Open with whichever epoch's key sealed it, newest first. Raises ``SealError``."""
-        for key in reversed(self.pool_keys):
-            try:
-                return open_sealed(key, purpose, data)
-            except SealError:
-                continue
-        raise SealError("sealed payload does not authenticate under any pool key held here")
+    async def _get_sealed(self, blob: str) -> bytes:
+        return await self.blobs.get(blob)
 
     # -- network tasks -------------------------------------------------------------------
 
@@ -730,7 +583,7 @@ class Node:
         deadline) only recomputes the deadline: inputs already ran the machine."""
         while True:
             deadline = self.machine.next_deadline()
-            with trio.move_on_at(self._to_trio(deadline)) as timer:
+            with trio.move_on_at(self.link.to_trio(deadline)) as timer:
                 await self._wake.wait()
             self._wake = trio.Event()
             if not timer.cancelled_caught:
@@ -741,58 +594,19 @@ class Node:
             # before the deadline that just fired, which must not leave it unfired.
             self._process(self.machine.tick(max(self._now(), deadline)), wake=False)
 
-    async def _outbox(self) -> None:
-        async for peer, data in self._outbox_recv:
-            delay = 0.5
-            for _attempt in range(6):
-                try:
-                    if peer is None:
-                        await self.transport.broadcast(data)
-                    else:
-                        await self.transport.send(peer, data)
-                    self._relay_up()
-                    break
-                except NetError as exc:
-                    if isinstance(exc, RelayUnavailable):
-                        self._relay_down()
-                    self.counters.last_error = str(exc)
-                    await trio.sleep(delay * (0.5 + self._rng.random()))
-                    delay = min(delay * 2, 15.0)
-
-    async def _receiver(self) -> None:
-        cursor = 0
-        delay = 0.5
-        while True:
-            try:
-                messages, cursor = await self.transport.recv(cursor, RECV_WAIT)
-                self._relay_up()
-                delay = 0.5
-            except NetError as exc:
-                if _revoked_by_relay(exc):
-                    self._end("revoked", mark=False)
-                    return
-                if isinstance(exc, RelayUnavailable):
-                    self._relay_down()
-                self.counters.last_error = str(exc)
-                log.warning("relay receive failed (%s); retrying", exc)
-                await trio.sleep(delay * (0.5 + self._rng.random()))
-                delay = min(delay * 2, 30.0)
-                continue
-            for msg in messages:
-                self.counters.peers_seen[msg.sender] = trio.current_time()
-                self._on_message(msg.sender, msg.data)
-            if messages:  # one decision for the whole batch, not one per message
-                self._process(self.machine.settle(self._now()))
-                self._check_lost_races()
-                self._release_ended()
-                self._check_standing()
-                self.replay.maybe_save(trio.current_time())
+    def _settle(self) -> None:
+        """After a batch of messages: one decision for the whole batch, not one per message."""
+        self._process(self.machine.settle(self._now()))
+        self._check_lost_races()
+        self._release_ended()
+        self._check_standing()
+        self.replay.maybe_save(trio.current_time())
 
     def _on_message(self, sender: str, data: bytes) -> None:
         kind, body = data[:1], data[1:]
         try:
             if kind == b"P" and self.pool_key is not None:
-                plain = self._open(gossip_ad(GOSSIP, sender), body)
+                plain = self.keys.open(gossip_ad(GOSSIP, sender), body)
                 if len(plain) < COUNTER or not self.replay.accept(sender, int.from_bytes(plain[:COUNTER], "big")):
                     log.debug("dropped a replayed or stale message from %s", sender[:12])
                     return
@@ -875,33 +689,22 @@ class Node:
         return past
 
     def _hand_keys(self, node: str, seal_pub: str) -> None:
-        keys = b"".join(self.pool_keys)
-        handover = {"keys": [k.hex() for k in self.pool_keys], "to": node,
-                    "proof": [p.hex() for p in self.cfg.proof],
-                    "sig": self._key.sign(KEY_DOMAIN + node.encode() + keys).hex()}
-        sealed = seal_to(bytes.fromhex(seal_pub), encode(handover))
-        self._outbox_send.send_nowait((node, b"K" + sealed))
+        self._outbox_send.send_nowait((node, self.keys.handover(self._key, self.cfg.proof, node, seal_pub)))
 
     def _on_key(self, body: bytes) -> None:
-        obj = decode(open_direct(self._seal_key, body), max_size=200_000)
-        keys = [bytes.fromhex(k) for k in obj["keys"]]
-        proof = [bytes.fromhex(p) for p in obj["proof"]]
-        giver = parse(proof[1])["node"]
-        verify_proof(self.cfg.pool, giver, proof)
-        Ed25519PublicKey.from_public_bytes(bytes.fromhex(giver)).verify(
-            bytes.fromhex(obj["sig"]), KEY_DOMAIN + self.me.encode() + b"".join(keys)
-        )
-        if obj["to"] != self.me or not keys or any(len(k) != 32 for k in keys):
+        opened = open_handover(self._seal_key, body, self.cfg.pool, self.me)
+        if opened is None:
             return
-        for raw in proof:  # the giver's membership, so we can judge its role below
-            self._process(self.machine.add_local(parse(raw), self._now()), wake=False)
+        giver, keys, proof = opened
+        for rec in proof:  # the giver's membership, so we can judge its role below
+            self._process(self.machine.add_local(rec, self._now()), wake=False)
         if self.pool_keys:
             # A newer epoch: only from a current (unrevoked) member, and only extending the
             # keys we hold. Only the admin makes epochs; members pass them on.
             if (len(keys) <= len(self.pool_keys) or keys[: len(self.pool_keys)] != self.pool_keys
                     or giver not in self.machine.records.members):
                 return
-        self._set_keys(keys)
+        self.keys.set(keys)
         self._key_event.set()
         log.info("received pool key epoch %d from %s", len(keys) - 1, giver[:12])
         self._process(self.machine.tick(self._now()))
@@ -1056,15 +859,9 @@ class Node:
             raise RevokeError(f"{what} of this pool match {text!r}; use a peer id from 'ttpeer status'")
         return found[0], names[found[0]]
 
-    def _set_keys(self, keys: list[bytes]) -> None:
-        for key in keys:
-            _logging.add_secret(key)  # the log filter's second wall knows every epoch's key
-        self.home.save_pool_keys(keys)
-        self.pool_keys, self.pool_key = keys, keys[-1]
-
     def _rotate(self) -> None:
         """A new pool key, handed (with the old ones) only to who is a member now."""
-        self._set_keys([*self.pool_keys, random_bytes(32)])
+        self.keys.rotate()
         for node, member in sorted(self.machine.records.members.items()):
             if node != self.me:
                 self._hand_keys(node, member.seal)
@@ -1086,7 +883,7 @@ class Node:
     # -- status ---------------------------------------------------------------------------
 
     def _stats(self, job: str) -> JobStats:
-        return self.counters.jobs.setdefault(job, JobStats())
+        return self.counters.job(job)
 
     @property
     def bytes_sent(self) -> int:
@@ -1102,24 +899,9 @@ class Node:
         return snapshot(self)
 
 
-async def _off_loop(path: Path, fn: Callable[..., Any], *args: Any) -> None:
-    """``fn(*args)`` on a file at ``path``: in a thread when the file is large enough that
-    the event loop would notice (a model state: about a second of ChaCha20), inline when not (the
-    thread hop costs more, and the simulator stays deterministic)."""
-    if path.stat().st_size > THREAD_FILE_BYTES:
-        await trio.to_thread.run_sync(fn, *args)
-    else:
-        fn(*args)
-        await trio.lowlevel.checkpoint()
-
-
 def _ended_message(node: str, seal_pub: str, records: list[Record]) -> bytes:
     body = encode({"to": node, "records": [r.raw.hex() for r in records[:MAX_ENDED_RECORDS]]})
     return b"L" + seal_to(bytes.fromhex(seal_pub), body)
-
-
-def _revoked_by_relay(exc: Exception) -> bool:
-    return isinstance(exc, RelayRejected) and exc.status == 403 and exc.code == ErrorCode.REVOKED
 
 
 def _with_members(spec: dict[str, Any]) -> dict[str, Any]:
@@ -1179,11 +961,3 @@ _TASKS: dict[type, Callable[[Node, Any], Awaitable[None]]] = {
     FetchState: Node._fetch_state,
     PublishCheckpoint: Node._publish_checkpoint,
 }
-
-
-def _ratio(stats: JobStats) -> float | None:
-    return round(stats.fp32_bytes / stats.wire_bytes, 2) if stats.wire_bytes else None
-
-
-
-
