@@ -43,6 +43,7 @@ KEY_DOMAIN = b"ttpeer/keyshare/v1\n"
 MAX_BLOB = 8 * 2**30
 THREAD_FILE_BYTES = 4 * 2**20  # a larger state is sealed or opened in a thread
 DELTA_UPLOAD_TRIES = 3  # then the delta is given up and its shards trained again
+MAX_ENDED_RECORDS = 64  # records in one L message: the invite and its winning joins, or revocations
 
 
 class PoolKeys:
@@ -101,6 +102,11 @@ def open_handover(seal_key: Any, body: bytes, pool: str, me: str) -> tuple[str, 
     if obj["to"] != me or not keys or any(len(k) != 32 for k in keys):
         return None
     return giver, keys, [parse(raw) for raw in proof]
+
+
+def ended_message(node: str, seal_pub: str, records: list[Record]) -> bytes:
+    body = encode({"to": node, "records": [r.raw.hex() for r in records[:MAX_ENDED_RECORDS]]})
+    return b"L" + seal_to(bytes.fromhex(seal_pub), body)
 
 
 class Blobs:

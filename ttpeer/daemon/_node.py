@@ -43,7 +43,6 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -52,13 +51,11 @@ from cryptography.exceptions import InvalidSignature
 from ttpeer._trim import trim
 from ttpeer.errors import (
     DiskError,
-    JobError,
     LocalWorkLost,
     MembershipEnded,
     StateMissing,
     TaskFailed,
     TtpeerError,
-    UsageError,
 )
 from ttpeer.net import NetError, RelayRejected, Transport
 from ttpeer.net._seal import (
@@ -66,10 +63,8 @@ from ttpeer.net._seal import (
     SealError,
     gossip_ad,
     open_direct,
-    seal_to,
 )
 from ttpeer.proto import (
-    MAX_KEEP,
     Aggregate,
     Aggregated,
     Applied,
@@ -97,7 +92,6 @@ from ttpeer.proto import (
     PublishDelta,
     Record,
     RecordError,
-    RevokeError,
     Send,
     StateLost,
     TaskSignatureError,
@@ -105,30 +99,23 @@ from ttpeer.proto import (
     Train,
     Trained,
     WorkLost,
-    admitted,
-    cancel_of,
     decode,
-    default_sizing,
     encode,
     job_ended,
     lost_joins,
-    may_cancel,
-    member_variants,
     open_task,
     parse,
-    revocation_keep,
     revocations,
-    sign,
-    sign_task,
     standing,
     verify_proof,
 )
 
+from . import _admin
 from ._counters import Counters, JobStats
 from ._executor import Decline, Executor
 from ._home import Home, PoolConfig
 from ._keys import BLOB as BLOB
-from ._keys import GOSSIP, Blobs, PoolKeys, open_handover
+from ._keys import GOSSIP, MAX_ENDED_RECORDS, Blobs, PoolKeys, ended_message, open_handover
 from ._link import Link, revoked_by_relay
 from ._recordlog import RecordLog
 from ._replay import ReplayGuard
@@ -140,7 +127,6 @@ EXPIRY_GRACE = 15 * 60.0  # clock skew and a slow first hello, past an invite's 
 REHELLO_EVERY = 30.0  # at most one hello per this many seconds for messages we cannot open
 DEAD_BEATS = 8  # ... and before it is reported dead (leases, not this, requeue its work)
 ENDED_EVERY = 5.0  # at most one L reply per this many seconds to one node
-MAX_ENDED_RECORDS = 64  # records in one L message: the invite and its winning joins, or revocations
 ENDED = {
     "lost": "this token enrolled another machine first; ask the admin for a new one "
             "(and join with it in a new --home, or after deleting this one)",
@@ -314,42 +300,7 @@ class Node:
     async def submit(self, spec: dict[str, Any], task_file: bytes | None) -> Record:
         """Make, seal and publish a new job from ``spec``. ``shards`` or ``lease`` left
         out (None) default from the speeds peers have published. Raises ``TtpeerError``."""
-        signed = self._sign_task(task_file) if task_file is not None else None
-        await self._key_event.wait()
-        spec = self._sized(_with_members(spec))
-        fixed, init = await self.executor.new_job(spec, task_file)
-        if isinstance(init, Path):  # a model-sized file: sealed and uploaded a piece at a time
-            with contextlib.ExitStack() as stack:
-                stack.callback(init.unlink, missing_ok=True)
-                sealed = stack.enter_context(self.blobs.work_files("submit", "init"))[1]
-                init_blob = await self.blobs.put_file(init, sealed)
-        else:
-            init_blob = await self.blobs.put(init)
-        task_blob = await self.blobs.put(signed) if signed is not None else ""
-        body = {**spec, **fixed, "init_blob": init_blob, "task_blob": task_blob, "at": int(self._wall())}
-        rec = sign("job", self.cfg.pool, body, self._key)
-        self._process(self.machine.add_local(rec, self._now()))
-        return rec
-
-    def _sign_task(self, task_file: bytes) -> bytes:
-        """Task files run as Python on every peer: only the pool admin may submit one."""
-        if not self._is_admin:
-            raise TaskSignatureError(
-                "only the pool admin can submit a job with a task file: it runs as Python on every "
-                "peer, so it must be signed with the pool's root key. Submit it on the admin machine "
-                "(the one that ran 'ttpeer pool create'), or use a built-in task")
-        return sign_task(self.home.root_key(), self.cfg.pool, task_file)
-
-    def _sized(self, spec: dict[str, Any]) -> dict[str, Any]:
-        if spec.get("shards") is not None and spec.get("lease") is not None:
-            return spec
-        m = self.machine
-        alive = [p for p in m.records.members if self.liveness(p) in ("alive", "unknown")]
-        rates = [m.rate if p == self.me else m.peer_rates.get(p, 0.0) for p in alive]
-        shards, lease = default_sizing(rates, len(alive), spec["batches"])
-        sized = {**spec, "shards": spec.get("shards") or shards, "lease": spec.get("lease") or lease}
-        log.info("job sized from published speeds %s: %d shards, lease %.0f s", rates, sized["shards"], sized["lease"])
-        return sized
+        return await _admin.submit(self, spec, task_file)
 
     def done_event(self, job: str) -> trio.Event:
         return self._job_done.setdefault(job, trio.Event())
@@ -758,7 +709,7 @@ class Node:
             return
         self._told_ended[member.node] = now
         with contextlib.suppress(trio.WouldBlock):
-            self._outbox_send.send_nowait((member.node, _ended_message(member.node, member.seal, shown)))
+            self._outbox_send.send_nowait((member.node, ended_message(member.node, member.seal, shown)))
 
     def _on_ended(self, body: bytes) -> None:
         """Records someone says show we are no member: signed, so we just take them (the
@@ -776,88 +727,26 @@ class Node:
         """Revoke ``peer``: sign a ``revoke`` record with the root key, rotate the pool key
         to the remaining members, and tell the relay to refuse the peer's sessions.
         Raises ``TtpeerError`` (not the admin, unknown peer, too much to keep)."""
-        self.require_admin()
-        await self._key_event.wait()
-        if peer == self.me:
-            raise RevokeError("the admin cannot revoke itself; make a new pool instead")
-        rs = self.machine.records
-        done = [r for r in rs if r.kind == "revoke" and r["node"] == peer]
-        if done and peer not in rs.members:  # already revoked: tell the relay again (it may have lost its disk)
-            await self.transport.revoke(done[0].raw)
-            return done[0]
-        if peer not in rs.members:
-            raise RevokeError(f"{peer[:12]} is not a member of this pool (never joined, or lost its invite's race)")
-        keep = revocation_keep(rs, peer)
-        if len(keep) > MAX_KEEP:
-            raise RevokeError(f"the peer's records on the pool's chains are too many to keep ({len(keep)} > "
-                              f"{MAX_KEEP}); wait for its jobs to finish, then revoke it")
-        rec = sign("revoke", self.cfg.pool, {"node": peer, "keep": keep, "at": int(self._wall())},
-                   self.home.root_key())
-        seal_pub = rs.members[peer].seal
-        self._process(self.machine.add_local(rec, self._now()))
-        self._rotate()
-        # Straight to the peer, before the relay stops serving it: its waiting receive
-        # returns with the record and it stops at once. Gossip may come too late: once the
-        # relay refuses it, only the end of its long poll (RECV_WAIT) would tell it.
-        with contextlib.suppress(NetError):
-            await self.transport.send(peer, _ended_message(peer, seal_pub, [rec]))
-        await self.transport.revoke(rec.raw)
-        log.info("revoked %s; pool key rotated to epoch %d", peer[:12], len(self.pool_keys) - 1)
-        return rec
+        return await _admin.revoke(self, peer)
 
     # -- cancelling ---------------------------------------------------------------------
 
     def find_job(self, prefix: str) -> Record:
         """The job whose id starts with ``prefix``. Raises ``JobError``/``UsageError``."""
-        found = [j for j in self.machine.records.jobs() if j.id.startswith(prefix.lower())] if prefix else []
-        if not found:
-            raise JobError(f"no job {prefix!r} is known to this peer (see 'ttpeer status')")
-        if len(found) > 1:
-            raise UsageError(f"job prefix {prefix!r} is ambiguous; give more characters")
-        return found[0]
+        return _admin.find_job(self, prefix)
 
     async def cancel(self, prefix: str) -> tuple[Record, Record, bool]:
-        """End a job for the whole pool with a signed ``cancel`` record: every peer stops
-        working on it at once. Only its submitter or the pool's admin may. Returns the job,
-        the cancel, and whether it was cancelled already (then the earlier cancel). Raises
-        ``JobError``."""
-        await self._key_event.wait()
-        rs = self.machine.records
-        job = self.find_job(prefix)
-        if not may_cancel(rs, job, self.me):
-            who = rs.members[job.author].name if job.author in rs.members else job.author[:12]
-            raise JobError(f"only the job's submitter ({who}) or the pool's admin can cancel job {job.id[:12]}; "
-                           "ask one of them")
-        if self.machine.chain(job).round >= job["rounds"]:
-            raise JobError(f"job {job.id[:12]} is done; there is nothing to cancel")
-        ended = job_ended(rs, job)
-        if ended is not None and ended.how == "failed":
-            raise JobError(f"job {job.id[:12]} has already failed on every peer; there is nothing to cancel")
-        earlier = cancel_of(rs, job)
-        if earlier is not None:
-            return job, earlier, True
-        rec = sign("cancel", self.cfg.pool, {"job": job.id, "at": int(self._wall())}, self._key)
-        self._process(self.machine.add_local(rec, self._now()))
-        self._release(job.id)
-        log.info("cancelled job %s", job.id[:12])
-        return job, rec, False
+        """End a job for the whole pool with a signed ``cancel`` record (see ``_admin.cancel``).
+        Raises ``JobError``."""
+        return await _admin.cancel(self, prefix)
 
     def require_admin(self) -> None:
-        """Raises ``RevokeError`` unless this is the admin: asked before a name is looked
-        up, so a member is told what it cannot do rather than which names match."""
-        if not self._is_admin:
-            raise RevokeError("only the pool admin (the machine that ran 'ttpeer pool create') can revoke a peer")
+        """Raises ``RevokeError`` unless this is the admin."""
+        _admin.require_admin(self)
 
     def resolve_peer(self, text: str) -> tuple[str, str]:
-        """(id, name) of a member or revoked node, from its pool-unique name, id, or a
-        unique id prefix. Raises ``RevokeError``."""
-        names = {n: m.name for n, m in admitted(self.cfg.pool, self.machine.records).items()}
-        found = [n for n, name in names.items() if text in (n, name)] or (
-            [n for n in names if len(text) >= 6 and n.startswith(text.lower())])
-        if len(found) != 1:
-            what = "no member" if not found else f"{len(found)} members"
-            raise RevokeError(f"{what} of this pool match {text!r}; use a peer id from 'ttpeer status'")
-        return found[0], names[found[0]]
+        """(id, name) of a member or revoked node. Raises ``RevokeError``."""
+        return _admin.resolve_peer(self, text)
 
     def _rotate(self) -> None:
         """A new pool key, handed (with the old ones) only to who is a member now."""
@@ -897,27 +786,6 @@ class Node:
         from ._status import snapshot
 
         return snapshot(self)
-
-
-def _ended_message(node: str, seal_pub: str, records: list[Record]) -> bytes:
-    body = encode({"to": node, "records": [r.raw.hex() for r in records[:MAX_ENDED_RECORDS]]})
-    return b"L" + seal_to(bytes.fromhex(seal_pub), body)
-
-
-def _with_members(spec: dict[str, Any]) -> dict[str, Any]:
-    """An ensemble spec gives ``members`` as a count: list each member's seed and
-    variant, one shard per member. A fused spec lists none."""
-    count = spec.get("members")
-    if spec.get("mode") != "ensemble":
-        if count is not None:
-            raise UsageError("--members goes with --mode ensemble")
-        return {k: v for k, v in spec.items() if k != "members"}
-    if type(count) is not int or not 1 <= count <= 4096:
-        raise UsageError(f"an ensemble job needs --members between 1 and 4096, got {count!r}")
-    if spec.get("shards") not in (None, count):
-        raise UsageError("an ensemble job has one shard per member: leave --shards out")
-    variants = member_variants(spec["seed"], count, spec["inner_lr"], spec["weight_decay"])
-    return {**spec, "shards": count, "members": variants}
 
 
 def _job_of(eff: Effect) -> Record:
