@@ -23,6 +23,7 @@ from typing import Any
 
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ttpeer import _logging
 from ttpeer.errors import DiskError
@@ -88,10 +89,17 @@ class PoolKeys:
         return b"K" + seal_to(bytes.fromhex(seal_pub), encode(body))
 
 
-def open_handover(seal_key: Any, body: bytes, pool: str, me: str) -> tuple[str, list[bytes], list[Record]] | None:
+def open_to(seal_key: X25519PrivateKey, body: bytes, *, max_size: int) -> Any:
+    """The object in a message sealed to this node alone (K, L). Raises ``SealError``,
+    ``RecordError``."""
+    return decode(open_direct(seal_key, body), max_size=max_size)
+
+
+def open_handover(seal_key: X25519PrivateKey, body: bytes, pool: str,
+                  me: str) -> tuple[str, list[bytes], list[Record]] | None:
     """(giver, keys, the giver's proof) of a K message to ``me``, or None when it is for
     someone else or holds no usable key. Raises on a forged or malformed one."""
-    obj = decode(open_direct(seal_key, body), max_size=200_000)
+    obj = open_to(seal_key, body, max_size=200_000)
     keys = [bytes.fromhex(k) for k in obj["keys"]]
     proof = [bytes.fromhex(p) for p in obj["proof"]]
     giver = parse(proof[1])["node"]

@@ -52,7 +52,6 @@ from ttpeer._trim import trim
 from ttpeer.errors import (
     DiskError,
     LocalWorkLost,
-    MembershipEnded,
     StateMissing,
     TaskFailed,
     TtpeerError,
@@ -62,7 +61,6 @@ from ttpeer.net._seal import (
     COUNTER,
     SealError,
     gossip_ad,
-    open_direct,
 )
 from ttpeer.proto import (
     Aggregate,
@@ -81,7 +79,6 @@ from ttpeer.proto import (
     FetchState,
     JobDone,
     JobFailed,
-    Member,
     PeerMachine,
     Persist,
     Prepared,
@@ -99,15 +96,8 @@ from ttpeer.proto import (
     Train,
     Trained,
     WorkLost,
-    decode,
-    encode,
     job_ended,
-    lost_joins,
     open_task,
-    parse,
-    revocations,
-    standing,
-    verify_proof,
 )
 
 from . import _admin
@@ -115,24 +105,17 @@ from ._counters import Counters, JobStats
 from ._executor import Decline, Executor
 from ._home import Home, PoolConfig
 from ._keys import BLOB as BLOB
-from ._keys import GOSSIP, MAX_ENDED_RECORDS, Blobs, PoolKeys, ended_message, open_handover
+from ._keys import GOSSIP, Blobs, PoolKeys
 from ._link import Link, revoked_by_relay
+from ._membership import EXPIRY_GRACE as EXPIRY_GRACE
+from ._membership import Membership
 from ._recordlog import RecordLog
 from ._replay import ReplayGuard
 
 log = logging.getLogger("ttpeer.daemon")
 
 SUSPECT_BEATS = 3  # heartbeats missed before a peer is suspected
-EXPIRY_GRACE = 15 * 60.0  # clock skew and a slow first hello, past an invite's expiry
-REHELLO_EVERY = 30.0  # at most one hello per this many seconds for messages we cannot open
 DEAD_BEATS = 8  # ... and before it is reported dead (leases, not this, requeue its work)
-ENDED_EVERY = 5.0  # at most one L reply per this many seconds to one node
-ENDED = {
-    "lost": "this token enrolled another machine first; ask the admin for a new one "
-            "(and join with it in a new --home, or after deleting this one)",
-    "revoked": "this machine was revoked from the pool by its admin; it can no longer take part "
-               "(ask the admin for a new token, and join with it in a new --home)",
-}
 
 
 @dataclass
@@ -200,12 +183,7 @@ class Node:
         self._key_event = trio.Event()
         self.fatal: TtpeerError | None = None
         self._is_admin = (home.path / "root.key").exists()
-        self._lost_checked = -1  # membership version last checked for lost join races
-        self._lost_seen: set[str] = set()
-        self._rehello_at = 0.0
-        self._standing_checked = -1  # membership version last checked for our own standing
-        self._told_ended: dict[str, float] = {}  # node -> when we last sent it an L reply
-        self._renamed = False  # said that our chosen name was taken
+        self.membership = Membership(self)
         if self.pool_key is not None:
             self._key_event.set()
 
@@ -230,14 +208,7 @@ class Node:
             if raw not in logged:
                 self.log.append(raw)
         self.machine.load(logged + self.cfg.proof, now)
-        where = standing(self.cfg.pool, self.machine.records, self.me)
-        if where in ENDED:  # learnt in an earlier life: say so now, before any connection
-            self.fatal = MembershipEnded(ENDED[where])
-            self._mark_ended()
-            raise self.fatal
-        # Lost join races already in the log were handled (by a rotation) before a restart.
-        self._lost_seen = lost_joins(self.cfg.pool, self.machine.records)
-        self._lost_checked = self.machine.records.membership_version
+        self.membership.loaded()
         for job in self.machine.records.jobs():
             for state in self.executor.held_states(job):
                 self.machine.held.add(state)
@@ -246,7 +217,7 @@ class Node:
             await self._connect()
             nursery.start_soon(self.link.receiver, self._on_message, self._settle, self._revoked_by_relay)
             nursery.start_soon(self.link.outbox)
-            nursery.start_soon(self._hello_loop)
+            nursery.start_soon(self.membership.hello_loop)
             nursery.start_soon(self._ticker)
             task_status.started()
 
@@ -260,13 +231,13 @@ class Node:
             await self.link.connect()
         except RelayRejected as exc:
             if revoked_by_relay(exc):
-                self._end("revoked", mark=False)
+                self.membership.end("revoked", mark=False)
                 raise self.fatal from None  # type: ignore[misc]
             raise
         await self._repeat_revocations()
 
     def _revoked_by_relay(self) -> None:
-        self._end("revoked", mark=False)
+        self.membership.end("revoked", mark=False)
 
     async def _repeat_revocations(self) -> None:
         """Hand the relay every revocation we hold: a relay that lost its disk relearns
@@ -548,9 +519,9 @@ class Node:
     def _settle(self) -> None:
         """After a batch of messages: one decision for the whole batch, not one per message."""
         self._process(self.machine.settle(self._now()))
-        self._check_lost_races()
+        self.membership.check_lost_races()
         self._release_ended()
-        self._check_standing()
+        self.membership.check_standing()
         self.replay.maybe_save(trio.current_time())
 
     def _on_message(self, sender: str, data: bytes) -> None:
@@ -565,161 +536,23 @@ class Node:
             elif kind == b"P":
                 return  # no key yet: the hello loop is asking for it
             elif kind == b"H":
-                self._on_hello(sender, body)
+                self.membership.on_hello(sender, body)
             elif kind == b"K":
-                self._on_key(body)
+                self.membership.on_key(body)
             elif kind == b"L":
-                self._on_ended(body)
+                self.membership.on_ended(body)
             else:
                 self.counters.reject("message: unknown kind")
         except SealError as exc:
             self.counters.reject("message: SealError")
             log.debug("dropped a message from %s: %s", sender[:12], exc)
-            if kind == b"P" and trio.current_time() >= self._rehello_at:
-                # Sealed under an epoch we lack (we missed a rotation): announce ourselves;
-                # members answer with every epoch's key if we are still a member.
-                self._rehello_at = trio.current_time() + REHELLO_EVERY
-                with contextlib.suppress(trio.WouldBlock):
-                    self._outbox_send.send_nowait((None, self._hello()))
+            if kind == b"P":
+                self.membership.rehello()
         except (RecordError, ProofError, InvalidSignature, ValueError, TypeError, KeyError) as exc:
             # InvalidSignature: a key handover the relay (or anyone) forged; uncaught it
             # would end the receiver, and so the daemon, of every peer still joining.
             self.counters.reject(f"message: {type(exc).__name__}")
             log.debug("dropped a message from %s: %s", sender[:12], exc)
-
-    # -- joining: hello and key handover ---------------------------------------------------
-
-    def _hello(self) -> bytes:
-        return b"H" + encode({"proof": [p.hex() for p in self.cfg.proof]})
-
-    async def _hello_loop(self) -> None:
-        """Announce ourselves; repeat until some member handed us the pool key."""
-        await self.transport.broadcast(self._hello())
-        while not self._key_event.is_set():
-            with trio.move_on_after(5.0):
-                await self._key_event.wait()
-            if not self._key_event.is_set():
-                try:
-                    await self.transport.broadcast(self._hello())
-                except NetError:
-                    pass
-
-    def _on_hello(self, sender: str, body: bytes) -> None:
-        obj = decode(body, max_size=200_000)
-        proof = [bytes.fromhex(p) for p in obj["proof"]]
-        member = verify_proof(self.cfg.pool, sender, proof)
-        now = self._now()
-        for raw in proof:
-            self._process(self.machine.add_local(parse(raw), now))
-        if self.pool_key is None:
-            return
-        if member.node not in self.machine.records.members:
-            self._tell_ended(member)  # over its invite's use limit or revoked: show it why
-            return
-        late = self._joined_late(member.node, proof)
-        if late is not None:
-            self.counters.reject("hello: invite expired")
-            log.warning("not handing the pool key to %s: its invite expired %.0f min ago by this machine's clock "
-                        "and it has taken no part yet (a token used after it expired; it needs a new one)",
-                        member.node[:12], late / 60)
-            return
-        self._hand_keys(member.node, member.seal)
-
-    def _joined_late(self, node: str, proof: list[bytes]) -> float | None:
-        """Seconds past its invite's expiry, by this machine's calendar clock, if ``node``
-        asks for the pool key after that (plus ``EXPIRY_GRACE``) and has never signed
-        anything but its join; else None. A join's own time is the joiner's claim, so a
-        stolen token used late passes the membership rules: this is where it is stopped,
-        since without the pool key it can neither read nor send anything. Members who
-        took part (a claim, a contribution...) still get keys after a rotation."""
-        past = self._wall() - parse(proof[0])["expires"]
-        if past <= EXPIRY_GRACE:
-            return None
-        if any(r.author == node and r.kind != "join" for r in self.machine.records):
-            return None
-        return past
-
-    def _hand_keys(self, node: str, seal_pub: str) -> None:
-        self._outbox_send.send_nowait((node, self.keys.handover(self._key, self.cfg.proof, node, seal_pub)))
-
-    def _on_key(self, body: bytes) -> None:
-        opened = open_handover(self._seal_key, body, self.cfg.pool, self.me)
-        if opened is None:
-            return
-        giver, keys, proof = opened
-        for rec in proof:  # the giver's membership, so we can judge its role below
-            self._process(self.machine.add_local(rec, self._now()), wake=False)
-        if self.pool_keys:
-            # A newer epoch: only from a current (unrevoked) member, and only extending the
-            # keys we hold. Only the admin makes epochs; members pass them on.
-            if (len(keys) <= len(self.pool_keys) or keys[: len(self.pool_keys)] != self.pool_keys
-                    or giver not in self.machine.records.members):
-                return
-        self.keys.set(keys)
-        self._key_event.set()
-        log.info("received pool key epoch %d from %s", len(keys) - 1, giver[:12])
-        self._process(self.machine.tick(self._now()))
-
-    # -- a membership that ended ------------------------------------------------------------
-
-    def _check_standing(self) -> None:
-        """Stop for good once the records show that this node is no member and never will
-        be: revoked, or its join lost the race for its invite's last use."""
-        rs = self.machine.records
-        if self._standing_checked == rs.membership_version or self.fatal is not None:
-            return
-        self._standing_checked = rs.membership_version
-        where = standing(self.cfg.pool, rs, self.me)
-        if where in ENDED:
-            self._end(where)
-        elif where == "member" and rs.members[self.me].name != self.cfg.name and not self._renamed:
-            self._renamed = True
-            log.warning("another machine in this pool was named %r first: this one is %r in the pool",
-                        self.cfg.name, rs.members[self.me].name)
-
-    def _end(self, where: str, *, mark: bool = True) -> None:
-        """Stop with ``MembershipEnded``. ``mark`` the home only when our own records show
-        it: a relay's 403 is its word, not a signed record, and must not end a home for good."""
-        self.fatal = MembershipEnded(ENDED[where])
-        log.error("%s", self.fatal)
-        if mark:
-            self._mark_ended()
-        self.stop()
-
-    def _mark_ended(self) -> None:
-        try:
-            self.home.mark_ended(str(self.fatal))
-        except DiskError as exc:  # the exit says it anyway; the mark only saves a later look
-            log.warning("%s", exc)
-
-    def _tell_ended(self, member: Member) -> None:
-        """Answer the hello of a node that is no member with the records that show why, so
-        it stops at once instead of asking for a key forever (or training with an old one).
-        The records are signed, so a relay can neither forge nor hide a reason in them."""
-        rs, now = self.machine.records, trio.current_time()
-        if self.pool_key is None or now < self._told_ended.get(member.node, -ENDED_EVERY) + ENDED_EVERY:
-            return
-        where = standing(self.cfg.pool, rs, member.node)
-        if where == "revoked":
-            shown = [r for r in rs if r.kind == "revoke" and r["node"] == member.node]
-        elif where == "lost":
-            winners = [m.join for m in rs.members.values() if m.invite == member.invite]
-            shown = [rs.by_id[member.invite], *(rs.by_id[j] for j in sorted(winners))]
-        else:
-            return
-        self._told_ended[member.node] = now
-        with contextlib.suppress(trio.WouldBlock):
-            self._outbox_send.send_nowait((member.node, ended_message(member.node, member.seal, shown)))
-
-    def _on_ended(self, body: bytes) -> None:
-        """Records someone says show we are no member: signed, so we just take them (the
-        receiver then judges our standing from everything held, not from this claim)."""
-        obj = decode(open_direct(self._seal_key, body), max_size=MAX_ENDED_RECORDS * 140_000)
-        if obj["to"] != self.me:
-            return
-        now = self._now()
-        for raw in obj["records"][:MAX_ENDED_RECORDS]:
-            self._process(self.machine.add_local(parse(bytes.fromhex(raw)), now), wake=False)
 
     # -- revocation (admin) ----------------------------------------------------------------
 
@@ -749,25 +582,7 @@ class Node:
         return _admin.resolve_peer(self, text)
 
     def _rotate(self) -> None:
-        """A new pool key, handed (with the old ones) only to who is a member now."""
-        self.keys.rotate()
-        for node, member in sorted(self.machine.records.members.items()):
-            if node != self.me:
-                self._hand_keys(node, member.seal)
-
-    def _check_lost_races(self) -> None:
-        """Admin only: a join that lost the race for an invite's last use may have been
-        handed the pool key first; rotate the key so that node reads nothing new."""
-        rs = self.machine.records
-        if self._lost_checked == rs.membership_version or not self._is_admin:
-            return
-        self._lost_checked = rs.membership_version
-        lost = lost_joins(self.cfg.pool, rs) - set(revocations(self.cfg.pool, rs)) - self._lost_seen
-        if lost:
-            self._lost_seen |= lost
-            self._rotate()
-            log.info("rotated the pool key to epoch %d: %d join(s) lost the race for an invite's last use",
-                     len(self.pool_keys) - 1, len(lost))
+        self.membership.rotate()
 
     # -- status ---------------------------------------------------------------------------
 
