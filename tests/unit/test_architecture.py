@@ -65,7 +65,6 @@ KNOWN_PRIVATE = {
     ("ttpeer.daemon._home", "ttpeer.net._entropy"),
     ("ttpeer.daemon._keys", "ttpeer.net._entropy"),
     ("ttpeer.daemon._keys", "ttpeer.net._seal"),
-    ("ttpeer.daemon._node", "ttpeer.net._seal"),
     ("ttpeer.daemon._replay", "ttpeer.net._seal"),
     ("ttpeer.testing._hostile", "ttpeer.net._seal"),
     ("ttpeer.testing._sim", "ttpeer.net._entropy"),

@@ -29,7 +29,17 @@ from ttpeer import _logging
 from ttpeer.errors import DiskError
 from ttpeer.net import BlobCorrupt, NetError, Transport
 from ttpeer.net._entropy import random_bytes
-from ttpeer.net._seal import SealError, open_direct, open_sealed, open_sealed_file, seal, seal_file, seal_to
+from ttpeer.net._seal import (
+    COUNTER,
+    SealError,
+    gossip_ad,
+    open_direct,
+    open_sealed,
+    open_sealed_file,
+    seal,
+    seal_file,
+    seal_to,
+)
 from ttpeer.proto import RETRY_AFTER, Record, decode, encode, parse, verify_proof
 
 from ._executor import Deltas
@@ -80,6 +90,18 @@ class PoolKeys:
             except SealError:
                 continue
         raise SealError("sealed payload does not authenticate under any pool key held here")
+
+    def seal_gossip(self, sender: str, counter: int, payload: bytes) -> bytes:
+        """A P message: ``payload`` after its replay counter, bound to its sender."""
+        return b"P" + self.seal(gossip_ad(GOSSIP, sender), counter.to_bytes(COUNTER, "big") + payload)
+
+    def open_gossip(self, sender: str, body: bytes) -> tuple[int, bytes] | None:
+        """(counter, payload) of a P message from ``sender``; None if too short for a
+        counter. Raises ``SealError``."""
+        plain = self.open(gossip_ad(GOSSIP, sender), body)
+        if len(plain) < COUNTER:
+            return None
+        return int.from_bytes(plain[:COUNTER], "big"), plain[COUNTER:]
 
     def handover(self, signer: Ed25519PrivateKey, proof: list[bytes], node: str, seal_pub: str) -> bytes:
         """A K message: every epoch's key, sealed to ``node`` and signed by us."""
