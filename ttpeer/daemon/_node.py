@@ -33,6 +33,12 @@ marks the home (``Home.mark_ended``) and stops with ``MembershipEnded`` (exit 3)
 Losing the relay is this peer's problem, not the pool's: the node retries with
 backoff and keeps training what it has claimed; leases judge liveness, not the
 relay connection.
+
+The node composes one part per concern: ``_effects`` (the effect table and its
+handlers), ``_link`` (the relay and the protocol clock), ``_keys`` (key epochs,
+envelopes, sealed blobs), ``_membership`` (hello, handover, rotation, an ended
+membership) and ``_admin`` (submit, revoke, cancel). The node keeps the lifecycle, the
+ticker, message dispatch, liveness, and the methods the control socket calls.
 """
 
 from __future__ import annotations
