@@ -33,181 +33,58 @@ marks the home (``Home.mark_ended``) and stops with ``MembershipEnded`` (exit 3)
 Losing the relay is this peer's problem, not the pool's: the node retries with
 backoff and keeps training what it has claimed; leases judge liveness, not the
 relay connection.
+
+The node composes one part per concern: ``_effects`` (the effect table and its
+handlers), ``_link`` (the relay and the protocol clock), ``_keys`` (key epochs,
+envelopes, sealed blobs), ``_membership`` (hello, handover, rotation, an ended
+membership) and ``_admin`` (submit, revoke, cancel). The node keeps the lifecycle, the
+ticker, message dispatch, liveness, and the methods the control socket calls.
 """
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import trio
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from ttpeer_wire import ErrorCode
 
-from ttpeer import _logging
-from ttpeer._trim import trim
 from ttpeer.errors import (
     DiskError,
-    JobError,
-    LocalWorkLost,
-    MembershipEnded,
-    StateMissing,
-    TaskFailed,
     TtpeerError,
-    UsageError,
 )
-from ttpeer.net import BlobCorrupt, NetError, RelayFingerprintMismatch, RelayRejected, RelayUnavailable, Transport
-from ttpeer.net._entropy import random_bytes
-from ttpeer.net._seal import (
-    COUNTER,
-    SealError,
-    gossip_ad,
-    open_direct,
-    open_sealed,
-    open_sealed_file,
-    seal,
-    seal_file,
-    seal_to,
-)
+from ttpeer.net import NetError, RelayRejected, Transport
 from ttpeer.proto import (
-    MAX_KEEP,
-    RETRY_AFTER,
-    Aggregate,
-    Aggregated,
-    Applied,
-    Apply,
-    Broadcast,
-    Cancel,
-    CheckpointPublished,
-    Declined,
-    DeltaEncoded,
-    DeltaPublished,
     Effect,
-    Failed,
-    Fetched,
-    FetchState,
-    JobDone,
-    JobFailed,
-    Member,
     PeerMachine,
-    Persist,
-    Prepared,
-    PrepareJob,
     Progress,
     ProofError,
-    PublishCheckpoint,
-    PublishDelta,
     Record,
     RecordError,
-    RevokeError,
-    Send,
-    StateLost,
-    TaskSignatureError,
     Timing,
-    Train,
-    Trained,
-    WorkLost,
-    admitted,
-    cancel_of,
-    decode,
-    default_sizing,
-    encode,
-    job_ended,
-    lost_joins,
-    may_cancel,
-    member_variants,
-    open_task,
-    parse,
-    revocation_keep,
-    revocations,
-    sign,
-    sign_task,
-    standing,
-    verify_proof,
 )
 
-from ._executor import Decline, Deltas, Executor
+from . import _admin
+from ._counters import Counters
+from ._effects import Effects
+from ._executor import Executor
 from ._home import Home, PoolConfig
+from ._keys import BLOB as BLOB
+from ._keys import GOSSIP as GOSSIP
+from ._keys import Blobs, PoolKeys, SealError
+from ._link import Link, revoked_by_relay
+from ._membership import EXPIRY_GRACE as EXPIRY_GRACE
+from ._membership import Membership
 from ._recordlog import RecordLog
 from ._replay import ReplayGuard
-from ._workfiles import disk_or_job, write_work
 
 log = logging.getLogger("ttpeer.daemon")
 
-GOSSIP = b"ttpeer/gossip/v1"
-BLOB = b"ttpeer/blob/v1"
-KEY_DOMAIN = b"ttpeer/keyshare/v1\n"
-MAX_BLOB = 8 * 2**30
-THREAD_FILE_BYTES = 4 * 2**20  # a larger state is sealed or opened in a thread
-RECV_WAIT = 20.0
 SUSPECT_BEATS = 3  # heartbeats missed before a peer is suspected
-EXPIRY_GRACE = 15 * 60.0  # clock skew and a slow first hello, past an invite's expiry
-REHELLO_EVERY = 30.0  # at most one hello per this many seconds for messages we cannot open
 DEAD_BEATS = 8  # ... and before it is reported dead (leases, not this, requeue its work)
-DELTA_UPLOAD_TRIES = 3  # then the delta is given up and its shards trained again
-ENDED_EVERY = 5.0  # at most one L reply per this many seconds to one node
-MAX_ENDED_RECORDS = 64  # records in one L message: the invite and its winning joins, or revocations
-ENDED = {
-    "lost": "this token enrolled another machine first; ask the admin for a new one "
-            "(and join with it in a new --home, or after deleting this one)",
-    "revoked": "this machine was revoked from the pool by its admin; it can no longer take part "
-               "(ask the admin for a new token, and join with it in a new --home)",
-}
-
-
-@dataclass
-class JobStats:
-    fp32_bytes: int = 0
-    wire_bytes: int = 0
-    shards_trained: int = 0
-    train_seconds: float = 0.0
-
-
-@dataclass
-class _Progress:
-    """Batches done in the shard in training: written by the training thread (one int),
-    read on the trio thread, where the times are taken: no lock for a progress hint."""
-
-    started: float  # trio time
-    done: int = 0
-
-    def stopper(self, cancelled: Callable[[], bool]) -> Callable[[], bool]:
-        calls = 0
-
-        def should_stop() -> bool:  # asked before every batch
-            nonlocal calls
-            self.done = max(0, calls)
-            calls += 1
-            return cancelled()
-
-        return should_stop
-
-    def rate(self, now: float) -> float:
-        elapsed = now - self.started
-        return self.done / elapsed if self.done and elapsed > 0 else 0.0
-
-
-@dataclass
-class Counters:
-    started: float = 0.0
-    peers_seen: dict[str, float] = field(default_factory=dict)
-    jobs: dict[str, JobStats] = field(default_factory=dict)
-    relay_ok: bool = False
-    last_error: str = ""
-    # Input refused as not authentic or malformed, by what it was ("message: SealError",
-    # "blob"): a relay that tampers or forges shows up here, never in the state.
-    rejected: dict[str, int] = field(default_factory=dict)
-
-    def reject(self, what: str) -> None:
-        self.rejected[what] = self.rejected.get(what, 0) + 1
 
 
 class Node:
@@ -223,44 +100,41 @@ class Node:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.home = home
-        self._fetches = itertools.count()  # names the delta files of ``_fetch_deltas``
         self.cfg: PoolConfig = home.config()
         self.transport = transport
         self.executor = executor
         self._key = home.node_key()
         self._seal_key = home.seal_key()
-        self.pool_keys: list[bytes] = home.pool_keys()  # oldest epoch first; the last one seals
-        self.pool_key: bytes | None = self.pool_keys[-1] if self.pool_keys else None
-        self._offset = 0.0  # relay outages so far: protocol time stands still while we are cut off
-        self._down_since: float | None = None
+        self.keys = PoolKeys(home)
+        self.counters = Counters()
+        self._rng = random.Random(seed)
+        self._wake = trio.Event()
+        self.link = Link(transport, self.counters, self._rng, lambda: self._wake.set())
         self.machine = PeerMachine(self.cfg.pool, self._key, now=self._now(), timing=timing)
         self.me = self.machine.me
         self.log = RecordLog(home.records_log, fsync=durable)
         self.replay = ReplayGuard(home.path, durable=durable)
-        self.counters = Counters()
-        self._rng = random.Random(seed)
+        self.blobs = Blobs(self.keys, transport, home, self.counters.reject)
         self._wall = wall  # calendar time, only for the `at` of jobs this node submits
-        self._outbox_send, self._outbox_recv = trio.open_memory_channel[tuple[str | None, bytes]](10_000)
-        self._wake = trio.Event()
-        self._cancelled: set[tuple[str, int, int]] = set()
-        self._progress: dict[tuple[str, int, int], _Progress] = {}
+        self._outbox_send, self._outbox_recv = self.link.outbox_send, self.link.outbox_recv
         self._nursery: trio.Nursery | None = None
-        self._job_done: dict[str, trio.Event] = {}
-        self._released: set[str] = set()  # jobs whose executor state was freed (ended here)
-        self.finished: dict[str, str] = {}  # job -> the state whose final files this peer wrote
-        # job -> what this peer is doing before it can train it ("loading the task"...), for status
-        self.phases: dict[str, str] = {}
+        self.effects = Effects(self)
+        self.finished, self.phases = self.effects.finished, self.effects.phases  # read by status
         self._key_event = trio.Event()
         self.fatal: TtpeerError | None = None
         self._is_admin = (home.path / "root.key").exists()
-        self._lost_checked = -1  # membership version last checked for lost join races
-        self._lost_seen: set[str] = set()
-        self._rehello_at = 0.0
-        self._standing_checked = -1  # membership version last checked for our own standing
-        self._told_ended: dict[str, float] = {}  # node -> when we last sent it an L reply
-        self._renamed = False  # said that our chosen name was taken
+        self.membership = Membership(self)
         if self.pool_key is not None:
             self._key_event.set()
+
+    @property
+    def pool_keys(self) -> list[bytes]:
+        """Every pool key epoch held here, oldest first; the last one seals."""
+        return self.keys.keys
+
+    @property
+    def pool_key(self) -> bytes | None:
+        return self.keys.newest
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -274,23 +148,16 @@ class Node:
             if raw not in logged:
                 self.log.append(raw)
         self.machine.load(logged + self.cfg.proof, now)
-        where = standing(self.cfg.pool, self.machine.records, self.me)
-        if where in ENDED:  # learnt in an earlier life: say so now, before any connection
-            self.fatal = MembershipEnded(ENDED[where])
-            self._mark_ended()
-            raise self.fatal
-        # Lost join races already in the log were handled (by a rotation) before a restart.
-        self._lost_seen = lost_joins(self.cfg.pool, self.machine.records)
-        self._lost_checked = self.machine.records.membership_version
+        self.membership.loaded()
         for job in self.machine.records.jobs():
             for state in self.executor.held_states(job):
                 self.machine.held.add(state)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await self._connect()
-            nursery.start_soon(self._receiver)
-            nursery.start_soon(self._outbox)
-            nursery.start_soon(self._hello_loop)
+            nursery.start_soon(self.link.receiver, self._on_message, self._settle, self._revoked_by_relay)
+            nursery.start_soon(self.link.outbox)
+            nursery.start_soon(self.membership.hello_loop)
             nursery.start_soon(self._ticker)
             task_status.started()
 
@@ -300,25 +167,17 @@ class Node:
             self._nursery.cancel_scope.cancel()
 
     async def _connect(self) -> None:
-        delay = 0.5
-        while True:
-            try:
-                await self.transport.connect()
-                self._relay_up()
-                await self._repeat_revocations()
-                return
-            except (RelayFingerprintMismatch, RelayRejected) as exc:
-                if _revoked_by_relay(exc):
-                    self._end("revoked", mark=False)
-                    raise self.fatal from None  # type: ignore[misc]
-                raise exc
-            except NetError as exc:
-                if isinstance(exc, RelayUnavailable):
-                    self._relay_down()
-                self.counters.last_error = str(exc)
-                log.warning("relay unreachable (%s); retrying in %.0f s", exc, delay)
-                await trio.sleep(delay * (0.5 + self._rng.random()))
-                delay = min(delay * 2, 30.0)
+        try:
+            await self.link.connect()
+        except RelayRejected as exc:
+            if revoked_by_relay(exc):
+                self.membership.end("revoked", mark=False)
+                raise self.fatal from None  # type: ignore[misc]
+            raise
+        await self._repeat_revocations()
+
+    def _revoked_by_relay(self) -> None:
+        self.membership.end("revoked", mark=False)
 
     async def _repeat_revocations(self) -> None:
         """Hand the relay every revocation we hold: a relay that lost its disk relearns
@@ -332,30 +191,8 @@ class Node:
     # -- time and liveness -----------------------------------------------------------
 
     def _now(self) -> float:
-        """Protocol time: trio's clock less every relay outage of ours. Losing the relay
-        is our fault, not the pool's: while we are cut off, nobody's lease runs out in
-        our view and nobody goes silent, so a relay restart declares no one dead."""
-        now = trio.current_time() if self._down_since is None else self._down_since
-        return now - self._offset
-
-    def _to_trio(self, deadline: float) -> float:
-        return deadline + self._offset if self._down_since is None else float("inf")
-
-    def _relay_down(self) -> None:
-        self.counters.relay_ok = False
-        if self._down_since is None:
-            self._down_since = trio.current_time()
-            self._wake.set()
-
-    def _relay_up(self) -> None:
-        self.counters.relay_ok = True
-        if self._down_since is not None:
-            outage = trio.current_time() - self._down_since
-            self._down_since = None
-            self._offset += outage
-            for peer in self.counters.peers_seen:
-                self.counters.peers_seen[peer] += outage
-            self._wake.set()
+        """Protocol time: it stands still while we are cut off from the relay (``_link``)."""
+        return self.link.now()
 
     def liveness(self, peer: str) -> str:
         """"alive", "suspect" or "dead", from when we last heard from ``peer`` (every peer
@@ -365,7 +202,7 @@ class Node:
             return "alive"
         if seen is None:
             return "unknown"
-        silent = (trio.current_time() if self._down_since is None else self._down_since) - seen
+        silent = self.link.trio_now() - seen
         beat = self.machine.timing.digest_interval
         return "alive" if silent <= SUSPECT_BEATS * beat else "suspect" if silent <= DEAD_BEATS * beat else "dead"
 
@@ -374,343 +211,34 @@ class Node:
     async def submit(self, spec: dict[str, Any], task_file: bytes | None) -> Record:
         """Make, seal and publish a new job from ``spec``. ``shards`` or ``lease`` left
         out (None) default from the speeds peers have published. Raises ``TtpeerError``."""
-        signed = self._sign_task(task_file) if task_file is not None else None
-        await self._key_event.wait()
-        spec = self._sized(_with_members(spec))
-        fixed, init = await self.executor.new_job(spec, task_file)
-        if isinstance(init, Path):  # a model-sized file: sealed and uploaded a piece at a time
-            with contextlib.ExitStack() as stack:
-                stack.callback(init.unlink, missing_ok=True)
-                sealed = stack.enter_context(self._work_files("submit", "init"))[1]
-                await self._seal_file(init, sealed)
-                init_blob = await self.transport.put_blob_file(sealed)
-        else:
-            init_blob = await self._put_sealed(init)
-        task_blob = await self._put_sealed(signed) if signed is not None else ""
-        body = {**spec, **fixed, "init_blob": init_blob, "task_blob": task_blob, "at": int(self._wall())}
-        rec = sign("job", self.cfg.pool, body, self._key)
-        self._process(self.machine.add_local(rec, self._now()))
-        return rec
-
-    def _sign_task(self, task_file: bytes) -> bytes:
-        """Task files run as Python on every peer: only the pool admin may submit one."""
-        if not self._is_admin:
-            raise TaskSignatureError(
-                "only the pool admin can submit a job with a task file: it runs as Python on every "
-                "peer, so it must be signed with the pool's root key. Submit it on the admin machine "
-                "(the one that ran 'ttpeer pool create'), or use a built-in task")
-        return sign_task(self.home.root_key(), self.cfg.pool, task_file)
-
-    def _sized(self, spec: dict[str, Any]) -> dict[str, Any]:
-        if spec.get("shards") is not None and spec.get("lease") is not None:
-            return spec
-        m = self.machine
-        alive = [p for p in m.records.members if self.liveness(p) in ("alive", "unknown")]
-        rates = [m.rate if p == self.me else m.peer_rates.get(p, 0.0) for p in alive]
-        shards, lease = default_sizing(rates, len(alive), spec["batches"])
-        sized = {**spec, "shards": spec.get("shards") or shards, "lease": spec.get("lease") or lease}
-        log.info("job sized from published speeds %s: %d shards, lease %.0f s", rates, sized["shards"], sized["lease"])
-        return sized
+        return await _admin.submit(self, spec, task_file)
 
     def done_event(self, job: str) -> trio.Event:
-        return self._job_done.setdefault(job, trio.Event())
+        return self.effects.done_event(job)
 
-    # -- effects -----------------------------------------------------------------------
+    # -- effects: one handler per effect type -------------------------------------------
 
     def _process(self, effects: list[Effect], *, wake: bool = True) -> None:
         """Execute effects; ``wake`` the ticker, since the next deadline may have moved."""
         for eff in effects:
             try:
-                self._execute(eff)
+                self.effects.execute(eff)
             except DiskError as exc:
-                self.fatal = exc
-                log.error("%s", exc)
-                self.stop()
+                self._disk_full(exc)
                 return
         if wake:
             self._wake.set()
 
-    def _execute(self, eff: Effect) -> None:
-        assert self._nursery is not None, "effects run only inside Node.run"
-        if log.isEnabledFor(logging.DEBUG) and not isinstance(eff, (Broadcast, Send, Persist)):
-            log.debug("effect %s", _describe(eff))
-        match eff:
-            case Persist(record=rec):
-                self.log.append(rec.raw)
-            case Broadcast(payload=p):
-                self._queue(None, p)
-            case Send(peer=peer, payload=p):
-                self._queue(peer, p)
-            case Cancel(job=job, round=rnd, shard=shard):
-                self._cancelled.add((job, rnd, shard))
-            case JobDone(job=job, state=state):
-                self._nursery.start_soon(self._finish, job, state)
-            case PrepareJob() | Train() | PublishDelta() | Aggregate() | Apply() | FetchState() | PublishCheckpoint():
-                self._nursery.start_soon(self._work, eff)
-            case _:
-                raise TypeError(f"unknown effect {eff!r}")
-
-    def _queue(self, peer: str | None, payload: bytes) -> None:
-        if self.pool_key is None:
-            return  # not a full member yet: gossip will resend once we are
-        sealed = seal(self.pool_key, gossip_ad(GOSSIP, self.me),
-                      self.replay.next_counter().to_bytes(COUNTER, "big") + payload)
-        try:
-            self._outbox_send.send_nowait((peer, b"P" + sealed))
-        except trio.WouldBlock:
-            log.warning("outbox full; dropping a gossip payload (anti-entropy resends it)")
-
-    async def _work(self, eff: Effect) -> None:
-        now = self._now
-        m = self.machine
-        try:
-            match eff:
-                case PrepareJob(job=job):
-                    try:
-                        with self._phase(job.id, "fetching the task file"):
-                            task_file = (open_task(self.cfg.pool, await self._get_sealed(job["task_blob"]))
-                                         if job["task_blob"] else None)
-                    except TaskSignatureError as exc:
-                        log.warning("refusing job %s: %s", job.id[:12], exc)
-                        self._process(m.report(Declined(job.id, str(exc), code="refused"), now()))
-                        return
-                    with self._phase(job.id, "loading the task and its data, checking it fits"):
-                        decline = await self.executor.prepare(job, task_file)
-                    if isinstance(decline, str):
-                        decline = Decline(decline)
-                    if decline is not None:
-                        log.warning("declining job %s: %s", job.id[:12], decline.reason)
-                        self._process(m.report(Declined(job.id, decline.reason, decline.need, decline.have,
-                                                        decline.code), now()))
-                    else:
-                        self._process(m.report(Prepared(job.id), now()))
-                case Train(job=job, round=rnd, shard=shard):
-                    key = (job.id, rnd, shard)
-                    self._cancelled.discard(key)
-                    started = trio.current_time()
-                    progress = self._progress[key] = _Progress(started)
-                    try:
-                        samples = await self.executor.train(eff, progress.stopper(lambda: key in self._cancelled))
-                    finally:
-                        self._progress.pop(key, None)
-                        self._cancelled.discard(key)
-                    seconds = trio.current_time() - started
-                    stats = self._stats(job.id)
-                    stats.shards_trained += 1 if samples else 0
-                    stats.train_seconds += seconds
-                    batches = samples // job["batch_size"]
-                    self._process(m.report(Trained(job.id, rnd, shard, samples, batches, seconds), now()))
-                case PublishDelta(job=job, round=rnd, base=base, shards=shards, samples=samples):
-                    data, metrics = await self.executor.delta(eff)
-                    # The local model is free: the next shard trains while this delta uploads.
-                    self._process(m.report(DeltaEncoded(job, rnd, base, shards), now()))
-                    blob = await self._upload_delta(data)
-                    if blob is None:
-                        self._process(m.report(Failed(eff), now()))
-                        return
-                    stats = self._stats(job.id)
-                    stats.fp32_bytes += int(metrics.pop("fp32_bytes", 0))
-                    stats.wire_bytes += len(data)
-                    self._process(m.report(DeltaPublished(job, rnd, base, shards, samples, blob, len(data),
-                                                          metrics), now()))
-                case Aggregate(job=job, round=rnd, base=base, contribs=contribs):
-                    async with self._fetch_deltas(job, contribs) as deltas:
-                        state, metrics = await self.executor.aggregate(job, base, deltas, rnd=rnd)
-                    trim()  # the blobs this close fetched: back to the system
-                    ids = tuple(c.id for c in contribs)
-                    self._process(m.report(Aggregated(job, rnd, base, ids, state, metrics), now()))
-                case Apply(job=job, close=close, contribs=contribs):
-                    async with self._fetch_deltas(job, contribs) as deltas:
-                        ok = await self.executor.apply(job, close["base"], deltas, close["state"], rnd=close["round"])
-                    trim()
-                    if not ok:
-                        log.warning("round %d of job %s did not reproduce state %s here; "
-                                    "fetching a checkpoint instead", close["round"], job.id[:12],
-                                    close["state"][:19])
-                    self._process(m.report(Applied(close["state"], ok), now()))
-                case FetchState(job=job, state=state, blob=blob):
-                    what = "the initial state" if state == job["init"] else "the latest checkpoint"
-                    with self._phase(job.id, f"fetching {what}"), self._work_files(job.id, "fetch") as (sealed, plain):
-                        await self._get_sealed_file(blob, sealed, plain)
-                        ok = await self.executor.import_state(job, state, plain)
-                    self._process(m.report(Fetched(state, ok), now()))
-                case PublishCheckpoint(job=job, round=rnd, state=state):
-                    # File to file, a piece at a time: a model-sized state is never in the
-                    # daemon's memory (it was, three times over: bytes, sealed, in transport).
-                    with self._work_files(job.id, "checkpoint") as (plain, sealed):
-                        await self.executor.export_state(job, state, plain)
-                        size = plain.stat().st_size
-                        await self._seal_file(plain, sealed)
-                        blob = await self.transport.put_blob_file(sealed)
-                    self._process(m.report(CheckpointPublished(job, rnd, state, blob, size), now()))
-        except DiskError as exc:  # a full disk stops the daemon: retrying would only fail again
-            self.fatal = exc
-            log.error("%s", exc)
-            self.stop()
-        except TaskFailed as exc:  # the task's code failed here: the job ends on this peer
-            self._task_failed(_job_of(eff), exc.reason)
-        except (NetError, SealError, TtpeerError) as exc:
-            log.warning("%s failed: %s", type(eff).__name__, exc)
-            if isinstance(exc, StateMissing):  # so the machine recomputes or fetches it
-                self._process(self.machine.report(StateLost(exc.state), self._now()))
-            if isinstance(exc, LocalWorkLost):  # so the machine trains those shards again
-                self._process(self.machine.report(WorkLost(exc.job), self._now()))
-            self._report_failure(eff)
-        except Exception as exc:  # noqa: BLE001 - the last resort: a bug fails the job, not the daemon
-            self._bug(_job_of(eff), type(eff).__name__, exc)
-
-    def _task_failed(self, job: Record, reason: str) -> None:
-        log.error("job %s failed on this peer: %s", job.id[:12], reason)
-        self._process(self.machine.report(JobFailed(job.id, reason), self._now()))
-        self._release(job.id)
-
-    def _release(self, job: str) -> None:
-        """The job ended here: the executor frees its model and worker processes."""
-        if job not in self._released and self._nursery is not None:
-            self._released.add(job)
-            self._nursery.start_soon(self.executor.release, job)
-
-    def _release_ended(self) -> None:
-        """Jobs the pool ended (cancelled, failed everywhere) hold nothing here any more."""
-        rs = self.machine.records
-        for job in rs.jobs():
-            if job.id not in self._released and job_ended(rs, job) is not None:
-                self._release(job.id)
-
-    def _bug(self, job: Record, what: str, exc: Exception) -> None:
-        """An exception outside the error tree escaped ``what``: log its traceback once and
-        end the job on this peer, so a bug costs one job, never the daemon."""
-        log.error("%s of job %s raised %s: a bug in ttpeer or an executor; the job ends on this peer "
-                  "(please report this traceback)", what, job.id[:12], type(exc).__name__, exc_info=exc)
-        self._task_failed(job, f"internal error: {type(exc).__name__}: {exc} (a bug; see this peer's log)")
-
-    @contextlib.contextmanager
-    def _phase(self, job: str, what: str) -> Iterator[None]:
-        """Say in status what this peer is doing for ``job`` before it can train it."""
-        self.phases[job] = what
-        try:
-            yield
-        finally:
-            if self.phases.get(job) == what:
-                del self.phases[job]
-
-    def _report_failure(self, eff: Effect) -> None:
-        self._process(self.machine.report(Failed(eff), self._now()))
-
-    @contextlib.asynccontextmanager
-    async def _fetch_deltas(self, job: Record, contribs: tuple[Record, ...]) -> AsyncIterator[Deltas]:
-        """The round's contributions as files in ``HOME/work/<job>/``, fetched and opened one
-        blob at a time: the node never holds a round's deltas at once (with 16 shards that
-        was 16 compressed deltas in the daemon), and the executor reads each file when its
-        outer step gets to it. The files are removed when the block ends."""
-        folder = self.home.path / "work" / job.id
-        folder.mkdir(parents=True, exist_ok=True)
-        paths: Deltas = []
-        try:
-            for c in contribs:
-                data = await self._get_sealed(c["blob"], max_size=c["size"] + 64)
-                path = folder / f"in-{next(self._fetches)}.bin"
-                try:
-                    paths.append((write_work(path, data), c["samples"]))
-                except OSError as exc:  # a full disk stops the daemon, as for any other write
-                    raise DiskError(path, exc) from None
-                del data
-            yield paths
-        finally:
-            for path, _samples in paths:
-                assert isinstance(path, Path)
-                path.unlink(missing_ok=True)
-
-    async def _finish(self, job: Record, state: str) -> None:
-        try:
-            await self._write_final(job, state)
-        except DiskError as exc:
-            self.fatal = exc
-            log.error("%s", exc)
-            self.stop()
-        except TaskFailed as exc:
-            self._task_failed(job, exc.reason)
-        except Exception as exc:  # noqa: BLE001 - as in _work: the job, not the daemon
-            self._bug(job, "writing the final model", exc)
-
-    async def _write_final(self, job: Record, state: str) -> None:
-        chain = self.machine.chain(job)
-        metrics = dict(chain.closes[-1]["metrics"]) if chain.closes else {}
-        stats = self._stats(job.id)
-        summary = {"job": job.id, "task": job["task"], "state": state, "rounds": chain.round,
-                   "eval": metrics, "compression_ratio": _ratio(stats),
-                   "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
-        await self.executor.finish(job, state, summary)
-        self.finished[job.id] = state  # status says "done" from here: the final files exist
-        self.done_event(job.id).set()
-        log.info("job %s done: state %s", job.id[:12], state)
-
-    # -- blobs ------------------------------------------------------------------------
-
-    async def _upload_delta(self, data: bytes) -> str | None:
-        """Upload a delta, retrying a failed upload a few times (the local model has moved
-        on, so a delta given up on is trained again); None if every try failed."""
-        for attempt in range(DELTA_UPLOAD_TRIES):
-            try:
-                return await self._put_sealed(data)
-            except NetError as exc:
-                last = attempt == DELTA_UPLOAD_TRIES - 1
-                log.warning("delta upload failed (%s); %s", exc,
-                            "its shards will be trained again" if last else "retrying")
-                if not last:
-                    await trio.sleep(RETRY_AFTER)
-        return None
-
-    @contextlib.contextmanager
-    def _work_files(self, job: str, what: str) -> Iterator[tuple[Path, Path]]:
-        """Two fresh paths in ``HOME/work/<job>/`` for a state and its sealed copy, removed
-        when the block ends (a crash leaves them to the startup sweep of ``work/``)."""
-        folder = self.home.path / "work" / job
-        folder.mkdir(parents=True, exist_ok=True)
-        n = next(self._fetches)
-        paths = folder / f"{what}-{n}.state", folder / f"{what}-{n}.sealed"
-        try:
-            yield paths
-        except OSError as exc:  # writing or reading a file, in the transport too
-            raise disk_or_job(folder, exc) from None
-        finally:
-            for path in paths:
-                path.unlink(missing_ok=True)
-
-    async def _seal_file(self, plain: Path, sealed: Path) -> None:
-        assert self.pool_key is not None
-        await _off_loop(plain, seal_file, self.pool_key, BLOB, plain, sealed)
-
-    async def _get_sealed_file(self, blob: str, sealed: Path, plain: Path) -> None:
-        """``_get_sealed`` from file to file: the blob into ``sealed``, opened into
-        ``plain``. Raises as ``_get_sealed`` does, and ``OSError``."""
-        try:
-            await self.transport.get_blob_file(blob, sealed, max_size=MAX_BLOB)
-            await _off_loop(sealed, open_sealed_file, list(reversed(self.pool_keys)), BLOB, sealed, plain)
-        except (BlobCorrupt, SealError):
-            self.counters.reject("blob")
-            raise
+    def _disk_full(self, exc: DiskError) -> None:
+        self.fatal = exc
+        log.error("%s", exc)
+        self.stop()
 
     async def _put_sealed(self, data: bytes) -> str:
-        assert self.pool_key is not None
-        return await self.transport.put_blob(seal(self.pool_key, BLOB, data))
+        return await self.blobs.put(data)
 
-    async def _get_sealed(self, blob: str, max_size: int = MAX_BLOB) -> bytes:
-        assert self.pool_key is not None
-        try:
-            return self._open(BLOB, await self.transport.get_blob(blob, max_size=max_size))
-        except (BlobCorrupt, SealError):
-            self.counters.reject("blob")
-            raise
-
-    def _open(self, purpose: bytes, data: bytes) -> bytes:
-        """Open with whichever epoch's key sealed it, newest first. Raises ``SealError``."""
-        for key in reversed(self.pool_keys):
-            try:
-                return open_sealed(key, purpose, data)
-            except SealError:
-                continue
-        raise SealError("sealed payload does not authenticate under any pool key held here")
+    async def _get_sealed(self, blob: str) -> bytes:
+        return await self.blobs.get(blob)
 
     # -- network tasks -------------------------------------------------------------------
 
@@ -719,242 +247,54 @@ class Node:
         deadline) only recomputes the deadline: inputs already ran the machine."""
         while True:
             deadline = self.machine.next_deadline()
-            with trio.move_on_at(self._to_trio(deadline)) as timer:
+            with trio.move_on_at(self.link.to_trio(deadline)) as timer:
                 await self._wake.wait()
             self._wake = trio.Event()
             if not timer.cancelled_caught:
                 continue
-            for (job, rnd, shard), p in list(self._progress.items()):
+            for (job, rnd, shard), p in list(self.effects.progress.items()):
                 self.machine.report(Progress(job, rnd, shard, p.done, p.rate(trio.current_time())), self._now())
             # Protocol time is trio time less the outages: the subtraction can land a hair
             # before the deadline that just fired, which must not leave it unfired.
             self._process(self.machine.tick(max(self._now(), deadline)), wake=False)
 
-    async def _outbox(self) -> None:
-        async for peer, data in self._outbox_recv:
-            delay = 0.5
-            for _attempt in range(6):
-                try:
-                    if peer is None:
-                        await self.transport.broadcast(data)
-                    else:
-                        await self.transport.send(peer, data)
-                    self._relay_up()
-                    break
-                except NetError as exc:
-                    if isinstance(exc, RelayUnavailable):
-                        self._relay_down()
-                    self.counters.last_error = str(exc)
-                    await trio.sleep(delay * (0.5 + self._rng.random()))
-                    delay = min(delay * 2, 15.0)
-
-    async def _receiver(self) -> None:
-        cursor = 0
-        delay = 0.5
-        while True:
-            try:
-                messages, cursor = await self.transport.recv(cursor, RECV_WAIT)
-                self._relay_up()
-                delay = 0.5
-            except NetError as exc:
-                if _revoked_by_relay(exc):
-                    self._end("revoked", mark=False)
-                    return
-                if isinstance(exc, RelayUnavailable):
-                    self._relay_down()
-                self.counters.last_error = str(exc)
-                log.warning("relay receive failed (%s); retrying", exc)
-                await trio.sleep(delay * (0.5 + self._rng.random()))
-                delay = min(delay * 2, 30.0)
-                continue
-            for msg in messages:
-                self.counters.peers_seen[msg.sender] = trio.current_time()
-                self._on_message(msg.sender, msg.data)
-            if messages:  # one decision for the whole batch, not one per message
-                self._process(self.machine.settle(self._now()))
-                self._check_lost_races()
-                self._release_ended()
-                self._check_standing()
-                self.replay.maybe_save(trio.current_time())
+    def _settle(self) -> None:
+        """After a batch of messages: one decision for the whole batch, not one per message."""
+        self._process(self.machine.settle(self._now()))
+        self.membership.check_lost_races()
+        self.effects.release_ended()
+        self.membership.check_standing()
+        self.replay.maybe_save(trio.current_time())
 
     def _on_message(self, sender: str, data: bytes) -> None:
         kind, body = data[:1], data[1:]
         try:
             if kind == b"P" and self.pool_key is not None:
-                plain = self._open(gossip_ad(GOSSIP, sender), body)
-                if len(plain) < COUNTER or not self.replay.accept(sender, int.from_bytes(plain[:COUNTER], "big")):
+                opened = self.keys.open_gossip(sender, body)
+                if opened is None or not self.replay.accept(sender, opened[0]):
                     log.debug("dropped a replayed or stale message from %s", sender[:12])
                     return
-                self._process(self.machine.receive(sender, plain[COUNTER:], self._now(), settle=False), wake=False)
+                self._process(self.machine.receive(sender, opened[1], self._now(), settle=False), wake=False)
             elif kind == b"P":
                 return  # no key yet: the hello loop is asking for it
             elif kind == b"H":
-                self._on_hello(sender, body)
+                self.membership.on_hello(sender, body)
             elif kind == b"K":
-                self._on_key(body)
+                self.membership.on_key(body)
             elif kind == b"L":
-                self._on_ended(body)
+                self.membership.on_ended(body)
             else:
                 self.counters.reject("message: unknown kind")
         except SealError as exc:
             self.counters.reject("message: SealError")
             log.debug("dropped a message from %s: %s", sender[:12], exc)
-            if kind == b"P" and trio.current_time() >= self._rehello_at:
-                # Sealed under an epoch we lack (we missed a rotation): announce ourselves;
-                # members answer with every epoch's key if we are still a member.
-                self._rehello_at = trio.current_time() + REHELLO_EVERY
-                with contextlib.suppress(trio.WouldBlock):
-                    self._outbox_send.send_nowait((None, self._hello()))
+            if kind == b"P":
+                self.membership.rehello()
         except (RecordError, ProofError, InvalidSignature, ValueError, TypeError, KeyError) as exc:
             # InvalidSignature: a key handover the relay (or anyone) forged; uncaught it
             # would end the receiver, and so the daemon, of every peer still joining.
             self.counters.reject(f"message: {type(exc).__name__}")
             log.debug("dropped a message from %s: %s", sender[:12], exc)
-
-    # -- joining: hello and key handover ---------------------------------------------------
-
-    def _hello(self) -> bytes:
-        return b"H" + encode({"proof": [p.hex() for p in self.cfg.proof]})
-
-    async def _hello_loop(self) -> None:
-        """Announce ourselves; repeat until some member handed us the pool key."""
-        await self.transport.broadcast(self._hello())
-        while not self._key_event.is_set():
-            with trio.move_on_after(5.0):
-                await self._key_event.wait()
-            if not self._key_event.is_set():
-                try:
-                    await self.transport.broadcast(self._hello())
-                except NetError:
-                    pass
-
-    def _on_hello(self, sender: str, body: bytes) -> None:
-        obj = decode(body, max_size=200_000)
-        proof = [bytes.fromhex(p) for p in obj["proof"]]
-        member = verify_proof(self.cfg.pool, sender, proof)
-        now = self._now()
-        for raw in proof:
-            self._process(self.machine.add_local(parse(raw), now))
-        if self.pool_key is None:
-            return
-        if member.node not in self.machine.records.members:
-            self._tell_ended(member)  # over its invite's use limit or revoked: show it why
-            return
-        late = self._joined_late(member.node, proof)
-        if late is not None:
-            self.counters.reject("hello: invite expired")
-            log.warning("not handing the pool key to %s: its invite expired %.0f min ago by this machine's clock "
-                        "and it has taken no part yet (a token used after it expired; it needs a new one)",
-                        member.node[:12], late / 60)
-            return
-        self._hand_keys(member.node, member.seal)
-
-    def _joined_late(self, node: str, proof: list[bytes]) -> float | None:
-        """Seconds past its invite's expiry, by this machine's calendar clock, if ``node``
-        asks for the pool key after that (plus ``EXPIRY_GRACE``) and has never signed
-        anything but its join; else None. A join's own time is the joiner's claim, so a
-        stolen token used late passes the membership rules: this is where it is stopped,
-        since without the pool key it can neither read nor send anything. Members who
-        took part (a claim, a contribution...) still get keys after a rotation."""
-        past = self._wall() - parse(proof[0])["expires"]
-        if past <= EXPIRY_GRACE:
-            return None
-        if any(r.author == node and r.kind != "join" for r in self.machine.records):
-            return None
-        return past
-
-    def _hand_keys(self, node: str, seal_pub: str) -> None:
-        keys = b"".join(self.pool_keys)
-        handover = {"keys": [k.hex() for k in self.pool_keys], "to": node,
-                    "proof": [p.hex() for p in self.cfg.proof],
-                    "sig": self._key.sign(KEY_DOMAIN + node.encode() + keys).hex()}
-        sealed = seal_to(bytes.fromhex(seal_pub), encode(handover))
-        self._outbox_send.send_nowait((node, b"K" + sealed))
-
-    def _on_key(self, body: bytes) -> None:
-        obj = decode(open_direct(self._seal_key, body), max_size=200_000)
-        keys = [bytes.fromhex(k) for k in obj["keys"]]
-        proof = [bytes.fromhex(p) for p in obj["proof"]]
-        giver = parse(proof[1])["node"]
-        verify_proof(self.cfg.pool, giver, proof)
-        Ed25519PublicKey.from_public_bytes(bytes.fromhex(giver)).verify(
-            bytes.fromhex(obj["sig"]), KEY_DOMAIN + self.me.encode() + b"".join(keys)
-        )
-        if obj["to"] != self.me or not keys or any(len(k) != 32 for k in keys):
-            return
-        for raw in proof:  # the giver's membership, so we can judge its role below
-            self._process(self.machine.add_local(parse(raw), self._now()), wake=False)
-        if self.pool_keys:
-            # A newer epoch: only from a current (unrevoked) member, and only extending the
-            # keys we hold. Only the admin makes epochs; members pass them on.
-            if (len(keys) <= len(self.pool_keys) or keys[: len(self.pool_keys)] != self.pool_keys
-                    or giver not in self.machine.records.members):
-                return
-        self._set_keys(keys)
-        self._key_event.set()
-        log.info("received pool key epoch %d from %s", len(keys) - 1, giver[:12])
-        self._process(self.machine.tick(self._now()))
-
-    # -- a membership that ended ------------------------------------------------------------
-
-    def _check_standing(self) -> None:
-        """Stop for good once the records show that this node is no member and never will
-        be: revoked, or its join lost the race for its invite's last use."""
-        rs = self.machine.records
-        if self._standing_checked == rs.membership_version or self.fatal is not None:
-            return
-        self._standing_checked = rs.membership_version
-        where = standing(self.cfg.pool, rs, self.me)
-        if where in ENDED:
-            self._end(where)
-        elif where == "member" and rs.members[self.me].name != self.cfg.name and not self._renamed:
-            self._renamed = True
-            log.warning("another machine in this pool was named %r first: this one is %r in the pool",
-                        self.cfg.name, rs.members[self.me].name)
-
-    def _end(self, where: str, *, mark: bool = True) -> None:
-        """Stop with ``MembershipEnded``. ``mark`` the home only when our own records show
-        it: a relay's 403 is its word, not a signed record, and must not end a home for good."""
-        self.fatal = MembershipEnded(ENDED[where])
-        log.error("%s", self.fatal)
-        if mark:
-            self._mark_ended()
-        self.stop()
-
-    def _mark_ended(self) -> None:
-        try:
-            self.home.mark_ended(str(self.fatal))
-        except DiskError as exc:  # the exit says it anyway; the mark only saves a later look
-            log.warning("%s", exc)
-
-    def _tell_ended(self, member: Member) -> None:
-        """Answer the hello of a node that is no member with the records that show why, so
-        it stops at once instead of asking for a key forever (or training with an old one).
-        The records are signed, so a relay can neither forge nor hide a reason in them."""
-        rs, now = self.machine.records, trio.current_time()
-        if self.pool_key is None or now < self._told_ended.get(member.node, -ENDED_EVERY) + ENDED_EVERY:
-            return
-        where = standing(self.cfg.pool, rs, member.node)
-        if where == "revoked":
-            shown = [r for r in rs if r.kind == "revoke" and r["node"] == member.node]
-        elif where == "lost":
-            winners = [m.join for m in rs.members.values() if m.invite == member.invite]
-            shown = [rs.by_id[member.invite], *(rs.by_id[j] for j in sorted(winners))]
-        else:
-            return
-        self._told_ended[member.node] = now
-        with contextlib.suppress(trio.WouldBlock):
-            self._outbox_send.send_nowait((member.node, _ended_message(member.node, member.seal, shown)))
-
-    def _on_ended(self, body: bytes) -> None:
-        """Records someone says show we are no member: signed, so we just take them (the
-        receiver then judges our standing from everything held, not from this claim)."""
-        obj = decode(open_direct(self._seal_key, body), max_size=MAX_ENDED_RECORDS * 140_000)
-        if obj["to"] != self.me:
-            return
-        now = self._now()
-        for raw in obj["records"][:MAX_ENDED_RECORDS]:
-            self._process(self.machine.add_local(parse(bytes.fromhex(raw)), now), wake=False)
 
     # -- revocation (admin) ----------------------------------------------------------------
 
@@ -962,120 +302,34 @@ class Node:
         """Revoke ``peer``: sign a ``revoke`` record with the root key, rotate the pool key
         to the remaining members, and tell the relay to refuse the peer's sessions.
         Raises ``TtpeerError`` (not the admin, unknown peer, too much to keep)."""
-        self.require_admin()
-        await self._key_event.wait()
-        if peer == self.me:
-            raise RevokeError("the admin cannot revoke itself; make a new pool instead")
-        rs = self.machine.records
-        done = [r for r in rs if r.kind == "revoke" and r["node"] == peer]
-        if done and peer not in rs.members:  # already revoked: tell the relay again (it may have lost its disk)
-            await self.transport.revoke(done[0].raw)
-            return done[0]
-        if peer not in rs.members:
-            raise RevokeError(f"{peer[:12]} is not a member of this pool (never joined, or lost its invite's race)")
-        keep = revocation_keep(rs, peer)
-        if len(keep) > MAX_KEEP:
-            raise RevokeError(f"the peer's records on the pool's chains are too many to keep ({len(keep)} > "
-                              f"{MAX_KEEP}); wait for its jobs to finish, then revoke it")
-        rec = sign("revoke", self.cfg.pool, {"node": peer, "keep": keep, "at": int(self._wall())},
-                   self.home.root_key())
-        seal_pub = rs.members[peer].seal
-        self._process(self.machine.add_local(rec, self._now()))
-        self._rotate()
-        # Straight to the peer, before the relay stops serving it: its waiting receive
-        # returns with the record and it stops at once. Gossip may come too late: once the
-        # relay refuses it, only the end of its long poll (RECV_WAIT) would tell it.
-        with contextlib.suppress(NetError):
-            await self.transport.send(peer, _ended_message(peer, seal_pub, [rec]))
-        await self.transport.revoke(rec.raw)
-        log.info("revoked %s; pool key rotated to epoch %d", peer[:12], len(self.pool_keys) - 1)
-        return rec
+        return await _admin.revoke(self, peer)
 
     # -- cancelling ---------------------------------------------------------------------
 
     def find_job(self, prefix: str) -> Record:
         """The job whose id starts with ``prefix``. Raises ``JobError``/``UsageError``."""
-        found = [j for j in self.machine.records.jobs() if j.id.startswith(prefix.lower())] if prefix else []
-        if not found:
-            raise JobError(f"no job {prefix!r} is known to this peer (see 'ttpeer status')")
-        if len(found) > 1:
-            raise UsageError(f"job prefix {prefix!r} is ambiguous; give more characters")
-        return found[0]
+        return _admin.find_job(self, prefix)
 
     async def cancel(self, prefix: str) -> tuple[Record, Record, bool]:
-        """End a job for the whole pool with a signed ``cancel`` record: every peer stops
-        working on it at once. Only its submitter or the pool's admin may. Returns the job,
-        the cancel, and whether it was cancelled already (then the earlier cancel). Raises
-        ``JobError``."""
-        await self._key_event.wait()
-        rs = self.machine.records
-        job = self.find_job(prefix)
-        if not may_cancel(rs, job, self.me):
-            who = rs.members[job.author].name if job.author in rs.members else job.author[:12]
-            raise JobError(f"only the job's submitter ({who}) or the pool's admin can cancel job {job.id[:12]}; "
-                           "ask one of them")
-        if self.machine.chain(job).round >= job["rounds"]:
-            raise JobError(f"job {job.id[:12]} is done; there is nothing to cancel")
-        ended = job_ended(rs, job)
-        if ended is not None and ended.how == "failed":
-            raise JobError(f"job {job.id[:12]} has already failed on every peer; there is nothing to cancel")
-        earlier = cancel_of(rs, job)
-        if earlier is not None:
-            return job, earlier, True
-        rec = sign("cancel", self.cfg.pool, {"job": job.id, "at": int(self._wall())}, self._key)
-        self._process(self.machine.add_local(rec, self._now()))
-        self._release(job.id)
-        log.info("cancelled job %s", job.id[:12])
-        return job, rec, False
+        """End a job for the whole pool with a signed ``cancel`` record (see ``_admin.cancel``).
+        Raises ``JobError``."""
+        return await _admin.cancel(self, prefix)
 
     def require_admin(self) -> None:
-        """Raises ``RevokeError`` unless this is the admin: asked before a name is looked
-        up, so a member is told what it cannot do rather than which names match."""
-        if not self._is_admin:
-            raise RevokeError("only the pool admin (the machine that ran 'ttpeer pool create') can revoke a peer")
+        """Raises ``RevokeError`` unless this is the admin."""
+        _admin.require_admin(self)
 
     def resolve_peer(self, text: str) -> tuple[str, str]:
-        """(id, name) of a member or revoked node, from its pool-unique name, id, or a
-        unique id prefix. Raises ``RevokeError``."""
-        names = {n: m.name for n, m in admitted(self.cfg.pool, self.machine.records).items()}
-        found = [n for n, name in names.items() if text in (n, name)] or (
-            [n for n in names if len(text) >= 6 and n.startswith(text.lower())])
-        if len(found) != 1:
-            what = "no member" if not found else f"{len(found)} members"
-            raise RevokeError(f"{what} of this pool match {text!r}; use a peer id from 'ttpeer status'")
-        return found[0], names[found[0]]
-
-    def _set_keys(self, keys: list[bytes]) -> None:
-        for key in keys:
-            _logging.add_secret(key)  # the log filter's second wall knows every epoch's key
-        self.home.save_pool_keys(keys)
-        self.pool_keys, self.pool_key = keys, keys[-1]
+        """(id, name) of a member or revoked node. Raises ``RevokeError``."""
+        return _admin.resolve_peer(self, text)
 
     def _rotate(self) -> None:
-        """A new pool key, handed (with the old ones) only to who is a member now."""
-        self._set_keys([*self.pool_keys, random_bytes(32)])
-        for node, member in sorted(self.machine.records.members.items()):
-            if node != self.me:
-                self._hand_keys(node, member.seal)
+        self.membership.rotate()
 
-    def _check_lost_races(self) -> None:
-        """Admin only: a join that lost the race for an invite's last use may have been
-        handed the pool key first; rotate the key so that node reads nothing new."""
-        rs = self.machine.records
-        if self._lost_checked == rs.membership_version or not self._is_admin:
-            return
-        self._lost_checked = rs.membership_version
-        lost = lost_joins(self.cfg.pool, rs) - set(revocations(self.cfg.pool, rs)) - self._lost_seen
-        if lost:
-            self._lost_seen |= lost
-            self._rotate()
-            log.info("rotated the pool key to epoch %d: %d join(s) lost the race for an invite's last use",
-                     len(self.pool_keys) - 1, len(lost))
+    def _release(self, job: str) -> None:
+        self.effects.release(job)
 
     # -- status ---------------------------------------------------------------------------
-
-    def _stats(self, job: str) -> JobStats:
-        return self.counters.jobs.setdefault(job, JobStats())
 
     @property
     def bytes_sent(self) -> int:
@@ -1089,70 +343,3 @@ class Node:
         from ._status import snapshot
 
         return snapshot(self)
-
-
-async def _off_loop(path: Path, fn: Callable[..., Any], *args: Any) -> None:
-    """``fn(*args)`` on a file at ``path``: in a thread when the file is large enough that
-    the event loop would notice (a model state: about a second of ChaCha20), inline when not (the
-    thread hop costs more, and the simulator stays deterministic)."""
-    if path.stat().st_size > THREAD_FILE_BYTES:
-        await trio.to_thread.run_sync(fn, *args)
-    else:
-        fn(*args)
-        await trio.lowlevel.checkpoint()
-
-
-def _ended_message(node: str, seal_pub: str, records: list[Record]) -> bytes:
-    body = encode({"to": node, "records": [r.raw.hex() for r in records[:MAX_ENDED_RECORDS]]})
-    return b"L" + seal_to(bytes.fromhex(seal_pub), body)
-
-
-def _revoked_by_relay(exc: Exception) -> bool:
-    return isinstance(exc, RelayRejected) and exc.status == 403 and exc.code == ErrorCode.REVOKED
-
-
-def _with_members(spec: dict[str, Any]) -> dict[str, Any]:
-    """An ensemble spec gives ``members`` as a count: list each member's seed and
-    variant, one shard per member. A fused spec lists none."""
-    count = spec.get("members")
-    if spec.get("mode") != "ensemble":
-        if count is not None:
-            raise UsageError("--members goes with --mode ensemble")
-        return {k: v for k, v in spec.items() if k != "members"}
-    if type(count) is not int or not 1 <= count <= 4096:
-        raise UsageError(f"an ensemble job needs --members between 1 and 4096, got {count!r}")
-    if spec.get("shards") not in (None, count):
-        raise UsageError("an ensemble job has one shard per member: leave --shards out")
-    variants = member_variants(spec["seed"], count, spec["inner_lr"], spec["weight_decay"])
-    return {**spec, "shards": count, "members": variants}
-
-
-def _job_of(eff: Effect) -> Record:
-    """The job of an effect that ``_work`` runs (each of them names one)."""
-    job = getattr(eff, "job", None)
-    if not isinstance(job, Record):
-        raise TypeError(f"{type(eff).__name__} names no job")
-    return job
-
-
-def _describe(eff: Effect) -> str:
-    """One line per effect for debug logs: its kind and small fields, never payloads."""
-    parts = [type(eff).__name__]
-    for name, value in vars(eff).items():
-        if isinstance(value, bool | int | float):
-            parts.append(f"{name}={value}")
-        elif isinstance(value, str):
-            parts.append(f"{name}={value[:19]}")
-        elif isinstance(value, tuple) and all(isinstance(v, int) for v in value):
-            parts.append(f"{name}={list(value)}")
-        elif hasattr(value, "id"):
-            parts.append(f"{name}={value.id[:12]}")
-    return " ".join(parts)
-
-
-def _ratio(stats: JobStats) -> float | None:
-    return round(stats.fp32_bytes / stats.wire_bytes, 2) if stats.wire_bytes else None
-
-
-
-

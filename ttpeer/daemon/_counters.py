@@ -1,0 +1,35 @@
+"""What a running node counts for status: per job, the relay, peers heard, input refused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class JobStats:
+    fp32_bytes: int = 0
+    wire_bytes: int = 0
+    shards_trained: int = 0
+    train_seconds: float = 0.0
+
+    def ratio(self) -> float | None:
+        """Compression: fp32 bytes per byte on the wire."""
+        return round(self.fp32_bytes / self.wire_bytes, 2) if self.wire_bytes else None
+
+
+@dataclass
+class Counters:
+    started: float = 0.0
+    peers_seen: dict[str, float] = field(default_factory=dict)
+    jobs: dict[str, JobStats] = field(default_factory=dict)
+    relay_ok: bool = False
+    last_error: str = ""
+    # Input refused as not authentic or malformed, by what it was ("message: SealError",
+    # "blob"): a relay that tampers or forges shows up here, never in the state.
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, what: str) -> None:
+        self.rejected[what] = self.rejected.get(what, 0) + 1
+
+    def job(self, job: str) -> JobStats:
+        return self.jobs.setdefault(job, JobStats())

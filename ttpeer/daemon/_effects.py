@@ -1,0 +1,375 @@
+"""The daemon's effects: one handler per effect type, in two tables.
+
+Theory of operation. The machine decides; the node executes. ``Effects.execute`` runs
+the cheap effects at once on the trio thread (``_INLINE``: persist a record, queue a
+message, mark a shard cancelled, start writing a finished job's files), and the long
+ones (``_TASKS``: prepare, train, publish a delta, aggregate, apply, fetch a state,
+publish a checkpoint) as tasks in the node's nursery, each inside ``_guarded``, the one
+boundary that judges their errors, and each reporting its result back into the machine.
+
+What it promises: a full disk stops the daemon (retrying would only fail again); a
+task's own failure ends its job on this peer; an error of ttpeer's tree is reported
+(``Failed``, after ``StateLost``/``WorkLost`` when it says so) and the machine retries
+when it sees fit; any other exception is a bug that costs its job, never the daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+
+from ttpeer._trim import trim
+from ttpeer.errors import DiskError, LocalWorkLost, StateMissing, TaskFailed, TtpeerError
+from ttpeer.net import NetError
+from ttpeer.proto import (
+    Aggregate,
+    Aggregated,
+    Applied,
+    Apply,
+    Broadcast,
+    Cancel,
+    CheckpointPublished,
+    Declined,
+    DeltaEncoded,
+    DeltaPublished,
+    Effect,
+    Failed,
+    Fetched,
+    FetchState,
+    JobDone,
+    JobFailed,
+    PeerMachine,
+    Persist,
+    Prepared,
+    PrepareJob,
+    PublishCheckpoint,
+    PublishDelta,
+    Record,
+    Send,
+    StateLost,
+    TaskSignatureError,
+    Train,
+    Trained,
+    WorkLost,
+    job_ended,
+    open_task,
+)
+
+from ._counters import Counters
+from ._executor import Decline, Executor
+from ._home import PoolConfig
+from ._keys import Blobs, PoolKeys, SealError
+from ._recordlog import RecordLog
+from ._replay import ReplayGuard
+
+log = logging.getLogger("ttpeer.daemon")
+
+
+class Host(Protocol):
+    """What the effects use of the running node (``_node.Node`` is one)."""
+
+    machine: PeerMachine
+    me: str
+    cfg: PoolConfig
+    executor: Executor
+    log: RecordLog
+    replay: ReplayGuard
+    keys: PoolKeys
+    blobs: Blobs
+    counters: Counters
+    _nursery: trio.Nursery | None
+    _outbox_send: trio.MemorySendChannel[tuple[str | None, bytes]]
+
+    @property
+    def pool_key(self) -> bytes | None: ...
+    @property
+    def bytes_sent(self) -> int: ...
+    @property
+    def bytes_received(self) -> int: ...
+    def _now(self) -> float: ...
+    def _process(self, effects: list[Effect], *, wake: bool = True) -> None: ...
+    def _disk_full(self, exc: DiskError) -> None: ...
+
+
+@dataclass
+class _Progress:
+    """Batches done in the shard in training: written by the training thread (one int),
+    read on the trio thread, where the times are taken: no lock for a progress hint."""
+
+    started: float  # trio time
+    done: int = 0
+
+    def stopper(self, cancelled: Callable[[], bool]) -> Callable[[], bool]:
+        calls = 0
+
+        def should_stop() -> bool:  # asked before every batch
+            nonlocal calls
+            self.done = max(0, calls)
+            calls += 1
+            return cancelled()
+
+        return should_stop
+
+    def rate(self, now: float) -> float:
+        elapsed = now - self.started
+        return self.done / elapsed if self.done and elapsed > 0 else 0.0
+
+
+class Effects:
+    def __init__(self, node: Host) -> None:
+        self._node = node
+        self.cancelled: set[tuple[str, int, int]] = set()
+        self.progress: dict[tuple[str, int, int], _Progress] = {}  # the shard in training
+        self._job_done: dict[str, trio.Event] = {}
+        self._released: set[str] = set()  # jobs whose executor state was freed (ended here)
+        self.finished: dict[str, str] = {}  # job -> the state whose final files this peer wrote
+        # job -> what this peer is doing before it can train it ("loading the task"...), for status
+        self.phases: dict[str, str] = {}
+
+    def done_event(self, job: str) -> trio.Event:
+        return self._job_done.setdefault(job, trio.Event())
+
+    def execute(self, eff: Effect) -> None:
+        """Cheap effects run here and now; long ones (``_TASKS``) as tasks in the nursery,
+        inside ``_guarded``, that report back into the machine when done."""
+        assert self._node._nursery is not None, "effects run only inside Node.run"
+        if log.isEnabledFor(logging.DEBUG) and not isinstance(eff, (Broadcast, Send, Persist)):
+            log.debug("effect %s", _describe(eff))
+        inline = _INLINE.get(type(eff))
+        if inline is not None:
+            inline(self, eff)
+        elif type(eff) in _TASKS:
+            self._node._nursery.start_soon(self._guarded, eff)
+        else:
+            raise TypeError(f"unknown effect {eff!r}")
+
+    async def _guarded(self, eff: Effect) -> None:
+        """Run ``eff``'s handler; the one place its errors are judged. A full disk stops the
+        daemon (retrying would only fail again); the task's own failure ends the job here;
+        an error of the tree is reported (``Failed``, after ``StateLost``/``WorkLost`` when
+        that is what it says), so the machine retries; anything else is a bug that costs
+        the job, not the daemon."""
+        try:
+            await _TASKS[type(eff)](self, eff)
+        except DiskError as exc:
+            self._node._disk_full(exc)
+        except TaskFailed as exc:
+            self.task_failed(_job_of(eff), exc.reason)
+        except (NetError, SealError, TtpeerError) as exc:
+            log.warning("%s failed: %s", type(eff).__name__, exc)
+            if isinstance(exc, StateMissing):  # so the machine recomputes or fetches it
+                self._report(StateLost(exc.state))
+            if isinstance(exc, LocalWorkLost):  # so the machine trains those shards again
+                self._report(WorkLost(exc.job))
+            self._report(Failed(eff))
+        except Exception as exc:  # noqa: BLE001 - the last resort: a bug fails the job, not the daemon
+            self._bug(_job_of(eff), type(eff).__name__, exc)
+
+    def _report(self, result: Any) -> None:
+        self._node._process(self._node.machine.report(result, self._node._now()))
+
+    def _queue(self, peer: str | None, payload: bytes) -> None:
+        if self._node.pool_key is None:
+            return  # not a full member yet: gossip will resend once we are
+        sealed = self._node.keys.seal_gossip(self._node.me, self._node.replay.next_counter(), payload)
+        try:
+            self._node._outbox_send.send_nowait((peer, sealed))
+        except trio.WouldBlock:
+            log.warning("outbox full; dropping a gossip payload (anti-entropy resends it)")
+
+    def _on_cancel(self, eff: Cancel) -> None:
+        self.cancelled.add((eff.job, eff.round, eff.shard))
+
+    def _on_job_done(self, eff: JobDone) -> None:
+        assert self._node._nursery is not None
+        self._node._nursery.start_soon(self._finish, eff.job, eff.state)
+
+    async def _prepare(self, eff: PrepareJob) -> None:
+        job = eff.job
+        try:
+            with self._phase(job.id, "fetching the task file"):
+                task_file = (open_task(self._node.cfg.pool, await self._node.blobs.get(job["task_blob"]))
+                             if job["task_blob"] else None)
+        except TaskSignatureError as exc:
+            log.warning("refusing job %s: %s", job.id[:12], exc)
+            self._report(Declined(job.id, str(exc), code="refused"))
+            return
+        with self._phase(job.id, "loading the task and its data, checking it fits"):
+            decline = await self._node.executor.prepare(job, task_file)
+        if isinstance(decline, str):
+            decline = Decline(decline)
+        if decline is not None:
+            log.warning("declining job %s: %s", job.id[:12], decline.reason)
+            self._report(Declined(job.id, decline.reason, decline.need, decline.have, decline.code))
+        else:
+            self._report(Prepared(job.id))
+
+    async def _train(self, eff: Train) -> None:
+        job, key = eff.job, (eff.job.id, eff.round, eff.shard)
+        self.cancelled.discard(key)
+        started = trio.current_time()
+        progress = self.progress[key] = _Progress(started)
+        try:
+            samples = await self._node.executor.train(eff, progress.stopper(lambda: key in self.cancelled))
+        finally:
+            self.progress.pop(key, None)
+            self.cancelled.discard(key)
+        seconds = trio.current_time() - started
+        stats = self._node.counters.job(job.id)
+        stats.shards_trained += 1 if samples else 0
+        stats.train_seconds += seconds
+        batches = samples // job["batch_size"]
+        self._report(Trained(job.id, eff.round, eff.shard, samples, batches, seconds))
+
+    async def _publish_delta(self, eff: PublishDelta) -> None:
+        job, rnd, base, shards = eff.job, eff.round, eff.base, eff.shards
+        data, metrics = await self._node.executor.delta(eff)
+        # The local model is free: the next shard trains while this delta uploads.
+        self._report(DeltaEncoded(job, rnd, base, shards))
+        blob = await self._node.blobs.upload_delta(data)
+        if blob is None:
+            self._report(Failed(eff))
+            return
+        stats = self._node.counters.job(job.id)
+        stats.fp32_bytes += int(metrics.pop("fp32_bytes", 0))
+        stats.wire_bytes += len(data)
+        self._report(DeltaPublished(job, rnd, base, shards, eff.samples, blob, len(data), metrics))
+
+    async def _aggregate(self, eff: Aggregate) -> None:
+        async with self._node.blobs.deltas(eff.job, eff.contribs) as deltas:
+            state, metrics = await self._node.executor.aggregate(eff.job, eff.base, deltas, rnd=eff.round)
+        trim()  # the blobs this close fetched: back to the system
+        ids = tuple(c.id for c in eff.contribs)
+        self._report(Aggregated(eff.job, eff.round, eff.base, ids, state, metrics))
+
+    async def _apply(self, eff: Apply) -> None:
+        job, close = eff.job, eff.close
+        async with self._node.blobs.deltas(job, eff.contribs) as deltas:
+            ok = await self._node.executor.apply(job, close["base"], deltas, close["state"], rnd=close["round"])
+        trim()
+        if not ok:
+            log.warning("round %d of job %s did not reproduce state %s here; fetching a checkpoint instead",
+                        close["round"], job.id[:12], close["state"][:19])
+        self._report(Applied(close["state"], ok))
+
+    async def _fetch_state(self, eff: FetchState) -> None:
+        job, state = eff.job, eff.state
+        what = "the initial state" if state == job["init"] else "the latest checkpoint"
+        with self._phase(job.id, f"fetching {what}"), self._node.blobs.work_files(job.id, "fetch") as (sealed, plain):
+            await self._node.blobs.get_file(eff.blob, sealed, plain)
+            ok = await self._node.executor.import_state(job, state, plain)
+        self._report(Fetched(state, ok))
+
+    async def _publish_checkpoint(self, eff: PublishCheckpoint) -> None:
+        # File to file, a piece at a time: a model-sized state is never in the daemon's
+        # memory (it was, three times over: bytes, sealed, in transport).
+        with self._node.blobs.work_files(eff.job.id, "checkpoint") as (plain, sealed):
+            await self._node.executor.export_state(eff.job, eff.state, plain)
+            size = plain.stat().st_size
+            blob = await self._node.blobs.put_file(plain, sealed)
+        self._report(CheckpointPublished(eff.job, eff.round, eff.state, blob, size))
+
+    def task_failed(self, job: Record, reason: str) -> None:
+        log.error("job %s failed on this peer: %s", job.id[:12], reason)
+        self._node._process(self._node.machine.report(JobFailed(job.id, reason), self._node._now()))
+        self.release(job.id)
+
+    def release(self, job: str) -> None:
+        """The job ended here: the executor frees its model and worker processes."""
+        if job not in self._released and self._node._nursery is not None:
+            self._released.add(job)
+            self._node._nursery.start_soon(self._node.executor.release, job)
+
+    def release_ended(self) -> None:
+        """Jobs the pool ended (cancelled, failed everywhere) hold nothing here any more."""
+        rs = self._node.machine.records
+        for job in rs.jobs():
+            if job.id not in self._released and job_ended(rs, job) is not None:
+                self.release(job.id)
+
+    def _bug(self, job: Record, what: str, exc: Exception) -> None:
+        """An exception outside the error tree escaped ``what``: log its traceback once and
+        end the job on this peer, so a bug costs one job, never the daemon."""
+        log.error("%s of job %s raised %s: a bug in ttpeer or an executor; the job ends on this peer "
+                  "(please report this traceback)", what, job.id[:12], type(exc).__name__, exc_info=exc)
+        self.task_failed(job, f"internal error: {type(exc).__name__}: {exc} (a bug; see this peer's log)")
+
+    @contextlib.contextmanager
+    def _phase(self, job: str, what: str) -> Iterator[None]:
+        """Say in status what this peer is doing for ``job`` before it can train it."""
+        self.phases[job] = what
+        try:
+            yield
+        finally:
+            if self.phases.get(job) == what:
+                del self.phases[job]
+
+    async def _finish(self, job: Record, state: str) -> None:
+        try:
+            await self._write_final(job, state)
+        except DiskError as exc:
+            self._node._disk_full(exc)
+        except TaskFailed as exc:
+            self.task_failed(job, exc.reason)
+        except Exception as exc:  # noqa: BLE001 - as in _guarded: the job, not the daemon
+            self._bug(job, "writing the final model", exc)
+
+    async def _write_final(self, job: Record, state: str) -> None:
+        chain = self._node.machine.chain(job)
+        metrics = dict(chain.closes[-1]["metrics"]) if chain.closes else {}
+        stats = self._node.counters.job(job.id)
+        summary = {"job": job.id, "task": job["task"], "state": state, "rounds": chain.round,
+                   "eval": metrics, "compression_ratio": stats.ratio(),
+                   "bytes_sent": self._node.bytes_sent, "bytes_received": self._node.bytes_received}
+        await self._node.executor.finish(job, state, summary)
+        self.finished[job.id] = state  # status says "done" from here: the final files exist
+        self.done_event(job.id).set()
+        log.info("job %s done: state %s", job.id[:12], state)
+
+
+def _job_of(eff: Effect) -> Record:
+    """The job of an effect that ``_guarded`` runs (each of them names one)."""
+    job = getattr(eff, "job", None)
+    if not isinstance(job, Record):
+        raise TypeError(f"{type(eff).__name__} names no job")
+    return job
+
+
+def _describe(eff: Effect) -> str:
+    """One line per effect for debug logs: its kind and small fields, never payloads."""
+    parts = [type(eff).__name__]
+    for name, value in vars(eff).items():
+        if isinstance(value, bool | int | float):
+            parts.append(f"{name}={value}")
+        elif isinstance(value, str):
+            parts.append(f"{name}={value[:19]}")
+        elif isinstance(value, tuple) and all(isinstance(v, int) for v in value):
+            parts.append(f"{name}={list(value)}")
+        elif hasattr(value, "id"):
+            parts.append(f"{name}={value.id[:12]}")
+    return " ".join(parts)
+
+
+# The handler of each effect: inline ones run at once on the trio thread, task ones in the
+# node's nursery under ``Effects._guarded`` (their failure path), reporting back when done.
+_INLINE: dict[type, Callable[[Effects, Any], None]] = {
+    Persist: lambda fx, eff: fx._node.log.append(eff.record.raw),
+    Broadcast: lambda fx, eff: fx._queue(None, eff.payload),
+    Send: lambda fx, eff: fx._queue(eff.peer, eff.payload),
+    Cancel: Effects._on_cancel,
+    JobDone: Effects._on_job_done,
+}
+_TASKS: dict[type, Callable[[Effects, Any], Awaitable[None]]] = {
+    PrepareJob: Effects._prepare,
+    Train: Effects._train,
+    PublishDelta: Effects._publish_delta,
+    Aggregate: Effects._aggregate,
+    Apply: Effects._apply,
+    FetchState: Effects._fetch_state,
+    PublishCheckpoint: Effects._publish_checkpoint,
+}

@@ -1,0 +1,249 @@
+"""Pool keys and sealing: the key epochs this node holds and everything sealed with them.
+
+Theory of operation. ``PoolKeys`` holds the pool key epochs, oldest first, as the home
+stores them: the newest seals, any of them opens (so blobs of old epochs stay readable).
+Only the admin adds an epoch (``rotate``, on a revocation or a lost join race); members
+take the whole list from a key handover (``handover``/``open_handover``: sealed to one
+member, signed by the giver, with the giver's membership proof). The envelopes are made
+and opened here: P (gossip, pool-sealed, bound to its sender, after a replay counter), K
+(the handover) and L (``ended_message``: the records that show a node it is no member).
+``Blobs`` seals and opens
+blobs on the transport, in memory for small ones (deltas, task files) and file to file for
+model-sized states, which never sit in the daemon's memory.
+
+What breaks it: a key handed to a node that is no member (the node checks membership
+before it hands keys), or a key written to the log (``_logging.add_secret`` knows each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from ttpeer import _logging
+from ttpeer.errors import DiskError
+from ttpeer.net import BlobCorrupt, NetError, Transport
+from ttpeer.net._entropy import random_bytes
+from ttpeer.net._seal import (
+    COUNTER,
+    SealError,
+    gossip_ad,
+    open_direct,
+    open_sealed,
+    open_sealed_file,
+    seal,
+    seal_file,
+    seal_to,
+)
+from ttpeer.proto import RETRY_AFTER, Record, decode, encode, parse, verify_proof
+
+from ._executor import Deltas
+from ._home import Home
+from ._workfiles import disk_or_job, write_work
+
+log = logging.getLogger("ttpeer.daemon")
+
+GOSSIP = b"ttpeer/gossip/v1"
+BLOB = b"ttpeer/blob/v1"
+KEY_DOMAIN = b"ttpeer/keyshare/v1\n"
+MAX_BLOB = 8 * 2**30
+THREAD_FILE_BYTES = 4 * 2**20  # a larger state is sealed or opened in a thread
+DELTA_UPLOAD_TRIES = 3  # then the delta is given up and its shards trained again
+MAX_ENDED_RECORDS = 64  # records in one L message: the invite and its winning joins, or revocations
+
+
+class PoolKeys:
+    """The pool key epochs held here, oldest first; the last one seals."""
+
+    def __init__(self, home: Home) -> None:
+        self._home = home
+        self.keys: list[bytes] = home.pool_keys()
+
+    @property
+    def newest(self) -> bytes | None:
+        return self.keys[-1] if self.keys else None
+
+    def set(self, keys: list[bytes]) -> None:
+        for key in keys:
+            _logging.add_secret(key)  # the log filter's second wall knows every epoch's key
+        self._home.save_pool_keys(keys)
+        self.keys = keys
+
+    def rotate(self) -> None:
+        """A new epoch (the admin's, on a revocation or a lost join race)."""
+        self.set([*self.keys, random_bytes(32)])
+
+    def seal(self, purpose: bytes, data: bytes) -> bytes:
+        assert self.keys, "sealing needs a pool key: callers wait for one"
+        return seal(self.keys[-1], purpose, data)
+
+    def open(self, purpose: bytes, data: bytes) -> bytes:
+        """Open with whichever epoch's key sealed it, newest first. Raises ``SealError``."""
+        for key in reversed(self.keys):
+            try:
+                return open_sealed(key, purpose, data)
+            except SealError:
+                continue
+        raise SealError("sealed payload does not authenticate under any pool key held here")
+
+    def seal_gossip(self, sender: str, counter: int, payload: bytes) -> bytes:
+        """A P message: ``payload`` after its replay counter, bound to its sender."""
+        return b"P" + self.seal(gossip_ad(GOSSIP, sender), counter.to_bytes(COUNTER, "big") + payload)
+
+    def open_gossip(self, sender: str, body: bytes) -> tuple[int, bytes] | None:
+        """(counter, payload) of a P message from ``sender``; None if too short for a
+        counter. Raises ``SealError``."""
+        plain = self.open(gossip_ad(GOSSIP, sender), body)
+        if len(plain) < COUNTER:
+            return None
+        return int.from_bytes(plain[:COUNTER], "big"), plain[COUNTER:]
+
+    def handover(self, signer: Ed25519PrivateKey, proof: list[bytes], node: str, seal_pub: str) -> bytes:
+        """A K message: every epoch's key, sealed to ``node`` and signed by us."""
+        keys = b"".join(self.keys)
+        body = {"keys": [k.hex() for k in self.keys], "to": node, "proof": [p.hex() for p in proof],
+                "sig": signer.sign(KEY_DOMAIN + node.encode() + keys).hex()}
+        return b"K" + seal_to(bytes.fromhex(seal_pub), encode(body))
+
+
+def open_to(seal_key: X25519PrivateKey, body: bytes, *, max_size: int) -> Any:
+    """The object in a message sealed to this node alone (K, L). Raises ``SealError``,
+    ``RecordError``."""
+    return decode(open_direct(seal_key, body), max_size=max_size)
+
+
+def open_handover(seal_key: X25519PrivateKey, body: bytes, pool: str,
+                  me: str) -> tuple[str, list[bytes], list[Record]] | None:
+    """(giver, keys, the giver's proof) of a K message to ``me``, or None when it is for
+    someone else or holds no usable key. Raises on a forged or malformed one."""
+    obj = open_to(seal_key, body, max_size=200_000)
+    keys = [bytes.fromhex(k) for k in obj["keys"]]
+    proof = [bytes.fromhex(p) for p in obj["proof"]]
+    giver = parse(proof[1])["node"]
+    verify_proof(pool, giver, proof)
+    Ed25519PublicKey.from_public_bytes(bytes.fromhex(giver)).verify(
+        bytes.fromhex(obj["sig"]), KEY_DOMAIN + me.encode() + b"".join(keys)
+    )
+    if obj["to"] != me or not keys or any(len(k) != 32 for k in keys):
+        return None
+    return giver, keys, [parse(raw) for raw in proof]
+
+
+def ended_message(node: str, seal_pub: str, records: list[Record]) -> bytes:
+    body = encode({"to": node, "records": [r.raw.hex() for r in records[:MAX_ENDED_RECORDS]]})
+    return b"L" + seal_to(bytes.fromhex(seal_pub), body)
+
+
+class Blobs:
+    """Sealed blobs on the transport, and the work files they pass through."""
+
+    def __init__(self, keys: PoolKeys, transport: Transport, home: Home, reject: Callable[[str], None]) -> None:
+        self._keys = keys
+        self._transport = transport
+        self._home = home
+        self._reject = reject  # counts a blob refused as not authentic
+        self._fetches = itertools.count()  # names the work files
+
+    async def put(self, data: bytes) -> str:
+        return await self._transport.put_blob(self._keys.seal(BLOB, data))
+
+    async def get(self, blob: str, max_size: int = MAX_BLOB) -> bytes:
+        assert self._keys.keys, "opening needs a pool key: callers wait for one"
+        try:
+            return self._keys.open(BLOB, await self._transport.get_blob(blob, max_size=max_size))
+        except (BlobCorrupt, SealError):
+            self._reject("blob")
+            raise
+
+    async def seal_file(self, plain: Path, sealed: Path) -> None:
+        key = self._keys.newest
+        assert key is not None
+        await _off_loop(plain, seal_file, key, BLOB, plain, sealed)
+
+    async def put_file(self, plain: Path, sealed: Path) -> str:
+        """Seal ``plain`` into ``sealed`` and upload it a piece at a time."""
+        await self.seal_file(plain, sealed)
+        return await self._transport.put_blob_file(sealed)
+
+    async def get_file(self, blob: str, sealed: Path, plain: Path) -> None:
+        """``get`` from file to file: the blob into ``sealed``, opened into ``plain``.
+        Raises as ``get`` does, and ``OSError``."""
+        try:
+            await self._transport.get_blob_file(blob, sealed, max_size=MAX_BLOB)
+            await _off_loop(sealed, open_sealed_file, list(reversed(self._keys.keys)), BLOB, sealed, plain)
+        except (BlobCorrupt, SealError):
+            self._reject("blob")
+            raise
+
+    async def upload_delta(self, data: bytes) -> str | None:
+        """Upload a delta, retrying a failed upload a few times (the local model has moved
+        on, so a delta given up on is trained again); None if every try failed."""
+        for attempt in range(DELTA_UPLOAD_TRIES):
+            try:
+                return await self.put(data)
+            except NetError as exc:
+                last = attempt == DELTA_UPLOAD_TRIES - 1
+                log.warning("delta upload failed (%s); %s", exc,
+                            "its shards will be trained again" if last else "retrying")
+                if not last:
+                    await trio.sleep(RETRY_AFTER)
+        return None
+
+    @contextlib.contextmanager
+    def work_files(self, job: str, what: str) -> Iterator[tuple[Path, Path]]:
+        """Two fresh paths in ``HOME/work/<job>/`` for a state and its sealed copy, removed
+        when the block ends (a crash leaves them to the startup sweep of ``work/``)."""
+        folder = self._home.path / "work" / job
+        folder.mkdir(parents=True, exist_ok=True)
+        n = next(self._fetches)
+        paths = folder / f"{what}-{n}.state", folder / f"{what}-{n}.sealed"
+        try:
+            yield paths
+        except OSError as exc:  # writing or reading a file, in the transport too
+            raise disk_or_job(folder, exc) from None
+        finally:
+            for path in paths:
+                path.unlink(missing_ok=True)
+
+    @contextlib.asynccontextmanager
+    async def deltas(self, job: Record, contribs: tuple[Record, ...]) -> AsyncIterator[Deltas]:
+        """The round's contributions as files in ``HOME/work/<job>/``, fetched and opened one
+        blob at a time: the node never holds a round's deltas at once (with 16 shards that
+        was 16 compressed deltas in the daemon), and the executor reads each file when its
+        outer step gets to it. The files are removed when the block ends."""
+        folder = self._home.path / "work" / job.id
+        folder.mkdir(parents=True, exist_ok=True)
+        paths: Deltas = []
+        try:
+            for c in contribs:
+                data = await self.get(c["blob"], max_size=c["size"] + 64)
+                path = folder / f"in-{next(self._fetches)}.bin"
+                try:
+                    paths.append((write_work(path, data), c["samples"]))
+                except OSError as exc:  # a full disk stops the daemon, as for any other write
+                    raise DiskError(path, exc) from None
+                del data
+            yield paths
+        finally:
+            for ref, _samples in paths:
+                assert isinstance(ref, Path)
+                ref.unlink(missing_ok=True)
+
+
+async def _off_loop(path: Path, fn: Callable[..., Any], *args: Any) -> None:
+    """``fn(*args)`` on a file at ``path``: in a thread when the file is large enough that
+    the event loop would notice (a model state: about a second of ChaCha20), inline when not (the
+    thread hop costs more, and the simulator stays deterministic)."""
+    if path.stat().st_size > THREAD_FILE_BYTES:
+        await trio.to_thread.run_sync(fn, *args)
+    else:
+        fn(*args)
+        await trio.lowlevel.checkpoint()
