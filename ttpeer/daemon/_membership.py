@@ -68,19 +68,19 @@ class Host(Protocol):
     transport: Transport
     counters: Counters
     fatal: TtpeerError | None
-    _key: Ed25519PrivateKey
-    _seal_key: X25519PrivateKey
-    _key_event: trio.Event
-    _is_admin: bool
-    _outbox_send: trio.MemorySendChannel[tuple[str | None, bytes]]
+    node_key: Ed25519PrivateKey
+    seal_key: X25519PrivateKey
+    key_event: trio.Event
+    is_admin: bool
+    outbox_send: trio.MemorySendChannel[tuple[str | None, bytes]]
 
     @property
     def pool_key(self) -> bytes | None: ...
     @property
     def pool_keys(self) -> list[bytes]: ...
-    def _wall(self) -> float: ...
-    def _now(self) -> float: ...
-    def _process(self, effects: list[Effect], *, wake: bool = True) -> None: ...
+    def wall(self) -> float: ...
+    def now(self) -> float: ...
+    def process(self, effects: list[Effect], *, wake: bool = True) -> None: ...
     def stop(self) -> None: ...
 
 
@@ -113,7 +113,7 @@ class Membership:
         if trio.current_time() >= self._rehello_at:
             self._rehello_at = trio.current_time() + REHELLO_EVERY
             with contextlib.suppress(trio.WouldBlock):
-                self._node._outbox_send.send_nowait((None, self.hello()))
+                self._node.outbox_send.send_nowait((None, self.hello()))
 
     # -- joining: hello and key handover -------------------------------------------------
 
@@ -123,10 +123,10 @@ class Membership:
     async def hello_loop(self) -> None:
         """Announce ourselves; repeat until some member handed us the pool key."""
         await self._node.transport.broadcast(self.hello())
-        while not self._node._key_event.is_set():
+        while not self._node.key_event.is_set():
             with trio.move_on_after(HELLO_EVERY):
-                await self._node._key_event.wait()
-            if not self._node._key_event.is_set():
+                await self._node.key_event.wait()
+            if not self._node.key_event.is_set():
                 try:
                     await self._node.transport.broadcast(self.hello())
                 except NetError:
@@ -136,9 +136,9 @@ class Membership:
         obj = decode(body, max_size=200_000)
         proof = [bytes.fromhex(p) for p in obj["proof"]]
         member = verify_proof(self._node.cfg.pool, sender, proof)
-        now = self._node._now()
+        now = self._node.now()
         for raw in proof:
-            self._node._process(self._node.machine.add_local(parse(raw), now))
+            self._node.process(self._node.machine.add_local(parse(raw), now))
         if self._node.pool_key is None:
             return
         if member.node not in self._node.machine.records.members:
@@ -160,7 +160,7 @@ class Membership:
         stolen token used late passes the membership rules: this is where it is stopped,
         since without the pool key it can neither read nor send anything. Members who
         took part (a claim, a contribution...) still get keys after a rotation."""
-        past = self._node._wall() - parse(proof[0])["expires"]
+        past = self._node.wall() - parse(proof[0])["expires"]
         if past <= EXPIRY_GRACE:
             return None
         if any(r.author == node and r.kind != "join" for r in self._node.machine.records):
@@ -169,15 +169,15 @@ class Membership:
 
     def hand_keys(self, node: str, seal_pub: str) -> None:
         host = self._node
-        host._outbox_send.send_nowait((node, host.keys.handover(host._key, host.cfg.proof, node, seal_pub)))
+        host.outbox_send.send_nowait((node, host.keys.handover(host.node_key, host.cfg.proof, node, seal_pub)))
 
     def on_key(self, body: bytes) -> None:
-        opened = open_handover(self._node._seal_key, body, self._node.cfg.pool, self._node.me)
+        opened = open_handover(self._node.seal_key, body, self._node.cfg.pool, self._node.me)
         if opened is None:
             return
         giver, keys, proof = opened
         for rec in proof:  # the giver's membership, so we can judge its role below
-            self._node._process(self._node.machine.add_local(rec, self._node._now()), wake=False)
+            self._node.process(self._node.machine.add_local(rec, self._node.now()), wake=False)
         if self._node.pool_keys:
             # A newer epoch: only from a current (unrevoked) member, and only extending the
             # keys we hold. Only the admin makes epochs; members pass them on.
@@ -185,9 +185,9 @@ class Membership:
                     or giver not in self._node.machine.records.members):
                 return
         self._node.keys.set(keys)
-        self._node._key_event.set()
+        self._node.key_event.set()
         log.info("received pool key epoch %d from %s", len(keys) - 1, giver[:12])
-        self._node._process(self._node.machine.tick(self._node._now()))
+        self._node.process(self._node.machine.tick(self._node.now()))
 
     # -- a membership that ended ----------------------------------------------------------
 
@@ -238,17 +238,17 @@ class Membership:
             return
         self._told_ended[member.node] = now
         with contextlib.suppress(trio.WouldBlock):
-            self._node._outbox_send.send_nowait((member.node, ended_message(member.node, member.seal, shown)))
+            self._node.outbox_send.send_nowait((member.node, ended_message(member.node, member.seal, shown)))
 
     def on_ended(self, body: bytes) -> None:
         """Records someone says show we are no member: signed, so we just take them (the
         receiver then judges our standing from everything held, not from this claim)."""
-        obj = open_to(self._node._seal_key, body, max_size=MAX_ENDED_RECORDS * 140_000)
+        obj = open_to(self._node.seal_key, body, max_size=MAX_ENDED_RECORDS * 140_000)
         if obj["to"] != self._node.me:
             return
-        now = self._node._now()
+        now = self._node.now()
         for raw in obj["records"][:MAX_ENDED_RECORDS]:
-            self._node._process(self._node.machine.add_local(parse(bytes.fromhex(raw)), now), wake=False)
+            self._node.process(self._node.machine.add_local(parse(bytes.fromhex(raw)), now), wake=False)
 
     def rotate(self) -> None:
         """A new pool key, handed (with the old ones) only to who is a member now."""
@@ -261,7 +261,7 @@ class Membership:
         """Admin only: a join that lost the race for an invite's last use may have been
         handed the pool key first; rotate the key so that node reads nothing new."""
         rs = self._node.machine.records
-        if self._lost_checked == rs.membership_version or not self._node._is_admin:
+        if self._lost_checked == rs.membership_version or not self._node.is_admin:
             return
         self._lost_checked = rs.membership_version
         lost = lost_joins(self._node.cfg.pool, rs) - set(revocations(self._node.cfg.pool, rs)) - self._lost_seen
