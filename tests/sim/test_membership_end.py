@@ -58,7 +58,7 @@ async def test_the_loser_of_a_token_race_is_told_and_stops(tmp_path, autojump_cl
             # At once: one hello and its answer, well inside one digest interval or two.
             assert took < 10, took
             assert isinstance(lost.fatal, MembershipEnded) and LOST in str(lost.fatal)
-            assert lost._nursery is not None and lost._nursery.cancel_scope.cancel_called
+            assert lost.nursery is not None and lost.nursery.cancel_scope.cancel_called
             assert LOST in (sim.peers[loser].home.ended() or "")
             # The winner is a member everywhere and was never told anything of the kind.
             won = sim.peers[winner].node

@@ -51,8 +51,8 @@ async def test_only_root_signed_task_files_run_anywhere(tmp_path, autojump_clock
             for label, blob in (("not signed", TASK), ("altered", altered)):
                 body = {k: good[k] for k in good.body}
                 body.update(task_blob=await member._put_sealed(blob), at=good["at"] + 1 + len(reasons))
-                rec = sign("job", member.cfg.pool, body, member._key)
-                member._process(member.machine.add_local(rec, member._now()))
+                rec = sign("job", member.cfg.pool, body, member.node_key)
+                member.process(member.machine.add_local(rec, member.now()))
                 await _declined_or_prepared(sim, rec.id)
                 for p in sim.peers:
                     reason = p.node.machine.declined.get(rec.id)  # type: ignore[union-attr]

@@ -32,7 +32,10 @@ SURFACES: dict[str, set[str]] = {
         # typed reports of the executor's outcomes, and the job record read once
         'Aggregated', 'Applied', 'CheckpointPublished', 'Declined', 'DeltaEncoded', 'DeltaPublished', 'Failed',
         'Fetched', 'Holds', 'JobFailed', 'JobSpec', 'Prepared', 'Progress', 'Report', 'StateLost', 'Trained',
-        'WorkLost'
+        'WorkLost',
+        # the key ring's decisions (who gets the pool key, who is told it ended)
+        'AcceptKeys', 'EXPIRY_GRACE', 'EndMembership', 'HandKeys', 'KeyRing', 'Refuse', 'RejectKeys', 'Renamed',
+        'Rotate', 'TellEnded'
     },
     'ttpeer.net': {
         'BlobCorrupt', 'BlobMissing', 'ErrorCode', 'Faults', 'MemoryRelay', 'MemoryTransport', 'Message', 'NetError',

@@ -10,9 +10,8 @@ import pytest
 import trio
 
 from ttpeer.daemon import Home, Node, new_invite
-from ttpeer.daemon._node import EXPIRY_GRACE
 from ttpeer.net import MemoryRelay
-from ttpeer.proto import Token, encode, sign
+from ttpeer.proto import EXPIRY_GRACE, Token, encode, sign
 from ttpeer.testing import FakeDisk, FakeExecutor
 
 T0 = 1_800_000_000.0
@@ -45,14 +44,14 @@ def _handed_key(admin_home: Home, member_home: Home, wall: float, *, took_part: 
                        member_home.node_key())
             admin.machine.add_local(rec, 0.0)
         async with trio.open_nursery() as nursery:
-            admin._nursery = nursery
+            admin.nursery = nursery
             sender = member_home.node_key().public_key().public_bytes_raw().hex()
             admin._on_message(sender, b"H" + encode({"proof": [p.hex() for p in member.proof]}))
             nursery.cancel_scope.cancel()
         queued = []
         while True:
             try:
-                queued.append(admin._outbox_recv.receive_nowait())
+                queued.append(admin.link.outbox_recv.receive_nowait())
             except trio.WouldBlock:
                 break
         keys = [data for to, data in queued if to == sender and data[:1] == b"K"]

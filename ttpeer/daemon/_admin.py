@@ -54,17 +54,17 @@ class Host(Protocol):
     executor: Executor
     transport: Transport
     blobs: Blobs
-    _key: Ed25519PrivateKey
-    _key_event: trio.Event
-    _is_admin: bool
+    node_key: Ed25519PrivateKey
+    key_event: trio.Event
+    is_admin: bool
 
     @property
     def pool_keys(self) -> list[bytes]: ...
-    def _wall(self) -> float: ...
-    def _now(self) -> float: ...
-    def _process(self, effects: list[Effect], *, wake: bool = True) -> None: ...
-    def _rotate(self) -> None: ...
-    def _release(self, job: str) -> None: ...
+    def wall(self) -> float: ...
+    def now(self) -> float: ...
+    def process(self, effects: list[Effect], *, wake: bool = True) -> None: ...
+    def rotate_key(self) -> None: ...
+    def release_job(self, job: str) -> None: ...
     def liveness(self, peer: str) -> str: ...
 
 
@@ -72,7 +72,7 @@ async def submit(node: Host, spec: dict[str, Any], task_file: bytes | None) -> R
     """Make, seal and publish a new job from ``spec``. ``shards`` or ``lease`` left
     out (None) default from the speeds peers have published. Raises ``TtpeerError``."""
     signed = signed_task(node, task_file) if task_file is not None else None
-    await node._key_event.wait()
+    await node.key_event.wait()
     spec = sized(node, with_members(spec))
     fixed, init = await node.executor.new_job(spec, task_file)
     if isinstance(init, Path):  # a model-sized file: sealed and uploaded a piece at a time
@@ -83,15 +83,15 @@ async def submit(node: Host, spec: dict[str, Any], task_file: bytes | None) -> R
     else:
         init_blob = await node.blobs.put(init)
     task_blob = await node.blobs.put(signed) if signed is not None else ""
-    body = {**spec, **fixed, "init_blob": init_blob, "task_blob": task_blob, "at": int(node._wall())}
-    rec = sign("job", node.cfg.pool, body, node._key)
-    node._process(node.machine.add_local(rec, node._now()))
+    body = {**spec, **fixed, "init_blob": init_blob, "task_blob": task_blob, "at": int(node.wall())}
+    rec = sign("job", node.cfg.pool, body, node.node_key)
+    node.process(node.machine.add_local(rec, node.now()))
     return rec
 
 
 def signed_task(node: Host, task_file: bytes) -> bytes:
     """Task files run as Python on every peer: only the pool admin may submit one."""
-    if not node._is_admin:
+    if not node.is_admin:
         raise TaskSignatureError(
             "only the pool admin can submit a job with a task file: it runs as Python on every "
             "peer, so it must be signed with the pool's root key. Submit it on the admin machine "
@@ -116,7 +116,7 @@ async def revoke(node: Host, peer: str) -> Record:
     to the remaining members, and tell the relay to refuse the peer's sessions.
     Raises ``TtpeerError`` (not the admin, unknown peer, too much to keep)."""
     require_admin(node)
-    await node._key_event.wait()
+    await node.key_event.wait()
     if peer == node.me:
         raise RevokeError("the admin cannot revoke itself; make a new pool instead")
     rs = node.machine.records
@@ -130,11 +130,11 @@ async def revoke(node: Host, peer: str) -> Record:
     if len(keep) > MAX_KEEP:
         raise RevokeError(f"the peer's records on the pool's chains are too many to keep ({len(keep)} > "
                           f"{MAX_KEEP}); wait for its jobs to finish, then revoke it")
-    rec = sign("revoke", node.cfg.pool, {"node": peer, "keep": keep, "at": int(node._wall())},
+    rec = sign("revoke", node.cfg.pool, {"node": peer, "keep": keep, "at": int(node.wall())},
                node.home.root_key())
     seal_pub = rs.members[peer].seal
-    node._process(node.machine.add_local(rec, node._now()))
-    node._rotate()
+    node.process(node.machine.add_local(rec, node.now()))
+    node.rotate_key()
     # Straight to the peer, before the relay stops serving it: its waiting receive
     # returns with the record and it stops at once. Gossip may come too late: once the
     # relay refuses it, only the end of its long poll (RECV_WAIT) would tell it.
@@ -160,7 +160,7 @@ async def cancel(node: Host, prefix: str) -> tuple[Record, Record, bool]:
     working on it at once. Only its submitter or the pool's admin may. Returns the job,
     the cancel, and whether it was cancelled already (then the earlier cancel). Raises
     ``JobError``."""
-    await node._key_event.wait()
+    await node.key_event.wait()
     rs = node.machine.records
     job = find_job(node, prefix)
     if not may_cancel(rs, job, node.me):
@@ -175,9 +175,9 @@ async def cancel(node: Host, prefix: str) -> tuple[Record, Record, bool]:
     earlier = cancel_of(rs, job)
     if earlier is not None:
         return job, earlier, True
-    rec = sign("cancel", node.cfg.pool, {"job": job.id, "at": int(node._wall())}, node._key)
-    node._process(node.machine.add_local(rec, node._now()))
-    node._release(job.id)
+    rec = sign("cancel", node.cfg.pool, {"job": job.id, "at": int(node.wall())}, node.node_key)
+    node.process(node.machine.add_local(rec, node.now()))
+    node.release_job(job.id)
     log.info("cancelled job %s", job.id[:12])
     return job, rec, False
 
@@ -185,7 +185,7 @@ async def cancel(node: Host, prefix: str) -> tuple[Record, Record, bool]:
 def require_admin(node: Host) -> None:
     """Raises ``RevokeError`` unless this is the admin: asked before a name is looked
     up, so a member is told what it cannot do rather than which names match."""
-    if not node._is_admin:
+    if not node.is_admin:
         raise RevokeError("only the pool admin (the machine that ran 'ttpeer pool create') can revoke a peer")
 
 

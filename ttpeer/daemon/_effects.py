@@ -82,8 +82,8 @@ class Host(Protocol):
     keys: PoolKeys
     blobs: Blobs
     counters: Counters
-    _nursery: trio.Nursery | None
-    _outbox_send: trio.MemorySendChannel[tuple[str | None, bytes]]
+    nursery: trio.Nursery | None
+    outbox_send: trio.MemorySendChannel[tuple[str | None, bytes]]
 
     @property
     def pool_key(self) -> bytes | None: ...
@@ -91,9 +91,9 @@ class Host(Protocol):
     def bytes_sent(self) -> int: ...
     @property
     def bytes_received(self) -> int: ...
-    def _now(self) -> float: ...
-    def _process(self, effects: list[Effect], *, wake: bool = True) -> None: ...
-    def _disk_full(self, exc: DiskError) -> None: ...
+    def now(self) -> float: ...
+    def process(self, effects: list[Effect], *, wake: bool = True) -> None: ...
+    def disk_full(self, exc: DiskError) -> None: ...
 
 
 @dataclass
@@ -137,14 +137,14 @@ class Effects:
     def execute(self, eff: Effect) -> None:
         """Cheap effects run here and now; long ones (``_TASKS``) as tasks in the nursery,
         inside ``_guarded``, that report back into the machine when done."""
-        assert self._node._nursery is not None, "effects run only inside Node.run"
+        assert self._node.nursery is not None, "effects run only inside Node.run"
         if log.isEnabledFor(logging.DEBUG) and not isinstance(eff, (Broadcast, Send, Persist)):
             log.debug("effect %s", _describe(eff))
         inline = _INLINE.get(type(eff))
         if inline is not None:
             inline(self, eff)
         elif type(eff) in _TASKS:
-            self._node._nursery.start_soon(self._guarded, eff)
+            self._node.nursery.start_soon(self._guarded, eff)
         else:
             raise TypeError(f"unknown effect {eff!r}")
 
@@ -157,7 +157,7 @@ class Effects:
         try:
             await _TASKS[type(eff)](self, eff)
         except DiskError as exc:
-            self._node._disk_full(exc)
+            self._node.disk_full(exc)
         except TaskFailed as exc:
             self.task_failed(_job_of(eff), exc.reason)
         except (NetError, SealError, TtpeerError) as exc:
@@ -171,14 +171,14 @@ class Effects:
             self._bug(_job_of(eff), type(eff).__name__, exc)
 
     def _report(self, result: Any) -> None:
-        self._node._process(self._node.machine.report(result, self._node._now()))
+        self._node.process(self._node.machine.report(result, self._node.now()))
 
     def _queue(self, peer: str | None, payload: bytes) -> None:
         if self._node.pool_key is None:
             return  # not a full member yet: gossip will resend once we are
         sealed = self._node.keys.seal_gossip(self._node.me, self._node.replay.next_counter(), payload)
         try:
-            self._node._outbox_send.send_nowait((peer, sealed))
+            self._node.outbox_send.send_nowait((peer, sealed))
         except trio.WouldBlock:
             log.warning("outbox full; dropping a gossip payload (anti-entropy resends it)")
 
@@ -186,8 +186,8 @@ class Effects:
         self.cancelled.add((eff.job, eff.round, eff.shard))
 
     def _on_job_done(self, eff: JobDone) -> None:
-        assert self._node._nursery is not None
-        self._node._nursery.start_soon(self._finish, eff.job, eff.state)
+        assert self._node.nursery is not None
+        self._node.nursery.start_soon(self._finish, eff.job, eff.state)
 
     async def _prepare(self, eff: PrepareJob) -> None:
         job = eff.job
@@ -276,14 +276,14 @@ class Effects:
 
     def task_failed(self, job: Record, reason: str) -> None:
         log.error("job %s failed on this peer: %s", job.id[:12], reason)
-        self._node._process(self._node.machine.report(JobFailed(job.id, reason), self._node._now()))
+        self._node.process(self._node.machine.report(JobFailed(job.id, reason), self._node.now()))
         self.release(job.id)
 
     def release(self, job: str) -> None:
         """The job ended here: the executor frees its model and worker processes."""
-        if job not in self._released and self._node._nursery is not None:
+        if job not in self._released and self._node.nursery is not None:
             self._released.add(job)
-            self._node._nursery.start_soon(self._node.executor.release, job)
+            self._node.nursery.start_soon(self._node.executor.release, job)
 
     def release_ended(self) -> None:
         """Jobs the pool ended (cancelled, failed everywhere) hold nothing here any more."""
@@ -313,7 +313,7 @@ class Effects:
         try:
             await self._write_final(job, state)
         except DiskError as exc:
-            self._node._disk_full(exc)
+            self._node.disk_full(exc)
         except TaskFailed as exc:
             self.task_failed(job, exc.reason)
         except Exception as exc:  # noqa: BLE001 - as in _guarded: the job, not the daemon

@@ -76,7 +76,6 @@ from ._keys import BLOB as BLOB
 from ._keys import GOSSIP as GOSSIP
 from ._keys import Blobs, PoolKeys, SealError
 from ._link import Link, revoked_by_relay
-from ._membership import EXPIRY_GRACE as EXPIRY_GRACE
 from ._membership import Membership
 from ._recordlog import RecordLog
 from ._replay import ReplayGuard
@@ -103,29 +102,29 @@ class Node:
         self.cfg: PoolConfig = home.config()
         self.transport = transport
         self.executor = executor
-        self._key = home.node_key()
-        self._seal_key = home.seal_key()
+        self.node_key = home.node_key()
+        self.seal_key = home.seal_key()
         self.keys = PoolKeys(home)
         self.counters = Counters()
         self._rng = random.Random(seed)
         self._wake = trio.Event()
         self.link = Link(transport, self.counters, self._rng, lambda: self._wake.set())
-        self.machine = PeerMachine(self.cfg.pool, self._key, now=self._now(), timing=timing)
+        self.machine = PeerMachine(self.cfg.pool, self.node_key, now=self.now(), timing=timing)
         self.me = self.machine.me
         self.log = RecordLog(home.records_log, fsync=durable)
         self.replay = ReplayGuard(home.path, durable=durable)
         self.blobs = Blobs(self.keys, transport, home, self.counters.reject)
-        self._wall = wall  # calendar time, only for the `at` of jobs this node submits
-        self._outbox_send, self._outbox_recv = self.link.outbox_send, self.link.outbox_recv
-        self._nursery: trio.Nursery | None = None
+        self.wall = wall  # calendar time: the `at` of records signed here, invites' expiry
+        self.outbox_send = self.link.outbox_send
+        self.nursery: trio.Nursery | None = None
         self.effects = Effects(self)
         self.finished, self.phases = self.effects.finished, self.effects.phases  # read by status
-        self._key_event = trio.Event()
+        self.key_event = trio.Event()
         self.fatal: TtpeerError | None = None
-        self._is_admin = (home.path / "root.key").exists()
+        self.is_admin = (home.path / "root.key").exists()
         self.membership = Membership(self)
         if self.pool_key is not None:
-            self._key_event.set()
+            self.key_event.set()
 
     @property
     def pool_keys(self) -> list[bytes]:
@@ -141,7 +140,7 @@ class Node:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled. Raises the first fatal error (a relay that is not ours,
         a membership the relay refuses, a full disk)."""
-        now = self._now()
+        now = self.now()
         self.counters.started = trio.current_time()
         logged = self.log.load()
         for raw in self.cfg.proof:
@@ -153,7 +152,7 @@ class Node:
             for state in self.executor.held_states(job):
                 self.machine.held.add(state)
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
+            self.nursery = nursery
             await self._connect()
             nursery.start_soon(self.link.receiver, self._on_message, self._settle, self._revoked_by_relay)
             nursery.start_soon(self.link.outbox)
@@ -163,8 +162,8 @@ class Node:
 
     def stop(self) -> None:
         self.replay.maybe_save(0.0, force=True)
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        if self.nursery is not None:
+            self.nursery.cancel_scope.cancel()
 
     async def _connect(self) -> None:
         try:
@@ -190,7 +189,7 @@ class Node:
 
     # -- time and liveness -----------------------------------------------------------
 
-    def _now(self) -> float:
+    def now(self) -> float:
         """Protocol time: it stands still while we are cut off from the relay (``_link``)."""
         return self.link.now()
 
@@ -218,18 +217,18 @@ class Node:
 
     # -- effects: one handler per effect type -------------------------------------------
 
-    def _process(self, effects: list[Effect], *, wake: bool = True) -> None:
+    def process(self, effects: list[Effect], *, wake: bool = True) -> None:
         """Execute effects; ``wake`` the ticker, since the next deadline may have moved."""
         for eff in effects:
             try:
                 self.effects.execute(eff)
             except DiskError as exc:
-                self._disk_full(exc)
+                self.disk_full(exc)
                 return
         if wake:
             self._wake.set()
 
-    def _disk_full(self, exc: DiskError) -> None:
+    def disk_full(self, exc: DiskError) -> None:
         self.fatal = exc
         log.error("%s", exc)
         self.stop()
@@ -253,14 +252,14 @@ class Node:
             if not timer.cancelled_caught:
                 continue
             for (job, rnd, shard), p in list(self.effects.progress.items()):
-                self.machine.report(Progress(job, rnd, shard, p.done, p.rate(trio.current_time())), self._now())
+                self.machine.report(Progress(job, rnd, shard, p.done, p.rate(trio.current_time())), self.now())
             # Protocol time is trio time less the outages: the subtraction can land a hair
             # before the deadline that just fired, which must not leave it unfired.
-            self._process(self.machine.tick(max(self._now(), deadline)), wake=False)
+            self.process(self.machine.tick(max(self.now(), deadline)), wake=False)
 
     def _settle(self) -> None:
         """After a batch of messages: one decision for the whole batch, not one per message."""
-        self._process(self.machine.settle(self._now()))
+        self.process(self.machine.settle(self.now()))
         self.membership.check_lost_races()
         self.effects.release_ended()
         self.membership.check_standing()
@@ -274,7 +273,7 @@ class Node:
                 if opened is None or not self.replay.accept(sender, opened[0]):
                     log.debug("dropped a replayed or stale message from %s", sender[:12])
                     return
-                self._process(self.machine.receive(sender, opened[1], self._now(), settle=False), wake=False)
+                self.process(self.machine.receive(sender, opened[1], self.now(), settle=False), wake=False)
             elif kind == b"P":
                 return  # no key yet: the hello loop is asking for it
             elif kind == b"H":
@@ -323,10 +322,10 @@ class Node:
         """(id, name) of a member or revoked node. Raises ``RevokeError``."""
         return _admin.resolve_peer(self, text)
 
-    def _rotate(self) -> None:
+    def rotate_key(self) -> None:
         self.membership.rotate()
 
-    def _release(self, job: str) -> None:
+    def release_job(self, job: str) -> None:
         self.effects.release(job)
 
     # -- status ---------------------------------------------------------------------------

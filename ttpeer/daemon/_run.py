@@ -173,12 +173,12 @@ def _progress_line(node: Node) -> str:
 
 
 def _protocol_now(node: Node) -> float:
-    now = getattr(node, "_now", None)  # protocol time, when the node keeps one apart from trio's
+    now = getattr(node, "now", None)  # protocol time, when the node keeps one apart from trio's
     return float(now()) if callable(now) else trio.current_time()
 
 
 def running(node: Node) -> bool:
-    return getattr(node, "_nursery", None) is not None
+    return getattr(node, "nursery", None) is not None
 
 
 def release_claims(node: Node) -> str | None:
@@ -187,7 +187,7 @@ def release_claims(node: Node) -> str | None:
         return None  # not started yet: it holds no claim
     training = node.machine.training
     effects = node.machine.release(_protocol_now(node))
-    node._process(effects)
+    node.process(effects)
     if not effects or training is None:
         return None
     job, rnd, shard = training
@@ -196,7 +196,7 @@ def release_claims(node: Node) -> str | None:
 
 def outbox_idle(node: Node) -> bool:
     """Nothing queued and the sender waiting for more: everything queued has been sent."""
-    stats = node._outbox_send.statistics()
+    stats = node.outbox_send.statistics()
     return stats.current_buffer_used == 0 and stats.tasks_waiting_receive > 0
 
 

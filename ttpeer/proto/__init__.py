@@ -40,6 +40,18 @@ from ._effects import (
 from ._ensemble import member_variants
 from ._errors import ProofError, RecordError, RevokeError, TtpeerError
 from ._jobspec import JobSpec
+from ._keyring import (
+    EXPIRY_GRACE,
+    AcceptKeys,
+    EndMembership,
+    HandKeys,
+    KeyRing,
+    Refuse,
+    RejectKeys,
+    Renamed,
+    Rotate,
+    TellEnded,
+)
 from ._ledger import (
     Chain,
     RecordSet,
@@ -96,6 +108,16 @@ __all__ = [
     "FetchState",
     "JobDone",
     "JobSpec",
+    "KeyRing",
+    "HandKeys",
+    "TellEnded",
+    "Refuse",
+    "EndMembership",
+    "Rotate",
+    "Renamed",
+    "AcceptKeys",
+    "RejectKeys",
+    "EXPIRY_GRACE",
     "PeerMachine",
     "Report",
     "Prepared",
