@@ -322,7 +322,7 @@ async def test_large_upload_goes_out_in_pieces_under_its_content_length(
         pieces: list[int] = []
         transmit, cut = a._transmit, relay_client._pieces
 
-        async def counted(body: bytes) -> AsyncIterator[bytes]:
+        async def counted(body: bytes) -> AsyncIterator[memoryview]:
             async for piece in cut(body):
                 pieces.append(len(piece))
                 yield piece

@@ -62,6 +62,12 @@ def parse_head(raw: bytes) -> tuple[int, dict[str, str]]:
     return int(code), headers
 
 
+# What ``receive_some`` returns: trio's stream interface promises ``bytes | bytearray``
+# (an SSLStream hands over OpenSSL's bytes; trio's memory streams, used in tests, bytearray).
+# Both are kept as they came, uncopied; ``b"".join`` takes either.
+Chunk = bytes | bytearray
+
+
 class Body:
     """Bytes as they arrive: the chunks, their total ``size`` and their running sha256."""
 
@@ -69,11 +75,11 @@ class Body:
         self.clear()
 
     def clear(self) -> None:
-        self.parts: list[bytes] = []
+        self.parts: list[Chunk] = []
         self.size = 0
         self.sha256 = hashlib.sha256()
 
-    def append(self, chunk: bytes) -> None:
+    def append(self, chunk: Chunk) -> None:
         self.parts.append(chunk)
         self.size += len(chunk)
         self.sha256.update(chunk)
@@ -92,7 +98,7 @@ class FileBody(Body):
         self._file.seek(0)
         self._file.truncate()
 
-    def append(self, chunk: bytes) -> None:
+    def append(self, chunk: Chunk) -> None:
         self._file.write(chunk)
         self.size += len(chunk)
         self.sha256.update(chunk)
@@ -118,7 +124,7 @@ class Answer:
         self._next_push = trio.current_time() + timeout / 8
         self._rest = b""  # body bytes that came with the head
 
-    async def _receive(self) -> bytes:
+    async def _receive(self) -> Chunk:
         chunk = await self.stream.receive_some(_READ_BYTES)
         now = trio.current_time()
         if now >= self._next_push:

@@ -528,8 +528,9 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-async def _pieces(data: bytes) -> AsyncIterator[bytes]:
-    """``data`` in ``UPLOAD_PIECE`` slices, without copying it."""
+async def _pieces(data: bytes) -> AsyncIterator[memoryview]:
+    """``data`` in ``UPLOAD_PIECE`` slices, without copying it (views, which httpx sends
+    as they are)."""
     view = memoryview(data)
     for start in range(0, len(view), UPLOAD_PIECE):
         yield view[start:start + UPLOAD_PIECE]
