@@ -31,7 +31,7 @@ from ttpeer.daemon import Home
 from ttpeer.daemon._integrity import scan_log
 from ttpeer.daemon._views import history, peer_rows, throughput
 from ttpeer.errors import JobError, UsageError
-from ttpeer.proto import Record, RecordError, RecordSet, canonical_chain, parse
+from ttpeer.proto import Plan, Record, RecordError, RecordSet, canonical_chain, parse
 
 COLORS = {"compute": "#3b7dd8", "comm": "#e8a33d", "idle": "#b9b9b9"}
 
@@ -202,7 +202,7 @@ def render_html(job: Record, rs: RecordSet, *, peer_name: str, note: str | None)
     metric = last["metric_name"] if last else "metric"
     facts = job_facts(job, chain.round, rs.of_job(job.id, "contrib"), names)
     # A running job's last close is where it stands, not where it ends.
-    when = "final" if chain.round >= job["rounds"] else f"so far (round {chain.round})"
+    when = "final" if Plan.of(job, chain.closes).finished(chain.round) else f"so far (round {chain.round})"
     facts[-1:-1] = [[f"eval loss {when}", _fmt(last["eval_loss"] if last else None)],
                     [f"{metric} {when}", _fmt(last["eval_metric"] if last else None)],
                     ["model state", chain.head]]
@@ -263,9 +263,15 @@ def job_facts(job: Record, closed: int, contribs: list[Record], names: dict[str,
                           "(the members vote at inference)"],
             ["contributions", f"{len(contribs)} from {peers} peers, {sent:.2f} MiB of member checkpoints"],
         ]
-    return head + [
-        ["rounds closed", f"{closed} of {job['rounds']}"],
-        ["per round", f"{job['shards']} shards x {job['batches']} inner steps x batch {job['batch_size']}"],
+    if "h_min" in job.body:  # auto cadence: the pool picked each round's size
+        rounds = [["rounds closed", f"{closed}, over a budget of {job['rounds'] * job['batches']} inner steps "
+                                    "per shard"],
+                  ["per round", f"{job['shards']} shards x {job['h_min']}-{job['h_max']} inner steps (picked each "
+                                f"round to hide the sync; {job['batches']} at first) x batch {job['batch_size']}"]]
+    else:
+        rounds = [["rounds closed", f"{closed} of {job['rounds']}"],
+                  ["per round", f"{job['shards']} shards x {job['batches']} inner steps x batch {job['batch_size']}"]]
+    return head + rounds + [
         ["optimizers", f"inner AdamW lr {job['inner_lr']}{_sched(job, '')}, outer Nesterov lr {job['outer_lr']}"
                        f"{_sched(job, 'outer_')} momentum {job['outer_momentum']}; deltas int{job['bits']}"],
         ["contributions", f"{len(contribs)} from {peers} peers, {sent:.2f} MiB of compressed deltas"],

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from ttpeer._parser import Parser
 from ttpeer.errors import TtpeerError, UsageError
+from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN
 
 EPILOG = """\
 Start here:
@@ -31,6 +32,23 @@ Or try everything on this machine: ttpeer demo
 
 
 MAX_STEP_TIMEOUT = 7 * 86400.0  # the job record's bound
+AUTO_FIRST = 25  # an auto-cadence job's first rounds' size (and its budget's unit)
+
+
+def _inner_steps(text: str) -> int | tuple[int, int]:
+    """``N``, or ``auto`` / ``auto:MIN-MAX`` (the pool picks each round's size within bounds)."""
+    t = text.strip().lower()
+    if t == "auto":
+        return DEFAULT_H_MIN, DEFAULT_H_MAX
+    m = re.fullmatch(r"auto:(\d+)-(\d+)", t)
+    if m:
+        lo, hi = int(m.group(1)), int(m.group(2))
+        if not 1 <= lo <= hi <= 1_000_000:
+            raise argparse.ArgumentTypeError(f"auto bounds must be 1 <= MIN <= MAX <= 1000000, got {text!r}")
+        return lo, hi
+    if t.isdigit() and int(t) > 0:
+        return int(t)
+    raise argparse.ArgumentTypeError(f"not a step count: {text!r} (use e.g. 25, auto, or auto:10-500)")
 
 
 def _duration(text: str) -> float:
@@ -119,8 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ensemble: how many members (each on the full data, its own seed and lr/weight decay)")
     s.add_argument("--rounds", type=_positive_int, default=10,
                    help="outer rounds (default 10); ensemble: units each member trains")
-    s.add_argument("--inner-steps", type=_positive_int, default=25,
-                   help="inner AdamW steps per shard (default 25); ensemble: steps per unit")
+    s.add_argument("--inner-steps", type=_inner_steps, default=25, metavar="N|auto[:MIN-MAX]",
+                   help="inner AdamW steps per shard (default 25); ensemble: steps per unit. auto (fused): "
+                        "the pool picks each round's steps, as few as keep the sync hidden behind compute "
+                        f"(default bounds {DEFAULT_H_MIN}-{DEFAULT_H_MAX}); the job's budget stays --rounds x 25 "
+                        "inner steps per shard, so the round count follows the link")
     s.add_argument("--shards", type=_positive_int, default=None,
                    help="shards per round (default: from the speeds peers publish, 2 per peer at first)")
     s.add_argument("--batch-size", type=_positive_int, default=None, help="default: the task's")
@@ -476,9 +497,13 @@ def _submit(args: argparse.Namespace) -> int:
     elif task.partition(":")[0] not in ("mnist1d", "charlm"):
         raise UsageError(f"unknown task {task!r}: use 'mnist1d' (or 'mnist1d:samples=60000'), 'charlm' "
                          "(or 'charlm:n_layer=4,d_model=128,...') or a path to a task file ending in .py")
+    auto = isinstance(args.inner_steps, tuple)
+    if auto and args.mode != "fused":
+        raise UsageError("--inner-steps auto is for fused jobs: an ensemble member trains fixed units")
+    steps = min(max(AUTO_FIRST, args.inner_steps[0]), args.inner_steps[1]) if auto else args.inner_steps
     spec: dict[str, Any] = {
         "task": task, "mode": args.mode, "rounds": args.rounds, "shards": args.shards,
-        "batches": args.inner_steps, "batch_size": args.batch_size or 64, "inner_lr": args.inner_lr,
+        "batches": steps, "batch_size": args.batch_size or 64, "inner_lr": args.inner_lr,
         "weight_decay": args.weight_decay, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
         "bits": args.bits, "seed": args.seed, "lease": args.lease, "steal": not args.no_steal,
         "step_timeout": _step_timeout(args.step_timeout),
@@ -495,12 +520,18 @@ def _submit(args: argparse.Namespace) -> int:
         if args.mode != "fused":
             raise UsageError("--overlap is for fused jobs")
         spec["overlap"] = 1
+    if auto:
+        spec["h_min"], spec["h_max"] = args.inner_steps
     spec.update(_recipe_fields(args, home))
     reply = ask_daemon(home, {"op": "submit", "spec": spec,
                                        "task_file": task_file.hex() if task_file else None}, timeout=300)
     if args.mode == "ensemble":
         print(f"submitted ensemble job: {args.members} members x {args.rounds} units x {args.inner_steps} steps, "
               f"lease {reply.get('lease')} s")
+    elif auto:
+        print(f"submitted {args.mode} job: {args.rounds * steps} inner steps per shard x {reply.get('shards')} "
+              f"shards, in rounds of {args.inner_steps[0]}-{args.inner_steps[1]} steps picked as the link allows "
+              f"({steps} at first), lease {reply.get('lease')} s")
     else:
         print(f"submitted {args.mode} job: {args.rounds} rounds x {reply.get('shards')} shards x "
               f"{args.inner_steps} steps, lease {reply.get('lease')} s")

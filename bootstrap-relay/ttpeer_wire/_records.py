@@ -120,6 +120,17 @@ def _job_consistent(body: dict[str, Any]) -> str | None:
                 "rounds x inner steps)")
     if body.get("outer_warmup", 0) >= body["rounds"]:
         return f"outer_warmup ({body['outer_warmup']} rounds) must be shorter than the job ({body['rounds']} rounds)"
+    if ("h_min" in body) != ("h_max" in body):
+        return "an auto-cadence job gives both h_min and h_max"
+    if "h_min" in body:
+        if body["mode"] != "fused":
+            return "only a fused job picks its inner steps per round"
+        if not body["h_min"] <= body["batches"] <= body["h_max"]:
+            return (f"the first rounds' inner steps ({body['batches']}) must lie within "
+                    f"h_min..h_max ({body['h_min']}..{body['h_max']})")
+        if body.get("outer_lr_schedule", "constant") != "constant":
+            return ("an outer-lr schedule is laid over a fixed number of rounds: give fixed inner steps "
+                    "(an auto-cadence job's round count follows its link)")
     return None
 
 
@@ -162,6 +173,10 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # OPTIONAL (default 600): seconds one training step may take before the worker
         # running it is judged hung and the job fails on that peer.
         "step_timeout": _num(1, 7 * 86_400),
+        # Fused jobs only (OPTIONAL, both or neither): the pool picks each round's inner steps
+        # per shard within h_min..h_max (proto/_cadence.py); the budget stays rounds x batches
+        # inner steps per shard, and ``batches`` is the first two rounds' size.
+        "h_min": _int(1, 1_000_000), "h_max": _int(1, 1_000_000),
     },
     # A claim with n > 0 renews the lease of claim n=0; ``done`` batches so far at ``rate``
     # batches/s let others project when it will finish. ``backup``: a copy run by an idle
@@ -181,6 +196,9 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # Overlapped jobs only (OPTIONAL): the state the contributions trained on, which is
         # the base of the round before; the outer step applies their average to ``base``.
         "tbase": _STATE_HASH,
+        # Auto-cadence jobs only (OPTIONAL): the inner steps per shard of round ``round`` + 2,
+        # picked by this close from its contributions' figures (proto/_cadence.py).
+        "next": _int(1, 1_000_000),
     },
     "ckpt": {"job": _HEX, "round": _int(), "state": _STATE_HASH, "blob": _HEX, "size": _int(1, 2**40)},
     # Root-signed: ``node`` is no longer a member. Of its records only those named in
@@ -205,8 +223,8 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
 OPTIONAL: dict[str, frozenset[str]] = {
     "job": frozenset({"members", "overlap", "precision", "micro_batch", "checkpointing", "lr_schedule", "warmup",
                       "final_lr_ratio", "data", "step_timeout", "outer_lr_schedule", "outer_warmup",
-                      "outer_final_lr_ratio"}),
-    "close": frozenset({"tbase"}),
+                      "outer_final_lr_ratio", "h_min", "h_max"}),
+    "close": frozenset({"tbase", "next"}),
     "decline": frozenset({"code"}),
 }
 CHECKS: dict[str, Callable[[dict[str, Any]], str | None]] = {"job": _job_consistent}

@@ -167,7 +167,7 @@ async def cancel(node: Host, prefix: str) -> tuple[Record, Record, bool]:
         who = rs.members[job.author].name if job.author in rs.members else job.author[:12]
         raise JobError(f"only the job's submitter ({who}) or the pool's admin can cancel job {job.id[:12]}; "
                        "ask one of them")
-    if node.machine.chain(job).round >= job["rounds"]:
+    if node.machine.plan(job).finished(node.machine.chain(job).round):
         raise JobError(f"job {job.id[:12]} is done; there is nothing to cancel")
     ended = job_ended(rs, job)
     if ended is not None and ended.how == "failed":

@@ -603,7 +603,8 @@ class ProcessExecutor:
             return stop
 
         samples = await self._call(eff.job, "train", {"round": eff.round, "shard": eff.shard, "attempt": eff.attempt,
-                                                      "base": eff.base, "fresh": eff.fresh},
+                                                      "base": eff.base, "fresh": eff.fresh,
+                                                      "steps": eff.steps, "first_step": eff.first_step},
                                    step=True, every=True, on_progress=on_progress)
         return int(samples)
 

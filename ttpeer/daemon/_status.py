@@ -149,11 +149,12 @@ def snapshot(node: NodeView) -> dict[str, Any]:
     me = m.records.members.get(node.me)  # its name in the pool: unique, may differ from the chosen one
     active = m.active_job()
     for job in m.records.jobs():
-        chain = m.chain(job)
+        chain, plan = m.chain(job), m.plan(job)
         last = dict(chain.closes[-1]["metrics"]) if chain.closes else {}
         metric_name = next((k for k in last if k != "eval_loss"), "metric")
-        end = ended(m.records, job) if chain.round < job["rounds"] else None  # a finished job is done
-        if chain.round >= job["rounds"] and job.id not in m.declined:
+        over = plan.finished(chain.round)
+        end = ended(m.records, job) if not over else None  # a finished job is done
+        if over and job.id not in m.declined:
             # Done once this peer wrote the final model (export reads it), not before.
             finished = m.done_jobs.get(job.id) == chain.head == node.finished.get(job.id)
             state = "done" if finished else "finishing"
@@ -168,13 +169,15 @@ def snapshot(node: NodeView) -> dict[str, Any]:
         else:
             state = "queued"
         done = 0
-        if chain.round < job["rounds"]:
+        if not over:
             done = len(covered(contributions(m.records, job, chain.round, train_base(job, chain, chain.round))))
         stats = node.counters.jobs.get(job.id)
         ratio = round(stats.fp32_bytes / stats.wire_bytes, 2) if stats and stats.wire_bytes else None
         jobs.append({
             "id": job.id, "task": job["task"], "mode": job["mode"], "state": state,
-            "round": min(chain.round, job["rounds"]), "rounds": job["rounds"],
+            "round": min(chain.round, plan.expected_rounds()), "rounds": plan.expected_rounds(),
+            # The round's inner steps per shard; ``auto``: the pool picks them (``Plan``).
+            "inner_steps": plan.batches(chain.round), "auto": plan.auto,
             "shards_done": done if state == "running" else (job["shards"] if state != "queued" else 0),
             "shards_total": job["shards"], "lease_s": job["lease"],
             "eval_loss": last.get("eval_loss"), "eval_metric": last.get(metric_name),

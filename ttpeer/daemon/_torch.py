@@ -330,9 +330,9 @@ class TorchExecutor:
                 else:
                     ctx.trainer.start(start)
                 ctx.start = (eff.round, eff.base, start) if start is not None else None
+            steps, first = eff.span()
             batches = train.shard_indices(ctx.task.n_train, job["seed"], eff.round, eff.shard,
-                                          job["shards"], job["batches"], job["batch_size"])
-            first = train.shard_first_step(eff.round, job["batches"])
+                                          job["shards"], steps, job["batch_size"], first_step=first)
             if self.world == 1:
                 return ctx.trainer.train_shard(batches, should_stop, first)
             parts = train.split_batches(batches, self.rank, self.world)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ttpeer.proto import PRECISION_CODES, Chain, Record, RecordSet, contributions, covered, train_base
+from ttpeer.proto import PRECISION_CODES, Chain, Plan, Record, RecordSet, contributions, covered, train_base
 
 TIME_KEYS = ("train_s", "compute_s", "comm_s", "idle_s", "wall_s")
 PRECISIONS = {code: name for name, code in PRECISION_CODES.items()}
@@ -120,7 +120,7 @@ def peer_rows(rs: RecordSet, job: Record, chain: Chain) -> list[dict[str, Any]]:
             r["precision"] = PRECISIONS.get(int(m["precision"]), "?")
         if "micro_batch" in m:
             r["micro_batch"] = int(m["micro_batch"])
-    if chain.round < job["rounds"]:
+    if not Plan.of(job, chain.closes).finished(chain.round):
         current = contributions(rs, job, chain.round, train_base(job, chain, chain.round))
         done = covered(current)
         for c in current:

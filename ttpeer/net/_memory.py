@@ -94,8 +94,12 @@ class MemoryRelay:
         mailbox_bytes: int = MAILBOX_BYTES,
         max_blob_bytes: int = MAX_BLOB_BYTES,
         pool_quota: int = POOL_QUOTA,
+        blob_seconds: float = 0.0,
     ) -> None:
         self.faults = faults
+        # Each blob upload and download takes this long (a link's latency and bandwidth, for
+        # simulations of the sync cadence; under trio's MockClock it costs no real time).
+        self.blob_seconds = blob_seconds
         self.max_message_bytes = max_message_bytes
         self.mailbox_messages = mailbox_messages
         self.mailbox_bytes = mailbox_bytes
@@ -304,8 +308,14 @@ class MemoryTransport:
                 raise RelayLimit(URL, 507, "pool quota exceeded", None, code=ErrorCode.POOL_QUOTA)
             blobs[blob] = bytes(data)
             self.bytes_sent += len(data)
-        await trio.lowlevel.checkpoint()
+        await self._transfer()
         return blob
+
+    async def _transfer(self) -> None:
+        if self.relay.blob_seconds > 0:
+            await trio.sleep(self.relay.blob_seconds)
+        else:
+            await trio.lowlevel.checkpoint()
 
     async def put_blob_file(self, path: Path) -> str:
         return await self.put_blob(path.read_bytes())
@@ -316,7 +326,7 @@ class MemoryTransport:
     async def get_blob(self, blob: str, *, max_size: int) -> bytes:
         check_blob_name(blob)
         self._ready()
-        await trio.lowlevel.checkpoint()
+        await self._transfer()
         data = self.relay._serve_blob(self.pool, blob)
         if data is None:
             raise BlobMissing(blob)

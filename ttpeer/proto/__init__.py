@@ -22,6 +22,7 @@ from ttpeer_wire import (
     verify_revocation,
 )
 
+from ._cadence import DEFAULT_H_MAX, DEFAULT_H_MIN, Plan
 from ._effects import (
     Aggregate,
     Apply,
@@ -99,6 +100,9 @@ from ._tasksig import TaskSignatureError, open_task, sign_task
 from ._token import Token, TokenError, make_token, parse_token
 
 __all__ = [
+    "DEFAULT_H_MAX",
+    "DEFAULT_H_MIN",
+    "Plan",
     "Aggregate",
     "Apply",
     "Broadcast",

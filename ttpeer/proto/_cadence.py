@@ -10,17 +10,21 @@ its close is made, so the sync is hidden when a round's compute is at least
 must be ``UTILIZATION / (1 - UTILIZATION)`` times the sync for the peer to spend
 ``UTILIZATION`` of its time in inner steps.
 
-Each contribution carries its peer's time in inner steps for the round (``train_s``) and
-the last sync it measured (``sync_s``: from publishing a round's delta to holding that
-round's close applied). The close of round r picks the batches per shard of round r+2
-(round r+1 may already be training, under overlap) with ``next_batches``, from the
-contributions it names, and writes the answer into the close record; every peer reads the
-answer from the record, so the sequence of round sizes is one for the whole pool whatever
-order the records arrived in. The compute of a round is the median of its contributions'
-``train_s`` (a straggler's backup copy does not move it); the sync is the smallest
-``sync_s`` reported (the last peer to publish waits for nobody, so its figure is upload,
-close and apply alone; the others include waiting for it). A round changes the size by at
-most ``MAX_CHANGE`` either way, so one noisy measurement cannot swing it.
+Each contribution of such a job carries two figures its peer machine measured on the
+clock it is given: ``work_s``, the seconds its shards trained, and ``sync_s``, the last
+sync it saw (uploading a round's delta, then waiting for the round's close). The close of
+round r picks the batches per shard of round r+2 (round r+1 may already be training,
+under overlap) with ``next_batches``, from the contributions it names, and writes the
+answer into the close record as ``next``; every peer reads it from the record (``Plan``),
+so the sequence of round sizes is one for the whole pool whatever order the records
+arrived in. Both figures are medians over the contributions (a straggler's backup copy
+does not move them), and a peer's compute is its share of the round's shards among the
+peers that contributed lately (``_closer.PEERS_OVER``): a round one peer trained alone,
+the others still fetching its base, is a short round for a pool, not a long one. The sync
+leaves out the time a peer waits for the others' deltas: it is its own upload, then from
+the round covered (as it saw it) to the close applied, so stragglers, which stealing
+handles, do not stretch the rounds. A round changes the size by at most ``MAX_CHANGE``
+either way, so one noisy measurement cannot swing it.
 
 Pure: no clocks are read here; the figures come from signed records.
 """
@@ -29,7 +33,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ttpeer_wire import Record
 
 SYNC_MARGIN = 1.5  # overlap: a round's compute >= this x the sync
 UTILIZATION = 0.9  # no overlap: the share of a peer's time in inner steps to aim for
@@ -50,17 +57,22 @@ def steps_for(step_s: float, sync_s: float, *, overlap: bool, lo: int, hi: int) 
     return _clip(math.ceil(hidden_ratio(overlap) * max(0.0, sync_s) / step_s - 1e-9), lo, hi)
 
 
-def next_batches(current: int, contribs: Iterable[Mapping[str, float]], *, overlap: bool, lo: int,
-                 hi: int) -> int:
-    """Batches per shard for a later round, from the metrics of the contributions of a round
-    that ran ``current`` batches per shard. Keeps ``current`` (within bounds) when no
-    contribution carries both figures yet (the first rounds: nobody has synced)."""
-    metrics = list(contribs)
-    compute = [float(m["train_s"]) for m in metrics if _positive(m.get("train_s"))]
-    syncs = [float(m["sync_s"]) for m in metrics if _finite(m.get("sync_s"))]
-    if not compute or not syncs:
+def next_batches(current: int, contribs: Iterable[tuple[Mapping[str, float], int]], *, shards: int, peers: int,
+                 overlap: bool, lo: int, hi: int) -> int:
+    """Batches per shard for a later round, from (metrics, shards covered) of the
+    contributions of a round that ran ``current`` batches per shard, in a job of ``shards``
+    shards a round trained by ``peers`` peers. A peer's compute in a round is its share of
+    the shards (``shards / peers``) at the median time a shard took, so a round that one
+    peer trained alone (the others still fetching its base) does not count as a long round.
+    Keeps ``current`` (within bounds) when no contribution carries both figures yet (the
+    first rounds: nobody has synced)."""
+    figures = list(contribs)
+    per_shard = [float(m["work_s"]) / n for m, n in figures if n > 0 and _positive(m.get("work_s"))]
+    syncs = [float(m["sync_s"]) for m, _n in figures if _finite(m.get("sync_s"))]
+    if not per_shard or not syncs:
         return _clip(current, lo, hi)
-    want = current * hidden_ratio(overlap) * max(0.0, min(syncs)) / statistics.median(compute)
+    compute = statistics.median(per_shard) * shards / max(1, min(peers, shards))
+    want = current * hidden_ratio(overlap) * statistics.median(syncs) / compute
     want = min(max(want, current / MAX_CHANGE), current * MAX_CHANGE)
     return _clip(math.ceil(want - 1e-9), lo, hi)
 
@@ -75,3 +87,80 @@ def _finite(v: object) -> bool:
 
 def _positive(v: object) -> bool:
     return _finite(v) and float(v) > 0  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A job's rounds as far as its chain fixes them: round r runs ``batches(r)`` inner steps
+    per shard, the job's global inner steps ``first_step(r)`` on. A fixed job runs ``rounds``
+    rounds of ``batches``. An auto-cadence job runs until its budget (``rounds x batches``
+    per shard) is spent: rounds 0 and 1 run ``batches``, round r >= 2 what the close of
+    round r-2 picked (``next``), the last round what is left. The chain's ``closes`` fix the
+    sizes up to round ``len(closes) + 1``; later ones are not known yet."""
+
+    budget: int
+    rounds: int  # a fixed job's round count; an auto job's at its first rounds' size
+    sizes: tuple[int, ...]  # auto: the rounds fixed so far; fixed: empty (every round is ``step``)
+    step: int  # a fixed job's size; an auto job's first rounds' size
+    auto: bool
+    lo: int = 1  # an auto job's bounds on a round's size
+    hi: int = 1
+
+    @classmethod
+    def of(cls, job: Record, closes: Sequence[Record]) -> Plan:
+        b = job.body
+        rounds, first = int(b["rounds"]), int(b["batches"])
+        budget = rounds * first
+        if "h_min" not in b:
+            return cls(budget, rounds, (), first, False)
+        lo, hi = int(b["h_min"]), int(b["h_max"])
+        sizes: list[int] = []
+        spent = 0
+        for r in range(len(closes) + 2):
+            want = first if r < 2 else _clip(int(closes[r - 2].body.get("next", sizes[-1])), lo, hi)
+            if spent >= budget:
+                break
+            sizes.append(min(want, budget - spent))
+            spent += sizes[-1]
+        return cls(budget, rounds, tuple(sizes), first, True, lo, hi)
+
+    def size_after(self, closes: Sequence[Record]) -> int:
+        """An auto job's size of round ``len(closes)``, before the budget cuts the last one
+        (what ``of`` computes for that round, in constant time: for walking a chain)."""
+        for i in range(len(closes) - 2, -1, -1):  # a close without ``next`` keeps the size before
+            picked = closes[i].body.get("next")
+            if picked is not None:
+                return _clip(int(picked), self.lo, self.hi)
+        return self.step
+
+    def batches(self, r: int) -> int:
+        """Inner steps per shard of round ``r`` (a round the chain has fixed, or a fixed job)."""
+        if not self.auto:
+            return self.step
+        return self.sizes[r] if r < len(self.sizes) else self.sizes[-1]
+
+    def first_step(self, r: int) -> int:
+        """The job's global inner step that round ``r``'s shards start at (lr schedules, data order)."""
+        if not self.auto:
+            return r * self.step
+        return sum(self.sizes[:r]) + max(0, r - len(self.sizes)) * self.sizes[-1]
+
+    def has_round(self, r: int) -> bool:
+        """Whether the job has a round ``r`` (for an auto job: budget is left before it)."""
+        return r < self.rounds if not self.auto else self.first_step(r) < self.budget
+
+    def finished(self, closed: int) -> bool:
+        """Whether ``closed`` closed rounds end the job."""
+        return not self.has_round(closed)
+
+    def expected_rounds(self) -> int:
+        """The job's round count: exact for a fixed job, for an auto job the rounds fixed so
+        far plus what is left at the last size fixed."""
+        if not self.auto:
+            return self.rounds
+        left = self.budget - sum(self.sizes)
+        return len(self.sizes) + max(0, -(-left // self.sizes[-1]))
+
+    def max_rounds(self) -> int:
+        """The most rounds the job can have (an auto job's: every round at its smallest)."""
+        return self.rounds if not self.auto else -(-self.budget // self.lo)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from ttpeer_wire import Record
 
+from ._cadence import Plan, next_batches
 from ._effects import Aggregate
 from ._jobspec import JobSpec
 from ._ledger import Chain, RecordSet
@@ -28,6 +29,7 @@ CHECKPOINT_EVERY = 4  # rounds between the checkpoints a round's closer publishe
 # Fused jobs: a checkpoint once the deltas closed since the last one add up to this many
 # checkpoints' bytes (see ``checkpoint_due``).
 CHECKPOINT_DELTA_RATIO = 4
+PEERS_OVER = 3  # auto cadence: a round's peers are who contributed to it or the rounds this many before
 
 
 class Closer:
@@ -48,6 +50,10 @@ class Closer:
 
     def deadline_key(self) -> object:
         return len(self._covered_at), self.retry_at
+
+    def covered_at(self, job: str, rnd: int) -> float | None:
+        """When this peer first saw round ``rnd`` covered (on any base), if it did."""
+        return min((at for (j, r, _b), at in self._covered_at.items() if j == job and r == rnd), default=None)
 
     def forget_before(self, job: str, rnd: int) -> None:
         for key in [k for k in self._covered_at if k[0] == job and k[1] < rnd]:
@@ -79,13 +85,22 @@ class Closer:
         return [Aggregate(job.record, rnd, base, tuple(cover))]
 
     def aggregated(self, job: JobSpec, rnd: int, base: str, contribs: tuple[str, ...], state: str,
-                   metrics: dict[str, float], records: RecordSet) -> dict:
-        """An ``Aggregate`` made ``state``: the close's body to sign."""
+                   metrics: dict[str, float], records: RecordSet, chain: Chain) -> dict:
+        """An ``Aggregate`` made ``state``: the close's body to sign. An auto-cadence job's
+        close also picks round ``rnd + 2``'s size from its contributions' figures."""
         self._aggregating = None
         body = {"job": job.id, "round": rnd, "base": base, "contribs": sorted(contribs), "state": state,
                 "metrics": metrics}
         if job.overlap:
             body["tbase"] = records.by_id[contribs[0]]["base"]
+        if job.auto:
+            assert job.h_min is not None and job.h_max is not None
+            mine = [records.by_id[c] for c in sorted(contribs) if c in records.by_id]
+            before = [c for close in chain.closes[max(0, rnd - PEERS_OVER):rnd] for c in close["contribs"]]
+            peers = {c.author for c in mine} | {records.by_id[c].author for c in before if c in records.by_id}
+            body["next"] = next_batches(Plan.of(job.record, chain.closes[:rnd]).batches(rnd),
+                                        [(c["metrics"], len(c["shards"])) for c in mine], shards=job.shards,
+                                        peers=len(peers), overlap=job.overlap, lo=job.h_min, hi=job.h_max)
         return body
 
     def aggregate_failed(self, now: float) -> None:
@@ -125,8 +140,8 @@ class Closer:
         parameters and outer momentum: 16x a 4-bit delta). Before the first checkpoint its
         size is estimated from the largest delta and the job's bits. Ensembles (whose
         contributions are member checkpoints): every ``CHECKPOINT_EVERY`` rounds."""
-        if rnd + 1 == job.rounds:
-            return True
+        if not Plan.of(job.record, chain.closes[:rnd]).has_round(rnd + 1):
+            return True  # the final state
         if job.ensemble:
             return (rnd + 1) % CHECKPOINT_EVERY == 0
         by_id = records.by_id

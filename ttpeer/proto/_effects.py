@@ -52,6 +52,14 @@ class Train:
     attempt: int
     base: str
     fresh: bool
+    steps: int | None = None  # inner steps (batches) of the shard; None: the job's ``batches``
+    first_step: int | None = None  # the job's global inner step it starts at; None: round x batches
+
+    def span(self) -> tuple[int, int]:
+        """(inner steps, first global inner step) of this shard: what its round's plan fixed
+        (``_cadence.Plan``), or a fixed-cadence job's ``batches`` and round x ``batches``."""
+        steps = self.job["batches"] if self.steps is None else self.steps
+        return steps, self.round * self.job["batches"] if self.first_step is None else self.first_step
 
 
 @dataclass(frozen=True)

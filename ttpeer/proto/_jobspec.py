@@ -31,6 +31,8 @@ class JobSpec:
     overlap: bool  # round r trains on the base of round r-1
     init: str  # the initial state's hash
     init_blob: str  # and its sealed blob
+    h_min: int | None = None  # auto cadence (``_cadence``): each round's batches within h_min..h_max
+    h_max: int | None = None
 
     @classmethod
     def of(cls, job: Record) -> JobSpec:
@@ -42,7 +44,13 @@ class JobSpec:
             record=job, id=job.id, mode=b["mode"], rounds=b["rounds"], shards=b["shards"],
             batches=b["batches"], lease=b["lease"], steal=b["steal"], bits=b["bits"],
             overlap=bool(b.get("overlap", 0)), init=b["init"], init_blob=b["init_blob"],
+            h_min=b.get("h_min"), h_max=b.get("h_max"),
         )
+
+    @property
+    def auto(self) -> bool:
+        """The pool picks each round's inner steps (``_cadence``)."""
+        return self.h_min is not None
 
     @property
     def ensemble(self) -> bool:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from ttpeer_wire import Member, Record
 
+from ._cadence import Plan
 from ._membership import members, revocations
 
 
@@ -197,9 +198,10 @@ def canonical_chain(rs: RecordSet, job: Record) -> Chain:
     closes = rs.of_job(job.id, "close")
     if overlap:
         closes = sorted(closes, key=lambda c: c["round"])  # a round's parents before its tbase check
+    max_rounds = Plan.of(job, ()).max_rounds()
     for close in closes:
         rnd = close["round"]
-        if rnd >= job["rounds"] or ("tbase" in close.body) != overlap:
+        if rnd >= max_rounds or ("tbase" in close.body) != overlap:
             continue
         tbase = close["tbase"] if overlap else close["base"]
         ok = rs._close_ok.get(close.id)
@@ -233,11 +235,14 @@ def canonical_chain(rs: RecordSet, job: Record) -> Chain:
 
     states = [job["init"]]
     closes: list[Record] = []
+    plan, spent = Plan.of(job, ()), 0
     while True:
         kids = edges.get((len(closes), states[-1]))
-        if not kids:
-            break
+        if not kids or (plan.auto and spent >= plan.budget):
+            break  # the budget is spent (a fixed job's closes past its last round were never edges)
         nxt = min(kids, key=lambda s: (-depth.get((len(closes) + 1, s), 1), s))
+        if plan.auto:
+            spent += plan.size_after(closes)
         closes.append(kids[nxt])
         states.append(nxt)
     return Chain(tuple(states), tuple(closes))

@@ -18,6 +18,7 @@ delta is taken from the model, or reports a ``Train`` it was never asked for.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -79,6 +80,7 @@ class RoundWork:
     base: str = ""
     shards: list[int] = field(default_factory=list)
     samples: int = 0
+    seconds: float = 0.0  # the driver's time in those shards' ``Train`` (the cadence's compute)
 
 
 class LocalWorker:
@@ -96,6 +98,13 @@ class LocalWorker:
         self.wasted_batches = 0  # batches trained that no close used (cancelled copies)
         self.stopping = False  # shutting down: leaves IDLE no more
         self.retry_at = 0.0
+        # The sync this peer measured (``_cadence``): when it started and ended uploading each
+        # round's delta, and per job the last sync (upload, then from the round covered to its
+        # close applied here: the time waiting for other peers is not the link's).
+        self.sent_at: dict[tuple[str, int], float] = {}
+        self.uploaded: dict[tuple[str, int], float] = {}
+        self.last_sync: dict[str, float] = {}
+        self.publish_seconds: dict[tuple[str, int, tuple[int, ...]], float] = {}  # compute of each delta out
 
     def _go(self, event: str) -> None:
         self.state = TRANSITIONS[(self.state, event)]  # a KeyError here is a bug in this file
@@ -148,10 +157,11 @@ class LocalWorker:
         return older
 
     def round_train(self, job: JobSpec, rnd: int, base: str, done: set[int], now: float,
-                    leases: LeaseTable, records: RecordSet) -> tuple[list[Effect | Sign], bool]:
+                    leases: LeaseTable, records: RecordSet, first_step: int) -> tuple[list[Effect | Sign], bool]:
         """Train in round ``rnd`` (``work``): renew or stop the shard in training, else
         claim the next shard (or back a straggler up), else publish what was trained.
-        Returns the effects and whether there was nothing to do at all."""
+        ``job.batches`` is the round's size and ``first_step`` its first global inner step
+        (``_cadence.Plan``). Returns the effects and whether there was nothing to do at all."""
         out: list[Effect | Sign] = []
         if self.uploading:  # shards whose delta is on its way count as done for this peer
             done = done | {s for j, r, s in self.uploading if (j, r) == (job.id, rnd)}
@@ -176,7 +186,7 @@ class LocalWorker:
         if job.ensemble and w.shards:
             # Ensemble: a shard is a member and its contribution is the member's checkpoint,
             # published after every unit, so whoever trains the member next continues it.
-            return [self._publish(job, rnd, base, tuple(w.shards))], False
+            return [self._publish(job, rnd, base, tuple(w.shards), now)], False
         shard = leases.free_shard(job, rnd, done | set(w.shards), now, members)
         backup = False
         if shard is None and not w.shards and job.steal:
@@ -185,15 +195,17 @@ class LocalWorker:
             attempt = leases.next_attempt(job.id, rnd, shard) - (1 if backup else 0)
             self.claim = Training(job.id, rnd, shard, attempt, 0, now, backup=backup, rate=self.rate)
             self._go("train")
-            return [self._claim_record(self.claim), Train(job.record, rnd, shard, attempt, base,
-                                                          fresh=not w.shards)], False
+            return [self._claim_record(self.claim), Train(job.record, rnd, shard, attempt, base, fresh=not w.shards,
+                                                          steps=job.batches, first_step=first_step)], False
         if w.shards:
-            return [self._publish(job, rnd, base, tuple(sorted(w.shards)))], False
+            return [self._publish(job, rnd, base, tuple(sorted(w.shards)), now)], False
         return out, True
 
-    def _publish(self, job: JobSpec, rnd: int, base: str, shards: tuple[int, ...]) -> PublishDelta:
+    def _publish(self, job: JobSpec, rnd: int, base: str, shards: tuple[int, ...], now: float) -> PublishDelta:
         self.publishing = (job.id, rnd, shards)
+        self.sent_at.setdefault((job.id, rnd), now)
         self._go("publish")
+        self.publish_seconds[(job.id, rnd, shards)] = self.work.seconds
         return PublishDelta(job.record, rnd, base, shards, self.work.samples)
 
     def _claim_record(self, t: Training) -> Sign:
@@ -212,6 +224,17 @@ class LocalWorker:
         if t is None or self.state is not TRAINING:
             return []
         return [*self.cancel(None), self._release_record(t)]
+
+    def synced(self, job: str, closed: int, now: float, covered_at: Callable[[str, int], float | None]) -> None:
+        """This peer holds the job's state after ``closed`` closed rounds: the rounds it
+        uploaded a delta for before that are synced. A round's sync is its upload's time
+        plus the time from the round covered (as this peer saw it; ``covered_at``) to now;
+        the latest such figure is the one its next contribution carries."""
+        for key in sorted(k for k in self.uploaded if k[0] == job and k[1] < closed):
+            sent, done = self.sent_at.pop(key, None), self.uploaded.pop(key)
+            seen = covered_at(*key)
+            upload = 0.0 if sent is None else max(0.0, done - sent)
+            self.last_sync[job] = upload + max(0.0, now - (done if seen is None else max(seen, done)))
 
     # -- the driver's reports --------------------------------------------------------------
 
@@ -239,6 +262,7 @@ class LocalWorker:
             if (self.work.job, self.work.round) == (job, rnd) and not cancelled:
                 self.work.shards.append(shard)
                 self.work.samples += samples
+                self.work.seconds += seconds
             elif cancelled:
                 self.wasted_batches += batches or 1
 
@@ -251,23 +275,29 @@ class LocalWorker:
         self._go("encoded")
         self.uploading |= {(job, rnd, s) for s in shards}
         if (self.work.job, self.work.round, self.work.base) == (job, rnd, base):
-            self.work.shards, self.work.samples = [], 0
+            self.work.shards, self.work.samples, self.work.seconds = [], 0, 0.0
         return True
 
     def published(self, job: str, rnd: int, base: str, shards: tuple[int, ...], samples: int,
-                  now: float, *, ok: bool) -> None:
-        """The upload of a delta ended: ``ok``, or given up (those shards train again)."""
+                  now: float, *, ok: bool) -> float:
+        """The upload of a delta ended: ``ok``, or given up (those shards train again).
+        Returns the seconds its shards trained (the contribution's ``work_s``)."""
         if self.publishing == (job, rnd, tuple(shards)):
             self.publishing = None
             self._go("published")
         self.uploading -= {(job, rnd, s) for s in shards}
+        seconds = self.publish_seconds.pop((job, rnd, tuple(shards)), 0.0)
+        if ok:
+            self.uploaded[(job, rnd)] = now
         if not ok:
             self.retry_at = now + RETRY_AFTER
-            return
+            return 0.0
         w = self.work
         if (w.job, w.round, w.base) == (job, rnd, base) and set(shards) <= set(w.shards):
             # Not released by ``encoded``: the published shards leave the work now.
             w.shards, w.samples = [x for x in w.shards if x not in shards], max(0, w.samples - samples)
+            w.seconds = 0.0 if not w.shards else w.seconds
+        return seconds
 
     def lost(self, job: str) -> None:
         """The driver lost the local model: its unpublished shards are gone."""
@@ -293,4 +323,7 @@ class LocalWorker:
         if self.work.job == job:
             self.work = RoundWork()
         self.uploading = {k for k in self.uploading if k[0] != job}
+        self.sent_at = {k: t for k, t in self.sent_at.items() if k[0] != job}
+        self.uploaded = {k: t for k, t in self.uploaded.items() if k[0] != job}
+        self.publish_seconds = {k: t for k, t in self.publish_seconds.items() if k[0] != job}
         return out

@@ -39,6 +39,7 @@ from ttpeer_wire import Record, parse, sign
 from . import _gossip
 from . import _reports as rp
 from ._antientropy import AntiEntropy
+from ._cadence import Plan
 from ._closer import CHECKPOINT_DELTA_RATIO, CHECKPOINT_EVERY, Closer
 from ._effects import (
     Aggregate,
@@ -212,10 +213,15 @@ class PeerMachine:
                 if not local.encoded(job.id, rnd, base, shards):
                     return []
             case rp.DeltaPublished(job=job, round=rnd, base=base, shards=shards, samples=samples):
-                local.published(job.id, rnd, base, shards, samples, now, ok=True)
+                work_s = local.published(job.id, rnd, base, shards, samples, now, ok=True)
+                metrics = dict(report.metrics)
+                if self._spec(job).auto:  # the cadence's figures (``_cadence``)
+                    metrics["work_s"] = round(work_s, 4)
+                    if job.id in local.last_sync:
+                        metrics["sync_s"] = round(local.last_sync[job.id], 4)
                 return self.add_local(self._signed("contrib", {
                     "job": job.id, "round": rnd, "base": base, "shards": sorted(shards), "samples": samples,
-                    "blob": report.blob, "size": report.size, "metrics": report.metrics}), now)
+                    "blob": report.blob, "size": report.size, "metrics": metrics}), now)
             case rp.Failed(effect=PublishDelta(job=job, round=rnd, base=base, shards=shards, samples=samples)):
                 local.published(job.id, rnd, base, shards, samples, now, ok=False)
             case rp.Aggregated(job=job, round=rnd, base=base, contribs=contribs, state=state, metrics=metrics):
@@ -249,7 +255,8 @@ class PeerMachine:
 
     def _aggregated(self, job: JobSpec, rnd: int, base: str, contribs: tuple[str, ...], state: str,
                     metrics: dict[str, float], now: float) -> list[Effect]:
-        body = self._closer.aggregated(job, rnd, base, contribs, state, metrics, self.records)
+        body = self._closer.aggregated(job, rnd, base, contribs, state, metrics, self.records,
+                                       self._views.chain(job.record))
         self.held.add(state)
         out = self.add_local(self._signed("close", body), now)
         if self._closer.checkpoint(job, rnd, contribs, self.records, self._views.chain(job.record)):
@@ -274,6 +281,10 @@ class PeerMachine:
 
     def chain(self, job: Record) -> Chain:
         return self._views.chain(job)
+
+    def plan(self, job: Record) -> Plan:
+        """The job's rounds as its chain fixes them: sizes, and whether it is finished."""
+        return self._views.plan(job)
 
     def active_job(self) -> Record | None:
         return self._jobs.active(self.records, self._views)
@@ -343,6 +354,7 @@ class PeerMachine:
             # Overlap: a shard of the chain's round trains on the state before the head,
             # so it goes on (and keeps its lease) while the head is applied.
             return [*self._local.cancel((job.id, chain.round)), *self._local.renew(job.lease, now), *sync]
-        if chain.round >= job.rounds:
+        self._local.synced(job.id, chain.round, now, self._closer.covered_at)
+        if self._views.plan(job.record).finished(chain.round):
             return [self._jobs.finish(job.record, chain.head), *self._step(now)]
         return self._rounds.work(job, chain, now)

@@ -18,6 +18,8 @@ steps it while the peer does not hold the chain's head (``PeerMachine`` syncs fi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ttpeer_wire import Record
 
 from ._closer import Closer
@@ -52,7 +54,7 @@ class Rounds:
         """Overlap: round r (the chain's) first whenever it has work, then round r+1."""
         rnd, head, local = chain.round, chain.head, self.local
         tbase = train_base(job.record, chain, rnd)
-        has_next = rnd + 1 < job.rounds
+        has_next = self.views.plan(job.record).has_round(rnd + 1)
         w = local.work
         on_next = has_next and (w.job, w.round, w.base) == (job.id, rnd + 1, head)
         if not on_next and (w.job, w.round, w.base) != (job.id, rnd, tbase):
@@ -95,7 +97,10 @@ class Rounds:
             self.closer.forget_before(job.id, current)
 
     def _train(self, job: JobSpec, rnd: int, base: str, done: set[int], now: float) -> tuple[list, bool]:
-        return self.local.round_train(job, rnd, base, done, now, self.leases, self.records)
+        plan = self.views.plan(job.record)
+        if plan.auto:  # the round's own size, for its claims, projections and ``Train``
+            job = replace(job, batches=plan.batches(rnd))
+        return self.local.round_train(job, rnd, base, done, now, self.leases, self.records, plan.first_step(rnd))
 
     def _maybe_close(self, job: JobSpec, rnd: int, base: str, cover: list[Record], now: float) -> list[Effect | Sign]:
         return list(self.closer.maybe_close(job, rnd, base, cover, now, self.heard))

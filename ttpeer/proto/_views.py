@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ttpeer_wire import Record
 
+from ._cadence import Plan
 from ._jobspec import JobSpec
 from ._ledger import Chain, RecordSet, canonical_chain, contributions, covered, select_cover
 
@@ -22,6 +23,7 @@ class Views:
     def __init__(self, records: RecordSet) -> None:
         self.records = records
         self._chains: dict[str, tuple[tuple[int, int], Chain]] = {}
+        self._plans: dict[str, tuple[Chain, Plan]] = {}
         self._contribs: dict[tuple[str, int], tuple] = {}
 
     def chain(self, job: Record) -> Chain:
@@ -30,6 +32,14 @@ class Views:
         if cached is None or cached[0] != version:
             cached = (version, canonical_chain(self.records, job))
             self._chains[job.id] = cached
+        return cached[1]
+
+    def plan(self, job: Record) -> Plan:
+        """The job's rounds as its canonical chain fixes them (``_cadence.Plan``)."""
+        chain = self.chain(job)
+        cached = self._plans.get(job.id)
+        if cached is None or cached[0] is not chain:
+            cached = self._plans[job.id] = (chain, Plan.of(job, chain.closes))
         return cached[1]
 
     def rounds(self) -> dict[str, int]:

@@ -108,7 +108,7 @@ class FakeExecutor:
 
     async def train(self, eff: Train, should_stop: Callable[[], bool]) -> int:
         done = 0
-        for _ in range(eff.job["batches"]):
+        for _ in range(eff.span()[0]):
             if should_stop():
                 break
             await self.gate.wait()

@@ -28,7 +28,7 @@ _MUL2 = np.uint64(0x94D049BB133111EB)
 
 
 def shard_indices(n_train: int, seed: int, round: int, shard: int, shards_per_round: int,
-                  batches_per_shard: int, batch_size: int) -> list[list[int]]:
+                  batches_per_shard: int, batch_size: int, *, first_step: int | None = None) -> list[list[int]]:
     """Return the batches (lists of sample indices) of ``shard`` in ``round``.
 
     Pure and deterministic: the same arguments give the same batches on every
@@ -46,7 +46,10 @@ def shard_indices(n_train: int, seed: int, round: int, shard: int, shards_per_ro
         raise ValueError(f"shard must be in [0, {shards_per_round}), got {shard}")
 
     per_shard = batch_size * batches_per_shard
-    start = (round * shards_per_round + shard) * per_shard
+    # Rounds before this one drew ``first_step`` batches for each of the shards (an
+    # auto-cadence job's rounds differ in size; by default every round has this one's).
+    first = round * batches_per_shard if first_step is None else first_step
+    start = (first * shards_per_round + shard * batches_per_shard) * batch_size
     stop = start + per_shard
     picked: list[int] = []
     position = start
