@@ -48,7 +48,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                "  ttpeer advise --task my_task.py --peers 4 --overlap --bits 4")
     a.add_argument("--task", required=True,
                    help="as for submit: 'mnist1d[:samples=N]', 'charlm[:key=int,...]' or a task file path/to/task.py")
-    a.add_argument("--peers", type=int, default=2, metavar="N",
+    a.add_argument("--peers", type=_arg(_within(1, MAX_PEERS, int)), default=2, metavar="N",
                    help=f"machines to ask about, 1-{MAX_PEERS} (default 2); the table has a row per count 1..N")
     a.add_argument("--link", type=_arg(_advise.parse_link), default=None, metavar="RATE",
                    help=f"each machine's link, both ways: {_advise.LINK_FORMS} (default: measured to the "
@@ -58,25 +58,38 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                         "else 50 assumed)")
     a.add_argument("--quick", action="store_true",
                    help="skip the scaling probe (about a minute): assume a data-parallel gain of sqrt(k)")
-    a.add_argument("--batch-size", type=int, default=64, metavar="B", help="the job's batch (default 64, as submit's)")
+    a.add_argument("--batch-size", type=_arg(_within(1, 1_000_000, int)), default=64, metavar="B",
+                   help="the job's batch (default 64, as submit's)")
     a.add_argument("--bits", type=int, choices=[4, 8], default=8, help="delta quantization (default 8, as submit's)")
     a.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
                    help="rounds train while the last one's deltas travel, as 'submit --overlap' (default: off)")
     a.add_argument("--device", default=None,
                    help="torch device to measure on (default: the device setting, cuda if present, else cpu)")
-    a.add_argument("--probe-seconds", type=float, default=60.0, metavar="S",
+    a.add_argument("--probe-seconds", type=_arg(_within(1, 3600, float)), default=60.0, metavar="S",
                    help="time limit of the scaling probe (default 60)")
 
 
 def _arg(parse: Any) -> Any:
-    """A parser of ``_advise`` as an argparse type: its ValueError's words, exit status 2."""
-    def convert(text: str) -> float:
+    """A parser as an argparse type: its ValueError's words, exit status 2 (a usage error)."""
+    def convert(text: str) -> Any:
         try:
-            return float(parse(text))
+            return parse(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
     convert.__name__ = parse.__name__
     return convert
+
+
+def _within(lo: float, hi: float, kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(f"not a {'whole ' if kind is int else ''}number: {text!r}") from None
+        if not lo <= value <= hi:
+            raise ValueError(f"must be between {kind(lo):,} and {kind(hi):,}, got {text}")
+        return value
+    return parse
 
 
 @dataclass(frozen=True)
@@ -90,12 +103,6 @@ class StepFigures:
 
 
 def advise(args: argparse.Namespace, settings: Any) -> int:
-    if not 1 <= args.peers <= MAX_PEERS:
-        raise UsageError(f"--peers must be between 1 and {MAX_PEERS}, got {args.peers}")
-    if args.batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if not 0 < args.probe_seconds <= 3600:
-        raise UsageError(f"--probe-seconds must be more than 0 and at most 3600, got {args.probe_seconds:g}")
     _check_task_name(args.task)
     home = Path(settings.home)
     link, link_line = resolve_link(args.link, args.rtt, home, settings.proxy or None)
@@ -122,6 +129,19 @@ def advise(args: argparse.Namespace, settings: Any) -> int:
           f"rounds; gain kept = 1 + (g-1)/(1 + H/{_advise.H_HALF:g}), from the WAN bench; time = 1/(gain kept x "
           "utilization); see the README, 'Will more machines help?')")
     return 0
+
+
+def quick_advice(task_name: str, home: Path, *, peers: int, batch: int, bits: int, overlap: bool,
+                 device: str = "cpu") -> list[str]:
+    """Two lines of ``ttpeer advise --quick`` for a job (the demo's): the figures, measured
+    here and to the relay of ``home``'s pool, and the verdict for ``peers`` machines."""
+    link, link_line = resolve_link(None, None, home, None)
+    task = _load(task_name, home)
+    fig = measure_step(task, batch, device, bits, budget_s=1.0)
+    job = _advise.Job(step_s=fig.step_s, delta_bytes=fig.delta_bytes, overlap=overlap)
+    rows = _advise.predict(job, link, peers, _advise.sqrt_gain)
+    return [f"step {fig.step_s * 1000:.3g} ms, delta {_size(fig.delta_bytes)}; {link_line}; gain assumed sqrt(k)",
+            _advise.verdict(rows, job, link)]
 
 
 def _load_words() -> str:
@@ -318,11 +338,11 @@ def probe_ks(peers: int) -> list[int]:
     return sorted({2 ** i for i in range(1, int(math.log2(peers)) + 1)} | {peers})
 
 
-def probe_gain(task: Any, batch: int, peers: int, device: str, budget_s: float,
-               ) -> tuple[dict[int, float], str]:
+def probe_gain(task: Any, batch: int, peers: int, device: str, budget_s: float) -> tuple[dict[int, float], str]:
     """g(k) for the multiples of ``probe_ks``, from eval-loss curves at batch B and k*B
-    trained side by side, cut before ``budget_s`` runs out (or at 2000 steps). A k whose curves share no
-    range of losses is left out (the note says so; its gain is assumed sqrt(k))."""
+    trained side by side, cut before ``budget_s`` runs out (or at 2000 steps). A k whose
+    curves share no range of losses is left out (the note says so; its gain is then
+    assumed sqrt(k))."""
     from ttpeer import train
 
     ks = probe_ks(peers)
@@ -333,12 +353,14 @@ def probe_gain(task: Any, batch: int, peers: int, device: str, budget_s: float,
         run.evaluate()
         run.advance(FIRST_BLOCK)
         run.evaluate()
-    # What a step of every run costs here and now (the load, the device, the larger batches)
-    # sets the evaluations: about 16 over what the budget allows, 2000 steps at most.
-    cost = (time.perf_counter() - began) / FIRST_BLOCK
-    steps = max(2 * FIRST_BLOCK, min(MAX_PROBE_STEPS, int(0.9 * budget_s / cost)))
-    every = max(2, (steps - FIRST_BLOCK) // 16)
-    while runs[1].step + every <= steps and time.perf_counter() - began + every * cost <= budget_s:
+    # Blocks grow with the steps done (about three evaluations per doubling: the curves are
+    # steep early), each cut to what the time left allows at the cost per step so far
+    # (the load, the device, the larger batches, the evaluations: all in it).
+    while runs[1].step < MAX_PROBE_STEPS:
+        done, spent = runs[1].step, time.perf_counter() - began
+        every = min(max(2, done // 4), MAX_PROBE_STEPS - done, int((budget_s - spent) / (spent / done)))
+        if every < 2:
+            break
         for run in runs.values():
             run.advance(every)
             run.evaluate()
