@@ -132,9 +132,15 @@ def advise(args: argparse.Namespace, settings: Any) -> int:
 
 
 def quick_advice(task_name: str, home: Path, *, peers: int, batch: int, bits: int, overlap: bool,
-                 device: str = "cpu") -> list[str]:
+                 device: str = "cpu", threads: int | None = None) -> list[str]:
     """Two lines of ``ttpeer advise --quick`` for a job (the demo's): the figures, measured
-    here and to the relay of ``home``'s pool, and the verdict for ``peers`` machines."""
+    here and to the relay of ``home``'s pool, and the verdict for ``peers`` machines.
+    ``threads``: torch's threads for the step, as the job's peers have them (for good:
+    torch has no way back)."""
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
     link, link_line = resolve_link(None, None, home, None)
     task = _load(task_name, home)
     fig = measure_step(task, batch, device, bits, budget_s=1.0)

@@ -31,6 +31,7 @@ from typing import Any
 from ttpeer.errors import TtpeerError
 
 READY_TIMEOUT = 60.0
+PEER_THREADS = 1  # torch's threads in each process started (OMP_NUM_THREADS): they share the cores
 
 Command = Callable[..., list[str]]
 """Runs one ttpeer command (``command("export", JOB, OUT, "--home", HOME)``) and returns
@@ -55,7 +56,7 @@ class Cluster:
         self.root = root
         self.procs: list[subprocess.Popen[bytes]] = []
         self.named: dict[str, subprocess.Popen[bytes]] = {}
-        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.env = {**os.environ, "OMP_NUM_THREADS": str(PEER_THREADS), "PYTHONUNBUFFERED": "1", **(env or {})}
         self.env.pop("TTPEER_HOME", None)
         # The processes must not pick up the user's own settings (a fixed metrics port...).
         self.env["TTPEER_CONFIG"] = str(root / "ttpeer.toml")
@@ -251,7 +252,7 @@ def _advice(home: Path) -> list[str]:
     spec = job_spec(1)
     try:
         figures, said = quick_advice(spec["task"], home, peers=3, batch=spec["batch_size"], bits=spec["bits"],
-                                     overlap=False)
+                                     overlap=False, threads=PEER_THREADS)
     except TtpeerError as exc:
         return [f"(ttpeer advise could not run here: {exc})"]
     return [f"why: 'ttpeer advise --quick' for this job on 3 separate machines like this one: {said}",
