@@ -25,6 +25,7 @@ import concurrent.futures
 import time
 from pathlib import Path
 
+from ttpeer._advise import steps_to
 from ttpeer.config import _default_home
 
 DEFAULT_TASK = "mnist1d:samples=60000"
@@ -34,46 +35,17 @@ def train(task_name: str, data: Path, batch: int, steps: int, every: int, eval_s
           seed: int) -> list[tuple[int, float]]:
     """(step, eval loss) every ``every`` steps of plain AdamW training at ``batch``."""
     import torch
-    from torch import nn
 
-    from bench.wan_worker import CLIP, LR, WEIGHT_DECAY
-    from ttpeer.train import load_task
-    from ttpeer.train._spec import fetch_batch
+    from bench.wan_worker import LR, WEIGHT_DECAY
+    from ttpeer.train import LossCurve, load_task
 
     torch.set_num_threads(1)  # the two runs share the machine evenly
-    task = load_task(task_name, data)
-    x_test, y_test = fetch_batch(task.test, range(min(task.n_test, eval_samples)))
-    torch.manual_seed(seed)
-    model = task.spec.model()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    gen = torch.Generator().manual_seed(seed)
-    order = torch.empty(0, dtype=torch.long)
-    curve = []
-    for step in range(1, steps + 1):
-        if len(order) < batch:
-            order = torch.randperm(task.n_train, generator=gen)
-        idx, order = order[:batch], order[batch:]
-        x, y = fetch_batch(task.train, idx.tolist())
-        opt.zero_grad(set_to_none=True)
-        task.spec.loss(model(x), y).backward()
-        nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        opt.step()
-        if step % every == 0:
-            with torch.no_grad():
-                curve.append((step, float(task.spec.loss(model(x_test), y_test))))
-    return curve
-
-
-def steps_to(curve: list[tuple[int, float]], loss: float) -> float | None:
-    """Steps until the eval loss first reaches ``loss``, linear between evaluations."""
-    before = (0, float("inf"))
-    for step, value in curve:
-        if value <= loss:
-            if before[1] == float("inf"):
-                return float(step)
-            return before[0] + (before[1] - loss) / (before[1] - value) * (step - before[0])
-        before = (step, value)
-    return None
+    run = LossCurve(load_task(task_name, data), batch, lr=LR, weight_decay=WEIGHT_DECAY, seed=seed,
+                    eval_samples=eval_samples)
+    for _ in range(steps // every):
+        run.advance(every)
+        run.evaluate()
+    return run.points
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,7 @@ Start here:
               ttpeer wait JOB && ttpeer export JOB model.safetensors
               ttpeer submit --task mnist1d --mode ensemble --members 4 --rounds 6 --inner-steps 300
               ttpeer predict model.safetensors inputs.npy
+Before a run, ask whether more machines help: ttpeer advise --task mnist1d --peers 3
 Or try everything on this machine: ttpeer demo
 """
 
@@ -216,9 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--rounds", type=_positive_int, default=8)
     d.add_argument("--keep", action="store_true", help="keep the temporary directory")
 
+    from ttpeer._advise_cmd import add_parser as add_advise
     from ttpeer._commands import add_commands
 
     add_commands(sub, common)
+    add_advise(sub, common)
     return p
 
 
@@ -307,6 +310,12 @@ def _demo(args: argparse.Namespace) -> int:
     # The demo creates its pool and exports its models with this module's commands,
     # run in this process: handed down, so that the demo does not import the CLI back.
     return run_demo(rounds=args.rounds, keep=args.keep, command=run)
+
+
+def _advise(args: argparse.Namespace) -> int:
+    from ttpeer._advise_cmd import advise
+
+    return advise(args, args.settings)
 
 
 def _service(args: argparse.Namespace) -> int:
@@ -587,7 +596,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {
     "relay": _relay, "pool": _pool_create, "invite": _invite, "join": _join,
     "up": lambda args: _up(args, _home(args)), "submit": _submit, "status": _status, "wait": _wait,
     "export": _export, "predict": _predict, "demo": _demo, "service": _service, "config": _config,
-    "report": _report, "revoke": _revoke, "cancel": _cancel,
+    "report": _report, "revoke": _revoke, "cancel": _cancel, "advise": _advise,
 }
 
 

@@ -31,6 +31,7 @@ from typing import Any
 from ttpeer.errors import TtpeerError
 
 READY_TIMEOUT = 60.0
+PEER_THREADS = 1  # torch's threads in each process started (OMP_NUM_THREADS): they share the cores
 
 Command = Callable[..., list[str]]
 """Runs one ttpeer command (``command("export", JOB, OUT, "--home", HOME)``) and returns
@@ -55,7 +56,7 @@ class Cluster:
         self.root = root
         self.procs: list[subprocess.Popen[bytes]] = []
         self.named: dict[str, subprocess.Popen[bytes]] = {}
-        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.env = {**os.environ, "OMP_NUM_THREADS": str(PEER_THREADS), "PYTHONUNBUFFERED": "1", **(env or {})}
         self.env.pop("TTPEER_HOME", None)
         # The processes must not pick up the user's own settings (a fixed metrics port...).
         self.env["TTPEER_CONFIG"] = str(root / "ttpeer.toml")
@@ -226,6 +227,7 @@ def run_demo(command: Command, rounds: int = 8, keep: bool = False) -> int:
             ensemble = run_job(pool, ensemble_spec(rounds), "ensemble pool (3 peers, 3 members)", command, progress)
             solo_pool = make_pool(cluster, url, fp, ["solo"], command=command)
             solo = run_job(solo_pool, job_spec(rounds), "one peer alone", command, progress)
+        advice = _advice(pool[0])  # while the relay runs: its loopback link is measured
     identical = len(set(fused.hashes)) == 1 and len(set(ensemble.hashes)) == 1
     table = Table(title=f"mnist1d, same data budget: {rounds} rounds x 6 shards x 60 steps "
                         f"(ensemble: 3 members x {rounds} units x 120 steps)")
@@ -237,7 +239,24 @@ def run_demo(command: Command, rounds: int = 8, keep: bool = False) -> int:
     console.print(table)
     console.print(f"exported model sha256 on the 3 peers: fused {fused.hashes[0][:16]}..., ensemble bundle "
                   f"{ensemble.hashes[0][:16]}... ({'bit-identical' if identical else 'DIFFERENT'} on every peer)")
+    for line in advice:
+        console.print(line, highlight=False)
     return 0 if identical else 1
+
+
+def _advice(home: Path) -> list[str]:
+    """Why the table looks as it does: ``ttpeer advise --quick`` for the fused job on 3
+    separate machines like this one (here the 3 peers share one machine's cores)."""
+    from ttpeer._advise_cmd import quick_advice
+
+    spec = job_spec(1)
+    try:
+        figures, said = quick_advice(spec["task"], home, peers=3, batch=spec["batch_size"], bits=spec["bits"],
+                                     overlap=False, threads=PEER_THREADS)
+    except TtpeerError as exc:
+        return [f"(ttpeer advise could not run here: {exc})"]
+    return [f"why: 'ttpeer advise --quick' for this job on 3 separate machines like this one: {said}",
+            f"  ({figures}; here the 3 peers share one machine's cores)"]
 
 
 def _human(n: int) -> str:

@@ -11,7 +11,7 @@ EXPECTED = {
     "init_ensemble", "load_bundle", "member_steps", "read_sidecar", "train_unit", "warm_up",
     "agreed_stop", "average_gradients", "join_group", "split_batches",
     "BatchFit", "LrSchedule", "Recipe", "check_job", "fit_batch", "outer_lr", "shard_first_step", "warm_state",
-    "Diverged", "data_fingerprint", "describe", "probe",
+    "Diverged", "data_fingerprint", "describe", "probe", "LossCurve",
     "OuterSum", "iter_delta", "state_chunks", "state_from_file", "template", "file_state_hash", "iter_state_file",
 }
 

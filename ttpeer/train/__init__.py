@@ -9,6 +9,7 @@ outer step, state hash) is deterministic across machines.
 
 from ._bundle import export_ensemble, load_bundle, read_sidecar
 from ._compress import decode_delta, encode_delta, fp32_size, iter_delta
+from ._curve import LossCurve
 from ._ensemble import (
     Ensemble,
     combine,
@@ -60,6 +61,7 @@ __all__ = [
     "join_group",
     "split_batches",
     "LoadedTask",
+    "LossCurve",
     "LrSchedule",
     "outer_lr",
     "MemoryNeed",

@@ -1,0 +1,190 @@
+"""``ttpeer advise``: the model's arithmetic (pure), the link's words, the relay timing,
+and the command as a newcomer runs it."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from ttpeer import _advise
+from ttpeer._advise import Job, Link, parse_link, parse_rtt, predict, sync_seconds, verdict
+from ttpeer._advise_cmd import probe_ks, resolve_link, time_relay
+from ttpeer.cli import main
+from ttpeer.daemon import Home
+
+MBIT = 1e6 / 8
+
+
+@pytest.mark.parametrize(("text", "bytes_per_s"), [
+    ("20mbit", 20 * MBIT), ("20Mbit/s", 20 * MBIT), ("20 Mbit/s", 20 * MBIT), ("1gbit", 1e9 / 8),
+    ("500kbit", 500e3 / 8), ("2.5MB/s", 2.5e6), ("800KiB/s", 800 * 1024), ("1GB", 1e9),
+])
+def test_link_rates_in_the_accepted_forms(text, bytes_per_s):
+    assert parse_link(text) == pytest.approx(bytes_per_s)
+
+
+@pytest.mark.parametrize("text", ["0", "0mbit", "-5mbit", "fast", "20", "20mb", "100Mbps", "", "mbit", "1e999mbit"])
+def test_impossible_link_rates_are_refused_with_the_accepted_forms(text):
+    with pytest.raises(ValueError) as exc:
+        parse_link(text)
+    assert repr(text) in str(exc.value) and "20mbit" in str(exc.value) and "2.5MB/s" in str(exc.value)
+
+
+def test_round_trips_are_positive_milliseconds():
+    assert parse_rtt("50") == pytest.approx(0.05) and parse_rtt("12.5ms") == pytest.approx(0.0125)
+    for text in ("0", "-3", "soon", ""):
+        with pytest.raises(ValueError, match="milliseconds"):
+            parse_rtt(text)
+
+
+def test_sync_is_one_upload_the_others_downloads_and_n_plus_2_round_trips():
+    link = Link(up=1e6, down=2e6, rtt=0.01)
+    assert sync_seconds(1, 1_000_000, link) == 0.0  # one peer alone does not sync
+    assert sync_seconds(2, 1_000_000, link) == pytest.approx(1.0 + 0.5 + 4 * 0.01)
+    assert sync_seconds(3, 1_000_000, link) == pytest.approx(1.0 + 2 * 0.5 + 5 * 0.01)
+
+
+def test_the_gain_kept_is_calibrated_on_the_wan_bench():
+    # H = 250 kept 1.1 of a possible 1.54 (docs/benchmarks.md); H = 0 would keep it all.
+    assert 1 + 0.54 * _advise.kept(250) == pytest.approx(1.1, abs=0.005)
+    assert _advise.kept(0) == 1.0 and _advise.kept(int(_advise.H_HALF)) == pytest.approx(0.5, abs=0.01)
+
+
+def test_a_row_is_the_cadence_rule_and_one_over_gain_kept_times_utilization():
+    job = Job(step_s=0.01, delta_bytes=100_000, overlap=False)
+    link = Link(1e6, 1e6, 0.02)
+    row = predict(job, link, 2, lambda k: 1.5)[1]
+    sync = 0.1 + 0.1 + 4 * 0.02
+    assert row.sync_s == pytest.approx(sync)
+    assert row.h == math.ceil(9 * sync / 0.01 - 1e-9)  # no overlap: compute 9x the sync (90% utilization)
+    assert row.utilization == pytest.approx(row.h * 0.01 / (row.h * 0.01 + sync))
+    assert row.kept == pytest.approx(1 + 0.5 / (1 + row.h / _advise.H_HALF))
+    assert row.time == pytest.approx(1 / (row.kept * row.utilization))
+    overlapped = predict(Job(0.01, 100_000, overlap=True), link, 2, lambda k: 1.5)[1]
+    assert overlapped.h == math.ceil(1.5 * sync / 0.01 - 1e-9) and overlapped.utilization == 1.0
+    assert overlapped.time < row.time  # hiding the sync needs fewer steps a round
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_slower_link_means_bigger_rounds_and_no_more_speedup(overlap):
+    job = Job(step_s=0.005, delta_bytes=80_000, overlap=overlap)
+    rates = [10e9, 1e9, 100e6, 20e6, 5e6, 1e6, 100e3, 10e3]  # bits/s, fastest first
+    rows = [predict(job, Link(r / 8, r / 8, 0.05), 4, _advise.sqrt_gain)[-1] for r in rates]
+    hs = [r.h for r in rows]
+    times = [r.time for r in rows]
+    assert hs == sorted(hs) and hs[0] < hs[-1]
+    assert times == sorted(times) and times[0] < times[-1]
+    assert rows[-1].h == job.h_max  # a link this slow: the largest round, and the sync still shows
+    assert rows[-1].utilization < 0.9
+
+
+def test_the_verdict_of_a_pool_that_helps_says_how_much_sooner():
+    job = Job(step_s=0.2, delta_bytes=100_000, overlap=True)
+    rows = predict(job, Link(1e9, 1e9, 0.001), 2, _advise.sqrt_gain)
+    assert rows[-1].time < 0.8
+    assert verdict(rows, job, Link(1e9, 1e9, 0.001)) == (
+        f"over 2 machines this job is predicted to finish in {rows[-1].time:.2f}x the time of one")
+
+
+def test_the_verdict_of_a_slow_link_blames_the_link_with_its_figures():
+    job = Job(step_s=0.002, delta_bytes=300_000, overlap=False)
+    link = Link(2.5e6, 2.5e6, 0.05)
+    rows = predict(job, link, 2, _advise.sqrt_gain)
+    said = verdict(rows, job, link)
+    assert said.startswith(f"will not help: {rows[-1].time:.2f}x the time over 2 machines, because of the link: ")
+    assert f"a sync takes {rows[-1].sync_s:.2f} s against 2 ms a step" in said and f"H={rows[-1].h}" in said
+
+
+def test_the_verdict_of_a_task_that_gains_little_blames_the_task_whatever_the_network():
+    job = Job(step_s=0.2, delta_bytes=1000, overlap=True)
+    link = Link(1e9, 1e9, 0.001)
+    rows = predict(job, link, 3, lambda k: 1.04)
+    said = verdict(rows, job, link)
+    assert said.startswith("will not help: ") and "because of the task" in said
+    assert "perfect data parallelism over 3 machines would gain only 1.04x" in said
+
+
+def test_the_table_has_a_row_per_peer_count():
+    rows = predict(Job(0.01, 10_000, overlap=False), Link(1e6, 1e6, 0.01), 3, _advise.sqrt_gain)
+    lines = _advise.table(rows)
+    assert lines[0].split() == ["peers", "sync", "s", "H", "utilization", "gain", "kept", "time", "vs", "one", "peer"]
+    assert [line.split()[0] for line in lines[1:]] == ["1", "2", "3"]
+    assert lines[1].split()[-1] == "1.00x"
+
+
+def test_the_gain_is_read_where_both_curves_share_their_losses():
+    one = [(0, 2.0), *((s, 2.0 - s / 1000) for s in range(100, 1001, 100))]  # 1.0 at step 1000
+    wide = [(0, 2.0), *((s, 2.0 - s / 500) for s in range(100, 501, 100))]  # twice as fast per step
+    assert _advise.gain_of(one, wide, 2) == pytest.approx(2.0)
+    assert _advise.gain_of(one, wide, 3) == pytest.approx(2.0)
+    assert _advise.gain_of(one, [(0, 3.0), (10, 2.9)], 2) is None  # no loss in common
+    assert _advise.gain_of(wide, one, 2) == 1.0  # slower at the larger batch: no gain, not a loss
+
+
+def test_gains_between_probed_peer_counts_are_interpolated_never_extrapolated_up():
+    measured = {2: 1.5, 4: 2.0}
+    assert _advise.interpolate(measured, 2) == 1.5
+    assert 1.5 < _advise.interpolate(measured, 3) < 2.0
+    assert _advise.interpolate(measured, 8) == 2.0
+    assert probe_ks(3) == [2, 3] and probe_ks(10) == [2, 4, 8, 10]
+
+
+def test_without_a_home_the_link_is_assumed_and_the_line_says_why(tmp_path):
+    link, line = resolve_link(None, None, tmp_path / "nowhere", None)
+    assert link == Link(_advise.ASSUMED_RATE, _advise.ASSUMED_RATE, _advise.ASSUMED_RTT)
+    assert line == f"link: assumed 20 Mbit/s, assumed 50 ms (no relay reachable: no home at {tmp_path / 'nowhere'})"
+    link, line = resolve_link(5 * MBIT, None, tmp_path, None)
+    assert link.up == 5 * MBIT and "given 5 Mbit/s, assumed 50 ms" in line and "is in no pool" in line
+
+
+async def test_the_link_is_timed_against_the_pools_relay_with_the_daemons_client(start_relay, tmp_path):
+    running = await start_relay()
+    home = Home(tmp_path / "home")
+    cfg = home.create_pool(running.url, running.fingerprint, "alice", time.time())
+    link = await time_relay(cfg, home.node_key(), None, size=256 * 1024)
+    assert link.up > 0 and link.down > 0 and 0 < link.rtt < 5
+
+
+def test_link_fast_is_refused_as_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["advise", "--task", "mnist1d", "--link", "fast"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--link" in err and "'fast'" in err and "20mbit" in err and "2.5MB/s" in err
+
+
+def test_peers_out_of_range_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["advise", "--task", "mnist1d", "--peers", "0"])
+    assert exc.value.code == 2 and "--peers" in capsys.readouterr().err
+
+
+def _run(capsys, *args: str) -> list[str]:
+    assert main(["advise", "--task", "mnist1d", "--quick", *args]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.slow
+def test_advise_prints_the_table_and_one_verdict(capsys, tmp_path):
+    out = _run(capsys, "--link", "20mbit", "--rtt", "50", "--peers", "2", "--home", str(tmp_path))
+    assert "link: given, 20 Mbit/s each way, 50 ms" in out
+    assert "data-parallel gain: assumed sqrt(k) for k machines (--quick skips the probe)" in out
+    head = next(i for i, line in enumerate(out) if line.split()[:1] == ["peers"])
+    assert [line.split()[0] for line in out[head + 1:head + 3]] == ["1", "2"]
+    verdicts = [line for line in out if line.startswith(("over 2 machines this job", "will not help: "))]
+    assert len(verdicts) == 1
+
+
+@pytest.mark.slow
+def test_advise_with_no_pool_says_which_figures_it_assumed(capsys, tmp_path):
+    out = _run(capsys, "--peers", "2", "--home", str(tmp_path))
+    assert any(line.startswith("link: assumed 20 Mbit/s, assumed 50 ms (no relay reachable: home ") for line in out)
+    assert any(line.startswith(("over 2 machines", "will not help: ")) for line in out)
+
+
+def test_the_advise_section_of_the_readme_is_there():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "## Will more machines help? `ttpeer advise`" in readme and "| `ttpeer advise --task" in readme

@@ -1,0 +1,237 @@
+"""The arithmetic of ``ttpeer advise``: over N machines, will a job finish sooner, and why.
+
+Theory of operation. Figures come in (measured by ``_advise_cmd`` on this machine, or
+given); a table and one sentence go out. Pure: no torch, no clock, no I/O, so every
+figure of the verdict can be checked by hand and by the tests.
+
+The model, for a fused job over ``n`` peers, each with the same link and device:
+
+- one peer alone is plain local training: ``S1`` steps of ``step_s`` each, no sync;
+- a sync (``sync_seconds``): each peer uploads its delta of ``D`` wire bytes and downloads
+  the other ``n - 1``, one after another (an upper bound: the relay serves them in
+  parallel), plus ``n + 2`` round trips (the blob PUT, its record out, the record in, one
+  GET per other delta)::
+
+      sync_s(n) = D / up + (n - 1) * D / down + (n + 2) * rtt
+
+- ``H(n)``: the inner steps a round runs, by the pool's own rule for ``--inner-steps
+  auto`` (``proto/_cadence.steps_for``): the smallest round whose compute hides the sync;
+- a round takes ``max(H * step_s, sync_s)`` with overlap (the deltas travel while the
+  next round trains), ``H * step_s + sync_s`` without; utilization ``u`` is the share
+  of it spent in inner steps;
+- steps to the same loss: ``S1 / g_eff`` per peer. Synchronous data parallelism over
+  ``n`` peers gains ``g(n)`` (steps at batch B over steps at n*B, measured by the scaling
+  probe or assumed); DiLoCo, averaging only every H steps, keeps part of it::
+
+      g_eff = 1 + (g(n) - 1) * e(H),   e(H) = 1 / (1 + H / H_HALF)
+
+- the time to the loss against one peer: ``(S1 / g_eff) * (round_s / H) / (S1 * step_s)
+  = 1 / (g_eff * u)``.
+
+``H_HALF`` comes from one measurement (docs/benchmarks.md, the WAN bench: mnist1d with
+60,000 samples, 2 peers): H = 250 kept a gain of 1.1 of the 1.54 that synchronous
+training reached, so e(250) = 0.1 / 0.54 = 0.185 and H_HALF = 250 / (1 / 0.185 - 1) = 57.
+One task, one H: ``scripts/bench/speedup`` is to calibrate it over more. H is a whole
+number of steps, rounded up, so between two links the figures can move by a step's worth.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ttpeer.proto._cadence import DEFAULT_H_MAX, DEFAULT_H_MIN, steps_for
+
+H_HALF = 57.0  # e(H_HALF) = 1/2; from the WAN bench, see the module's docstring
+HELPS_BELOW = 0.95  # a predicted time under this fraction of one peer's is "helps"
+ASSUMED_RATE = 20e6 / 8  # bytes/s (20 Mbit/s) when nothing is given or measured
+ASSUMED_RTT = 0.050  # seconds
+
+LINK_FORMS = "20mbit, 20Mbit/s, 500kbit, 1gbit (bits per second) or 2.5MB/s, 800KiB/s (bytes per second)"
+_BITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+_BYTES = {"B": 1.0, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30}
+_RATE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]+)\s*(?:/\s*s|ps)?\s*")
+
+
+def parse_link(text: str) -> float:
+    """Bytes per second of a link rate written as ``20mbit``, ``20Mbit/s``, ``1gbit``,
+    ``500kbit`` (bits, any case) or ``2.5MB/s``, ``800KiB/s`` (bytes: a capital B).
+    Raises ValueError, with the accepted forms, for anything else: no unit, a zero or
+    negative rate, an unknown or ambiguous unit (``mb``: megabits or megabytes?)."""
+    m = _RATE.fullmatch(text)
+    if m is not None:
+        number, unit = float(m.group(1)), m.group(2)
+        if unit.lower() in _BITS:
+            rate = number * _BITS[unit.lower()] / 8
+        else:
+            rate = number * _BYTES[unit] if unit in _BYTES else 0.0
+        if rate > 0 and math.isfinite(rate):
+            return rate
+    raise ValueError(f"not a link rate: {text!r}; use a positive rate with its unit, e.g. {LINK_FORMS}")
+
+
+def parse_rtt(text: str) -> float:
+    """Seconds of a round trip given in milliseconds (``50``, ``12.5``, ``50ms``).
+    Raises ValueError unless it is a positive, finite number."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(?:ms)?\s*", text)
+    if m is None or not 0 < float(m.group(1)) < 1e6:
+        raise ValueError(f"not a round trip: {text!r}; give milliseconds, more than 0 (e.g. 50 or 12.5)")
+    return float(m.group(1)) / 1000
+
+
+def rate_words(bytes_per_s: float) -> str:
+    """``20 Mbit/s``: a rate the way people write links."""
+    bits = bytes_per_s * 8
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bits >= scale:
+            return f"{bits / scale:.3g} {unit}"
+    return f"{bits:.3g} bit/s"
+
+
+@dataclass(frozen=True)
+class Link:
+    """One peer's path to the relay: bytes per second each way, and a round trip in seconds."""
+
+    up: float
+    down: float
+    rtt: float
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the prediction needs of the job and this machine."""
+
+    step_s: float  # one inner step at the job's batch
+    delta_bytes: int  # one delta on the wire
+    overlap: bool
+    h_min: int = DEFAULT_H_MIN
+    h_max: int = DEFAULT_H_MAX
+
+
+@dataclass(frozen=True)
+class Row:
+    peers: int
+    sync_s: float
+    h: int | None  # None: one peer, no rounds to size
+    utilization: float
+    gain: float  # g(n): synchronous data parallelism's
+    kept: float  # g_eff: what averaging every H steps keeps of it
+    time: float  # to the same loss, over one peer's time
+
+
+def sync_seconds(peers: int, delta_bytes: int, link: Link) -> float:
+    """One round's sync for each of ``peers`` peers: upload one delta, download the others,
+    ``peers + 2`` round trips (the formula in the module's docstring). 0 for one peer."""
+    if peers <= 1:
+        return 0.0
+    return delta_bytes / link.up + (peers - 1) * delta_bytes / link.down + (peers + 2) * link.rtt
+
+
+def kept(h: int) -> float:
+    """e(H): the share of synchronous data parallelism's gain that averaging every H steps keeps."""
+    return 1.0 / (1.0 + h / H_HALF)
+
+
+def sqrt_gain(k: int) -> float:
+    """The gain ``--quick`` assumes for k times the batch."""
+    return math.sqrt(k)
+
+
+def predict(job: Job, link: Link, peers: int, gain: Callable[[int], float]) -> list[Row]:
+    """One row per peer count 1..``peers``; ``gain(k)`` is g(k) (g(1) = 1)."""
+    rows = [Row(1, 0.0, None, 1.0, 1.0, 1.0, 1.0)]
+    for n in range(2, peers + 1):
+        sync = sync_seconds(n, job.delta_bytes, link)
+        h = steps_for(job.step_s, sync, overlap=job.overlap, lo=job.h_min, hi=job.h_max)
+        compute = h * job.step_s
+        round_s = max(compute, sync) if job.overlap else compute + sync
+        u = compute / round_s if round_s > 0 else 1.0
+        g = max(1.0, gain(n))
+        g_eff = 1.0 + (g - 1.0) * kept(h)
+        rows.append(Row(n, sync, h, u, g, g_eff, 1.0 / (g_eff * u)))
+    return rows
+
+
+def verdict(rows: Sequence[Row], job: Job, link: Link) -> str:
+    """One plain sentence for the last row (the peer count asked about): how much sooner,
+    or why not: the task (free communication would not help either) or the link."""
+    last = rows[-1]
+    n = last.peers
+    if n == 1:
+        return "one machine is one machine: give --peers N (2 or more) to ask about a pool"
+    if last.time < HELPS_BELOW:
+        best = min(rows, key=lambda r: r.time)
+        also = (f"; {best.peers} machines would do best, {best.time:.2f}x"
+                if best.peers != n and best.time < last.time - 0.02 else "")
+        return f"over {n} machines this job is predicted to finish in {last.time:.2f}x the time of one{also}"
+    free = predict(job, Link(math.inf, math.inf, 0.0), n, lambda k: last.gain if k == n else 1.0)[-1]
+    if free.time >= HELPS_BELOW:
+        return (f"will not help: {last.time:.2f}x the time over {n} machines, because of the task: perfect "
+                f"data parallelism over {n} machines would gain only {last.gain:.2f}x (its loss falls "
+                f"hardly faster per step at {n}x the batch), whatever the network")
+    return (f"will not help: {last.time:.2f}x the time over {n} machines, because of the link: a sync "
+            f"takes {last.sync_s:.2f} s against {job.step_s * 1000:.3g} ms a step, so a round needs "
+            f"H={last.h} steps to hide it, and averaging that seldom keeps {kept(last.h or 1):.0%} of "
+            f"the task's {last.gain:.2f}x gain")
+
+
+def table(rows: Sequence[Row]) -> list[str]:
+    """The rows as aligned text lines, a header first."""
+    head = f"{'peers':>5}  {'sync s':>7}  {'H':>5}  {'utilization':>11}  {'gain kept':>11}  {'time vs one peer':>16}"
+    lines = [head]
+    for r in rows:
+        sync = "-" if r.h is None else f"{r.sync_s:.2f}"
+        h = "-" if r.h is None else str(r.h)
+        gain = "-" if r.h is None else f"{r.kept:.2f}/{r.gain:.2f}"
+        lines.append(f"{r.peers:>5}  {sync:>7}  {h:>5}  {r.utilization:>11.0%}  {gain:>11}  {r.time:>15.2f}x")
+    return lines
+
+
+def steps_to(curve: Sequence[tuple[int, float]], loss: float) -> float | None:
+    """Steps until the eval loss first reaches ``loss``, linear between evaluations."""
+    before = (0, float("inf"))
+    for step, value in curve:
+        if value <= loss:
+            if before[1] == float("inf"):
+                return float(step)
+            return before[0] + (before[1] - loss) / (before[1] - value) * (step - before[0])
+        before = (step, value)
+    return None
+
+
+def gain_of(one: Sequence[tuple[int, float]], wide: Sequence[tuple[int, float]], k: int) -> float | None:
+    """g(k) from two eval-loss curves (at batch B and k*B, same steps): the median ratio of
+    steps to the lower half of 8 losses evenly spaced between the first evaluation both
+    passed and the lowest loss both reached (late training, where gains are smallest),
+    within [1, k]. None when the curves share no range of losses."""
+    if len(one) < 2 or len(wide) < 2:
+        return None
+    top, bottom = min(one[0][1], wide[0][1]), max(min(v for _, v in one), min(v for _, v in wide))
+    if not top > bottom:
+        return None
+    ratios = []
+    for i in range(5, 9):
+        loss = top - (top - bottom) * i / 8
+        s1, sk = steps_to(one, loss), steps_to(wide, loss)
+        if s1 is not None and sk is not None and sk > 0:
+            ratios.append(s1 / sk)
+    if not ratios:
+        return None
+    ratios.sort()
+    mid = len(ratios) // 2
+    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return min(float(k), max(1.0, median))
+
+
+def interpolate(measured: dict[int, float], k: int) -> float:
+    """g(k) between measured peer counts, linear in log k (g(1) = 1); beyond the last,
+    the last measured gain (no extrapolation upwards)."""
+    points = sorted({1: 1.0, **measured}.items())
+    if k in measured:
+        return measured[k]
+    for (k0, g0), (k1, g1) in zip(points, points[1:], strict=False):
+        if k0 < k < k1:
+            return g0 + (g1 - g0) * (math.log(k) - math.log(k0)) / (math.log(k1) - math.log(k0))
+    return points[-1][1]
