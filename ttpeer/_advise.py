@@ -42,7 +42,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ttpeer.proto._cadence import DEFAULT_H_MAX, DEFAULT_H_MIN, steps_for
+from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN, steps_for
 
 H_HALF = 57.0  # e(H_HALF) = 1/2; from the WAN bench, see the module's docstring
 HELPS_BELOW = 0.95  # a predicted time under this fraction of one peer's is "helps"

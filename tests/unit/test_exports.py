@@ -19,7 +19,7 @@ SURFACES: dict[str, set[str]] = {
         '__version__', 'load'
     },
     'ttpeer.proto': {
-        'Aggregate', 'Apply', 'DEFAULT_H_MAX', 'DEFAULT_H_MIN', 'Plan',
+        'Aggregate', 'Apply', 'DEFAULT_H_MAX', 'DEFAULT_H_MIN', 'Plan', 'steps_for',
         'Broadcast', 'Cancel', 'Chain', 'DECLINE_CODES', 'Effect', 'Ended',
         'FetchState', 'JobDone', 'MAX_KEEP', 'MAX_RECORD_BYTES', 'Member', 'PRECISION_CODES', 'PeerMachine',
         'Persist', 'PrepareJob', 'ProofError', 'PublishCheckpoint', 'PublishDelta', 'RETRY_AFTER', 'Record',

@@ -22,7 +22,7 @@ from ttpeer_wire import (
     verify_revocation,
 )
 
-from ._cadence import DEFAULT_H_MAX, DEFAULT_H_MIN, Plan
+from ._cadence import DEFAULT_H_MAX, DEFAULT_H_MIN, Plan, steps_for
 from ._effects import (
     Aggregate,
     Apply,
@@ -103,6 +103,7 @@ __all__ = [
     "DEFAULT_H_MAX",
     "DEFAULT_H_MIN",
     "Plan",
+    "steps_for",
     "Aggregate",
     "Apply",
     "Broadcast",
