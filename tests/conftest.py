@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +34,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if call.when == "teardown":
         _tiers.verdict(item, report)
     return report
+
+
+@pytest.fixture(scope="session")
+def builtin_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One data folder for the session's built-in tasks: generating mnist1d takes 10-20 s
+    on the 2-core machine, so tests that only read it share one copy (the tests of the
+    cache itself use their own folders)."""
+    return tmp_path_factory.mktemp("builtin-data")

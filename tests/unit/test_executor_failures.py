@@ -182,12 +182,12 @@ async def test_a_peer_whose_data_differs_declines_with_that_reason(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", ["mnist1d", "charlm"])
-def test_the_data_fingerprint_of_the_built_ins_is_cheap_and_stable(tmp_path, spec):
-    task = train.load_task(spec, tmp_path)
+def test_the_data_fingerprint_of_the_built_ins_is_cheap_and_stable(builtin_data, spec):
+    task = train.load_task(spec, builtin_data)
     began = time.perf_counter()
     first = train.data_fingerprint(task)
     assert time.perf_counter() - began < 1.0
-    assert first == train.data_fingerprint(train.load_task(spec, tmp_path)) and len(first) == 64
+    assert first == train.data_fingerprint(train.load_task(spec, builtin_data)) and len(first) == 64
 
 
 @pytest.mark.slow

@@ -25,8 +25,8 @@ FIXTURE = Path(__file__).parent / "fixtures" / "task_linear.py"
 
 
 @pytest.fixture(scope="module")
-def mnist(tmp_path_factory):
-    return load_task("mnist1d", tmp_path_factory.mktemp("data"))
+def mnist(builtin_data):
+    return load_task("mnist1d", builtin_data)
 
 
 @pytest.fixture(scope="module")
