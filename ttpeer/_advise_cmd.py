@@ -61,8 +61,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     a.add_argument("--batch-size", type=_arg(_within(1, 1_000_000, int)), default=64, metavar="B",
                    help="the job's batch (default 64, as submit's)")
     a.add_argument("--bits", type=int, choices=[4, 8], default=8, help="delta quantization (default 8, as submit's)")
-    a.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
-                   help="rounds train while the last one's deltas travel, as 'submit --overlap' (default: off)")
+    a.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                   help="rounds train while the last one's deltas travel, as submit's default (--no-overlap: "
+                        "every round waits, as 'submit --no-overlap')")
     a.add_argument("--device", default=None,
                    help="torch device to measure on (default: the device setting, cuda if present, else cpu)")
     a.add_argument("--probe-seconds", type=_arg(_within(1, 3600, float)), default=60.0, metavar="S",

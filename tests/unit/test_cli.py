@@ -83,17 +83,24 @@ def test_submit_names_the_built_in_tasks_for_an_unknown_one(tmp_path, capsys):
     assert "unknown task" not in capsys.readouterr().err
 
 
-def test_overlapped_jobs_keep_diloco_outer_momentum():
-    # Overlapped rounds start eagerly (docs/ARCHITECTURE.md), so DiLoCo's 0.9 converges there
-    # too; a first, stale version needed 0 and defaulted to it.
-    def momentum(*extra: str) -> float:
-        return build_parser().parse_args(["submit", "--task", "mnist1d", *extra]).outer_momentum
+def test_fused_jobs_default_to_auto_rounds_overlapped_at_the_measured_momentum():
+    # scripts/bench/overlap: overlapped rounds at DiLoCo's 0.9 end 1.15-1.24x the loss of rounds
+    # that wait; at 0.5, 1.07x (mnist1d). So overlap (the default) runs at 0.5, waiting at 0.9.
+    from ttpeer.cli import _cadence_defaults, build_parser
+    from ttpeer.errors import UsageError
 
-    from ttpeer.cli import build_parser
+    def defaults(*extra: str) -> tuple:
+        args = build_parser().parse_args(["submit", "--task", "mnist1d", *extra])
+        overlap = _cadence_defaults(args)
+        return overlap, args.inner_steps, args.outer_momentum
 
-    assert momentum() == 0.9
-    assert momentum("--overlap") == 0.9
-    assert momentum("--overlap", "--outer-momentum", "0.5") == 0.5
+    assert defaults() == (True, (5, 1000), 0.5)
+    assert defaults("--no-overlap") == (False, (5, 1000), 0.9)
+    assert defaults("--inner-steps", "40", "--outer-momentum", "0.7") == (True, 40, 0.7)
+    assert defaults("--mode", "ensemble", "--members", "2") == (False, 25, 0.9)
+    for wrong in (["--overlap"], ["--inner-steps", "auto"]):
+        with pytest.raises(UsageError, match="fused"):
+            defaults("--mode", "ensemble", "--members", "2", *wrong)
 
 
 def test_step_timeout_takes_seconds_or_a_duration_and_is_checked(tmp_path, capsys):
