@@ -23,7 +23,7 @@ Start here:
   machine A:  ttpeer pool create --relay URL --fingerprint sha256:HEX   (prints a join token)
               ttpeer up
   machine B:  ttpeer join -        (paste the token; or --token-file FILE, or $TTPEER_TOKEN)
-  any member: ttpeer submit --task mnist1d --mode fused --rounds 10 --inner-steps 25
+  any member: ttpeer submit --task mnist1d --rounds 10      (fused; rounds sized to the link)
               ttpeer wait JOB && ttpeer export JOB model.safetensors
               ttpeer submit --task mnist1d --mode ensemble --members 4 --rounds 6 --inner-steps 300
               ttpeer predict model.safetensors inputs.npy
@@ -35,7 +35,7 @@ Or try everything on this machine: ttpeer demo
 MAX_STEP_TIMEOUT = 7 * 86400.0  # the job record's bound
 AUTO_FIRST = 25  # an auto-cadence job's first rounds' size (and its budget's unit)
 # Outer momentum defaults (scripts/bench/overlap, 2 peers x 20 rounds x 25 steps, final eval
-# loss overlapped / waiting: mnist1d 1.24 at 0.9, 1.07 at 0.5; charlm 1.15 at 0.9).
+# loss overlapped / waiting: mnist1d 1.24 at 0.9, 1.07 at 0.5; charlm 1.15 at 0.9, 1.08 at 0.5).
 OVERLAP_MOMENTUM, WAIT_MOMENTUM = 0.5, 0.9
 
 
