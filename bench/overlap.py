@@ -26,29 +26,33 @@ import trio
 RELAY, FP = "https://relay.test.invalid", "sha256:" + "0" * 64
 
 
-async def final_loss(root: Path, task: str, overlap: int, momentum: float, rounds: int, steps: int,
-                     batch: int, peers: int, lr: float) -> tuple[float, float]:
-    """(eval loss after the job, seconds it took) of one job over ``peers`` executors."""
+def job_spec(task: str, overlap: int, momentum: float, rounds: int, steps: int, batch: int, peers: int,
+             lr: float) -> dict:
+    return {"task": task, "mode": "fused", "rounds": rounds, "shards": peers, "batches": steps, "batch_size": batch,
+            "inner_lr": lr, "weight_decay": 0.01, "outer_lr": 0.7, "outer_momentum": momentum, "bits": 8,
+            "seed": 1, "lease": 30.0, "steal": False, "overlap": overlap}
+
+
+async def final_loss(root: Path, spec: dict, task_file: bytes | None = None) -> float:
+    """The eval loss after the job ``spec``, over ``spec["shards"]`` executors (one shard
+    each), every close reproduced bit for bit by the others."""
     from ttpeer.daemon import Home
     from ttpeer.daemon._torch import TorchExecutor
     from ttpeer.proto import PublishDelta, Train, sign
 
-    spec = {"task": task, "mode": "fused", "rounds": rounds, "shards": peers, "batches": steps, "batch_size": batch,
-            "inner_lr": lr, "weight_decay": 0.01, "outer_lr": 0.7, "outer_momentum": momentum, "bits": 8,
-            "seed": 1, "lease": 30.0, "steal": False, "overlap": overlap}
-    homes = [Home(root / f"peer{i}") for i in range(peers)]
+    homes = [Home(root / f"peer{i}") for i in range(spec["shards"])]
     for home in homes:
         home.create_pool(RELAY, FP, home.path.name, time.time())
     execs = [TorchExecutor(home) for home in homes]
-    fixed, init = await execs[0].new_job(spec, None)
+    fixed, init = await execs[0].new_job(spec, task_file)
     body = {**spec, **fixed, "init_blob": "0" * 64, "task_blob": "", "at": int(time.time())}
     job = sign("job", homes[0].config().pool, body, homes[0].node_key())
     for ex in execs:
-        assert await ex.prepare(job, None) is None
+        assert await ex.prepare(job, task_file) is None
         assert await ex.import_state(job, fixed["init"], init)
-    began = time.perf_counter()
+    overlap = spec.get("overlap", 0)
     states, loss = [fixed["init"]], float("nan")
-    for rnd in range(rounds):
+    for rnd in range(spec["rounds"]):
         base = states[max(0, rnd - 1)] if overlap else states[rnd]  # as proto's train_base
         deltas = []
         for shard, ex in enumerate(execs):
@@ -60,7 +64,7 @@ async def final_loss(root: Path, task: str, overlap: int, momentum: float, round
             assert await ex.apply(job, states[rnd], deltas, state, rnd=rnd)
         states.append(state)
         loss = float(metrics["eval_loss"])
-    return loss, time.perf_counter() - began
+    return loss
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,9 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         for momentum in (float(m) for m in args.momentum.split(",")):
             losses = []
             for overlap in (0, 1):
+                spec = job_spec(task, overlap, momentum, args.rounds, args.inner_steps, args.batch_size, args.peers,
+                                args.inner_lr)
                 with tempfile.TemporaryDirectory() as tmp:
-                    loss, _secs = trio.run(final_loss, Path(tmp), task, overlap, momentum, args.rounds,
-                                           args.inner_steps, args.batch_size, args.peers, args.inner_lr)
+                    loss = trio.run(final_loss, Path(tmp), spec)
                 losses.append(loss)
             print(f"| {task} | {momentum:g} | {losses[0]:.4f} | {losses[1]:.4f} | {losses[1] / losses[0]:.3f} |",
                   flush=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import trio
 
+from bench.overlap import final_loss
 from ttpeer import train
 from ttpeer.daemon import Home
 from ttpeer.daemon._torch import TorchExecutor
@@ -73,29 +74,9 @@ async def test_an_overlapped_round_starts_from_the_own_estimate_of_its_base(tmp_
 async def _final_loss(tmp_path: Path, overlap: int) -> float:
     """Two peers' executors driven through the job's rounds as the protocol orders them,
     peer i always training shard i (with real nodes, who trains which shard varies run to
-    run, and so does the loss: 0.75-2.6x over 18 runs in an audit). The closer
-    aggregates, the other peer must reach the same state."""
-    homes = [Home(tmp_path / name) for name in ("a", "b")]
-    for home in homes:
-        home.create_pool(RELAY, FP, home.path.name, time.time())
-    peers = [TorchExecutor(home) for home in homes]
-    job, s0 = await _job(homes[0], peers[0], {**SPEC, "overlap": overlap})
-    assert await peers[1].prepare(job, TASK_FILE.read_bytes()) is None
-    await peers[0].export_state(job, s0, homes[0].path / "s0.state")
-    assert await peers[1].import_state(job, s0, homes[0].path / "s0.state")
-    states, loss = [s0], float("nan")
-    for rnd in range(SPEC["rounds"]):
-        base = states[max(0, rnd - 1)] if overlap else states[rnd]  # as proto's train_base
-        deltas = []
-        for shard, peer in enumerate(peers):
-            samples = await peer.train(Train(job, rnd, shard, 0, base, fresh=True), lambda: False)
-            delta, _ = await peer.delta(PublishDelta(job, rnd, base, (shard,), samples))
-            deltas.append((delta, samples))
-        state, metrics = await peers[0].aggregate(job, states[rnd], deltas, rnd=rnd)
-        assert await peers[1].apply(job, states[rnd], deltas, state, rnd=rnd)  # bit-identical on both
-        states.append(state)
-        loss = metrics["eval_loss"]
-    return loss
+    run, and so does the loss: 0.75-2.6x over 18 runs in an audit); the closer aggregates
+    and the other peer reproduces each close (``bench.overlap``, what that bench runs)."""
+    return await final_loss(tmp_path, {**SPEC, "overlap": overlap}, TASK_FILE.read_bytes())
 
 
 async def test_overlapped_rounds_train_as_well_as_rounds_that_wait(tmp_path: Path) -> None:
