@@ -22,8 +22,9 @@ members are trusted not to do this on purpose (SECURITY.md).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 from ttpeer_wire import Member, Record
 
@@ -73,7 +74,9 @@ class RecordSet:
             if isinstance(rnd, int):
                 self._by_round[(job, rec.kind, rnd)].append(rec)
             if rec.kind == "close":
-                self._closed_rounds[job].add(rnd)  # type: ignore[arg-type]
+                # A close's schema requires an int ``round`` (``_check_body``, which ``sign`` and
+                # ``parse``, the only makers of a Record, both run), so ``rnd`` is an int here.
+                self._closed_rounds[job].add(cast(int, rnd))
             # The chain depends on closes, and on contributions only once a close names them.
             if rec.kind in ("close", "ckpt", "job") or (
                 rec.kind == "contrib" and rnd in self._closed_rounds[job]
@@ -103,7 +106,7 @@ class RecordSet:
     def __contains__(self, rec_id: str) -> bool:
         return rec_id in self.by_id
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Record]:
         return iter(self.by_id.values())
 
     def __len__(self) -> int:
@@ -140,6 +143,13 @@ def contributions(rs: RecordSet, job: Record, rnd: int, base: str) -> list[Recor
 
 def covered(contribs: Iterable[Record]) -> set[int]:
     return {s for c in contribs for s in c["shards"]}
+
+
+def _all_held(by_id: dict[str, Record], ids: Iterable[str]) -> list[Record] | None:
+    """The records named by ``ids``, in order, or ``None`` if any is not held."""
+    got = [by_id.get(i) for i in ids]
+    held = [r for r in got if r is not None]
+    return held if len(held) == len(got) else None
 
 
 def select_cover(job: Record, contribs: list[Record]) -> list[Record] | None:
@@ -195,19 +205,19 @@ def canonical_chain(rs: RecordSet, job: Record) -> Chain:
     if rs._close_ok_version != rs.membership_version:
         rs._close_ok.clear()  # validity depends on who the members are
         rs._close_ok_version = rs.membership_version
-    closes = rs.of_job(job.id, "close")
+    received = rs.of_job(job.id, "close")
     if overlap:
-        closes = sorted(closes, key=lambda c: c["round"])  # a round's parents before its tbase check
+        received = sorted(received, key=lambda c: c["round"])  # a round's parents before its tbase check
     max_rounds = Plan.of(job, ()).max_rounds()
-    for close in closes:
+    for close in received:
         rnd = close["round"]
         if rnd >= max_rounds or ("tbase" in close.body) != overlap:
             continue
         tbase = close["tbase"] if overlap else close["base"]
         ok = rs._close_ok.get(close.id)
         if ok is None:
-            parts = [by_id.get(cid) for cid in close["contribs"]]
-            if any(p is None for p in parts):
+            parts = _all_held(by_id, close["contribs"])
+            if parts is None:
                 continue  # may become valid when the missing contributions arrive
             ok = rs._close_ok[close.id] = not any(
                 p.kind != "contrib" or p["job"] != job.id or p["round"] != rnd
@@ -230,8 +240,8 @@ def canonical_chain(rs: RecordSet, job: Record) -> Chain:
     # from the last round backwards so deep chains need no recursion.
     depth: dict[tuple[int, str], int] = {}
     for rnd, base in sorted(edges, key=lambda k: -k[0]):
-        kids = edges[(rnd, base)]
-        depth[(rnd, base)] = 1 + max(depth.get((rnd + 1, s), 1) for s in kids)
+        children = edges[(rnd, base)]
+        depth[(rnd, base)] = 1 + max(depth.get((rnd + 1, s), 1) for s in children)
 
     states = [job["init"]]
     closes: list[Record] = []
