@@ -48,8 +48,10 @@ def status(args: argparse.Namespace, home: Any) -> int:
         ratio = f"  compression {job['compression_ratio']:.1f}x" if compressed else ""
         use = "" if job.get("utilization") is None else f"  utilization {100 * job['utilization']:.0f}%"
         unit, parts = ("unit", "members") if job["mode"] == "ensemble" else ("round", "shards")
+        of = f"~{job['rounds']}" if job.get("auto") and job["state"] != "done" else f"{job['rounds']}"
+        size = f" ({job['inner_steps']} inner steps, sized to the link)" if job.get("auto") else ""
         print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: {unit} {job['round']}/"
-              f"{job['rounds']}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
+              f"{of}{size}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
         if job.get("phase"):
             print(f"    preparing here: {job['phase']}")
         if job.get("advice"):
