@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -52,6 +53,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ttpeer_harness.netlab import Host, Lab, start_pool, start_relay, unavailable
 
@@ -69,6 +71,8 @@ class Row:
     utilization: float | None = None
     note: str = ""
     reference: bool = False  # only its loss against samples counts, not its time or bytes
+    rounds: list[int] = field(default_factory=list)  # ttpeer: inner steps per shard of each round
+    step_s: float | None = None  # seconds a step took (a peer's mean), where known
 
     def time_to(self, target: float) -> float | None:
         return next((t for t, _, loss in self.curve if loss <= target), None)
@@ -136,67 +140,114 @@ def _baseline(lab: Lab, name: str, mode: str, hosts: list[Host], common: list[st
     return row
 
 
-def _pool(lab: Lab, args: argparse.Namespace) -> dict[str, Path]:
-    """A relay and ttpeer on alice and bob (NAT), enrolled; the data in their homes."""
-    url, fp = start_relay(lab)
-    homes = start_pool(lab, url, fp, "alice", ["bob"], extra=("--slowdown", str(args.slowdown)))
-    for home in homes.values():  # the baselines found the data generated too: no row pays for it
+def start_peers(lab: Lab, relay: tuple[str, str], names: list[str], slowdown: float) -> dict[str, Path]:
+    """ttpeer on the lab hosts ``names``, enrolled in one pool on ``relay`` (its URL and
+    fingerprint, ``start_relay``) with the first as admin; the lab's generated data copied
+    into their homes (the baselines found it generated too: no row pays for it)."""
+    url, fp = relay
+    homes = start_pool(lab, url, fp, names[0], names[1:], extra=("--slowdown", str(slowdown)))
+    for home in homes.values():
         (home / "data").mkdir(exist_ok=True)
         for cached in (lab.dir / "data").iterdir():
             shutil.copy(cached, home / "data" / cached.name)
     return homes
 
 
+def _pool(lab: Lab, args: argparse.Namespace) -> dict[str, Path]:
+    """A relay and ttpeer on alice and bob (NAT), enrolled; the data in their homes."""
+    return start_peers(lab, start_relay(lab), ["alice", "bob"], args.slowdown)
+
+
 def _ttpeer(lab: Lab, homes: dict[str, Path], args: argparse.Namespace, rounds: int, overlap: bool) -> Row:
-    from ttpeer.daemon import call
-    from ttpeer_harness import job_spec, status
+    from ttpeer_harness import job_spec
 
     spec = {**job_spec(rounds), "task": args.task, "bits": args.bits, "shards": PEERS, "batches": args.H,
             "lease": 60.0}
     if overlap:
         spec["overlap"] = 1  # round r+1 trains while round r's deltas cross the link
     spec["outer_momentum"] = args.outer_momentum
-    hosts = [lab.hosts["alice"], lab.hosts["bob"]]
+    return ttpeer_row(lab, homes, spec, "ttpeer fused, overlapped" if overlap else "ttpeer fused",
+                      args.seconds + 300)
+
+
+def ttpeer_row(lab: Lab, homes: dict[str, Path], spec: dict[str, Any], name: str, timeout: float) -> Row:
+    """Submit the fused job ``spec`` on the first of ``homes`` and follow it on every peer
+    until each has it done: the submitter's eval loss after each closed round (samples from
+    the round sizes it reports, so an auto-cadence job's too), bytes, utilization (each
+    peer's seconds in inner steps / seconds from the submission to its done, averaged)."""
+    from ttpeer.daemon import call
+    from ttpeer_harness import status
+
+    first = next(iter(homes))
+    hosts = [lab.hosts[n] for n in homes]
+    per_step, first_size, budget = spec["shards"] * spec["batch_size"], spec["batches"], _budget(spec)
     before = [_tx_bytes(h) for h in hosts]
     t0 = time.monotonic()
-    job = call(homes["alice"] / "control.sock", {"op": "submit", "spec": spec, "task_file": None},
+    job = call(homes[first] / "control.sock", {"op": "submit", "spec": spec, "task_file": None},
                timeout=120)["job"]
-    row = Row("ttpeer fused, overlapped" if overlap else "ttpeer fused")
-    row.curve.append((0.0, 0, math.nan))
-    seen, done_at, util, split = 0, {}, {}, {}
+    row = Row(name)
+    seen, sizes, done_at, util, split = 0, {}, {}, {}, {}
     started: float | None = None
-    while len(done_at) < len(homes):
-        if time.monotonic() - t0 > args.seconds + 300:
-            raise RuntimeError(f"the ttpeer job did not finish in time:\n{lab.log('alice')[-2000:]}")
-        for name, home in homes.items():
-            if name in done_at:
+    finishing: set[str] = set()
+    for tick in itertools.count():
+        if len(done_at) == len(homes):
+            break
+        if time.monotonic() - t0 > timeout:
+            raise RuntimeError(f"the ttpeer job did not finish in time:\n{lab.log(first)[-2000:]}")
+        for peer, home in homes.items():
+            # The submitter every tick (the curve); the others every 5th until they finish: a
+            # status is work for a daemon, and 4 peers share the cores.
+            if peer in done_at or (peer != first and peer not in finishing and tick % 5):
                 continue
             entry = next((j for j in status(home)["jobs"] if j["id"] == job), None)
             if entry is None:
                 continue
-            if name == "alice" and started is None and (entry["round"] > 0 or entry.get("training_shard") is not None):
-                started = time.monotonic() - t0
-            if name == "alice" and entry["round"] > seen:
-                seen = entry["round"]
-                row.curve.append((time.monotonic() - t0, seen * PEERS * args.H * BATCH, entry["eval_loss"]))
+            if entry["state"] == "finishing" or entry["round"] + 1 >= entry["rounds"]:
+                finishing.add(peer)
+            if peer == first:
+                if started is None and (entry["round"] > 0 or entry.get("training_shard") is not None):
+                    started = time.monotonic() - t0
+                if entry["round"] > seen:
+                    seen = entry["round"]
+                    done = sum(round_sizes(sizes, seen, first_size, budget))
+                    row.curve.append((time.monotonic() - t0, per_step * done, entry["eval_loss"]))
+                if entry["state"] == "running":
+                    sizes.setdefault(entry["round"], int(entry["inner_steps"]))
             if entry["state"] == "done":
-                done_at[name] = time.monotonic() - t0
+                done_at[peer] = time.monotonic() - t0
                 secs = entry.get("seconds") or {}
-                util[name] = secs["train"] / done_at[name] if secs.get("train") is not None else None
-                split[name] = secs
-                work = {p["name"]: p for p in entry.get("peers") or []}.get(name, {})
-                split[name] = {**secs, "shards": float(work.get("shards") or 0),
+                util[peer] = secs["train"] / done_at[peer] if secs.get("train") is not None else None
+                work = {p["name"]: p for p in entry.get("peers") or []}.get(peer, {})
+                split[peer] = {**secs, "shards": float(work.get("shards") or 0),
                                "samples/s": float(work.get("samples_per_s") or 0)}
         time.sleep(0.1)
-    row.curve = [c for c in row.curve if not math.isnan(c[2])]
     row.sent = [_tx_bytes(h) - b for h, b in zip(hosts, before, strict=True)]
-    row.wall, row.samples = max(done_at.values()), rounds * PEERS * args.H * BATCH
+    row.wall, row.samples = max(done_at.values()), per_step * budget
+    row.rounds = round_sizes(sizes, seen, first_size, budget)
     known = [u for u in util.values() if u is not None]
     row.utilization = sum(known) / len(known) if known else None
-    row.note = (f"alice trained her first shard {started:.1f} s after the submission; " if started is not None
-                else "") + "seconds per peer (ttpeer status): " + "; ".join(
+    rates = [s["samples/s"] for s in split.values() if s["samples/s"]]
+    row.step_s = spec["batch_size"] / (sum(rates) / len(rates)) if rates else None
+    row.note = (f"the submitter trained its first shard {started:.1f} s after the submission; "
+                if started is not None else "") + "seconds per peer (ttpeer status): " + "; ".join(
         f"{n} " + ", ".join(f"{k} {v:.1f}" for k, v in secs.items()) for n, secs in split.items())
     return row
+
+
+def _budget(spec: dict[str, Any]) -> int:
+    return int(spec["rounds"]) * int(spec["batches"])  # an auto-cadence job's too (Plan)
+
+
+def round_sizes(seen: dict[int, int], rounds: int, first: int, budget: int) -> list[int]:
+    """Inner steps per shard of each of the first ``rounds`` rounds, from the sizes ``seen``
+    (by round) in status: a round not seen keeps the size before it, as ``Plan`` does, and
+    the rounds never add up past the job's budget."""
+    out, size, left = [], first, budget
+    for r in range(rounds):
+        size = seen.get(r, size)
+        out.append(max(0, min(size, left)))
+        left -= out[-1]
+    return out
 
 
 def _ensure(module: str, requirement: str) -> str | None:

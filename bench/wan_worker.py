@@ -3,12 +3,14 @@
 Run by ``bench.wan`` inside a lab host (``python bench/wan_worker.py
 MODE ...``). Every mode trains the model of the ttpeer task ``--task`` (loaded with
 ttpeer's own ``load_task``, so the same model, data and loss as the ttpeer row) with the
-settings of ttpeer's fused jobs (batch 64, AdamW lr 2e-3 weight decay 0.01, gradients
-clipped to 1.0; DiLoCo outer: SGD Nesterov lr 0.7, momentum ``--outer-momentum``, every H steps) and writes JSON
-lines to ``--out``: ``{"t", "samples", "loss", "busy"}`` per evaluation (rank 0 only),
-where ``t`` counts from the moment every rank is connected, ``samples`` are summed over
-ranks and ``busy`` is this process's seconds of inner-step compute. The single and DDP
-modes stop after ``--seconds`` (or ``--steps``); the DiLoCo modes after ``--rounds`` syncs
+settings of ttpeer's fused jobs (batch 64 unless ``--batch``, AdamW lr 2e-3 weight decay
+0.01, gradients clipped to 1.0; DiLoCo outer: SGD Nesterov lr 0.7, momentum
+``--outer-momentum``, every H steps) and writes JSON lines to ``--out``: ``{"t",
+"samples", "loss", "busy"}`` per evaluation (rank 0 only), where ``t`` counts from the
+moment every rank is connected, ``samples`` are summed over ranks and ``busy`` is this
+process's seconds of inner-step compute. The single and DDP modes stop after
+``--seconds`` (or ``--steps``, or at the first evaluation at or below ``--target`` with
+``--stop-at-target``); the DiLoCo modes after ``--rounds`` syncs
 (every rank the same number, so none is left waiting for a partner).
 
 ``busy`` for DDP cannot be timed directly (the all-reduce runs inside backward), so it
@@ -53,12 +55,14 @@ class Run:
         self.steps = 0
         self.sync_every = 0  # DiLoCo: every such step's optimizer step also averages (not compute)
         self._last = 0.0
+        self.last_loss = float("inf")
         self.fixed: float | None = None
 
     def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if len(self.order) < BATCH:
+        batch = self.args.batch
+        if len(self.order) < batch:
             self.order = torch.randperm(self.task.n_train, generator=self.gen)
-        idx, self.order = self.order[:BATCH], self.order[BATCH:]
+        idx, self.order = self.order[:batch], self.order[batch:]
         return fetch_batch(self.task.train, idx.tolist())
 
     def step(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
@@ -89,13 +93,16 @@ class Run:
             loss = float(self.loss(model(self.x_test), self.y_test))
             model.train()
         if self.out is not None:
-            self.out.write(json.dumps({"t": self.clock(), "samples": self.steps * BATCH * world,
+            self.out.write(json.dumps({"t": self.clock(), "samples": self.steps * self.args.batch * world,
                                        "loss": loss, "busy": self.busy}) + "\n")
             self.out.flush()
         self.evaluating += time.monotonic() - began
+        self.last_loss = loss
         return loss
 
     def over(self) -> bool:
+        if self.args.stop_at_target and self.last_loss <= self.args.target:
+            return True
         if self.args.steps:
             return self.steps >= self.args.steps
         return self.clock() > self.args.seconds
@@ -103,7 +110,7 @@ class Run:
     def finish(self, world: int) -> None:
         if self.out is not None:
             self.out.write(json.dumps({"end": self.clock(), "busy": self.busy,
-                                       "samples": self.steps * BATCH * world}) + "\n")
+                                       "samples": self.steps * self.args.batch * world}) + "\n")
             self.out.close()
 
 
@@ -268,10 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lighthouse", default="")
     ap.add_argument("--host", default="")
     ap.add_argument("--H", type=int, default=100)
+    ap.add_argument("--batch", type=int, default=BATCH, help=f"samples per step and rank (default {BATCH})")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--steps", type=int, default=0, help="single, DDP: stop after this many steps instead")
     ap.add_argument("--task", default="mnist1d", help="a ttpeer task name, as `ttpeer submit --task`")
-    ap.add_argument("--target", type=float, default=0.0, help="only recorded: every run goes to its end")
+    ap.add_argument("--target", type=float, default=0.0, help="only recorded: every run goes to its end, unless")
+    ap.add_argument("--stop-at-target", action="store_true",
+                    help="single, DDP: stop at the first evaluation at or below --target")
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--slowdown", type=float, default=0.0)

@@ -259,6 +259,12 @@ class Lab:
         self.procs.append(proc)
         return proc
 
+    def stop(self, host: Host | str) -> None:
+        """Stop the processes the lab started inside ``host`` (a daemon and its workers),
+        leaving the rest of the lab running."""
+        host = self.hosts[host] if isinstance(host, str) else host
+        stop_processes([p for p in self.procs if p.args[:4] == host.cmd([])])  # type: ignore[index]
+
     def log(self, name: str) -> str:
         path = self.dir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
