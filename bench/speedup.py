@@ -111,7 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bound-steps", type=int, default=8000, help="DP bound: most steps at batch B (default 8000)")
     ap.add_argument("--bits", type=int, choices=(4, 8), default=8, help="ttpeer: bits per delta value")
     ap.add_argument("--outer-lr", type=float, default=0.7)
-    ap.add_argument("--outer-momentum", type=float, default=0.7)
+    ap.add_argument("--outer-momentum", type=float, default=0.5,
+                    help="outer Nesterov momentum (default 0.5: what submit gives an overlapped job)")
     ap.add_argument("--rows", default=DEFAULT_ROWS, help=f"which rows to run, of {','.join(ROWS)}")
     ap.add_argument("--png", type=Path, default=Path("docs/bench-speedup.png"))
     ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")
