@@ -113,6 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--outer-momentum", type=float, default=0.5,
                     help="outer Nesterov momentum (default 0.5: what submit gives an overlapped job)")
+    ap.add_argument("--no-overlap", action="store_true", help="ttpeer rows: rounds that wait (submit --no-overlap)")
     ap.add_argument("--rows", default=DEFAULT_ROWS, help=f"which rows to run, of {','.join(ROWS)}")
     ap.add_argument("--png", type=Path, default=Path("docs/bench-speedup.png"))
     ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")
@@ -275,7 +276,8 @@ def run(args: argparse.Namespace) -> tuple[Row, list[Result], dict[int, float], 
             single.step_s = single.utilization * single.wall / (single.samples / args.batch)
         relay = start_relay(lab)
         base = {**job_spec(1), "task": args.task, "bits": args.bits, "batch_size": args.batch, "batches": FIRST,
-                "lease": 60.0, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum, "overlap": 1}
+                "lease": 60.0, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
+                "overlap": 0 if args.no_overlap else 1}
         auto = {"h_min": args.h_min, "h_max": args.h_max}
         homes4: dict[str, Path] = {}
         for row in args.rows:
@@ -329,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     measured = ", ".join(f"{s:.0f}" if s else "-" for s in steps.values())
     head = (f"1, 2 and 4 peers, each link {args.rate} each way + {args.delay * 1000:.0f} ms each direction, NAT, "
             f"the relay; task {args.task}, batch {args.batch} per peer, target eval loss {args.target:g}; ttpeer: "
-            f"overlap, {args.bits}-bit deltas, outer lr {args.outer_lr:g} momentum {args.outer_momentum:g}; "
+            f"{'no overlap' if args.no_overlap else 'overlap'}, {args.bits}-bit deltas, outer lr {args.outer_lr:g} "
+            f"momentum {args.outer_momentum:g}; "
             f"steps slowed {1 + args.slowdown:g}x; DP bound "
             + (f"measured (steps to the target at B, 2B, 4B: {measured})" if steps else "given") +
             f"; load average at start {load[0]:.2f}, at end {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
