@@ -71,6 +71,29 @@ async def test_an_overlapped_round_starts_from_the_own_estimate_of_its_base(tmp_
         assert all(ctx.own[1][n].equal(started[n] - local[n]) for n in started)
 
 
+async def test_a_backup_after_publishing_starts_from_the_same_estimate(tmp_path: Path) -> None:
+    # An idle peer that already published its shard of round r backs up another shard of r
+    # (at the job's end this is the rule: nothing else is left to train). Its own delta is
+    # then round r's, not r-1's; starting from the base would count round r-1's progress
+    # a second time in whatever close takes the backup.
+    home = Home(tmp_path / "a")
+    home.create_pool(RELAY, FP, "a", time.time())
+    executor = TorchExecutor(home)
+    job, s0 = await _job(home, executor, {**SPEC, "overlap": 1})
+    ctx = executor._jobs[job.id]
+    samples = await executor.train(Train(job, 0, 0, 0, s0, fresh=True), lambda: False)
+    await executor.delta(PublishDelta(job, 0, s0, (0,), samples))
+    await executor.train(Train(job, 1, 0, 0, s0, fresh=True), lambda: False)
+    first = {n: t.clone() for n, t in ctx.start[2].params.items()}
+    await executor.delta(PublishDelta(job, 1, s0, (0,), samples))
+    assert ctx.own[0] == 1  # its own delta is now round 1's
+    await executor.train(Train(job, 1, 1, 1, s0, fresh=True), lambda: False)  # the backup
+    again = ctx.start[2].params
+    base = executor._state(job, s0).params
+    assert all(again[n].equal(first[n]) for n in first)
+    assert not all(again[n].equal(base[n]) for n in first)
+
+
 async def _final_loss(tmp_path: Path, overlap: int) -> float:
     """Two peers' executors driven through the job's rounds as the protocol orders them,
     peer i always training shard i (with real nodes, who trains which shard varies run to

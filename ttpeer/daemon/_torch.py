@@ -395,9 +395,18 @@ class TorchExecutor:
         it to round r's real base, counts round r's progress once. Local only: the closes,
         and so every peer's states, are the same whatever each peer started from. A peer
         without its own delta of round r-1 (it trained none, or restarted) starts from the
-        base, as before. None: the start is the base (the caller reads its params)."""
+        base, as before. A second shard of the same round trained fresh (a backup this peer
+        runs after publishing its own shard, so ``own`` is already this round's) starts from
+        the same estimate: from the base, its delta would count round r-1's progress again,
+        and at the job's end, where idle peers back stragglers up, no later round corrects
+        it. None: the start is the base (the caller reads its params)."""
+        if not overlapped(eff.job):
+            return None
+        began = ctx.start
+        if began is not None and began[:2] == (eff.round, eff.base):
+            return began[2]
         own = ctx.own
-        if not overlapped(eff.job) or own is None or own[0] != eff.round - 1:
+        if own is None or own[0] != eff.round - 1:
             return None
         job = eff.job
         base = self._state(job, eff.base)
