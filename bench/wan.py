@@ -165,9 +165,14 @@ def _ttpeer(lab: Lab, homes: dict[str, Path], args: argparse.Namespace, rounds: 
             "lease": 60.0}
     if overlap:
         spec["overlap"] = 1  # round r+1 trains while round r's deltas cross the link
+    name = "ttpeer fused, overlapped" if overlap else "ttpeer fused"
+    if args.auto:  # the same budget (rounds x H), in rounds the pool sizes (--inner-steps auto)
+        spec["h_min"], spec["h_max"] = args.auto
+        spec["batches"] = min(max(25, args.auto[0]), args.auto[1])
+        spec["rounds"] = rounds * args.H // spec["batches"]
+        name += f", auto H {args.auto[0]}-{args.auto[1]}"
     spec["outer_momentum"] = args.outer_momentum
-    return ttpeer_row(lab, homes, spec, "ttpeer fused, overlapped" if overlap else "ttpeer fused",
-                      args.seconds + 300)
+    return ttpeer_row(lab, homes, spec, name, args.seconds + 300)
 
 
 def ttpeer_row(lab: Lab, homes: dict[str, Path], spec: dict[str, Any], name: str, timeout: float) -> Row:
@@ -445,6 +450,13 @@ def plot(rows: list[Row], target: float, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _bounds(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition("-")
+    if not (lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)):
+        raise argparse.ArgumentTypeError(f"not bounds: {text!r} (use e.g. 10-1000)")
+    return int(lo), int(hi)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/bench/wan", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -464,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--outer-momentum", type=float, default=0.5,
                     help="outer Nesterov momentum of every DiLoCo row (ttpeer, torchft, hivemind); default 0.5: "
                          "DiLoCo's 0.9 plateaued on this task in all three (see docs/benchmarks.md)")
+    ap.add_argument("--auto", type=_bounds, default=None, metavar="MIN-MAX",
+                    help="ttpeer rows: --inner-steps auto within MIN-MAX, on the same budget of --rounds x --H "
+                         "inner steps per shard (first rounds 25)")
     ap.add_argument("--rows", default="single,ddp,ddp-ref,diloco,hivemind,ttpeer,ttpeer-overlap",
                     help="which rows to run (comma-separated)")
     ap.add_argument("--png", type=Path, default=Path("docs/bench-wan.png"))
