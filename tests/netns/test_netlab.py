@@ -196,8 +196,11 @@ def test_a_peer_cut_off_for_30s_loses_nothing_and_the_job_completes(lab, pool):
     # canonical chain is a pure function of the records, and a peer that finished on the
     # losing branch repairs (docs/ARCHITECTURE.md). Give that a bounded time.
     finals = lambda: {n: _job(h, job)["state_hash"] for n, h in pool.items()}  # noqa: E731
+    # A repaired peer's status says "done" again only once it rewrote its final files for the
+    # winning state (until then "finishing", and an export would copy the losing one).
     with contextlib.suppress(TtpeerError):
-        wait_for(lambda: len(set(finals().values())) == 1, 60, "the peers to agree on the final state")
+        wait_for(lambda: len(set(finals().values())) == 1 and _all_done(pool, job), 60,
+                 "the peers to agree on the final state and write it")
     histories = {n: [row["state"] for row in _job(h, job)["history"]] + [_job(h, job)["state_hash"]]
                  for n, h in pool.items()}
     assert len(histories["bob"]) == 7 and all(h == histories["bob"] for h in histories.values()), histories
