@@ -67,8 +67,8 @@ def next_batches(current: int, contribs: Iterable[tuple[Mapping[str, float], int
     Keeps ``current`` (within bounds) when no contribution carries both figures yet (the
     first rounds: nobody has synced)."""
     figures = list(contribs)
-    per_shard = [float(m["work_s"]) / n for m, n in figures if n > 0 and _positive(m.get("work_s"))]
-    syncs = [float(m["sync_s"]) for m, _n in figures if _finite(m.get("sync_s"))]
+    per_shard = [w / n for m, n in figures if n > 0 and (w := _figure(m.get("work_s"))) is not None and w > 0]
+    syncs = [s for m, _n in figures if (s := _figure(m.get("sync_s"))) is not None]
     if not per_shard or not syncs:
         return _clip(current, lo, hi)
     compute = statistics.median(per_shard) * shards / max(1, min(peers, shards))
@@ -81,12 +81,11 @@ def _clip(h: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, h))
 
 
-def _finite(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-
-
-def _positive(v: object) -> bool:
-    return _finite(v) and float(v) > 0  # type: ignore[arg-type]
+def _figure(v: object) -> float | None:
+    """A measured figure from a record's metrics: a finite number >= 0, else None."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+        return float(v)
+    return None
 
 
 @dataclass(frozen=True)

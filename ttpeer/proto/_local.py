@@ -296,7 +296,8 @@ class LocalWorker:
         if (w.job, w.round, w.base) == (job, rnd, base) and set(shards) <= set(w.shards):
             # Not released by ``encoded``: the published shards leave the work now.
             w.shards, w.samples = [x for x in w.shards if x not in shards], max(0, w.samples - samples)
-            w.seconds = 0.0 if not w.shards else w.seconds
+            if not w.shards:
+                w.seconds = 0.0
         return seconds
 
     def lost(self, job: str) -> None:
