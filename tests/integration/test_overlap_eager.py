@@ -94,6 +94,33 @@ async def test_a_backup_after_publishing_starts_from_the_same_estimate(tmp_path:
     assert not all(again[n].equal(base[n]) for n in first)
 
 
+async def test_a_round_whose_base_is_held_starts_from_it(tmp_path: Path) -> None:
+    # A peer that trained nothing of round 0 (the other peer took both shards) and trains a
+    # shard of round 1 once round 0's close is applied here: it has no estimate to start
+    # from, and round 1's training base (the initial state) is a round behind. It starts from
+    # round 1's own base, which it holds (``ahead``), and measures its delta from there, so
+    # the close (which applies it to that base) counts round 0's progress once.
+    home = Home(tmp_path / "a")
+    home.create_pool(RELAY, FP, "a", time.time())
+    executor = TorchExecutor(home)
+    job, s0 = await _job(home, executor, {**SPEC, "overlap": 1})
+    ctx = executor._jobs[job.id]
+    samples = await executor.train(Train(job, 0, 0, 0, s0, fresh=True), lambda: False)
+    delta, _ = await executor.delta(PublishDelta(job, 0, s0, (0,), samples))
+    s1, _metrics = await executor.aggregate(job, s0, [(delta, samples)], rnd=0)
+    ctx.own = None  # as on the peer that trained no shard of round 0
+    await executor.train(Train(job, 1, 1, 0, s0, fresh=True, ahead=s1), lambda: False)
+    started, held = ctx.start[2].params, executor._state(job, s1).params
+    assert all(started[n].equal(held[n]) for n in held)
+    local = train._state.floating_state(ctx.trainer.model)
+    await executor.delta(PublishDelta(job, 1, s0, (1,), samples))
+    assert all(ctx.own[1][n].equal(held[n] - local[n]) for n in held)
+    # A state this peer does not hold is not a start: the base is (no estimate either).
+    ctx.own = None
+    await executor.train(Train(job, 2, 0, 0, s1, fresh=True, ahead="sha256:" + "0" * 64), lambda: False)
+    assert ctx.start is None
+
+
 async def _final_loss(tmp_path: Path, overlap: int) -> float:
     """Two peers' executors driven through the job's rounds as the protocol orders them,
     peer i always training shard i (with real nodes, who trains which shard varies run to

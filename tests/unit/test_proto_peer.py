@@ -741,6 +741,24 @@ def test_overlap_trains_the_next_round_while_a_round_closes() -> None:
     assert times[1] < 0.9 * times[0], times
 
 
+def test_an_overlapped_round_names_its_own_base_once_the_peer_holds_it() -> None:
+    """A shard of the chain's own round (the close before it applied here) carries that
+    round's base as ``ahead``, where the executor starts it exactly; a shard of the round
+    after (trained while the round closes) has none yet and starts from an estimate."""
+    c = Cluster(3, latency=0.3)
+    job = c.submit_job(0, shards=4, rounds=5, lease=20, overlap=1)
+    c.run(until=10_000)
+    check_finished(c, job)
+    chain = c.machines[c.order[0]].chain(job)
+    ahead = [t for _me, t in c.trains if t.ahead is not None]
+    assert ahead and all(t.ahead == chain.states[t.round] for t in ahead)
+    assert any(t.ahead is None and t.round > 0 for _me, t in c.trains)
+    c = Cluster(3, latency=0.3)
+    c.submit_job(0, shards=4, rounds=3, lease=20, overlap=0)
+    c.run(until=10_000)
+    assert c.trains and all(t.ahead is None for _me, t in c.trains)
+
+
 @pytest.mark.parametrize("overlap", [0, 1])
 def test_a_close_must_name_the_right_training_base(overlap: int) -> None:
     """In an overlapped job a close whose ``tbase`` is not the base of the round before

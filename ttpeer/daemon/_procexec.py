@@ -604,7 +604,8 @@ class ProcessExecutor:
 
         samples = await self._call(eff.job, "train", {"round": eff.round, "shard": eff.shard, "attempt": eff.attempt,
                                                       "base": eff.base, "fresh": eff.fresh,
-                                                      "steps": eff.steps, "first_step": eff.first_step},
+                                                      "steps": eff.steps, "first_step": eff.first_step,
+                                                      "ahead": eff.ahead},
                                    step=True, every=True, on_progress=on_progress)
         return int(samples)
 

@@ -139,7 +139,7 @@ class _Worker:
             return {"reason": decline.reason, "need": decline.need, "have": decline.have, "code": decline.code}
         if op == "train":
             eff = Train(job, a["round"], a["shard"], a["attempt"], a["base"], a["fresh"], a.get("steps"),
-                        a.get("first_step"))
+                        a.get("first_step"), a.get("ahead"))
             run = self._runs[rid] = _Run()
             try:
                 async with trio.open_nursery() as nursery:

@@ -54,6 +54,10 @@ class Train:
     fresh: bool
     steps: int | None = None  # inner steps (batches) of the shard; None: the job's ``batches``
     first_step: int | None = None  # the job's global inner step it starts at; None: round x batches
+    # Overlap: the round's own base (the state its close applies the deltas to) when this
+    # peer already holds it. A fresh shard then starts from it exactly, where otherwise it
+    # starts from an estimate of it (or, with no estimate, from ``base``, a round behind).
+    ahead: str | None = None
 
     def span(self) -> tuple[int, int]:
         """(inner steps, first global inner step) of this shard: what its round's plan fixed

@@ -157,11 +157,13 @@ class LocalWorker:
         return older
 
     def round_train(self, job: JobSpec, rnd: int, base: str, done: set[int], now: float,
-                    leases: LeaseTable, records: RecordSet, first_step: int) -> tuple[list[Effect | Sign], bool]:
+                    leases: LeaseTable, records: RecordSet, first_step: int,
+                    ahead: str | None = None) -> tuple[list[Effect | Sign], bool]:
         """Train in round ``rnd`` (``work``): renew or stop the shard in training, else
         claim the next shard (or back a straggler up), else publish what was trained.
         ``job.batches`` is the round's size and ``first_step`` its first global inner step
-        (``_cadence.Plan``). Returns the effects and whether there was nothing to do at all."""
+        (``_cadence.Plan``); ``ahead``: see ``Train``. Returns the effects and whether there
+        was nothing to do at all."""
         out: list[Effect | Sign] = []
         if self.uploading:  # shards whose delta is on its way count as done for this peer
             done = done | {s for j, r, s in self.uploading if (j, r) == (job.id, rnd)}
@@ -196,7 +198,8 @@ class LocalWorker:
             self.claim = Training(job.id, rnd, shard, attempt, 0, now, backup=backup, rate=self.rate)
             self._go("train")
             return [self._claim_record(self.claim), Train(job.record, rnd, shard, attempt, base, fresh=not w.shards,
-                                                          steps=job.batches, first_step=first_step)], False
+                                                          steps=job.batches, first_step=first_step,
+                                                          ahead=ahead)], False
         if w.shards:
             return [self._publish(job, rnd, base, tuple(sorted(w.shards)), now)], False
         return out, True

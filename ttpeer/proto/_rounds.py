@@ -67,7 +67,7 @@ class Rounds:
         if on_next and busy:
             return out + self._train(job, rnd + 1, head, self.views.round_contribs(job, rnd + 1, head)[2], now)[0]
         if not on_next and busy and cover is None:
-            return out + self._train(job, rnd, tbase, done, now)[0]
+            return out + self._train(job, rnd, tbase, done, now, ahead=head)[0]
         if not on_next and busy:
             # Round r is covered: what this peer still trains or holds of it is not needed.
             out += local.cancel(None)
@@ -78,7 +78,7 @@ class Rounds:
         if cover is None and tbase in self.held:
             if local.work.round != rnd:
                 self._new_work(job, rnd, tbase)
-            effects, idle = self._train(job, rnd, tbase, done, now)
+            effects, idle = self._train(job, rnd, tbase, done, now, ahead=head)
             if not idle or not has_next:
                 return out + effects
             out += effects
@@ -96,11 +96,15 @@ class Rounds:
             self.leases.forget_before(job.id, current)
             self.closer.forget_before(job.id, current)
 
-    def _train(self, job: JobSpec, rnd: int, base: str, done: set[int], now: float) -> tuple[list, bool]:
+    def _train(self, job: JobSpec, rnd: int, base: str, done: set[int], now: float,
+               ahead: str | None = None) -> tuple[list, bool]:
+        """Train in round ``rnd`` on ``base``; ``ahead``, with overlap, the round's own base
+        when this peer holds it (the chain's round: its head), so a fresh shard starts there."""
         plan = self.views.plan(job.record)
         if plan.auto:  # the round's own size, for its claims, projections and ``Train``
             job = replace(job, batches=plan.batches(rnd))
-        return self.local.round_train(job, rnd, base, done, now, self.leases, self.records, plan.first_step(rnd))
+        return self.local.round_train(job, rnd, base, done, now, self.leases, self.records, plan.first_step(rnd),
+                                      ahead)
 
     def _maybe_close(self, job: JobSpec, rnd: int, base: str, cover: list[Record], now: float) -> list[Effect | Sign]:
         return list(self.closer.maybe_close(job, rnd, base, cover, now, self.heard))
