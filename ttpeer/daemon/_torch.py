@@ -521,6 +521,7 @@ class TorchExecutor:
         def run() -> None:
             final = self._state(job, state)
             folder = self.home.states(job.id)
+            _unfinish(folder, state)
             try:
                 if ctx.ensemble:
                     scores = train.evaluate_ensemble(ctx.task, final, self.device)
@@ -535,6 +536,21 @@ class TorchExecutor:
         await _in_thread(run, job["task"])
 
 
+
+
+def _unfinish(folder: Path, state: str) -> None:
+    """Before writing ``state``'s final files, drop a ``done.json`` that names another state.
+
+    A peer wrote its final files for one branch, then the pool settled on another (a fork
+    at the job's end, repaired): until the new files are complete, ``export`` must say the
+    job is still finishing here rather than copy the losing branch's model."""
+    done = folder / "done.json"
+    try:
+        written = json.loads(done.read_text()).get("state")
+    except (OSError, ValueError, AttributeError):
+        return  # none yet (or unreadable: it is rewritten last either way)
+    if written != state:
+        done.unlink(missing_ok=True)
 
 
 async def _in_thread(fn: Callable[[], T], task: str) -> T:
