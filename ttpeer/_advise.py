@@ -9,10 +9,11 @@ The model, for a fused job over ``n`` peers, each with the same link and device:
 - one peer alone is plain local training: ``S1`` steps of ``step_s`` each, no sync;
 - a sync (``sync_seconds``): each peer uploads its delta of ``D`` wire bytes and downloads
   the other ``n - 1``, one after another (an upper bound: the relay serves them in
-  parallel), plus ``n + 2`` round trips (the blob PUT, its record out, the record in, one
-  GET per other delta)::
+  parallel), plus ``3n`` round trips (the blob PUT, its record out, the record in, and for
+  every other peer its record's arrival, the closer's GET and this peer's GET of its delta),
+  plus ``ROUND_FIXED_S`` for the close itself (aggregate, evaluate, sign, apply)::
 
-      sync_s(n) = D / up + (n - 1) * D / down + (n + 2) * rtt
+      sync_s(n) = D / up + (n - 1) * D / down + 3n * rtt + ROUND_FIXED_S
 
 - ``H(n)``: the inner steps a round runs, by the pool's own rule for ``--inner-steps
   auto`` (``proto/_cadence.steps_for``): the smallest round whose compute hides the sync;
@@ -21,18 +22,24 @@ The model, for a fused job over ``n`` peers, each with the same link and device:
   of it spent in inner steps;
 - steps to the same loss: ``S1 / g_eff`` per peer. Synchronous data parallelism over
   ``n`` peers gains ``g(n)`` (steps at batch B over steps at n*B, measured by the scaling
-  probe or assumed); DiLoCo, averaging only every H steps, keeps part of it::
+  probe or assumed); DiLoCo, averaging only every H steps, keeps part of it, less the
+  more peers drift apart between averages::
 
-      g_eff = 1 + (g(n) - 1) * e(H),   e(H) = 1 / (1 + H / H_HALF)
+      g_eff = 1 + (g(n) - 1) * e(H, n),   e(H, n) = 1 / (1 + (n - 1) * H / H_HALF)
 
 - the time to the loss against one peer: ``(S1 / g_eff) * (round_s / H) / (S1 * step_s)
   = 1 / (g_eff * u)``.
 
-``H_HALF`` comes from one measurement (docs/benchmarks.md, the WAN bench: mnist1d with
-60,000 samples, 2 peers): H = 250 kept a gain of 1.1 of the 1.54 that synchronous
-training reached, so e(250) = 0.1 / 0.54 = 0.185 and H_HALF = 250 / (1 / 0.185 - 1) = 57.
-One task, one H: ``scripts/bench/speedup`` is to calibrate it over more. H is a whole
-number of steps, rounded up, so between two links the figures can move by a step's worth.
+Calibration (docs/benchmarks.md). ``H_HALF`` comes from the WAN bench (mnist1d with 60,000
+samples, 2 peers): H = 250 kept a gain of 1.1 of the 1.54 that synchronous training reached,
+so e(250, 2) = 0.1 / 0.54 = 0.185 and H_HALF = 250 / (1 / 0.185 - 1) = 57. The ``(n - 1)``
+and the sync's terms come from ``scripts/bench/speedup`` (batch 4, 20 Mbit/s, 100 ms round
+trips, 2 and 4 peers, five runs): without ``(n - 1)`` the model kept 71% of the 4-peer gain
+where the runs kept 21-29%; the contributions' median ``sync_s`` was 0.70-0.85 s for 2
+peers and 1.50-1.53 s for 4 where ``D/up + (n-1)D/down + (n+2) rtt`` gave 0.46 and 0.73 s.
+Those runs put 4 peers on 2 shared cores, so the per-peer round trips may be fewer on
+separate machines. H is a whole number of steps, rounded up, so between two links the
+figures can move by a step's worth.
 """
 
 from __future__ import annotations
@@ -44,7 +51,9 @@ from dataclasses import dataclass
 
 from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN, steps_for
 
-H_HALF = 57.0  # e(H_HALF) = 1/2; from the WAN bench, see the module's docstring
+H_HALF = 57.0  # e(H_HALF, 2) = 1/2; from the WAN bench, see the module's docstring
+ROUND_TRIPS_PER_PEER = 3  # a sync's round trips per peer of the pool (see the docstring)
+ROUND_FIXED_S = 0.15  # the close of a small model: aggregate, evaluate, sign, apply (seconds)
 HELPS_BELOW = 0.95  # a predicted time under this fraction of one peer's is "helps"
 ASSUMED_RATE = 20e6 / 8  # bytes/s (20 Mbit/s) when nothing is given or measured
 ASSUMED_RTT = 0.050  # seconds
@@ -121,17 +130,20 @@ class Row:
     time: float  # to the same loss, over one peer's time
 
 
-def sync_seconds(peers: int, delta_bytes: int, link: Link) -> float:
+def sync_seconds(peers: int, delta_bytes: int, link: Link, fixed: float = ROUND_FIXED_S) -> float:
     """One round's sync for each of ``peers`` peers: upload one delta, download the others,
-    ``peers + 2`` round trips (the formula in the module's docstring). 0 for one peer."""
+    ``3 x peers`` round trips and the close's ``fixed`` cost (the formula in the module's
+    docstring). 0 for one peer."""
     if peers <= 1:
         return 0.0
-    return delta_bytes / link.up + (peers - 1) * delta_bytes / link.down + (peers + 2) * link.rtt
+    return (delta_bytes / link.up + (peers - 1) * delta_bytes / link.down
+            + ROUND_TRIPS_PER_PEER * peers * link.rtt + fixed)
 
 
-def kept(h: int) -> float:
-    """e(H): the share of synchronous data parallelism's gain that averaging every H steps keeps."""
-    return 1.0 / (1.0 + h / H_HALF)
+def kept(h: int, peers: int = 2) -> float:
+    """e(H, n): the share of synchronous data parallelism's gain that ``peers`` peers
+    averaging every H steps keep."""
+    return 1.0 / (1.0 + max(1, peers - 1) * h / H_HALF)
 
 
 def sqrt_gain(k: int) -> float:
@@ -139,17 +151,19 @@ def sqrt_gain(k: int) -> float:
     return math.sqrt(k)
 
 
-def predict(job: Job, link: Link, peers: int, gain: Callable[[int], float]) -> list[Row]:
-    """One row per peer count 1..``peers``; ``gain(k)`` is g(k) (g(1) = 1)."""
+def predict(job: Job, link: Link, peers: int, gain: Callable[[int], float],
+            fixed: float = ROUND_FIXED_S) -> list[Row]:
+    """One row per peer count 1..``peers``; ``gain(k)`` is g(k) (g(1) = 1); ``fixed``: a
+    close's own seconds (0 asks what a sync that costs nothing would give)."""
     rows = [Row(1, 0.0, None, 1.0, 1.0, 1.0, 1.0)]
     for n in range(2, peers + 1):
-        sync = sync_seconds(n, job.delta_bytes, link)
+        sync = sync_seconds(n, job.delta_bytes, link, fixed)
         h = steps_for(job.step_s, sync, overlap=job.overlap, lo=job.h_min, hi=job.h_max)
         compute = h * job.step_s
         round_s = max(compute, sync) if job.overlap else compute + sync
         u = compute / round_s if round_s > 0 else 1.0
         g = max(1.0, gain(n))
-        g_eff = 1.0 + (g - 1.0) * kept(h)
+        g_eff = 1.0 + (g - 1.0) * kept(h, n)
         rows.append(Row(n, sync, h, u, g, g_eff, 1.0 / (g_eff * u)))
     return rows
 
@@ -166,14 +180,14 @@ def verdict(rows: Sequence[Row], job: Job, link: Link) -> str:
         also = (f"; {best.peers} machines would do best, {best.time:.2f}x"
                 if best.peers != n and best.time < last.time - 0.02 else "")
         return f"over {n} machines this job is predicted to finish in {last.time:.2f}x the time of one{also}"
-    free = predict(job, Link(math.inf, math.inf, 0.0), n, lambda k: last.gain if k == n else 1.0)[-1]
+    free = predict(job, Link(math.inf, math.inf, 0.0), n, lambda k: last.gain if k == n else 1.0, fixed=0.0)[-1]
     if free.time >= HELPS_BELOW:
         return (f"will not help: {last.time:.2f}x the time over {n} machines, because of the task: perfect "
                 f"data parallelism over {n} machines would gain only {last.gain:.2f}x (its loss falls "
                 f"hardly faster per step at {n}x the batch), whatever the network")
     return (f"will not help: {last.time:.2f}x the time over {n} machines, because of the link: a sync "
             f"takes {last.sync_s:.2f} s against {job.step_s * 1000:.3g} ms a step, so a round needs "
-            f"H={last.h} steps to hide it, and averaging that seldom keeps {kept(last.h or 1):.0%} of "
+            f"H={last.h} steps to hide it, and averaging that seldom keeps {kept(last.h or 1, n):.0%} of "
             f"the task's {last.gain:.2f}x gain")
 
 

@@ -126,9 +126,10 @@ def advise(args: argparse.Namespace, settings: Any) -> int:
         lines(line)
     lines("")
     lines(_advise.verdict(rows, job, link))
-    lines(f"(model: sync = delta/up + (n-1) deltas/down + (n+2) round trips; H as --inner-steps auto sizes "
-          f"rounds; gain kept = 1 + (g-1)/(1 + H/{_advise.H_HALF:g}), from the WAN bench; time = 1/(gain kept x "
-          "utilization); see the README, 'Will more machines help?')")
+    lines(f"(model: sync = delta/up + (n-1) deltas/down + {_advise.ROUND_TRIPS_PER_PEER}n round trips + "
+          f"{_advise.ROUND_FIXED_S:g} s for the close; H as --inner-steps auto sizes rounds; gain kept = "
+          f"1 + (g-1)/(1 + (n-1)H/{_advise.H_HALF:g}), calibrated on the WAN and speedup benches; time = "
+          "1/(gain kept x utilization); see the README, 'Will more machines help?')")
     return 0
 
 
