@@ -124,6 +124,23 @@ def test_the_chain_of_an_auto_job_ends_where_its_budget_does():
     assert Plan.of(AUTO, chain.closes).finished(chain.round)
 
 
+def test_a_round_takes_the_rest_rather_than_leave_less_than_half_a_round():
+    def sizes(nexts: list[int | None], job: Record = AUTO) -> tuple[int, ...]:
+        return Plan.of(job, [r for r in chain_records(nexts, job) if r.kind == "close"]).sizes
+
+    assert sizes([15, 80, 80]) == (20, 20, 20)  # 15 would leave a last round of 5
+    assert sizes([12, 80, 80]) == (20, 20, 12, 8)  # 8 is more than half of 12: its own round
+    # Within h_max only: a 26-step rest does not become one round where rounds end at 18.
+    capped = sign("job", P.id, job_body(rounds=4, batches=13, shards=2, h_min=5, h_max=18), M0)
+    assert sizes([18, 18, 18], capped) == (13, 13, 18, 8)
+    # The chain ends where the plan does.
+    rs = RecordSet(P.id)
+    for rec in [*MEMBERSHIP, AUTO, *chain_records([15, 80, 80, 80])]:
+        rs.add(rec)
+    chain = canonical_chain(rs, AUTO)
+    assert chain.round == 3 and Plan.of(AUTO, chain.closes).finished(3)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.sampled_from([5, 6, 10, 33, 80]), min_size=1, max_size=8), st.randoms(use_true_random=False))
 def test_every_peer_reads_the_same_sizes_from_the_same_records_in_any_order(nexts, rng):

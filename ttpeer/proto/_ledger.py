@@ -28,7 +28,7 @@ from typing import cast
 
 from ttpeer_wire import Member, Record
 
-from ._cadence import Plan
+from ._cadence import Plan, round_size
 from ._membership import members, revocations
 
 
@@ -252,7 +252,7 @@ def canonical_chain(rs: RecordSet, job: Record) -> Chain:
             break  # the budget is spent (a fixed job's closes past its last round were never edges)
         nxt = min(kids, key=lambda s: (-depth.get((len(closes) + 1, s), 1), s))
         if plan.auto:
-            spent += plan.size_after(closes)
+            spent += round_size(plan.size_after(closes), plan.budget - spent, plan.hi)
         closes.append(kids[nxt])
         states.append(nxt)
     return Chain(tuple(states), tuple(closes))
