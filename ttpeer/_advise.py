@@ -170,7 +170,9 @@ def predict(job: Job, link: Link, peers: int, gain: Callable[[int], float],
 
 def verdict(rows: Sequence[Row], job: Job, link: Link) -> str:
     """One plain sentence for the last row (the peer count asked about): how much sooner,
-    or why not: the task (free communication would not help either) or the link."""
+    or why not: the task (free communication would not help either), the steps (even a
+    free network leaves each round's close, which a step this short cannot hide in few
+    steps), or the link."""
     last = rows[-1]
     n = last.peers
     if n == 1:
@@ -185,6 +187,13 @@ def verdict(rows: Sequence[Row], job: Job, link: Link) -> str:
         return (f"will not help: {last.time:.2f}x the time over {n} machines, because of the task: perfect "
                 f"data parallelism over {n} machines would gain only {last.gain:.2f}x (its loss falls "
                 f"hardly faster per step at {n}x the batch), whatever the network")
+    net_free = predict(job, Link(math.inf, math.inf, 0.0), n, lambda k: last.gain if k == n else 1.0)[-1]
+    if net_free.time >= HELPS_BELOW:
+        return (f"will not help: {last.time:.2f}x the time over {n} machines, because its steps are short: "
+                f"{job.step_s * 1000:.3g} ms a step against a sync of {last.sync_s:.2f} s, most of it each "
+                f"round's close ({ROUND_FIXED_S:g} s, whatever the network), so a round needs H={last.h} steps, "
+                f"and averaging that seldom keeps {kept(last.h or 1, n):.0%} of the task's {last.gain:.2f}x "
+                f"gain; a larger --batch-size or model (more work per step) helps")
     return (f"will not help: {last.time:.2f}x the time over {n} machines, because of the link: a sync "
             f"takes {last.sync_s:.2f} s against {job.step_s * 1000:.3g} ms a step, so a round needs "
             f"H={last.h} steps to hide it, and averaging that seldom keeps {kept(last.h or 1, n):.0%} of "
