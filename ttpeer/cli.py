@@ -226,9 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from ttpeer._advise_cmd import add_parser as add_advise
     from ttpeer._commands import add_commands
+    from ttpeer._data_cmds import add_parser as add_data
 
     add_commands(sub, common)
     add_advise(sub, common)
+    add_data(sub, common)
     return p
 
 
@@ -353,6 +355,12 @@ def _cancel(args: argparse.Namespace) -> int:
     from ttpeer import _commands
 
     return _commands.cancel(args, _home(args))
+
+
+def _data(args: argparse.Namespace) -> int:
+    from ttpeer import _data_cmds
+
+    return _data_cmds.run(args, _home(args))
 
 
 def _dispatch(args: argparse.Namespace) -> int | None:
@@ -617,7 +625,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {
     "relay": _relay, "pool": _pool_create, "invite": _invite, "join": _join,
     "up": lambda args: _up(args, _home(args)), "submit": _submit, "status": _status, "wait": _wait,
     "export": _export, "predict": _predict, "demo": _demo, "service": _service, "config": _config,
-    "report": _report, "revoke": _revoke, "cancel": _cancel, "advise": _advise,
+    "report": _report, "revoke": _revoke, "cancel": _cancel, "advise": _advise, "data": _data,
 }
 
 

@@ -57,7 +57,7 @@ SURFACES: dict[str, set[str]] = {
         'FakeDisk', 'FakeExecutor', 'HostileRelay', 'Hostility', 'SimPeer', 'Simulation', 'deterministic'
     },
     'ttpeer.errors': {
-        'DaemonNotRunning', 'DiskError', 'HomeError', 'JobError', 'LocalWorkLost', 'MembershipEnded',
+        'DaemonNotRunning', 'DataError', 'DiskError', 'HomeError', 'JobError', 'LocalWorkLost', 'MembershipEnded',
         'ProofError', 'RecordError', 'StateMissing', 'TaskFailed', 'TokenError', 'TtpeerError', 'UsageError'
     },
     'ttpeer_relay': {
