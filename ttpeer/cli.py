@@ -481,7 +481,8 @@ def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
     try:
         trio.run(lambda: run_daemon(home, device=device, task_options=options, proxy=cfg.proxy or None,
                                     metrics=cfg.metrics, stop_grace=cfg.stop_grace, notifier=notifier,
-                                    memory_limit=cfg.memory_limit or None, workers=workers))
+                                    memory_limit=cfg.memory_limit or None, workers=workers,
+                                    data_cache=cfg.data_cache))
     except TtpeerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         _leave_now(int(getattr(exc, "exit_code", 1)))  # MembershipEnded: 3, which systemd does not restart
