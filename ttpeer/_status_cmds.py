@@ -54,6 +54,12 @@ def status(args: argparse.Namespace, home: Any) -> int:
               f"{of}{size}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
         if job.get("phase"):
             print(f"    preparing here: {job['phase']}")
+        for d in job.get("data") or []:
+            how = {"added": "added here", "no": "none fetched yet"}.get(
+                d["here"], f"fetched {_size(d['fetched_bytes'])}")
+            refused = f", {d['bad_pieces']} refused and fetched again" if d["bad_pieces"] else ""
+            print(f"    data: {d['name']} ({d['id'][:12]}) {d['pieces_here']}/{d['pieces']} pieces of "
+                  f"{_size(d['bytes'])} here, {how}{refused}")
         if job.get("advice"):
             print(f"    {job['advice']}")
         waiting = [p["name"] for p in job.get("peers") or [] if not p.get("started", True)]

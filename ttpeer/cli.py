@@ -226,9 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from ttpeer._advise_cmd import add_parser as add_advise
     from ttpeer._commands import add_commands
+    from ttpeer._data_cmds import add_parser as add_data
 
     add_commands(sub, common)
     add_advise(sub, common)
+    add_data(sub, common)
     return p
 
 
@@ -355,6 +357,12 @@ def _cancel(args: argparse.Namespace) -> int:
     return _commands.cancel(args, _home(args))
 
 
+def _data(args: argparse.Namespace) -> int:
+    from ttpeer import _data_cmds
+
+    return _data_cmds.run(args, _home(args))
+
+
 def _dispatch(args: argparse.Namespace) -> int | None:
     handler = COMMANDS.get(args.command)
     if handler is None:
@@ -473,7 +481,8 @@ def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
     try:
         trio.run(lambda: run_daemon(home, device=device, task_options=options, proxy=cfg.proxy or None,
                                     metrics=cfg.metrics, stop_grace=cfg.stop_grace, notifier=notifier,
-                                    memory_limit=cfg.memory_limit or None, workers=workers))
+                                    memory_limit=cfg.memory_limit or None, workers=workers,
+                                    data_cache=cfg.data_cache))
     except TtpeerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         _leave_now(int(getattr(exc, "exit_code", 1)))  # MembershipEnded: 3, which systemd does not restart
@@ -617,7 +626,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {
     "relay": _relay, "pool": _pool_create, "invite": _invite, "join": _join,
     "up": lambda args: _up(args, _home(args)), "submit": _submit, "status": _status, "wait": _wait,
     "export": _export, "predict": _predict, "demo": _demo, "service": _service, "config": _config,
-    "report": _report, "revoke": _revoke, "cancel": _cancel, "advise": _advise,
+    "report": _report, "revoke": _revoke, "cancel": _cancel, "advise": _advise, "data": _data,
 }
 
 

@@ -24,6 +24,7 @@ Sources, weakest first; each value remembers where it came from
                                                         0: what the device has free
     workers      TTPEER_WORKERS         --workers       worker processes per job, one per local device;
                                                         "auto": one per visible CUDA device, 1 on CPU
+    data_cache   TTPEER_DATA_CACHE      (none)          bytes of fetched datasets kept in the home (e.g. 64G)
 
 Errors: ``ConfigError`` (a ``UsageError``) names the file, key or variable that is
 wrong and what it should look like. Nothing else in ttpeer reads these variables.
@@ -183,6 +184,8 @@ KEYS: dict[str, _Key] = {
                          "most memory a job may use on the device, e.g. 8G (0: what it has free)"),
     "workers": _Key(_workers, "TTPEER_WORKERS", "--workers",
                     "worker processes per job, one per device (auto: one per CUDA device, 1 on CPU)"),
+    "data_cache": _Key(_memory, "TTPEER_DATA_CACHE", None,
+                       "bytes of fetched datasets kept in the home, least recently used evicted first"),
 }
 _ALT_ENV = {"proxy": "https_proxy"}
 
@@ -190,7 +193,7 @@ _ALT_ENV = {"proxy": "https_proxy"}
 def _defaults() -> dict[str, Any]:
     return {"home": None, "device": "auto", "name": None, "log_level": "warning", "log_format": "text",
             "metrics": "", "proxy": "", "stop_grace": 5.0,
-            "memory_limit": 0, "workers": "auto"}
+            "memory_limit": 0, "workers": "auto", "data_cache": 64 * 2**30}
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@
      +-- SealError                   sealed bytes do not authenticate
      +-- UsageError                  a command was given something it cannot use
      |    +-- ConfigError            a setting (file, environment, flag) is invalid (ttpeer.config)
+     |    +-- DataError              'ttpeer data': a path that cannot be added, an unknown dataset
      +-- ServiceError                installing or removing the systemd unit failed (ttpeer.daemon._units)
      +-- HomeError                   the home directory is missing, not enrolled, or locked
      +-- DiskError                   a write failed (disk full, read-only); nothing written is lost
@@ -17,6 +18,7 @@
      |    +-- TaskFailed             the task's code (or torch under it) failed on this peer: the job ends here
      |    +-- LocalWorkLost          the worker holding this peer's local model died
      +-- TrainError                  the training layer refuses or cannot do something (ttpeer.train)
+     +-- DatasetMissing              a task asked for a dataset this peer does not hold (yet): fetched
      +-- NetError                    anything between this machine and the relay
           +-- (see ttpeer.net)
 
@@ -33,6 +35,11 @@ from ttpeer.proto import ProofError, RecordError, TokenError, TtpeerError
 
 class UsageError(TtpeerError):
     """A command was given something it cannot use (bad flag value, unknown job)."""
+
+
+class DataError(UsageError):
+    """``ttpeer data add`` met a path it cannot add (missing, empty, unreadable, changed while
+    read), or a dataset command named no dataset this pool knows."""
 
 
 class HomeError(TtpeerError):
@@ -100,6 +107,7 @@ class LocalWorkLost(JobError):
 
 __all__ = [
     "DaemonNotRunning",
+    "DataError",
     "DiskError",
     "HomeError",
     "JobError",

@@ -1,7 +1,7 @@
 """What the relay and the peers must agree on, defined once: ttpeer's wire contract.
 
 - records: the signed facts peers hold, their canonical codec and schema table
-  (``_records``, ``_codec``);
+  (``_records``, ``_codec``), and a dataset's manifest and id (``_dataset``);
 - membership proofs and revocations, checked from their bytes alone (``_proofs``);
 - the relay's HTTPS API: paths, limits, the login bytes, the certificate fingerprint,
   and the error codes of its answers (``_relay_api``);
@@ -15,6 +15,15 @@ holds it to that and pins the names below.
 """
 
 from ._codec import decode, encode
+from ._dataset import (
+    DEFAULT_PIECE_SIZE,
+    MIN_PIECE_SIZE,
+    dataset_id,
+    path_problem,
+    piece_count,
+    piece_sizes,
+    record_files,
+)
 from ._errors import ProofError, RecordError, TtpeerError
 from ._proofs import Member, join_fits_invite, verify_proof, verify_revocation
 from ._records import MAX_KEEP, MAX_RECORD_BYTES, PRECISION_CODES, Record, parse, pool_id_of, public_hex, sign
@@ -53,6 +62,7 @@ __all__ = [
     "BLOB",
     "BROADCAST",
     "CHALLENGE",
+    "DEFAULT_PIECE_SIZE",
     "HEALTH",
     "LOGIN_DOMAIN",
     "MAILBOX_BYTES",
@@ -63,6 +73,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "MAX_RECORD_BYTES",
     "MAX_WAIT",
+    "MIN_PIECE_SIZE",
     "POOL_QUOTA",
     "PRECISION_CODES",
     "RECV",
@@ -79,6 +90,7 @@ __all__ = [
     "RecordError",
     "TtpeerError",
     "blob_path",
+    "dataset_id",
     "decode",
     "encode",
     "error_body",
@@ -86,9 +98,13 @@ __all__ = [
     "join_fits_invite",
     "login_message",
     "parse",
+    "path_problem",
+    "piece_count",
+    "piece_sizes",
     "pool_id_of",
     "public_hex",
     "read_error",
+    "record_files",
     "send_path",
     "sign",
     "verify_proof",

@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from . import _codec
+from ._dataset import MAX_DATASET_FILES, MAX_PIECE_SIZE, MIN_PIECE_SIZE, dataset_consistent, path_problem
 from ._errors import RecordError
 
 VERSION = 1
@@ -100,6 +101,26 @@ def _member_list(v: Any) -> bool:
         and 1 <= len(v) <= 4096
         and all(type(m) is dict and set(m) == set(member) and all(member[k](m[k]) for k in member) for m in v)
     )
+
+
+def _dataset_files(v: Any) -> bool:
+    """A dataset record's files: ``{path, size, pieces: [[piece hash, blob], ...]}`` each."""
+    def piece(p: Any) -> bool:
+        return type(p) is list and len(p) == 2 and all(_HEX(x) for x in p)
+
+    return (
+        type(v) is list
+        and 1 <= len(v) <= MAX_DATASET_FILES
+        and all(type(f) is dict and set(f) == {"path", "size", "pieces"} and path_problem(f["path"]) is None
+                and _int(0, 2**50)(f["size"]) and type(f["pieces"]) is list and all(map(piece, f["pieces"]))
+                for f in v)
+    )
+
+
+def _datasets(v: Any) -> bool:
+    """A job's datasets: the name its task asked for -> that dataset's id."""
+    return (type(v) is dict and 1 <= len(v) <= 64
+            and all(_re(_NAME)(k) and _HEX(x) for k, x in v.items()))
 
 
 def _job_consistent(body: dict[str, Any]) -> str | None:
@@ -177,6 +198,9 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # per shard within h_min..h_max (proto/_cadence.py); the budget stays rounds x batches
         # inner steps per shard, and ``batches`` is the first two rounds' size.
         "h_min": _int(1, 1_000_000), "h_max": _int(1, 1_000_000),
+        # OPTIONAL: the datasets its task read through ``ttpeer.train.dataset_path``, by the
+        # name it asked for, as resolved where the job was submitted (``dataset`` records).
+        "datasets": _datasets,
     },
     # A claim with n > 0 renews the lease of claim n=0; ``done`` batches so far at ``rate``
     # batches/s let others project when it will finish. ``backup``: a copy run by an idle
@@ -215,6 +239,14 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
     # The job's submitter or an admin member ends a job for the whole pool; anyone else's
     # cancel is ignored by the views (``_outcome``). ``at``: the author's wall time, shown only.
     "cancel": {"job": _HEX, "at": _int()},
+    # Files a member added (``ttpeer data add``), cut into pieces (ttpeer_wire/_dataset.py):
+    # ``id`` is the hash of the manifest (paths, sizes, piece hashes, piece size) alone;
+    # each piece is ``[its sha256, the blob that holds it sealed]``.
+    "dataset": {"name": _re(_NAME), "id": _HEX, "piece_size": _int(MIN_PIECE_SIZE, MAX_PIECE_SIZE),
+                "files": _dataset_files, "at": _int()},
+    # Withdraws the dataset record ``dataset`` (by record id); counts when signed by that
+    # record's author or an admin member (``proto.live_datasets``).
+    "dataset_rm": {"dataset": _HEX, "at": _int()},
 }
 
 
@@ -223,11 +255,12 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
 OPTIONAL: dict[str, frozenset[str]] = {
     "job": frozenset({"members", "overlap", "precision", "micro_batch", "checkpointing", "lr_schedule", "warmup",
                       "final_lr_ratio", "data", "step_timeout", "outer_lr_schedule", "outer_warmup",
-                      "outer_final_lr_ratio", "h_min", "h_max"}),
+                      "outer_final_lr_ratio", "h_min", "h_max", "datasets"}),
     "close": frozenset({"tbase", "next"}),
     "decline": frozenset({"code"}),
 }
-CHECKS: dict[str, Callable[[dict[str, Any]], str | None]] = {"job": _job_consistent}
+CHECKS: dict[str, Callable[[dict[str, Any]], str | None]] = {"job": _job_consistent,
+                                                             "dataset": dataset_consistent}
 
 
 @dataclass(frozen=True, eq=False)

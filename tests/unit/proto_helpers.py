@@ -11,6 +11,7 @@ import hashlib
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from ttpeer_wire import dataset_id
 
 from ttpeer.proto import Record, pool_id_of, public_hex, sign
 
@@ -78,6 +79,19 @@ def job_body(**over: Any) -> dict[str, Any]:
     return body
 
 
+def dataset_body(label: object = "d", *, name: str = "corpus", piece_size: int = 4096, at: int = 50,
+                 files: list[tuple[str, int]] | None = None) -> dict[str, Any]:
+    """A valid ``dataset`` body: files (path, size) with made-up piece hashes and blobs."""
+    entries = []
+    for path, size in files if files is not None else [("a.txt", 5000), ("sub/b.txt", 10)]:
+        count = -(-size // piece_size)
+        hashes = [hex64((label, path, i)) for i in range(count)]
+        entries.append((path, size, hashes))
+    return {"name": name, "id": dataset_id(piece_size, entries), "piece_size": piece_size, "at": at,
+            "files": [{"path": p, "size": s, "pieces": [[h, hex64(("blob", h))] for h in hs]}
+                      for p, s, hs in sorted(entries)]}
+
+
 def valid_bodies() -> dict[str, dict[str, Any]]:
     """One valid body per kind of ``SCHEMAS``."""
     return {
@@ -99,6 +113,8 @@ def valid_bodies() -> dict[str, dict[str, Any]]:
         "revoke": {"node": hex64("node"), "keep": sorted([hex64("k1"), hex64("k2")]), "at": 7},
         "decline": {"job": hex64("job"), "reason": "needs 2.0 GiB, has 1.0 GiB", "need": 2**31, "have": 2**30},
         "cancel": {"job": hex64("job"), "at": 9},
+        "dataset": dataset_body(),
+        "dataset_rm": {"dataset": hex64("dataset-record"), "at": 11},
     }
 
 

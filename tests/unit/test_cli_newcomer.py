@@ -59,7 +59,7 @@ print(json.dumps(seen), file=sys.stderr)
 CLIENT_COMMANDS = [
     ["status"], ["status", "--json"], ["wait", "abab", "--timeout", "1"], ["invite"], ["revoke", "bob"],
     ["config", "show"], ["report", "abab", "r.html"], ["export", "deadbeef", "x"], ["--help"], ["status", "--help"],
-    ["submit", "--task", "mnist1d", "--rounds", "2"],
+    ["submit", "--task", "mnist1d", "--rounds", "2"], ["data", "ls"], ["data", "rm", "corpus"],
 ]
 
 
@@ -89,7 +89,8 @@ def _one_line_error(capsys, argv: list[str], says: str = "") -> str:
 
 
 COMMANDS = [["status"], ["wait", "abc"], ["invite"], ["revoke", "bob"], ["report", "abc", "OUT/r.html"],
-            ["export", "abc", "OUT/m"], ["submit", "--task", "mnist1d"], ["status", "--watch", "--frames", "1"]]
+            ["export", "abc", "OUT/m"], ["submit", "--task", "mnist1d"], ["status", "--watch", "--frames", "1"],
+            ["data", "ls"], ["data", "add", "OUT"]]
 
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=lambda a: a[0])

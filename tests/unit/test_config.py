@@ -89,6 +89,12 @@ def test_a_bad_config_is_a_clear_error_for_every_command(tmp_path, monkeypatch, 
     assert "error: metrics from file" in err and "loopback" in err
 
 
+def test_data_cache_reads_sizes_and_defaults_to_64_gib(tmp_path):
+    assert config.load(file=tmp_path / "none.toml", env={}).data_cache == 64 * 2**30
+    assert config.load(file=tmp_path / "none.toml", env={"TTPEER_DATA_CACHE": "2G"}).data_cache == 2 * 2**30
+    assert config.load(file=_file(tmp_path, 'data_cache = "500M"\n'), env={}).data_cache == 500 * 2**20
+
+
 def test_memory_limit_reads_sizes_and_defaults_to_no_limit(tmp_path):
     assert config.load(file=tmp_path / "none.toml", env={}).memory_limit == 0
     env = {"TTPEER_MEMORY_LIMIT": "512M"}

@@ -36,7 +36,9 @@ SURFACES: dict[str, set[str]] = {
         'WorkLost',
         # the key ring's decisions (who gets the pool key, who is told it ended)
         'AcceptKeys', 'EXPIRY_GRACE', 'EndMembership', 'HandKeys', 'KeyRing', 'Refuse', 'RejectKeys', 'Renamed',
-        'Rotate', 'TellEnded'
+        'Rotate', 'TellEnded',
+        # datasets: which records stand, what a name means
+        'DatasetMissing', 'dataset_sources', 'live_datasets', 'may_remove_dataset', 'resolve_dataset'
     },
     'ttpeer.net': {
         'BlobCorrupt', 'BlobMissing', 'ErrorCode', 'Faults', 'MemoryRelay', 'MemoryTransport', 'Message', 'NetError',
@@ -55,7 +57,7 @@ SURFACES: dict[str, set[str]] = {
         'FakeDisk', 'FakeExecutor', 'HostileRelay', 'Hostility', 'SimPeer', 'Simulation', 'deterministic'
     },
     'ttpeer.errors': {
-        'DaemonNotRunning', 'DiskError', 'HomeError', 'JobError', 'LocalWorkLost', 'MembershipEnded',
+        'DaemonNotRunning', 'DataError', 'DiskError', 'HomeError', 'JobError', 'LocalWorkLost', 'MembershipEnded',
         'ProofError', 'RecordError', 'StateMissing', 'TaskFailed', 'TokenError', 'TtpeerError', 'UsageError'
     },
     'ttpeer_relay': {

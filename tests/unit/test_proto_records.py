@@ -14,7 +14,7 @@ from ttpeer_wire._records import OPTIONAL, SCHEMAS, _signed_part
 
 from ttpeer.proto import MAX_RECORD_BYTES, Record, RecordError, encode, parse, public_hex, sign
 
-from .proto_helpers import Pool, hex64, key, state, valid_bodies
+from .proto_helpers import Pool, dataset_body, hex64, key, state, valid_bodies
 
 POOL = Pool("records")
 AUTHOR = key("author")
@@ -60,9 +60,13 @@ OTHER_VALUES: dict[str, dict[str, Any]] = {
     "revoke": {"node": hex64("node2"), "keep": [], "at": 8},
     "decline": {"job": hex64("job2"), "reason": "task differs", "need": 0, "have": 0},
     "cancel": {"job": hex64("job2"), "at": 10},
+    "dataset": dataset_body("other", name="other.set", piece_size=8192, at=51, files=[("x.bin", 9000)]),
+    "dataset_rm": {"dataset": hex64("dataset-record2"), "at": 12},
 }
+# A dataset's id is the hash of its files and piece size: those three change together.
 FIELD_SWAPS = [(k, f) for k in KINDS for f in SCHEMAS[k]
-               if not (k == "job" and f == "mode") and f not in OPTIONAL.get(k, ())]
+               if not (k == "job" and f == "mode") and f not in OPTIONAL.get(k, ())
+               and not (k == "dataset" and f in ("id", "files", "piece_size"))]
 
 # Values each field must refuse.
 INVALID: list[tuple[str, str, Any]] = [

@@ -67,3 +67,21 @@ def test_another_key_or_purpose_does_not_open_it(tmp_path: Path) -> None:
         with pytest.raises(SealError, match="any pool key"):
             open_sealed_file(keys, purpose, tmp_path / "sealed", tmp_path / "out")
         assert not (tmp_path / "out").exists()
+
+
+def test_a_dataset_piece_seals_to_the_same_blob_every_time_and_opens_to_its_span(tmp_path: Path) -> None:
+    """A fixed salt (a dataset piece's, from its hash) and a span of the file: the same key,
+    salt and bytes give the same sealed bytes, so a holder can upload a piece again under
+    the name its record gives; a random salt gives other bytes."""
+    src = tmp_path / "f"
+    src.write_bytes(os.urandom(3 * PIECE + 9))
+    span, salt = (PIECE, PIECE + 9), b"s" * SALT
+    one, two, other = tmp_path / "1", tmp_path / "2", tmp_path / "3"
+    seal_file(KEY, b"p", src, one, salt=salt, span=span)
+    seal_file(KEY, b"p", src, two, salt=salt, span=span)
+    seal_file(KEY, b"p", src, other, span=span)
+    assert one.read_bytes() == two.read_bytes() != other.read_bytes()
+    open_sealed_file([KEY], b"p", one, tmp_path / "out")
+    assert (tmp_path / "out").read_bytes() == src.read_bytes()[PIECE:2 * PIECE + 9]
+    with pytest.raises(OSError, match="shrank"):
+        seal_file(KEY, b"p", src, one, salt=salt, span=(3 * PIECE, PIECE))  # past the end

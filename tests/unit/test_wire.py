@@ -35,6 +35,9 @@ def test_public_surface() -> None:
         "Record", "RecordError", "TtpeerError", "blob_path", "decode", "encode", "error_body",
         "fingerprint", "join_fits_invite", "login_message", "parse", "pool_id_of", "public_hex",
         "read_error", "send_path", "sign", "verify_proof", "verify_revocation",
+        # datasets (ttpeer_wire/_dataset.py)
+        "DEFAULT_PIECE_SIZE", "MIN_PIECE_SIZE", "dataset_id", "path_problem", "piece_count", "piece_sizes",
+        "record_files",
     ])
     for name in ttpeer_wire.__all__:
         assert getattr(ttpeer_wire, name) is not None

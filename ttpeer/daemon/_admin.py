@@ -22,6 +22,7 @@ from ttpeer.errors import JobError, UsageError
 from ttpeer.net import NetError, Transport
 from ttpeer.proto import (
     MAX_KEEP,
+    DatasetMissing,
     Effect,
     PeerMachine,
     Record,
@@ -38,11 +39,13 @@ from ttpeer.proto import (
     sign_task,
 )
 
+from ._data import Datasets
 from ._executor import Executor
 from ._home import Home, PoolConfig
 from ._keys import Blobs, ended_message
 
 log = logging.getLogger("ttpeer.daemon")
+MAX_DATASETS = 64  # a job's datasets (the record's bound): each one fetched at submit at most once
 
 class Host(Protocol):
     """What the admin actions use of the running node (``_node.Node`` is one)."""
@@ -54,6 +57,7 @@ class Host(Protocol):
     executor: Executor
     transport: Transport
     blobs: Blobs
+    data: Datasets
     node_key: Ed25519PrivateKey
     key_event: trio.Event
     is_admin: bool
@@ -74,7 +78,14 @@ async def submit(node: Host, spec: dict[str, Any], task_file: bytes | None) -> R
     signed = signed_task(node, task_file) if task_file is not None else None
     await node.key_event.wait()
     spec = sized(node, with_members(spec))
-    fixed, init = await node.executor.new_job(spec, task_file)
+    for _ in range(MAX_DATASETS + 1):
+        try:
+            fixed, init = await node.executor.new_job(spec, task_file)
+            break
+        except DatasetMissing as exc:  # the task reads a dataset this peer does not hold: fetch it
+            await node.data.fetch_named(exc.name)
+    else:
+        raise JobError(f"the task asks for more than {MAX_DATASETS} datasets")
     if isinstance(init, Path):  # a model-sized file: sealed and uploaded a piece at a time
         with contextlib.ExitStack() as stack:
             stack.callback(init.unlink, missing_ok=True)

@@ -7,7 +7,9 @@ and answers only its own user and root, should the modes ever be loosened.
 One JSON request per connection, one JSON reply:
 ``{"op": "status"}``, ``{"op": "submit", "spec": {...}, "task_file": hex|null}``,
 ``{"op": "revoke", "peer": name|id|prefix}`` (admin only),
-``{"op": "cancel", "job": id|prefix}`` (the job's submitter or the admin).
+``{"op": "cancel", "job": id|prefix}`` (the job's submitter or the admin),
+``{"op": "data_add", "path", "name", "piece_size"}``, ``{"op": "data_ls"}``,
+``{"op": "data_rm", "dataset": name|id, "withdraw": bool}``.
 Replies are ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
 """
 
@@ -113,6 +115,19 @@ async def _dispatch(node: Node, request: dict[str, Any], status: Callable[[], di
         by = node.machine.records.members.get(rec.author)
         return {"ok": True, "job": job.id, "record": rec.id, "by": by.name if by else rec.author[:12],
                 "again": again}
+    if op == "data_add":
+        if ready is not None:
+            await ready.wait()
+        rec, new = await node.data_add(str(request["path"]), request.get("name"), int(request["piece_size"]))
+        pieces = sum(len(f["pieces"]) for f in rec["files"])
+        return {"ok": True, "name": rec["name"], "id": rec["id"], "record": rec.id, "new": new,
+                "files": len(rec["files"]), "pieces": pieces, "bytes": sum(f["size"] for f in rec["files"])}
+    if op == "data_ls":
+        return {"ok": True, "datasets": node.data.listing()}
+    if op == "data_rm":
+        if ready is not None:
+            await ready.wait()
+        return {"ok": True, **await node.data_remove(str(request["dataset"]), bool(request.get("withdraw")))}
     if op == "revoke":
         node.require_admin()
         peer, name = node.resolve_peer(str(request.get("peer", "")))

@@ -61,6 +61,7 @@ from ttpeer.proto import (
 )
 
 from ._counters import Counters
+from ._data import Datasets
 from ._executor import Decline, Executor
 from ._home import PoolConfig
 from ._keys import Blobs, PoolKeys, SealError
@@ -82,6 +83,7 @@ class Host(Protocol):
     keys: PoolKeys
     blobs: Blobs
     counters: Counters
+    data: Datasets
     nursery: trio.Nursery | None
     outbox_send: trio.MemorySendChannel[tuple[str | None, bytes]]
 
@@ -173,6 +175,10 @@ class Effects:
     def _report(self, result: Any) -> None:
         self._node.process(self._node.machine.report(result, self._node.now()))
 
+    def queue(self, peer: str | None, payload: bytes) -> None:
+        """Seal a gossip payload and queue it for ``peer`` (None: every peer)."""
+        self._queue(peer, payload)
+
     def _queue(self, peer: str | None, payload: bytes) -> None:
         if self._node.pool_key is None:
             return  # not a full member yet: gossip will resend once we are
@@ -199,6 +205,11 @@ class Effects:
             log.warning("refusing job %s: %s", job.id[:12], exc)
             self._report(Declined(job.id, str(exc), code="refused"))
             return
+        if job.body.get("datasets"):  # before the worker loads the task: it reads them
+            try:
+                await self._node.data.ensure(job, lambda text: self.phases.__setitem__(job.id, text))
+            finally:
+                self.phases.pop(job.id, None)
         with self._phase(job.id, "loading the task and its data, checking it fits"):
             decline = await self._node.executor.prepare(job, task_file)
         if isinstance(decline, str):

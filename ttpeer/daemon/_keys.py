@@ -18,6 +18,7 @@ before it hands keys), or a key written to the log (``_logging.add_secret`` know
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -53,6 +54,7 @@ log = logging.getLogger("ttpeer.daemon")
 
 GOSSIP = b"ttpeer/gossip/v1"
 BLOB = b"ttpeer/blob/v1"
+PIECE_SALT = b"ttpeer/data-piece/v1\n"  # a dataset piece's salt: from its hash (``Blobs.put_piece``)
 KEY_DOMAIN = b"ttpeer/keyshare/v1\n"
 MAX_BLOB = 8 * 2**30
 THREAD_FILE_BYTES = 4 * 2**20  # a larger state is sealed or opened in a thread
@@ -152,6 +154,10 @@ class Blobs:
         self._reject = reject  # counts a blob refused as not authentic
         self._fetches = itertools.count()  # names the work files
 
+    def refused(self, what: str) -> None:
+        """Count an input refused as not authentic (status: ``relay.rejected``)."""
+        self._reject(what)
+
     async def put(self, data: bytes) -> str:
         return await self._transport.put_blob(self._keys.seal(BLOB, data))
 
@@ -179,6 +185,33 @@ class Blobs:
         try:
             await self._transport.get_blob_file(blob, sealed, max_size=MAX_BLOB)
             await _off_loop(sealed, open_sealed_file, list(reversed(self._keys.keys)), BLOB, sealed, plain)
+        except (BlobCorrupt, SealError):
+            self._reject("blob")
+            raise
+
+    async def put_piece(self, source: Path, span: tuple[int, int], piece_hash: str, sealed: Path, *,
+                        blob: str | None = None, fresh: bool = False) -> str | None:
+        """Seal bytes ``span`` (offset, length) of ``source``, a dataset piece hashing to
+        ``piece_hash``, into ``sealed`` and upload it; returns its blob name. Sealing is
+        deterministic (the salt comes from the piece's hash): ``blob`` given, the key epoch
+        that seals to that name is used, so a lost piece goes back where its record says
+        (None if no epoch held here does). ``fresh``: a random salt, so a new name (for a
+        piece whose copy on the relay is damaged: the relay keeps a blob it holds)."""
+        salt = random_bytes(16) if fresh else hashlib.sha256(PIECE_SALT + bytes.fromhex(piece_hash)).digest()[:16]
+        for key in reversed(self._keys.keys) if blob is not None else [self._keys.newest]:
+            assert key is not None
+            await _off_span(span[1], seal_file, key, BLOB, source, sealed, salt=salt, span=span)
+            if blob is None or await trio.to_thread.run_sync(_file_sha256, sealed) == blob:
+                return await self._transport.put_blob_file(sealed)
+        return None
+
+    async def get_piece(self, blob: str, size: int, sealed: Path, plain: Path) -> None:
+        """Fetch the piece blob ``blob`` (``size`` plaintext bytes) and open it into ``plain``.
+        Raises ``BlobMissing``, ``BlobCorrupt``, ``SealError`` (the last two counted as
+        refused), ``NetError``, ``OSError``."""
+        try:
+            await self._transport.get_blob_file(blob, sealed, max_size=size + 4096 + size // 1024)
+            await _off_span(size, open_sealed_file, list(reversed(self._keys.keys)), BLOB, sealed, plain)
         except (BlobCorrupt, SealError):
             self._reject("blob")
             raise
@@ -236,6 +269,23 @@ class Blobs:
             for ref, _samples in paths:
                 assert isinstance(ref, Path)
                 ref.unlink(missing_ok=True)
+
+
+async def _off_span(size: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """``fn(*args, **kwargs)`` on ``size`` bytes: in a thread when large (as ``_off_loop``)."""
+    if size > THREAD_FILE_BYTES:
+        await trio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+    else:
+        fn(*args, **kwargs)
+        await trio.lowlevel.checkpoint()
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 async def _off_loop(path: Path, fn: Callable[..., Any], *args: Any) -> None:

@@ -69,6 +69,7 @@ from ttpeer.proto import (
 
 from . import _admin
 from ._counters import Counters
+from ._data import WANT, Datasets
 from ._effects import Effects
 from ._executor import Executor
 from ._home import Home, PoolConfig
@@ -123,6 +124,7 @@ class Node:
         self.fatal: TtpeerError | None = None
         self.is_admin = (home.path / "root.key").exists()
         self.membership = Membership(self)
+        self.data = Datasets(self)
         if self.pool_key is not None:
             self.key_event.set()
 
@@ -233,6 +235,10 @@ class Node:
         log.error("%s", exc)
         self.stop()
 
+    def broadcast_payload(self, payload: bytes) -> None:
+        """Send a gossip payload to every peer, sealed (a dataset part's want)."""
+        self.effects.queue(None, payload)
+
     async def _put_sealed(self, data: bytes) -> str:
         return await self.blobs.put(data)
 
@@ -272,6 +278,9 @@ class Node:
                 opened = self.keys.open_gossip(sender, body)
                 if opened is None or not self.replay.accept(sender, opened[0]):
                     log.debug("dropped a replayed or stale message from %s", sender[:12])
+                    return
+                if opened[1].startswith(WANT):  # a peer asks holders for dataset pieces (``_data``)
+                    self.data.on_want(sender, opened[1])
                     return
                 self.process(self.machine.receive(sender, opened[1], self.now(), settle=False), wake=False)
             elif kind == b"P":
@@ -327,6 +336,24 @@ class Node:
 
     def release_job(self, job: str) -> None:
         self.effects.release(job)
+
+    # -- datasets -------------------------------------------------------------------------
+
+    async def data_add(self, path: str, name: str | None, piece_size: int) -> tuple[Record, bool]:
+        """``ttpeer data add``: see ``_data.Datasets.add``. Raises ``DataError``, ``DiskError``
+        (which also stops the daemon, as a full disk does everywhere)."""
+        try:
+            return await self.data.add(path, name, piece_size)
+        except DiskError as exc:
+            self.disk_full(exc)
+            raise
+
+    async def data_remove(self, text: str, withdraw: bool) -> dict[str, Any]:
+        """``ttpeer data rm``: see ``_data.Datasets.remove``. Raises ``DataError``."""
+        return await self.data.remove(text, withdraw)
+
+    def job_data(self, job: Record) -> list[dict[str, Any]] | None:
+        return self.data.job_data(job)
 
     # -- status ---------------------------------------------------------------------------
 

@@ -43,7 +43,7 @@ from typing import Any
 import trio
 
 from ttpeer.errors import DiskError, JobError, LocalWorkLost, StateMissing, TaskFailed
-from ttpeer.proto import PublishDelta, Record, Train
+from ttpeer.proto import DatasetMissing, PublishDelta, Record, Train
 
 from ._channel import ChannelError, FrameReader, send
 from ._executor import Decline, Deltas
@@ -211,6 +211,8 @@ def _error(reply: dict[str, Any]) -> Exception:
         return StateMissing(str(reply.get("state", "")))
     if kind == "disk":
         return DiskError(Path(str(reply.get("path") or "the ttpeer home")), OSError(28, message))
+    if kind == "dataset":
+        return DatasetMissing(str(reply.get("name", "")))
     return JobError(message)
 
 

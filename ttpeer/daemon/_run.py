@@ -70,6 +70,7 @@ async def run_daemon(
     home: Home, *, device: str = "cpu", task_options: dict[str, Any] | None = None,
     proxy: str | None = None, timing: Timing = Timing(), metrics: str = "", stop_grace: float = 5.0,
     notifier: Notifier | None = None, memory_limit: int | None = None, workers: int | None = None,
+    data_cache: int | None = None,
 ) -> None:
     """Serve this home's membership until a signal arrives. Raises ``TtpeerError`` for
     what stops the daemon (another daemon on this home, a relay that is not ours, a
@@ -86,7 +87,7 @@ async def run_daemon(
     try:
         await _serve(home, device=device, task_options=task_options, proxy=proxy, timing=timing,
                      metrics=metrics, stop_grace=stop_grace, notifier=notifier or Notifier(None),
-                     memory_limit=memory_limit, workers=workers)
+                     memory_limit=memory_limit, workers=workers, data_cache=data_cache)
     except BaseExceptionGroup as group:
         match, _rest = group.split(TtpeerError)
         if match is None:
@@ -101,7 +102,8 @@ async def run_daemon(
 
 async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None, proxy: str | None,
                  timing: Timing, metrics: str, stop_grace: float, notifier: Notifier,
-                 memory_limit: int | None = None, workers: int | None = None) -> None:
+                 memory_limit: int | None = None, workers: int | None = None,
+                 data_cache: int | None = None) -> None:
     cfg = home.config()
     _register_secrets(home)
     client = RelayClient(cfg.relays[0], cfg.fingerprint, pool=cfg.pool, peer_key=home.node_key(),
@@ -110,6 +112,8 @@ async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None
     executor = ProcessExecutor(home, device=device, task_options=task_options, memory_limit=memory_limit,
                                workers=workers)
     node = Node(home, TimedTransport(client, usage), TimedExecutor(executor, usage), timing=timing)
+    if data_cache is not None:
+        node.data.cache_bytes = data_cache
     repairs: list[str] = []
     metrics_url: str | None = None
     ready = trio.Event()

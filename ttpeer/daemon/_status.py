@@ -8,10 +8,16 @@
                "state_hash", "training_shard", "wasted_batches", "duplicate_fraction",
                "declines": [{"peer", "name", "reason", "need_bytes", "have_bytes", "code"}],
                "ended": null | {"how", "by": {"peer", "name"} | null,
-                                "reasons": [{"peer", "name", "reason"}]}, "phase"}]}
+                                "reasons": [{"peer", "name", "reason"}]}, "phase",
+               "data": null | [{"name", "id", "bytes", "pieces", "pieces_here", "here",
+                                "fetched_bytes", "bad_pieces"}]}]}
 
 ``phase`` says what this peer is doing before it can train a running job ("loading the
 task and its data, checking it fits", "fetching the initial state"...), null otherwise.
+
+``data`` lists the datasets a job's task reads (``ttpeer.train.dataset_path``): how much
+of each this peer holds (``pieces_here``; ``here``: "added", "fetched", "partial" or "no"),
+how many bytes it fetched, and how many pieces it refused as damaged (fetched again).
 
 ``declined`` is this peer's own reason for sitting a job out; ``declines`` lists every
 peer whose decline stands (``need_bytes``/``have_bytes`` are 0 unless memory was why);
@@ -94,6 +100,7 @@ class NodeView(Protocol):
     @property
     def bytes_received(self) -> int: ...
     def liveness(self, peer: str) -> str: ...
+    def job_data(self, job: Record) -> list[dict[str, Any]] | None: ...
 
 
 def duplicate_fraction(records: RecordSet, job: Record, chain: Chain) -> float | None:
@@ -190,6 +197,7 @@ def snapshot(node: NodeView) -> dict[str, Any]:
             "duplicate_fraction": duplicate_fraction(m.records, job, chain),
             "declines": declines(m.records, job), "ended": end,
             "phase": node.phases.get(job.id) if state == "running" else None,
+            "data": node.job_data(job),
         })
     return {
         "version": SCHEMA_VERSION,

@@ -49,6 +49,7 @@ from ttpeer import train
 from ttpeer.errors import DiskError, JobError, StateMissing, TaskFailed, TtpeerError
 from ttpeer.proto import PublishDelta, Record, Train, overlapped
 
+from ._datastore import DataStore
 from ._executor import Decline, Deltas, delta_bytes
 from ._files import write_atomic
 from ._home import Home, shared_data_dir
@@ -137,10 +138,11 @@ class TorchExecutor:
         return path
 
     def _load_task(self, name: str, task_file: bytes | None,
-                   check: Callable[[train.LoadedTask], None] | None = None) -> train.LoadedTask:
+                   check: Callable[[train.LoadedTask], None] | None = None,
+                   datasets: train.DatasetResolver | None = None) -> train.LoadedTask:
         """Load a built-in by ``name``, or the task file (its copy in the home, compiled
         under ``name``, the user's file name), and run ``check`` on it. A copy that does
-        not load or pass is not kept."""
+        not load or pass is not kept. ``datasets`` answers the task's ``dataset_path``."""
         if task_file is None:
             with self._data_lock:  # a submit during the warm-up waits for its data, not makes it twice
                 task = train.load_task(name, self.home.data_dir, self.task_options, shared_data=self.shared_data)
@@ -149,7 +151,7 @@ class TorchExecutor:
             return task
         path = self._task_path(task_file)
         try:
-            with self._data_lock:  # a submit during the warm-up waits for its data, not makes it twice
+            with self._data_lock, train.resolving(datasets or self._no_datasets()):
                 task = train.load_task(str(path), self.home.data_dir, self.task_options, shown_as=name,
                                        shared_data=self.shared_data)
             if check is not None:
@@ -159,12 +161,51 @@ class TorchExecutor:
             path.unlink(missing_ok=True)
             raise
 
+    # -- datasets (``train.dataset_path``) ---------------------------------------------------
+
+    def _no_datasets(self) -> train.DatasetResolver:
+        def find(name: str) -> tuple[str, Path]:
+            raise train.TaskError(f"the task asks for dataset {name!r}, but this job names no dataset")
+
+        return train.DatasetResolver(find)
+
+    def _held_datasets(self) -> train.DatasetResolver:
+        """At submit: a name means the dataset of that name held here (the daemon fetches
+        one it does not hold and asks again: ``DatasetMissing``)."""
+        store = DataStore(self.home.path / "datasets")
+
+        def find(name: str) -> tuple[str, Path]:
+            hit = store.find(name)
+            if hit is None:
+                raise train.DatasetMissing(name)
+            return hit[0], store.files(hit[0])
+
+        return train.DatasetResolver(find)
+
+    def _job_datasets(self, job: Record) -> train.DatasetResolver:
+        """On a peer preparing ``job``: the names the job recorded, as the ids it recorded."""
+        store, ids = DataStore(self.home.path / "datasets"), dict(job.body.get("datasets") or {})
+
+        def find(name: str) -> tuple[str, Path]:
+            if name not in ids:
+                raise train.TaskError(f"the task asks for dataset {name!r}, which its job did not record at "
+                                      f"submit (it names {sorted(ids) or 'none'}): is the task's choice of "
+                                      "dataset the same on every peer?")
+            if ids[name] not in store.held():
+                raise train.DatasetMissing(name)
+            return ids[name], store.files(ids[name])
+
+        return train.DatasetResolver(find)
+
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
         """Also runs the task on one batch (``train.probe``) before anything is published,
-        so a task that fails at once is refused here, with its file and line."""
+        so a task that fails at once is refused here, with its file and line. Raises
+        ``train.DatasetMissing`` when the task asks for a dataset not held here."""
         def build() -> tuple[dict[str, Any], bytes]:
+            datasets = self._held_datasets()
             task = self._load_task(spec["task"], task_file,
-                                   lambda t: train.probe(t, batch_size=spec["batch_size"], seed=spec["seed"]))
+                                   lambda t: train.probe(t, batch_size=spec["batch_size"], seed=spec["seed"]),
+                                   datasets)
             # A warm start names its file in ``init``; the record's ``init`` is the state's hash.
             warm = spec.get("init")
             try:
@@ -179,13 +220,15 @@ class TorchExecutor:
                 raise JobError(str(exc)) from None
             fixed = {"task_hash": task.source_hash, "init": train.state_hash(state),
                      "data": train.data_fingerprint(task)}
+            if datasets.used:
+                fixed["datasets"] = dict(datasets.used)
             return fixed, train.state_to_bytes(state)
 
         return await _in_thread(build, spec["task"])
 
     async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
         def load() -> Decline | str | None:
-            task = self._load_task(job["task"], task_file)
+            task = self._load_task(job["task"], task_file, datasets=self._job_datasets(job))
             if task.source_hash != job["task_hash"]:
                 return Decline(f"task {job['task']!r} here differs from the submitter's: its code, or the data "
                                f"or model files it reads (hash {task.source_hash[:12]} vs {job['task_hash'][:12]})",

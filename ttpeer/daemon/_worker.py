@@ -19,7 +19,8 @@ seconds, which is also the heartbeat the daemon's step timeout watches; a
 
 Everything task code can raise is answered as a failure frame with a kind the
 daemon matches (never words): ``task`` (the task's code failed: the job fails on
-this peer), ``oom`` (CUDA ran out of memory), ``state_missing``, ``disk``, ``job``.
+this peer), ``oom`` (CUDA ran out of memory), ``state_missing``, ``disk``, ``job``,
+``dataset`` (the task asked for a dataset not held here: the daemon fetches it).
 The worker exits when its channel closes: a daemon that dies, even by SIGKILL, closes
 it, and the worker's event loop (torch runs in threads) sees that at once, so no
 worker outlives its daemon. (``PR_SET_PDEATHSIG`` would not do: it fires when the
@@ -226,6 +227,10 @@ def failure(exc: BaseException) -> dict[str, Any]:
         return {"error": "oom", "message": oom}
     if isinstance(exc, TaskFailed):
         return {"error": "task", "message": exc.reason}
+    from ttpeer.proto import DatasetMissing
+
+    if isinstance(exc, DatasetMissing):
+        return {"error": "dataset", "message": str(exc), "name": exc.name}
     if isinstance(exc, StateMissing):
         return {"error": "state_missing", "message": str(exc), "state": exc.state}
     if isinstance(exc, DiskError):

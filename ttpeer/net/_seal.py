@@ -69,19 +69,33 @@ def open_sealed(key: bytes, purpose: bytes, data: bytes) -> bytes:
         raise SealError("sealed payload does not authenticate (tampered or another pool key)") from None
 
 
-def seal_file(key: bytes, purpose: bytes, source: Path, out: Path) -> int:
+def seal_file(key: bytes, purpose: bytes, source: Path, out: Path, *, salt: bytes | None = None,
+              span: tuple[int, int] | None = None) -> int:
     """Seal the file ``source`` into ``out`` in pieces, reading and writing one piece at a
-    time; returns the sealed size. Raises ``OSError`` from either file."""
-    salt = random_bytes(SALT)
+    time; returns the sealed size. Raises ``OSError`` from either file.
+
+    ``span`` = (offset, length) seals that part of the file only. ``salt`` (16 bytes)
+    replaces the random one: the same key, salt and bytes then seal to the same blob, which
+    a dataset piece needs (any holder can upload it again under the name its record gives;
+    the salt comes from the piece's hash, so equal pieces, and only they, share a blob)."""
+    if salt is None:
+        salt = random_bytes(SALT)
+    elif len(salt) != SALT:
+        raise ValueError(f"a salt is {SALT} bytes")
     aead = ChaCha20Poly1305(_piece_key(key, salt, purpose))
-    size = source.stat().st_size
+    offset, size = span if span is not None else (0, source.stat().st_size)
     count = max(1, -(-size // PIECE))
     with open(source, "rb") as src, open(out, "wb") as dst:
+        src.seek(offset)
         dst.write(_STREAM_MAGIC + salt)
+        left = size
         for index in range(count):
-            piece = src.read(PIECE)
+            piece = src.read(min(PIECE, left))
+            left -= len(piece)
             dst.write(aead.encrypt(_piece_nonce(index, index == count - 1), piece, purpose))
-        if src.read(1):
+        if left:
+            raise OSError(f"{source} shrank while it was sealed")
+        if span is None and src.read(1):
             raise OSError(f"{source} grew while it was sealed")
     return 4 + SALT + size + count * TAG
 

@@ -23,6 +23,7 @@ from ttpeer_wire import (
 )
 
 from ._cadence import DEFAULT_H_MAX, DEFAULT_H_MIN, Plan, steps_for
+from ._datasets import dataset_sources, live_datasets, may_remove_dataset, resolve_dataset
 from ._effects import (
     Aggregate,
     Apply,
@@ -39,7 +40,7 @@ from ._effects import (
     Train,
 )
 from ._ensemble import member_variants
-from ._errors import ProofError, RecordError, RevokeError, TtpeerError
+from ._errors import DatasetMissing, ProofError, RecordError, RevokeError, TtpeerError
 from ._jobspec import JobSpec
 from ._keyring import (
     EXPIRY_GRACE,
@@ -109,6 +110,11 @@ __all__ = [
     "Broadcast",
     "Cancel",
     "Chain",
+    "DatasetMissing",
+    "dataset_sources",
+    "live_datasets",
+    "may_remove_dataset",
+    "resolve_dataset",
     "Effect",
     "FetchState",
     "JobDone",

@@ -15,4 +15,15 @@ class RevokeError(TtpeerError):
     """A revocation cannot be made: not the admin, not a member, or too much to keep."""
 
 
-__all__ = ["ProofError", "RecordError", "RevokeError", "TtpeerError"]
+class DatasetMissing(TtpeerError):
+    """A task's ``dataset_path(name)`` named a dataset this peer does not hold: the daemon
+    fetches it and loads the task again (at submit), or retries preparing the job. Raised
+    in the training layer, matched in the daemon (which imports no torch): so it lives here.
+    ``name`` is the name the task asked for."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"dataset {name!r} is not held on this peer")
+        self.name = name
+
+
+__all__ = ["DatasetMissing", "ProofError", "RecordError", "RevokeError", "TtpeerError"]

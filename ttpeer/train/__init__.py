@@ -10,6 +10,7 @@ outer step, state hash) is deterministic across machines.
 from ._bundle import export_ensemble, load_bundle, read_sidecar
 from ._compress import decode_delta, encode_delta, fp32_size, iter_delta
 from ._curve import LossCurve
+from ._datasets import DatasetResolver, dataset_path, resolving
 from ._ensemble import (
     Ensemble,
     combine,
@@ -20,7 +21,7 @@ from ._ensemble import (
     train_unit,
 )
 from ._ensemble import evaluate as evaluate_ensemble
-from ._errors import CheckpointError, DeltaError, Diverged, TaskError, TrainError
+from ._errors import CheckpointError, DatasetMissing, DeltaError, Diverged, TaskError, TrainError
 from ._export import export_model, load_model
 from ._failure import describe
 from ._fit import BatchFit, MemoryNeed, Misfit, fit_batch, fit_problem, memory_need, warm_up
@@ -51,6 +52,10 @@ from ._warm import warm_state
 
 __all__ = [
     "BatchFit",
+    "DatasetMissing",
+    "DatasetResolver",
+    "dataset_path",
+    "resolving",
     "CheckpointError",
     "DeltaError",
     "Diverged",

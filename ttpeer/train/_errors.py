@@ -6,6 +6,9 @@
     ├── DeltaError        a compressed delta is malformed, oversized or non-finite
     └── CheckpointError   state bytes or a model file are malformed or do not match
 
+DatasetMissing (a task asked for a dataset this peer does not hold yet) is re-exported
+from ``ttpeer.proto``, where the daemon, which imports no torch, can match it.
+
 A model that does not fit a peer is not an error: the fit check (``fit_problem``)
 returns a ``Misfit`` and the peer declines the job with its message.
 
@@ -20,7 +23,9 @@ training layer may import: ``train -> proto``), so a caller that handles
 
 from __future__ import annotations
 
-from ttpeer.proto import TtpeerError
+from ttpeer.proto import DatasetMissing, TtpeerError
+
+__all__ = ["CheckpointError", "DatasetMissing", "DeltaError", "Diverged", "TaskError", "TrainError"]
 
 
 class TrainError(TtpeerError):
@@ -49,3 +54,4 @@ class DeltaError(TrainError):
 class CheckpointError(TrainError):
     """Raised when state bytes or an exported model cannot be read back, or
     their tensor names and shapes do not match the model they are meant for."""
+

@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from ._charlm import charlm_task
-from ._errors import TaskError
+from ._errors import DatasetMissing, TaskError
 from ._failure import one_line, register_task_file, where_in_task
 from ._mnist1d import mnist1d_task, parse_samples
 from ._spec import LoadedTask, TaskSpec
@@ -137,6 +137,8 @@ def _run_task_file(path: Path, shown: str) -> tuple[TaskSpec, str]:
         raise TaskError(f"{where} defines no task() function; add `def task() -> TaskSpec:`")
     try:
         result = task_fn()
+    except DatasetMissing:
+        raise  # not the task's mistake: the daemon fetches the dataset and loads the task again
     except TaskError as exc:  # a task helper's own error (ttpeer.tasks) already says what to fix
         raise TaskError(f"{where}: {exc}") from exc
     except (Exception, SystemExit) as exc:

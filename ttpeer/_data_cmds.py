@@ -1,0 +1,79 @@
+"""``ttpeer data add | ls | rm``: datasets the pool holds (the daemon does the work).
+
+Client commands: they ask the running daemon over its control socket and import neither
+torch nor trio. ``data add`` hands the daemon a path on this machine; the daemon, which
+runs as the same user (the socket answers no one else), reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from ttpeer._status_cmds import _size
+
+DEFAULT_PIECE = "64M"
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+
+
+def piece_size(text: str) -> int:
+    """``--piece-size``: bytes, or a number with K, M or G (powers of 1024)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kmg]?)(?:i?b)?\s*", text.lower())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 64M, 256K or 65536)")
+    return int(m[1]) * _UNITS[m[2]]
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    data = sub.add_parser("data", parents=[common], help="datasets the pool's peers fetch: add, ls, rm")
+    act = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    a = act.add_parser("add", parents=[common], help="cut a file or folder into pieces and publish it to the pool")
+    a.add_argument("path", type=Path, help="a file, or a folder (its files; hidden ones skipped)")
+    # dest: not ``name``, which the settings read as this machine's name (``ttpeer.config``)
+    a.add_argument("--name", dest="dataset_name", default=None,
+                   help="the name tasks ask for (dataset_path(NAME)); default: the path's base name")
+    a.add_argument("--piece-size", type=piece_size, default=piece_size(DEFAULT_PIECE),
+                   help=f"bytes per piece (default {DEFAULT_PIECE}; as small as 4K, for tests)")
+    ls = act.add_parser("ls", parents=[common], help="the pool's datasets, and what this peer holds")
+    ls.add_argument("--json", action="store_true", help="one JSON object")
+    rm = act.add_parser("rm", parents=[common], help="remove this peer's copy of a dataset")
+    rm.add_argument("dataset", help="its name or id (or an id prefix of 6+ characters)")
+    rm.add_argument("--withdraw", action="store_true",
+                    help="also withdraw its record, so no new job can use it (its author or the admin)")
+
+
+def run(args: argparse.Namespace, home: Any) -> int:
+    from ttpeer._commands import ask_daemon
+
+    if args.data_command == "add":
+        request = {"op": "data_add", "path": str(args.path.expanduser().absolute()), "name": args.dataset_name,
+                   "piece_size": args.piece_size}
+        reply = ask_daemon(home, request, timeout=24 * 3600)
+        what = "added" if reply["new"] else "already added"
+        print(f"{what} dataset {reply['name']}: {reply['files']} files, {_size(reply['bytes'])}, "
+              f"{reply['pieces']} pieces")
+        print(f"id {reply['id']}")
+        return 0
+    if args.data_command == "ls":
+        rows = ask_daemon(home, {"op": "data_ls"})["datasets"]
+        if args.json:
+            print(json.dumps({"datasets": rows}, indent=2))
+            return 0
+        if not rows:
+            print("no datasets (add one with 'ttpeer data add PATH --name NAME')")
+        for r in rows:
+            refused = f", {r['bad_pieces']} refused" if r["bad_pieces"] else ""
+            print(f"{r['name']:<20} {r['id'][:12]}  {_size(r['bytes']):>9}  {r['pieces']:>5} pieces  "
+                  f"here: {r['here']} ({r['pieces_here']}/{r['pieces']}, fetched {_size(r['fetched_bytes'])}"
+                  f"{refused})")
+        return 0
+    reply = ask_daemon(home, {"op": "data_rm", "dataset": args.dataset, "withdraw": args.withdraw})
+    print(f"removed this peer's copy of {reply['id'][:12]}" if reply["removed"]
+          else f"this peer held no copy of {reply['id'][:12]}")
+    for rec in reply["withdrawn"]:
+        print(f"withdrew record {rec}")
+    return 0
+

@@ -1,0 +1,481 @@
+"""Datasets that reach the peers: ``data add``, fetching a job's datasets, serving pieces.
+
+Theory of operation. ``Datasets`` is the node's part for data; it runs on the trio thread
+and does its file work in worker threads (``_datastore``).
+
+- **add** (``ttpeer data add``): the files are copied into ``HOME/datasets/<id>/files``
+  while their pieces are hashed (a file that changes meanwhile is refused, by name), each
+  piece is sealed and uploaded once (``Blobs.put_piece``: deterministic sealing, so the
+  piece's blob name is a function of the pool key epoch and the piece), and a signed
+  ``dataset`` record names the manifest, the id and the blobs. The copy is this peer's
+  local source; ``data add`` of files held already uploads nothing new.
+- **ensure** (before a peer prepares a job, and at submit for a dataset the submitter does
+  not hold): every dataset the job records is held, or fetched: piece by piece from the
+  blobs of every standing record of that id, each opened and checked against its hash
+  before it is written at its place (``DataStore.put_piece``); a piece refused (a blob that
+  does not hash to its name, does not open, or opens to other bytes) is counted and fetched
+  again. Pieces nobody serves leave the job waiting, with its phase saying how far it got
+  ("waiting for dataset corpus: 3/10 pieces ..."), and retrying with backoff; it never
+  raises for that. A job the pool ends meanwhile stops the wait (one that finished does
+  not: the final model is written by the task this peer loads).
+- **keeping pieces fetchable**: a fetcher that misses pieces broadcasts a *want* (a sealed
+  gossip payload ``{"want": {"id", "pieces", "damaged"}}``, which the protocol machine
+  never sees); every peer holding the dataset uploads those pieces again: a piece the relay
+  lost (its TTL, its quota, a restart) under the same blob name, one it served damaged under
+  a new name, in a newer record of the same id (the relay keeps a blob it holds, so the same
+  name would bring the damaged copy back). So a piece stays fetchable for as long as one
+  holder is up, and the relay needs no pinning. Fetchers try the newest record's blob first.
+- **the cache**: fetched datasets are evicted least recently used past ``cache_bytes``,
+  never one a job this peer has not finished uses, never one added here.
+
+What breaks it: the only holder gone (then the job waits, and says so); a dataset record
+over the record cap (``data add`` says to use larger pieces).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from ttpeer_wire import DEFAULT_PIECE_SIZE, MIN_PIECE_SIZE, dataset_id, record_files
+
+from ttpeer.errors import DataError, DiskError, JobError
+from ttpeer.net import BlobCorrupt, BlobMissing, NetError
+from ttpeer.proto import (
+    Effect,
+    PeerMachine,
+    Record,
+    RecordError,
+    dataset_sources,
+    decode,
+    encode,
+    job_ended,
+    live_datasets,
+    may_remove_dataset,
+    resolve_dataset,
+    sign,
+)
+
+from ._datastore import DataStore, Piece, copy_and_hash, piece_blobs, piece_ok, pieces_of, pieces_of_files, scan
+from ._home import Home, PoolConfig
+from ._keys import Blobs, SealError
+from ._workfiles import disk_or_job
+
+log = logging.getLogger("ttpeer.daemon")
+
+WANT = b'{"want":'  # how a want payload starts (canonical JSON, its one key)
+MAX_WANT = 256  # pieces named in one want
+DEFAULT_CACHE_BYTES = 64 * 2**30
+RETRY_FIRST, RETRY_MAX = 0.5, 15.0  # seconds between passes over pieces not fetched yet
+REUPLOAD_EVERY = 2.0  # a holder uploads one piece again at most this often
+REPAIR_EVERY = 60.0  # ... and under a new name (a new record) at most this often
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class Host(Protocol):
+    """What the data part uses of the running node (``_node.Node`` is one)."""
+
+    machine: PeerMachine
+    me: str
+    cfg: PoolConfig
+    home: Home
+    blobs: Blobs
+    node_key: Ed25519PrivateKey
+    key_event: trio.Event
+    nursery: trio.Nursery | None
+    phases: dict[str, str]
+    finished: dict[str, str]  # job -> the state whose final files this peer wrote
+
+    def wall(self) -> float: ...
+    def now(self) -> float: ...
+    def process(self, effects: list[Effect], *, wake: bool = True) -> None: ...
+    def broadcast_payload(self, payload: bytes) -> None: ...
+
+
+@dataclass
+class _Fetch:
+    """What this peer has fetched of one dataset (status; kept in meta.json once done)."""
+
+    total: int
+    done: int = 0
+    fetched_bytes: int = 0
+    bad_pieces: int = 0
+
+
+class Datasets:
+    def __init__(self, node: Host, *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self._node = node
+        self.store = DataStore(node.home.path / "datasets")
+        self.store.sweep()
+        self.cache_bytes = cache_bytes
+        self.fetches: dict[str, _Fetch] = {}
+        self._reuploaded: dict[tuple[str, int], float] = {}
+        self._repaired: dict[tuple[str, int], float] = {}
+        self._locks: dict[str, trio.Lock] = {}  # one assembly of a dataset at a time
+        self.reuploads: dict[str, int] = {}  # pieces uploaded again for others, by dataset
+        self._names = 0  # work file names
+
+    # -- add -----------------------------------------------------------------------------
+
+    async def add(self, path: str, name: str | None, piece_size: int = DEFAULT_PIECE_SIZE) -> tuple[Record, bool]:
+        """Add the file or folder at ``path`` under ``name`` (default: its base name).
+        Returns the dataset record and whether it is new. Raises ``DataError``, ``DiskError``."""
+        source = Path(path).expanduser()
+        name = name or source.name
+        if not _NAME.fullmatch(name or ""):
+            raise DataError(f"dataset name {name!r} must be 1-64 letters, digits, '.', '_' or '-': give --name")
+        if not MIN_PIECE_SIZE <= piece_size <= 2**30:
+            raise DataError(f"--piece-size must be between {MIN_PIECE_SIZE} bytes and 1 GiB, got {piece_size}")
+        await self._node.key_event.wait()
+        sources = await trio.to_thread.run_sync(scan, source)
+        self.store.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.store.root / f"add-{secrets.token_hex(6)}"
+        try:
+            files = await trio.to_thread.run_sync(copy_and_hash, sources, tmp / "files", piece_size)
+            dataset = dataset_id(piece_size, files)
+            size = sum(s for _p, s, _h in files)
+            meta = {"name": name, "id": dataset, "origin": "added", "bytes": size, "used": self._node.wall(),
+                    "pieces": sum(len(h) for _p, _s, h in files), "fetched_bytes": 0, "bad_pieces": 0}
+            await trio.to_thread.run_sync(self.store.commit_added, tmp, dataset, meta)
+        except OSError as exc:
+            raise disk_or_job(tmp, exc) from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        mine = [r for r in dataset_sources(self._node.machine.records, dataset)
+                if r.author == self._node.me and r["name"] == name]
+        if mine:
+            return mine[0], False
+        entries: list[dict[str, Any]] = [{"path": p, "size": s, "pieces": []} for p, s, _h in files]
+        body = {"name": name, "id": dataset, "piece_size": piece_size, "at": int(self._node.wall()), "files": entries}
+        by_path = {f["path"]: f for f in entries}
+        for piece in pieces_of_files(piece_size, files):
+            blob = await self._upload(dataset, piece)
+            assert blob is not None  # the newest key always seals: put_piece returns its blob
+            by_path[piece.path]["pieces"].append([piece.hash, blob])
+        try:
+            rec = sign("dataset", self._node.cfg.pool, body, self._node.node_key)
+        except RecordError as exc:
+            raise DataError(f"{source}: {exc}: {meta['pieces']} pieces do not fit one dataset record; "
+                            "use a larger --piece-size or add fewer files") from None
+        self._node.process(self._node.machine.add_local(rec, self._node.now()))
+        log.info("added dataset %s (%s): %d files, %d pieces, %d bytes", name, dataset[:12], len(files),
+                 meta["pieces"], size)
+        return rec, True
+
+    async def _upload(self, dataset: str, piece: Piece, *, blob: str | None = None,
+                      fresh: bool = False) -> str | None:
+        with self._work_file() as sealed:
+            return await self._node.blobs.put_piece(self.store.files(dataset) / piece.path,
+                                                    (piece.offset, piece.size), piece.hash, sealed,
+                                                    blob=blob, fresh=fresh)
+
+    @contextlib.contextmanager
+    def _work_file(self, suffix: str = "sealed") -> Any:
+        folder = self._node.home.path / "work" / "data"
+        folder.mkdir(parents=True, exist_ok=True)
+        self._names += 1
+        path = folder / f"piece-{self._names}.{suffix}"
+        try:
+            yield path
+        except OSError as exc:
+            raise disk_or_job(folder, exc) from None
+        finally:
+            path.unlink(missing_ok=True)
+
+    # -- fetch -----------------------------------------------------------------------------
+
+    async def ensure(self, job: Record, phase: Callable[[str], None]) -> None:
+        """Hold every dataset ``job`` records, fetching what is not here; ``phase`` is told
+        what is being waited for. Returns once all are held; raises ``JobError`` if the job
+        ends meanwhile, ``DiskError`` if the disk is full."""
+        for name, dataset in sorted((job.body.get("datasets") or {}).items()):
+            await self.fetch(dataset, name, phase, job)
+
+    async def fetch_named(self, name: str) -> str:
+        """At submit: fetch the dataset the name ``name`` means here. Returns its id.
+        Raises ``DataError`` when no member added one of that name."""
+        rec = resolve_dataset(self._node.machine.records, name, self.store.held())
+        if rec is None:
+            raise DataError(f"the task asks for dataset {name!r}, which no member has added: run "
+                            f"'ttpeer data add PATH --name {name}' on a machine that has the files")
+        await self.fetch(rec["id"], name, lambda text: log.info("%s", text), None)
+        return str(rec["id"])
+
+    async def fetch(self, dataset: str, name: str, phase: Callable[[str], None], job: Record | None) -> None:
+        async with self._locks.setdefault(dataset, trio.Lock()):
+            await self._fetch(dataset, name, phase, job)
+
+    async def _fetch(self, dataset: str, name: str, phase: Callable[[str], None], job: Record | None) -> None:
+        held = self.store.held()
+        if dataset in held:
+            self._touch(dataset, held[dataset], name)
+            return
+        wait = RETRY_FIRST
+        while True:
+            # A job that finished meanwhile still needs its data here: the final model is
+            # written by the task this peer loads. Only a job the pool ended stops the wait.
+            if job is not None and job_ended(self._node.machine.records, job) is not None:
+                raise JobError(f"job {job.id[:12]} ended while this peer waited for dataset {name!r}")
+            records = dataset_sources(self._node.machine.records, dataset)
+            if not records:
+                phase(f"waiting for dataset {name}: its record ({dataset[:12]}) has not reached this peer")
+            else:
+                missing, damaged = await self._fetch_pass(dataset, name, records, phase)
+                if not missing:
+                    return
+                self._want(dataset, missing, damaged)
+                got = self.fetches[dataset]
+                phase(f"waiting for dataset {name}: {got.done}/{got.total} pieces "
+                      f"({len(missing)} not served yet, asked their holders again"
+                      + (f"; {got.bad_pieces} refused as damaged" if got.bad_pieces else "") + ")")
+            await trio.sleep(wait)
+            wait = min(RETRY_MAX, wait * 2)
+
+    async def _fetch_pass(self, dataset: str, name: str, records: list[Record],
+                          phase: Callable[[str], None]) -> tuple[list[int], list[int]]:
+        """Fetch every piece not held yet, once; returns the pieces still missing, and those
+        of them whose every copy was refused as damaged."""
+        pieces = pieces_of(records[0].body)  # one id, one manifest: any record's pieces
+        try:
+            done = await trio.to_thread.run_sync(self.store.start, dataset, record_files(records[0].body))
+        except OSError as exc:
+            raise disk_or_job(self.store.root, exc) from None
+        got = self.fetches.setdefault(dataset, _Fetch(len(pieces)))
+        got.done = len(done)
+        sources = [piece_blobs(r.body) for r in records]  # newest record first
+        missing, damaged = [], []
+        for piece in pieces:
+            if piece.index in done:
+                continue
+            phase(f"fetching dataset {name}: {got.done}/{got.total} pieces")
+            blobs = list(dict.fromkeys(names[piece.index] for names in sources))
+            bad_before = got.bad_pieces
+            if await self._fetch_piece(dataset, piece, blobs, done, got):
+                got.done += 1
+                got.fetched_bytes += piece.size
+            else:
+                missing.append(piece.index)
+                if got.bad_pieces > bad_before:
+                    damaged.append(piece.index)
+        if not missing:
+            size = sum(p.size for p in pieces)
+            meta = {"name": name, "id": dataset, "origin": "fetched", "bytes": size, "used": self._node.wall(),
+                    "pieces": len(pieces), "fetched_bytes": got.fetched_bytes, "bad_pieces": got.bad_pieces}
+            try:
+                await trio.to_thread.run_sync(self.store.finish, dataset, meta)
+                await trio.to_thread.run_sync(self.store.evict, self.cache_bytes, self.in_use() | {dataset})
+            except OSError as exc:
+                raise disk_or_job(self.store.root, exc) from None
+            log.info("fetched dataset %s (%s): %d pieces, %d bytes, %d refused", name, dataset[:12], len(pieces),
+                     got.fetched_bytes, got.bad_pieces)
+        return missing, damaged
+
+    async def _fetch_piece(self, dataset: str, piece: Piece, blobs: list[str], done: set[int],
+                           got: _Fetch) -> bool:
+        """Fetch ``piece`` from the first of ``blobs`` that serves it right; False if none did."""
+        for blob in blobs:
+            with self._work_file() as sealed, self._work_file("plain") as plain:
+                try:
+                    await self._node.blobs.get_piece(blob, piece.size, sealed, plain)
+                except BlobMissing:
+                    continue
+                except (BlobCorrupt, SealError) as exc:
+                    got.bad_pieces += 1
+                    log.warning("refused piece %d of dataset %s: %s", piece.index, dataset[:12], exc)
+                    continue
+                except NetError as exc:
+                    log.info("piece %d of dataset %s not fetched: %s", piece.index, dataset[:12], exc)
+                    continue
+                if not await trio.to_thread.run_sync(piece_ok, plain, piece):
+                    got.bad_pieces += 1
+                    self._node.blobs.refused("dataset piece")
+                    log.warning("refused piece %d of dataset %s: its bytes do not hash to the record's",
+                                piece.index, dataset[:12])
+                    continue
+                await trio.to_thread.run_sync(self.store.put_piece, dataset, piece, plain, done)
+                return True
+        return False
+
+    def _want(self, dataset: str, missing: list[int], damaged: list[int]) -> None:
+        want = {"id": dataset, "pieces": missing[:MAX_WANT], "damaged": damaged[:MAX_WANT]}
+        self._node.broadcast_payload(encode({"want": want}))
+
+    # -- serving pieces again ---------------------------------------------------------------
+
+    def on_want(self, sender: str, payload: bytes) -> None:
+        """A want from ``sender``: upload again the pieces it names that this peer holds.
+        A missing piece goes back under its name; a damaged one (the relay keeps a blob it
+        holds, damaged or not) under a new name, in a newer record of the dataset."""
+        try:
+            want = decode(payload, max_size=64 * 1024)["want"]
+            dataset, indexes, damaged = want["id"], want["pieces"], want["damaged"]
+            if type(dataset) is not str or not all(type(x) is list and len(x) <= MAX_WANT
+                                                   for x in (indexes, damaged)):
+                return
+        except (RecordError, KeyError, TypeError):
+            return
+        if dataset not in self.store.held() or self._node.nursery is None:
+            return
+        records = dataset_sources(self._node.machine.records, dataset)
+        if not records:
+            return
+        pieces = pieces_of(records[0].body)
+        sources = [piece_blobs(r.body) for r in records]
+        now = trio.current_time()
+
+        def due(i: Any, table: dict[tuple[str, int], float], every: float) -> bool:
+            if type(i) is not int or not 0 <= i < len(pieces) or now - table.get((dataset, i), -1e9) < every:
+                return False
+            table[(dataset, i)] = now
+            return True
+
+        for i in indexes:
+            if i not in damaged and due(i, self._reuploaded, REUPLOAD_EVERY):
+                blobs = list(dict.fromkeys(names[i] for names in sources))
+                self._node.nursery.start_soon(self._reupload, dataset, pieces[i], blobs, sender)
+        repair = [pieces[i] for i in sorted({i for i in damaged if type(i) is int})
+                  if due(i, self._repaired, REPAIR_EVERY)]
+        if repair:
+            self._node.nursery.start_soon(self._repair, dataset, repair, sender)
+
+    async def _reupload(self, dataset: str, piece: Piece, blobs: list[str], sender: str) -> None:
+        with self._guard(dataset, piece):
+            for blob in blobs:
+                if await self._upload(dataset, piece, blob=blob) is not None:
+                    self.reuploads[dataset] = self.reuploads.get(dataset, 0) + 1
+                    log.info("uploaded piece %d of dataset %s again for %s", piece.index, dataset[:12], sender[:12])
+
+    async def _repair(self, dataset: str, pieces: list[Piece], sender: str) -> None:
+        """Upload ``pieces`` under new names and sign a record of the dataset that names them."""
+        fresh: dict[int, str] = {}
+        for piece in pieces:
+            with self._guard(dataset, piece):
+                blob = await self._upload(dataset, piece, fresh=True)
+                if blob is not None:
+                    fresh[piece.index] = blob
+        records = dataset_sources(self._node.machine.records, dataset)
+        if not fresh or not records:
+            return
+        newest = records[0].body
+        body = json.loads(json.dumps(dict(newest)))  # a deep copy, of plain values
+        index = 0
+        for f in body["files"]:
+            for p in f["pieces"]:
+                p[1] = fresh.get(index, p[1])
+                index += 1
+        body["at"] = max(int(self._node.wall()), int(newest["at"]) + 1)
+        rec = sign("dataset", self._node.cfg.pool, body, self._node.node_key)
+        self._node.process(self._node.machine.add_local(rec, self._node.now()))
+        self.reuploads[dataset] = self.reuploads.get(dataset, 0) + len(fresh)
+        log.warning("pieces %s of dataset %s came back damaged from the relay; uploaded under new names for %s",
+                    sorted(fresh), dataset[:12], sender[:12])
+
+    @contextlib.contextmanager
+    def _guard(self, dataset: str, piece: Piece) -> Iterator[None]:
+        """Uploading a piece again for another peer fails alone: logged, never the daemon's end."""
+        try:
+            yield
+        except (NetError, JobError, DiskError) as exc:
+            log.warning("could not upload piece %d of dataset %s again: %s", piece.index, dataset[:12], exc)
+        except Exception as exc:  # noqa: BLE001 - a bug costs one re-upload, never the daemon
+            log.error("uploading piece %d of dataset %s again raised %s (a bug; please report it)",
+                      piece.index, dataset[:12], type(exc).__name__, exc_info=exc)
+
+    # -- what is held, removing -----------------------------------------------------------------
+
+    def in_use(self) -> set[str]:
+        """Datasets of the jobs that have not ended for the pool and whose final model this
+        peer has not written (it loads the task for that): never evicted."""
+        out: set[str] = set()
+        rs = self._node.machine.records
+        for job in rs.jobs():
+            ids = job.body.get("datasets")
+            if ids and job.id not in self._node.finished and job_ended(rs, job) is None:
+                out |= set(ids.values())
+        return out
+
+    def _touch(self, dataset: str, meta: dict[str, Any], name: str) -> None:
+        """A job uses ``dataset`` now (LRU), under ``name`` (one more name it answers to)."""
+        names = sorted({*meta.get("names", []), meta.get("name", name), name})
+        with contextlib.suppress(OSError, DiskError):
+            self.store.save_meta(dataset, {**meta, "names": names, "used": self._node.wall()})
+
+    def listing(self) -> list[dict[str, Any]]:
+        """``data ls``: every dataset of the pool and every one held here."""
+        held = self.store.held()
+        records = live_datasets(self._node.machine.records)
+        out: dict[str, dict[str, Any]] = {}
+        for r in records:
+            if r["id"] in out:
+                continue
+            pieces = pieces_of(r.body)
+            out[r["id"]] = {"name": r["name"], "id": r["id"], "bytes": sum(p.size for p in pieces),
+                            "pieces": len(pieces), "files": len(r["files"])}
+        for dataset, meta in held.items():
+            out.setdefault(dataset, {"name": meta.get("name"), "id": dataset, "bytes": meta.get("bytes", 0),
+                                     "pieces": meta.get("pieces", 0), "files": None})
+        for dataset, row in out.items():
+            here = held.get(dataset)
+            got = self.fetches.get(dataset)
+            row["here"] = here["origin"] if here else ("partial" if got else "no")
+            row["pieces_here"] = row["pieces"] if here else (got.done if got else 0)
+            row["fetched_bytes"] = here.get("fetched_bytes", 0) if here else (got.fetched_bytes if got else 0)
+            row["bad_pieces"] = here.get("bad_pieces", 0) if here else (got.bad_pieces if got else 0)
+            row["uploaded_again"] = self.reuploads.get(dataset, 0)
+        return sorted(out.values(), key=lambda d: (str(d["name"]), d["id"]))
+
+    def job_data(self, job: Record) -> list[dict[str, Any]] | None:
+        """Status: how much of ``job``'s data this peer holds and how much it fetched."""
+        ids = job.body.get("datasets")
+        if not ids:
+            return None
+        rows = {row["id"]: row for row in self.listing()}
+        out = []
+        for name, dataset in sorted(ids.items()):
+            row = rows.get(dataset, {"bytes": 0, "pieces": 0, "pieces_here": 0, "here": "no", "fetched_bytes": 0,
+                                     "bad_pieces": 0})
+            out.append({"name": name, "id": dataset, "bytes": row["bytes"], "pieces": row["pieces"],
+                        "pieces_here": row["pieces_here"], "here": row["here"],
+                        "fetched_bytes": row["fetched_bytes"], "bad_pieces": row["bad_pieces"]})
+        return out
+
+    async def remove(self, text: str, withdraw: bool) -> dict[str, Any]:
+        """``data rm``: remove this peer's copy of the dataset named (or id-prefixed) ``text``;
+        ``withdraw``: also sign a ``dataset_rm`` for each of its records this peer may
+        withdraw (its own; any, for an admin). Raises ``DataError``."""
+        rows = [r for r in self.listing() if text in (r["name"], r["id"]) or (len(text) >= 6
+                and r["id"].startswith(text))]
+        if len({r["id"] for r in rows}) != 1:
+            raise DataError(f"{'no dataset' if not rows else f'{len(rows)} datasets'} match {text!r} "
+                            "(see 'ttpeer data ls')")
+        dataset = rows[0]["id"]
+        if dataset in self.in_use():
+            raise DataError(f"dataset {text!r} is used by a job that has not ended; cancel it or wait for it")
+        removed = dataset in self.store.held() or (self.store.root / f"{dataset}.part").exists()
+        await trio.to_thread.run_sync(self.store.remove, dataset)
+        self.fetches.pop(dataset, None)
+        withdrawn = []
+        if withdraw:
+            await self._node.key_event.wait()
+            rs = self._node.machine.records
+            mine = [r for r in dataset_sources(rs, dataset) if may_remove_dataset(rs, r, self._node.me)]
+            if not mine:
+                raise DataError(f"only the member who added dataset {text!r} or the pool's admin can withdraw "
+                                "its record (this peer's copy was removed)")
+            for r in mine:
+                rec = sign("dataset_rm", self._node.cfg.pool, {"dataset": r.id, "at": int(self._node.wall())},
+                           self._node.node_key)
+                self._node.process(self._node.machine.add_local(rec, self._node.now()))
+                withdrawn.append(r.id)
+        return {"id": dataset, "removed": removed, "withdrawn": withdrawn}
+

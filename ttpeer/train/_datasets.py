@@ -1,0 +1,73 @@
+"""``dataset_path(name)``: a task reads a dataset the pool holds instead of a path of its own.
+
+Theory of operation. Task code runs only while ttpeer loads a task, and ttpeer loads a
+task under ``resolving(resolver)``: the resolver maps a dataset's name to the local folder
+that holds its files on this peer, or raises ``DatasetMissing``. ``dataset_path`` asks the
+resolver and remembers each name it answered, with the dataset id; the executor reads those
+(``DatasetResolver.used``) after the task loaded. At submit the resolver knows the datasets
+held here by name, and the job records what the task used; on every other peer it knows
+only the job's names, mapped to the ids the job recorded, and the daemon has fetched and
+verified those files before the task loads. So a task that reads ``dataset_path("corpus")``
+reads the same bytes on every peer.
+
+What breaks it: task code that keeps the path and reads it outside ``task()`` after the
+daemon evicted the dataset (it never evicts one a running job uses), or a task that calls
+``dataset_path`` when ttpeer is not loading it (a plain ``python my_task.py``): that raises
+``TaskError`` saying so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._errors import DatasetMissing, TaskError
+
+
+@dataclass
+class DatasetResolver:
+    """``find(name)`` -> (dataset id, folder of its files); raises ``DatasetMissing``.
+    ``used``: every name asked for while loading, with the id it resolved to."""
+
+    find: Callable[[str], tuple[str, Path]]
+    used: dict[str, str] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+
+
+_local = threading.local()  # tasks load in worker threads, one task at a time per thread
+
+
+@contextlib.contextmanager
+def resolving(resolver: DatasetResolver) -> Iterator[DatasetResolver]:
+    """Load a task with ``dataset_path`` answered by ``resolver`` (in this thread)."""
+    before = getattr(_local, "resolver", None)
+    _local.resolver = resolver
+    try:
+        yield resolver
+    finally:
+        _local.resolver = before
+
+
+def dataset_path(name: str) -> Path:
+    """The local folder holding the files of the pool's dataset ``name`` (added with
+    ``ttpeer data add PATH --name NAME``), laid out as they were added: a file added alone
+    is ``dataset_path(name) / its file name``. Call it inside ``task()``.
+
+    Raises ``TaskError`` outside a task ttpeer loads, or for a name that is not a string;
+    ``DatasetMissing`` when this peer does not hold it (the daemon then fetches it)."""
+    resolver = getattr(_local, "resolver", None)
+    if resolver is None:
+        raise TaskError(f"dataset_path({name!r}) works inside task() while ttpeer loads the task "
+                        "(submit, or a peer preparing the job), not elsewhere")
+    if not isinstance(name, str):
+        raise TaskError(f"dataset_path() takes a dataset's name (a str), not {type(name).__name__}")
+    try:
+        dataset, folder = resolver.find(name)
+    except DatasetMissing:
+        resolver.missing.append(name)
+        raise
+    resolver.used[name] = dataset
+    return folder
