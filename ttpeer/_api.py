@@ -62,13 +62,35 @@ def load(path: str | os.PathLike[str], task: str | os.PathLike[str] | None = Non
         spec = side["task"]
     cache = Path(data_dir) if data_dir is not None else _cache_dir()
     try:
-        loaded = train.load_task(spec, cache)
+        with train.resolving(_home_datasets(Path(home) if home is not None else None)):
+            loaded = train.load_task(spec, cache)
+    except train.DatasetMissing as exc:
+        raise UsageError(f"the task reads dataset {exc.name!r} (dataset_path), which this machine's ttpeer home "
+                         "does not hold: load on a peer that trained the job, or pass home= (--home) of one") from None
     except train.TaskError as exc:
         raise UsageError(str(exc)) from None
     try:
         return train.load_bundle(path, loaded).to(device)
     except train.CheckpointError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _home_datasets(home: Path | None) -> Any:
+    """``dataset_path`` for a task loaded here, without a daemon: the dataset of that name
+    that ``home`` holds (added or fetched there; the one used last if several)."""
+    from ttpeer import train
+    from ttpeer.config import default_home
+    from ttpeer.daemon import DataStore
+
+    store = DataStore((home if home is not None else default_home()).expanduser() / "datasets")
+
+    def find(name: str) -> tuple[str, Path]:
+        hit = store.find(name)
+        if hit is None:
+            raise train.DatasetMissing(name)
+        return hit[0], store.files(hit[0])
+
+    return train.DatasetResolver(find)
 
 
 def _is_task_file(side: dict[str, Any]) -> bool:

@@ -19,9 +19,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
+import ttpeer as ttpeer_api
 from ttpeer.cli import main
 from ttpeer.daemon._integrity import scan_log
+from ttpeer.errors import UsageError
 from ttpeer.proto import parse
 from ttpeer_harness import Cluster, make_pool, ttpeer, wait_for
 
@@ -142,6 +145,13 @@ def test_a_dataset_added_on_one_peer_trains_on_three(tmp_path):
         refused = sum(_ls(h)["corpus"]["bad_pieces"] for h in (bob, carol))
         assert refused >= 1
         assert _ls(alice)["corpus"]["uploaded_again"] >= 1
+
+        # The export loads without a daemon on any peer that holds the data (dataset_path
+        # read from the home), and says what is missing where it is not held.
+        model = ttpeer_api.load(carol / "out.safetensors", task=task, home=carol)
+        assert isinstance(model, torch.nn.Module)
+        with pytest.raises(UsageError, match=r"reads dataset 'corpus' \(dataset_path\), which this machine's"):
+            ttpeer_api.load(carol / "out.safetensors", task=task, home=tmp_path / "nohome")
 
         # data rm: the copy goes; with --withdraw from the author, the record too.
         ttpeer("data", "rm", "corpus", "--home", str(bob))

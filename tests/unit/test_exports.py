@@ -47,7 +47,7 @@ SURFACES: dict[str, set[str]] = {
         'pinned_ssl_context'
     },
     'ttpeer.daemon': {
-        'DeltaRef', 'Deltas', 'Executor', 'Home', 'Node', 'PoolConfig', 'call', 'delta_bytes', 'new_invite',
+        'DataStore', 'DeltaRef', 'Deltas', 'Executor', 'Home', 'Node', 'PoolConfig', 'call', 'delta_bytes', 'new_invite',
         'run_daemon'
     },
     'ttpeer.tasks': {

@@ -11,17 +11,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._client import call
+    from ._datastore import DataStore
     from ._executor import DeltaRef, Deltas, Executor, delta_bytes
     from ._home import Home, PoolConfig, new_invite
     from ._node import Node
     from ._run import run_daemon
 
-_WHERE = {"call": "_client", "Executor": "_executor", "DeltaRef": "_executor", "Deltas": "_executor",
-          "delta_bytes": "_executor", "Home": "_home", "PoolConfig": "_home", "new_invite": "_home",
+_WHERE = {"call": "_client", "DataStore": "_datastore", "Executor": "_executor", "DeltaRef": "_executor",
+          "Deltas": "_executor", "delta_bytes": "_executor", "Home": "_home", "PoolConfig": "_home",
+          "new_invite": "_home",
           "Node": "_node", "run_daemon": "_run"}
 
-__all__ = ["DeltaRef", "Deltas", "Executor", "Home", "Node", "PoolConfig", "call", "delta_bytes", "new_invite",
-           "run_daemon"]
+__all__ = ["DataStore", "DeltaRef", "Deltas", "Executor", "Home", "Node", "PoolConfig", "call", "delta_bytes",
+           "new_invite", "run_daemon"]
 
 
 def __getattr__(name: str) -> Any:
