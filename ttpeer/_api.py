@@ -82,15 +82,7 @@ def _home_datasets(home: Path | None) -> Any:
     from ttpeer.config import default_home
     from ttpeer.daemon import DataStore
 
-    store = DataStore((home if home is not None else default_home()).expanduser() / "datasets")
-
-    def find(name: str) -> tuple[str, Path]:
-        hit = store.find(name)
-        if hit is None:
-            raise train.DatasetMissing(name)
-        return hit[0], store.files(hit[0])
-
-    return train.DatasetResolver(find)
+    return train.held_resolver(DataStore((home if home is not None else default_home()).expanduser() / "datasets"))
 
 
 def _is_task_file(side: dict[str, Any]) -> bool:

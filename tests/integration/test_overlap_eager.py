@@ -41,6 +41,18 @@ async def _job(home: Home, executor: TorchExecutor, spec: dict) -> tuple:
     return job, fixed["init"]
 
 
+async def _after_round_0(tmp_path: Path) -> tuple:
+    """An overlapped job on one executor that has trained and encoded shard 0 of round 0:
+    (executor, job, initial state, samples, delta bytes)."""
+    home = Home(tmp_path / "a")
+    home.create_pool(RELAY, FP, "a", time.time())
+    executor = TorchExecutor(home)
+    job, s0 = await _job(home, executor, {**SPEC, "overlap": 1})
+    samples = await executor.train(Train(job, 0, 0, 0, s0, fresh=True), lambda: False)
+    delta, _ = await executor.delta(PublishDelta(job, 0, s0, (0,), samples))
+    return executor, job, s0, samples, delta
+
+
 async def test_an_overlapped_round_starts_from_the_own_estimate_of_its_base(tmp_path: Path) -> None:
     home = Home(tmp_path / "a")
     home.create_pool(RELAY, FP, "a", time.time())
@@ -76,13 +88,8 @@ async def test_a_backup_after_publishing_starts_from_the_same_estimate(tmp_path:
     # (at the job's end this is the rule: nothing else is left to train). Its own delta is
     # then round r's, not r-1's; starting from the base would count round r-1's progress
     # a second time in whatever close takes the backup.
-    home = Home(tmp_path / "a")
-    home.create_pool(RELAY, FP, "a", time.time())
-    executor = TorchExecutor(home)
-    job, s0 = await _job(home, executor, {**SPEC, "overlap": 1})
+    executor, job, s0, samples, _delta = await _after_round_0(tmp_path)
     ctx = executor._jobs[job.id]
-    samples = await executor.train(Train(job, 0, 0, 0, s0, fresh=True), lambda: False)
-    await executor.delta(PublishDelta(job, 0, s0, (0,), samples))
     await executor.train(Train(job, 1, 0, 0, s0, fresh=True), lambda: False)
     first = {n: t.clone() for n, t in ctx.start[2].params.items()}
     await executor.delta(PublishDelta(job, 1, s0, (0,), samples))
@@ -100,13 +107,8 @@ async def test_a_round_whose_base_is_held_starts_from_it(tmp_path: Path) -> None
     # from, and round 1's training base (the initial state) is a round behind. It starts from
     # round 1's own base, which it holds (``ahead``), and measures its delta from there, so
     # the close (which applies it to that base) counts round 0's progress once.
-    home = Home(tmp_path / "a")
-    home.create_pool(RELAY, FP, "a", time.time())
-    executor = TorchExecutor(home)
-    job, s0 = await _job(home, executor, {**SPEC, "overlap": 1})
+    executor, job, s0, samples, delta = await _after_round_0(tmp_path)
     ctx = executor._jobs[job.id]
-    samples = await executor.train(Train(job, 0, 0, 0, s0, fresh=True), lambda: False)
-    delta, _ = await executor.delta(PublishDelta(job, 0, s0, (0,), samples))
     s1, _metrics = await executor.aggregate(job, s0, [(delta, samples)], rnd=0)
     ctx.own = None  # as on the peer that trained no shard of round 0
     await executor.train(Train(job, 1, 1, 0, s0, fresh=True, ahead=s1), lambda: False)
@@ -140,12 +142,7 @@ async def test_overlapped_rounds_train_as_well_as_rounds_that_wait(tmp_path: Pat
 async def test_a_round_closes_while_the_next_round_trains(tmp_path: Path) -> None:
     # With overlap the closer aggregates round r while its own shard of round r+1 trains;
     # the close used to wait for that shard (one executor lock), so the sync was not hidden.
-    home = Home(tmp_path / "a")
-    home.create_pool(RELAY, FP, "a", time.time())
-    executor = TorchExecutor(home)
-    job, s0 = await _job(home, executor, {**SPEC, "overlap": 1})
-    samples = await executor.train(Train(job, 0, 0, 0, s0, fresh=True), lambda: False)
-    delta, _ = await executor.delta(PublishDelta(job, 0, s0, (0,), samples))
+    executor, job, s0, samples, delta = await _after_round_0(tmp_path)
     in_step, release = threading.Event(), threading.Event()
 
     def hold() -> bool:  # the training thread sits inside round 1's shard until released

@@ -47,8 +47,8 @@ SURFACES: dict[str, set[str]] = {
         'pinned_ssl_context'
     },
     'ttpeer.daemon': {
-        'DataStore', 'DeltaRef', 'Deltas', 'Executor', 'Home', 'Node', 'PoolConfig', 'call', 'delta_bytes', 'new_invite',
-        'run_daemon'
+        'DataStore', 'DeltaRef', 'Deltas', 'Executor', 'Home', 'Node', 'PoolConfig', 'call', 'delta_bytes',
+        'new_invite', 'run_daemon'
     },
     'ttpeer.tasks': {
         'hf_causal_lm'

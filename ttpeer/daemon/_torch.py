@@ -172,15 +172,7 @@ class TorchExecutor:
     def _held_datasets(self) -> train.DatasetResolver:
         """At submit: a name means the dataset of that name held here (the daemon fetches
         one it does not hold and asks again: ``DatasetMissing``)."""
-        store = DataStore(self.home.path / "datasets")
-
-        def find(name: str) -> tuple[str, Path]:
-            hit = store.find(name)
-            if hit is None:
-                raise train.DatasetMissing(name)
-            return hit[0], store.files(hit[0])
-
-        return train.DatasetResolver(find)
+        return train.held_resolver(DataStore(self.home.path / "datasets"))
 
     def _job_datasets(self, job: Record) -> train.DatasetResolver:
         """On a peer preparing ``job``: the names the job recorded, as the ids it recorded."""

@@ -10,7 +10,7 @@ outer step, state hash) is deterministic across machines.
 from ._bundle import export_ensemble, load_bundle, read_sidecar
 from ._compress import decode_delta, encode_delta, fp32_size, iter_delta
 from ._curve import LossCurve
-from ._datasets import DatasetResolver, dataset_path, resolving
+from ._datasets import DatasetResolver, dataset_path, held_resolver, resolving
 from ._ensemble import (
     Ensemble,
     combine,
@@ -55,6 +55,7 @@ __all__ = [
     "DatasetMissing",
     "DatasetResolver",
     "dataset_path",
+    "held_resolver",
     "resolving",
     "CheckpointError",
     "DeltaError",

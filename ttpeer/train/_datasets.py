@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from ._errors import DatasetMissing, TaskError
 
@@ -35,6 +36,25 @@ class DatasetResolver:
     find: Callable[[str], tuple[str, Path]]
     used: dict[str, str] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+
+
+class HeldDatasets(Protocol):
+    """Where datasets are held by name (the daemon's ``DataStore`` is one)."""
+
+    def find(self, name: str) -> tuple[str, Any] | None: ...
+    def files(self, dataset: str) -> Path: ...
+
+
+def held_resolver(store: HeldDatasets) -> DatasetResolver:
+    """``dataset_path(name)`` answered by the dataset called ``name`` that ``store`` holds
+    (at submit, and for ``ttpeer.load`` without a daemon); ``DatasetMissing`` if none."""
+    def find(name: str) -> tuple[str, Path]:
+        hit = store.find(name)
+        if hit is None:
+            raise DatasetMissing(name)
+        return hit[0], store.files(hit[0])
+
+    return DatasetResolver(find)
 
 
 _local = threading.local()  # tasks load in worker threads, one task at a time per thread
