@@ -13,7 +13,7 @@ EXPECTED = {
     "BatchFit", "LrSchedule", "Recipe", "check_job", "fit_batch", "outer_lr", "shard_first_step", "warm_state",
     "Diverged", "data_fingerprint", "describe", "probe", "LossCurve",
     "OuterSum", "iter_delta", "state_chunks", "state_from_file", "template", "file_state_hash", "iter_state_file",
-    "DatasetMissing", "DatasetResolver", "dataset_path", "resolving",
+    "DatasetMissing", "DatasetResolver", "dataset_path", "held_resolver", "resolving",
 }
 
 
