@@ -29,8 +29,8 @@ SPEC = {"mode": "fused", "rounds": 2, "shards": 2, "batches": 4, "batch_size": 8
 
 async def test_export_refuses_while_the_final_files_are_rewritten_for_another_state(tmp_path, capsys,
                                                                                  monkeypatch):
-    Home(tmp_path / "home").create_pool("https://127.0.0.1:1", "sha256:" + "0" * 64, "alice", time.time())
     home = Home(tmp_path / "home")
+    home.create_pool("https://127.0.0.1:1", "sha256:" + "0" * 64, "alice", time.time())
     ex = TorchExecutor(home)
     fixed, init = await ex.new_job(SPEC, None)
     job = sign("job", POOL.id, {**SPEC, **fixed, "init_blob": hex64("init"), "task_blob": hex64("task"), "at": 1},
