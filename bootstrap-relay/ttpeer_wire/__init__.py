@@ -18,6 +18,7 @@ from ._codec import decode, encode
 from ._dataset import (
     DEFAULT_PIECE_SIZE,
     MIN_PIECE_SIZE,
+    SAMPLE_FORMATS,
     dataset_id,
     path_problem,
     piece_count,
@@ -101,6 +102,7 @@ __all__ = [
     "path_problem",
     "piece_count",
     "piece_sizes",
+    "SAMPLE_FORMATS",
     "pool_id_of",
     "public_hex",
     "read_error",

@@ -14,6 +14,22 @@ follows from its file's size and ``piece_size``. The record's check recomputes t
 the piece counts, so a record whose id does not match its manifest is refused when it is
 parsed, like any other malformed record.
 
+Two OPTIONAL fields (absent in older records, which stay valid byte for byte):
+
+- ``samples``: where each sample lies, for tasks that read the dataset sample by sample
+  (``ttpeer.train.dataset_samples``), so a peer fetches only the pieces of the shards it
+  trains. ``format`` is ``lines`` (a sample is a line, its newline left out; text, JSON
+  lines), ``records`` (fixed ``record``-byte samples, e.g. token blocks in a ``.bin``) or
+  ``npy`` (the rows of 2-D-or-more ``.npy`` arrays of one ``dtype`` and row ``shape``,
+  ``record`` bytes a row, after each file's ``skip`` header bytes). ``counts[k]`` is the
+  number of samples that *start* in piece ``k`` and ``spill[k]`` how many pieces after
+  ``k`` the last of them reaches into (0 when it ends inside ``k``). Samples are numbered
+  over the files in order. These are derived from the bytes and the format: a record whose
+  index is wrong trains wrong samples on every peer alike (the job's data fingerprint
+  names the index, so peers reading two indexes decline rather than diverge).
+- ``urls``: https base addresses that serve the files too (``URL/<path>``, byte ranges):
+  peers fetch pieces there, checked by the same hashes, before asking the relay.
+
 What breaks it: a path that could leave the dataset's folder (absolute, ``..``, empty
 parts, a backslash): ``check_path`` refuses those, so no record can name one.
 """
@@ -31,6 +47,9 @@ MIN_PIECE_SIZE = 4096  # smaller pieces are for tests; a record's size cap bound
 MAX_PIECE_SIZE = 1 << 30
 MAX_DATASET_FILES = 4096
 MAX_PATH = 512
+SAMPLE_FORMATS = ("lines", "records", "npy")
+MAX_URLS = 4
+MAX_URL = 512
 _ID_DOMAIN = b"ttpeer/dataset/v1\n"
 
 
@@ -72,9 +91,51 @@ def record_files(body: Any) -> list[tuple[str, int, list[str]]]:
     return [(f["path"], f["size"], [p[0] for p in f["pieces"]]) for f in body["files"]]
 
 
+def _count_list(v: Any, hi: int) -> bool:
+    return type(v) is list and all(type(x) is int and 0 <= x <= hi for x in v)
+
+
+def samples_problem(samples: Any, files: list[dict[str, Any]], piece_size: int) -> str | None:
+    """Why ``samples`` is not a well-formed sample index of ``files``, or None."""
+    keys = {"format", "record", "skip", "counts", "spill"}
+    if type(samples) is not dict or not keys <= set(samples) <= keys | {"dtype", "shape"}:
+        return f"samples must have the fields {sorted(keys)} (and dtype, shape for npy)"
+    fmt, record = samples["format"], samples["record"]
+    if fmt not in SAMPLE_FORMATS:
+        return f"samples.format must be one of {', '.join(SAMPLE_FORMATS)}"
+    if type(record) is not int or not (record == 0 if fmt == "lines" else 1 <= record <= piece_size):
+        return "samples.record is 0 for lines, else the bytes of one sample (at most a piece)"
+    if (fmt == "npy") != ({"dtype", "shape"} <= set(samples)) or (fmt != "npy" and len(set(samples)) > len(keys)):
+        return "samples.dtype and samples.shape come with the npy format only"
+    if fmt == "npy" and not (type(samples["dtype"]) is str and 0 < len(samples["dtype"]) <= 32
+                             and _count_list(samples["shape"], 2**40) and len(samples["shape"]) <= 8):
+        return "samples.dtype is a numpy type string and samples.shape the row's shape"
+    pieces = sum(piece_count(f["size"], piece_size) for f in files)
+    if not _count_list(samples["skip"], 2**20) or len(samples["skip"]) != len(files):
+        return "samples.skip needs one header length per file"
+    if not (_count_list(samples["counts"], piece_size) and _count_list(samples["spill"], 2**20)
+            and len(samples["counts"]) == len(samples["spill"]) == pieces):
+        return "samples.counts and samples.spill need one number per piece"
+    if sum(samples["counts"]) < 1:
+        return "samples.counts must count at least one sample"
+    return None
+
+
+def urls_problem(urls: Any) -> str | None:
+    """Why ``urls`` is not a list of https base addresses, or None."""
+    if type(urls) is not list or not 1 <= len(urls) <= MAX_URLS or len(set(urls)) != len(urls):
+        return f"urls must be 1 to {MAX_URLS} distinct addresses"
+    for u in urls:
+        if type(u) is not str or not 8 < len(u) <= MAX_URL or not u.startswith("https://") or any(
+                c.isspace() or ord(c) < 32 for c in u):
+            return f"each url must be an https:// address of at most {MAX_URL} characters"
+    return None
+
+
 def dataset_consistent(body: dict[str, Any]) -> str | None:
     """The record's cross-field rules: sorted unique paths, one piece per ``piece_size``
-    bytes of each file, and an id that is the manifest's hash."""
+    bytes of each file, an id that is the manifest's hash, and well-formed optional
+    ``samples`` and ``urls``."""
     files = body["files"]
     paths = [f["path"] for f in files]
     if any(a >= b for a, b in zip(paths, paths[1:], strict=False)):
@@ -88,4 +149,8 @@ def dataset_consistent(body: dict[str, Any]) -> str | None:
             return f"file {f['path']!r} must have one piece per {body['piece_size']} bytes"
     if dataset_id(body["piece_size"], record_files(body)) != body["id"]:
         return "id is not the hash of the manifest"
+    if "samples" in body and (problem := samples_problem(body["samples"], files, body["piece_size"])):
+        return problem
+    if "urls" in body and (problem := urls_problem(body["urls"])):
+        return problem
     return None

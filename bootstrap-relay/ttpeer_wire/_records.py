@@ -103,6 +103,11 @@ def _member_list(v: Any) -> bool:
     )
 
 
+def _anything(v: Any) -> bool:
+    """A field whose rules span others: its kind's ``CHECKS`` entry checks it."""
+    return True
+
+
 def _dataset_files(v: Any) -> bool:
     """A dataset record's files: ``{path, size, pieces: [[piece hash, blob], ...]}`` each."""
     def piece(p: Any) -> bool:
@@ -242,8 +247,10 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
     # Files a member added (``ttpeer data add``), cut into pieces (ttpeer_wire/_dataset.py):
     # ``id`` is the hash of the manifest (paths, sizes, piece hashes, piece size) alone;
     # each piece is ``[its sha256, the blob that holds it sealed]``.
+    # OPTIONAL ``samples`` (a sample index, for ``dataset_samples``) and ``urls`` (https
+    # addresses serving the files too): checked in ``dataset_consistent``.
     "dataset": {"name": _re(_NAME), "id": _HEX, "piece_size": _int(MIN_PIECE_SIZE, MAX_PIECE_SIZE),
-                "files": _dataset_files, "at": _int()},
+                "files": _dataset_files, "at": _int(), "samples": _anything, "urls": _anything},
     # Withdraws the dataset record ``dataset`` (by record id); counts when signed by that
     # record's author or an admin member (``proto.live_datasets``).
     "dataset_rm": {"dataset": _HEX, "at": _int()},
@@ -257,6 +264,7 @@ OPTIONAL: dict[str, frozenset[str]] = {
                       "final_lr_ratio", "data", "step_timeout", "outer_lr_schedule", "outer_warmup",
                       "outer_final_lr_ratio", "h_min", "h_max", "datasets"}),
     "close": frozenset({"tbase", "next"}),
+    "dataset": frozenset({"samples", "urls"}),
     "decline": frozenset({"code"}),
 }
 CHECKS: dict[str, Callable[[dict[str, Any]], str | None]] = {"job": _job_consistent,
