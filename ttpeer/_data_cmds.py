@@ -27,6 +27,14 @@ def piece_size(text: str) -> int:
     return int(m[1]) * _UNITS[m[2]]
 
 
+def sample_format(text: str) -> str:
+    """``--format``: lines, npy or records:BYTES (the daemon checks the files against it)."""
+    if re.fullmatch(r"lines|npy|records:[1-9]\d*", text) is None:
+        raise argparse.ArgumentTypeError(f"not a format: {text!r} (use lines, npy or records:BYTES, "
+                                         "e.g. records:2050 for blocks of 1025 uint16 tokens)")
+    return text
+
+
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     data = sub.add_parser("data", parents=[common], help="datasets the pool's peers fetch: add, ls, rm")
     act = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
@@ -37,6 +45,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="the name tasks ask for (dataset_path(NAME)); default: the path's base name")
     a.add_argument("--piece-size", type=piece_size, default=piece_size(DEFAULT_PIECE),
                    help=f"bytes per piece (default {DEFAULT_PIECE}; as small as 4K, for tests)")
+    a.add_argument("--format", dest="sample_format", type=sample_format, default=None,
+                   help="index the samples, so tasks read them with dataset_samples(NAME) and each peer "
+                        "fetches only the pieces of the shards it trains: lines (a sample per line: text, "
+                        "JSON lines), npy (the rows of .npy arrays) or records:BYTES (fixed-size binary "
+                        "samples); default: files only, read whole with dataset_path(NAME)")
     ls = act.add_parser("ls", parents=[common], help="the pool's datasets, and what this peer holds")
     ls.add_argument("--json", action="store_true", help="one JSON object")
     rm = act.add_parser("rm", parents=[common], help="remove this peer's copy of a dataset")
@@ -50,11 +63,12 @@ def run(args: argparse.Namespace, home: Any) -> int:
 
     if args.data_command == "add":
         request = {"op": "data_add", "path": str(args.path.expanduser().absolute()), "name": args.dataset_name,
-                   "piece_size": args.piece_size}
+                   "piece_size": args.piece_size, "format": args.sample_format}
         reply = ask_daemon(home, request, timeout=24 * 3600)
         what = "added" if reply["new"] else "already added"
+        indexed = f", {reply['samples']} samples as {reply['format']}" if reply.get("format") else ""
         print(f"{what} dataset {reply['name']}: {reply['files']} files, {_size(reply['bytes'])}, "
-              f"{reply['pieces']} pieces")
+              f"{reply['pieces']} pieces{indexed}")
         print(f"id {reply['id']}")
         return 0
     if args.data_command == "ls":

@@ -24,6 +24,7 @@ from ._dataset import (
     piece_count,
     piece_sizes,
     record_files,
+    samples_hash,
 )
 from ._errors import ProofError, RecordError, TtpeerError
 from ._proofs import Member, join_fits_invite, verify_proof, verify_revocation
@@ -103,6 +104,7 @@ __all__ = [
     "piece_count",
     "piece_sizes",
     "SAMPLE_FORMATS",
+    "samples_hash",
     "pool_id_of",
     "public_hex",
     "read_error",

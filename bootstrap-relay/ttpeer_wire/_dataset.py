@@ -121,6 +121,11 @@ def samples_problem(samples: Any, files: list[dict[str, Any]], piece_size: int) 
     return None
 
 
+def samples_hash(samples: Any) -> str:
+    """The hash a job names a sample index by (``job.samples``): sha256 of its canonical bytes."""
+    return hashlib.sha256(b"ttpeer/samples/v1\n" + _codec.encode(samples)).hexdigest()
+
+
 def urls_problem(urls: Any) -> str | None:
     """Why ``urls`` is not a list of https base addresses, or None."""
     if type(urls) is not list or not 1 <= len(urls) <= MAX_URLS or len(set(urls)) != len(urls):

@@ -157,6 +157,8 @@ def _job_consistent(body: dict[str, Any]) -> str | None:
         if body.get("outer_lr_schedule", "constant") != "constant":
             return ("an outer-lr schedule is laid over a fixed number of rounds: give fixed inner steps "
                     "(an auto-cadence job's round count follows its link)")
+    if "samples" in body and not set(body["samples"]) <= set(body.get("datasets") or ()):
+        return "samples names a dataset that datasets does not"
     return None
 
 
@@ -206,6 +208,10 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # OPTIONAL: the datasets its task read through ``ttpeer.train.dataset_path``, by the
         # name it asked for, as resolved where the job was submitted (``dataset`` records).
         "datasets": _datasets,
+        # OPTIONAL: of those, the ones read sample by sample (``dataset_samples``), by name,
+        # with the hash of the sample index the submitter read them through
+        # (``ttpeer_wire.samples_hash``): every peer reads the same index.
+        "samples": _datasets,
     },
     # A claim with n > 0 renews the lease of claim n=0; ``done`` batches so far at ``rate``
     # batches/s let others project when it will finish. ``backup``: a copy run by an idle
@@ -262,7 +268,7 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
 OPTIONAL: dict[str, frozenset[str]] = {
     "job": frozenset({"members", "overlap", "precision", "micro_batch", "checkpointing", "lr_schedule", "warmup",
                       "final_lr_ratio", "data", "step_timeout", "outer_lr_schedule", "outer_warmup",
-                      "outer_final_lr_ratio", "h_min", "h_max", "datasets"}),
+                      "outer_final_lr_ratio", "h_min", "h_max", "datasets", "samples"}),
     "close": frozenset({"tbase", "next"}),
     "dataset": frozenset({"samples", "urls"}),
     "decline": frozenset({"code"}),

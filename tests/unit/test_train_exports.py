@@ -14,6 +14,7 @@ EXPECTED = {
     "Diverged", "data_fingerprint", "describe", "probe", "LossCurve",
     "OuterSum", "iter_delta", "state_chunks", "state_from_file", "template", "file_state_hash", "iter_state_file",
     "DatasetMissing", "DatasetResolver", "dataset_path", "held_resolver", "resolving",
+    "dataset_samples", "Samples", "piece_shard_indices", "shard_batches",
 }
 
 

@@ -78,14 +78,18 @@ async def submit(node: Host, spec: dict[str, Any], task_file: bytes | None) -> R
     signed = signed_task(node, task_file) if task_file is not None else None
     await node.key_event.wait()
     spec = sized(node, with_members(spec))
-    for _ in range(MAX_DATASETS + 1):
+    for _ in range(4 * MAX_DATASETS + 1):
         try:
             fixed, init = await node.executor.new_job(spec, task_file)
             break
         except DatasetMissing as exc:  # the task reads a dataset this peer does not hold: fetch it
-            await node.data.fetch_named(exc.name)
+            if exc.pieces:  # read sample by sample: only the pieces it read
+                await node.data.fetch(exc.dataset, exc.name, lambda text: log.info("%s", text), None,
+                                      pieces=exc.pieces)
+            else:
+                await node.data.fetch_named(exc.name, whole=exc.whole)
     else:
-        raise JobError(f"the task asks for more than {MAX_DATASETS} datasets")
+        raise JobError(f"the task asks for more than {MAX_DATASETS} datasets, or keeps missing their pieces")
     if isinstance(init, Path):  # a model-sized file: sealed and uploaded a piece at a time
         with contextlib.ExitStack() as stack:
             stack.callback(init.unlink, missing_ok=True)

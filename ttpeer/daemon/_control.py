@@ -8,7 +8,7 @@ One JSON request per connection, one JSON reply:
 ``{"op": "status"}``, ``{"op": "submit", "spec": {...}, "task_file": hex|null}``,
 ``{"op": "revoke", "peer": name|id|prefix}`` (admin only),
 ``{"op": "cancel", "job": id|prefix}`` (the job's submitter or the admin),
-``{"op": "data_add", "path", "name", "piece_size"}``, ``{"op": "data_ls"}``,
+``{"op": "data_add", "path", "name", "piece_size", "format"}``, ``{"op": "data_ls"}``,
 ``{"op": "data_rm", "dataset": name|id, "withdraw": bool}``.
 Replies are ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
 """
@@ -118,10 +118,14 @@ async def _dispatch(node: Node, request: dict[str, Any], status: Callable[[], di
     if op == "data_add":
         if ready is not None:
             await ready.wait()
-        rec, new = await node.data_add(str(request["path"]), request.get("name"), int(request["piece_size"]))
+        fmt = request.get("format")
+        rec, new = await node.data_add(str(request["path"]), request.get("name"), int(request["piece_size"]),
+                                       str(fmt) if fmt else None)
         pieces = sum(len(f["pieces"]) for f in rec["files"])
+        samples = rec.body.get("samples")
         return {"ok": True, "name": rec["name"], "id": rec["id"], "record": rec.id, "new": new,
-                "files": len(rec["files"]), "pieces": pieces, "bytes": sum(f["size"] for f in rec["files"])}
+                "files": len(rec["files"]), "pieces": pieces, "bytes": sum(f["size"] for f in rec["files"]),
+                "format": fmt if samples else None, "samples": sum(samples["counts"]) if samples else 0}
     if op == "data_ls":
         return {"ok": True, "datasets": node.data.listing()}
     if op == "data_rm":

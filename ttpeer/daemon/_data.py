@@ -47,7 +47,7 @@ from typing import Any, Protocol
 
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from ttpeer_wire import DEFAULT_PIECE_SIZE, MIN_PIECE_SIZE, dataset_id, record_files
+from ttpeer_wire import DEFAULT_PIECE_SIZE, MIN_PIECE_SIZE, dataset_id, record_files, samples_hash
 
 from ttpeer.errors import DataError, DiskError, JobError
 from ttpeer.net import BlobCorrupt, BlobMissing, NetError
@@ -66,7 +66,18 @@ from ttpeer.proto import (
     sign,
 )
 
-from ._datastore import DataStore, Piece, copy_and_hash, piece_blobs, piece_ok, pieces_of, pieces_of_files, scan
+from ._datastore import (
+    DataStore,
+    Piece,
+    copy_and_hash,
+    parse_format,
+    piece_blobs,
+    piece_ok,
+    pieces_of,
+    pieces_of_files,
+    sample_index,
+    scan,
+)
 from ._home import Home, PoolConfig
 from ._keys import Blobs, SealError
 from ._workfiles import disk_or_job
@@ -121,42 +132,55 @@ class Datasets:
         self.fetches: dict[str, _Fetch] = {}
         self._reuploaded: dict[tuple[str, int], float] = {}
         self._repaired: dict[tuple[str, int], float] = {}
-        self._locks: dict[str, trio.Lock] = {}  # one assembly of a dataset at a time
+        self._locks: dict[str, trio.Lock] = {}  # one piece of a dataset written at a time
+        self._done: dict[str, set[int]] = {}  # assemblies here: the pieces verified so far
+        self._prefetching: set[str] = set()
         self.reuploads: dict[str, int] = {}  # pieces uploaded again for others, by dataset
         self._names = 0  # work file names
 
     # -- add -----------------------------------------------------------------------------
 
-    async def add(self, path: str, name: str | None, piece_size: int = DEFAULT_PIECE_SIZE) -> tuple[Record, bool]:
-        """Add the file or folder at ``path`` under ``name`` (default: its base name).
-        Returns the dataset record and whether it is new. Raises ``DataError``, ``DiskError``."""
+    async def add(self, path: str, name: str | None, piece_size: int = DEFAULT_PIECE_SIZE,
+                  fmt: str | None = None) -> tuple[Record, bool]:
+        """Add the file or folder at ``path`` under ``name`` (default: its base name), with a
+        sample index when ``fmt`` names a format (``_datastore.parse_format``). Returns the
+        dataset record and whether it is new. Raises ``DataError``, ``DiskError``."""
         source = Path(path).expanduser()
         name = name or source.name
         if not _NAME.fullmatch(name or ""):
             raise DataError(f"dataset name {name!r} must be 1-64 letters, digits, '.', '_' or '-': give --name")
         if not MIN_PIECE_SIZE <= piece_size <= 2**30:
             raise DataError(f"--piece-size must be between {MIN_PIECE_SIZE} bytes and 1 GiB, got {piece_size}")
+        if fmt is not None:
+            parse_format(fmt)  # a bad --format is refused before anything is read
         await self._node.key_event.wait()
         sources = await trio.to_thread.run_sync(scan, source)
         self.store.root.mkdir(parents=True, exist_ok=True)
         tmp = self.store.root / f"add-{secrets.token_hex(6)}"
         try:
             files = await trio.to_thread.run_sync(copy_and_hash, sources, tmp / "files", piece_size)
+            samples = (await trio.to_thread.run_sync(sample_index, tmp / "files", files, piece_size, fmt)
+                       if fmt is not None else None)
             dataset = dataset_id(piece_size, files)
             size = sum(s for _p, s, _h in files)
             meta = {"name": name, "id": dataset, "origin": "added", "bytes": size, "used": self._node.wall(),
                     "pieces": sum(len(h) for _p, _s, h in files), "fetched_bytes": 0, "bad_pieces": 0}
+            if samples is not None:
+                meta["samples"] = samples_hash(samples)
             await trio.to_thread.run_sync(self.store.commit_added, tmp, dataset, meta)
         except OSError as exc:
             raise disk_or_job(tmp, exc) from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        mine = [r for r in dataset_sources(self._node.machine.records, dataset)
-                if r.author == self._node.me and r["name"] == name]
-        if mine:
-            return mine[0], False
         entries: list[dict[str, Any]] = [{"path": p, "size": s, "pieces": []} for p, s, _h in files]
         body = {"name": name, "id": dataset, "piece_size": piece_size, "at": int(self._node.wall()), "files": entries}
+        if samples is not None:
+            body["samples"] = samples
+            await trio.to_thread.run_sync(lambda: self.store.save_index(dataset, body, part=False))
+        mine = [r for r in dataset_sources(self._node.machine.records, dataset)
+                if r.author == self._node.me and r["name"] == name and r.body.get("samples") == samples]
+        if mine:
+            return mine[0], False
         by_path = {f["path"]: f for f in entries}
         for piece in pieces_of_files(piece_size, files):
             blob = await self._upload(dataset, piece)
@@ -195,42 +219,77 @@ class Datasets:
     # -- fetch -----------------------------------------------------------------------------
 
     async def ensure(self, job: Record, phase: Callable[[str], None]) -> None:
-        """Hold every dataset ``job`` records, fetching what is not here; ``phase`` is told
-        what is being waited for. Returns once all are held; raises ``JobError`` if the job
-        ends meanwhile, ``DiskError`` if the disk is full."""
+        """Hold every dataset ``job`` records, fetching what is not here; one its task reads
+        sample by sample (``job.samples``) only as far as its index (its pieces come as the
+        shards that read them are trained). ``phase`` is told what is being waited for.
+        Returns once all are held; raises ``JobError`` if the job ends meanwhile,
+        ``DiskError`` if the disk is full."""
+        sampled = job.body.get("samples") or {}
         for name, dataset in sorted((job.body.get("datasets") or {}).items()):
-            await self.fetch(dataset, name, phase, job)
+            if name in sampled:
+                await self.open_index(dataset, name, sampled[name], phase, job)
+            else:
+                await self.fetch(dataset, name, phase, job)
 
-    async def fetch_named(self, name: str) -> str:
-        """At submit: fetch the dataset the name ``name`` means here. Returns its id.
-        Raises ``DataError`` when no member added one of that name."""
+    async def fetch_named(self, name: str, *, whole: bool = True) -> str:
+        """At submit: fetch the dataset the name ``name`` means here (``whole=False``: only
+        its sample index, when its record has one). Returns its id. Raises ``DataError``
+        when no member added one of that name."""
         rec = resolve_dataset(self._node.machine.records, name, self.store.held())
         if rec is None:
             raise DataError(f"the task asks for dataset {name!r}, which no member has added: run "
                             f"'ttpeer data add PATH --name {name}' on a machine that has the files")
-        await self.fetch(rec["id"], name, lambda text: log.info("%s", text), None)
+        say = lambda text: log.info("%s", text)  # noqa: E731
+        if whole or "samples" not in rec.body:
+            await self.fetch(rec["id"], name, say, None)
+        else:
+            await self.open_index(rec["id"], name, samples_hash(rec.body["samples"]), say, None)
         return str(rec["id"])
 
-    async def fetch(self, dataset: str, name: str, phase: Callable[[str], None], job: Record | None) -> None:
-        async with self._locks.setdefault(dataset, trio.Lock()):
-            await self._fetch(dataset, name, phase, job)
+    async def open_index(self, dataset: str, name: str, digest: str, phase: Callable[[str], None],
+                         job: Record | None) -> None:
+        """Make ready to read ``dataset`` sample by sample through the index ``digest``: the
+        index kept beside its files (held whole, or an assembly begun). Waits for a record
+        of that id and index to arrive."""
+        wait = RETRY_FIRST
+        while True:
+            self._check_job(job, name)
+            rec = next((r for r in dataset_sources(self._node.machine.records, dataset)
+                        if "samples" in r.body and samples_hash(r.body["samples"]) == digest), None)
+            if rec is not None:
+                break
+            phase(f"waiting for dataset {name}: its record ({dataset[:12]}, with the job's sample index) has not "
+                  "reached this peer")
+            await trio.sleep(wait)
+            wait = min(RETRY_MAX, wait * 2)
+        async with self._lock(dataset):
+            try:
+                held = self.store.held()
+                if dataset in held:
+                    self._touch(dataset, held[dataset], name)
+                    await trio.to_thread.run_sync(lambda: self.store.save_index(dataset, rec.body, part=False))
+                    return
+                await self._started(dataset, rec)
+                await trio.to_thread.run_sync(lambda: self.store.save_index(dataset, rec.body, part=True))
+            except OSError as exc:
+                raise disk_or_job(self.store.root, exc) from None
 
-    async def _fetch(self, dataset: str, name: str, phase: Callable[[str], None], job: Record | None) -> None:
-        held = self.store.held()
-        if dataset in held:
-            self._touch(dataset, held[dataset], name)
+    async def fetch(self, dataset: str, name: str, phase: Callable[[str], None], job: Record | None,
+                    pieces: list[int] | None = None) -> None:
+        """Fetch ``dataset`` (``pieces``: only those of it) until held; see ``ensure``."""
+        if dataset in self.store.held():
+            self._touch(dataset, self.store.held()[dataset], name)
             return
         wait = RETRY_FIRST
         while True:
             # A job that finished meanwhile still needs its data here: the final model is
             # written by the task this peer loads. Only a job the pool ended stops the wait.
-            if job is not None and job_ended(self._node.machine.records, job) is not None:
-                raise JobError(f"job {job.id[:12]} ended while this peer waited for dataset {name!r}")
+            self._check_job(job, name)
             records = dataset_sources(self._node.machine.records, dataset)
             if not records:
                 phase(f"waiting for dataset {name}: its record ({dataset[:12]}) has not reached this peer")
             else:
-                missing, damaged = await self._fetch_pass(dataset, name, records, phase)
+                missing, damaged = await self._fetch_pass(dataset, name, records, phase, pieces)
                 if not missing:
                     return
                 self._want(dataset, missing, damaged)
@@ -241,44 +300,93 @@ class Datasets:
             await trio.sleep(wait)
             wait = min(RETRY_MAX, wait * 2)
 
-    async def _fetch_pass(self, dataset: str, name: str, records: list[Record],
-                          phase: Callable[[str], None]) -> tuple[list[int], list[int]]:
-        """Fetch every piece not held yet, once; returns the pieces still missing, and those
-        of them whose every copy was refused as damaged."""
+    def prefetch(self, dataset: str, name: str, pieces: list[int]) -> None:
+        """Fetch ``pieces`` of ``dataset`` in the background (the shard this peer is likely
+        to train next), one at a time, never in the way of a fetch a shard waits on."""
+        done = self._done.get(dataset)
+        want = [k for k in pieces if done is None or k not in done]
+        if not want or self._node.nursery is None or dataset in self._prefetching:
+            return
+        self._prefetching.add(dataset)
+
+        async def run() -> None:
+            try:
+                records = dataset_sources(self._node.machine.records, dataset)
+                if records:
+                    await self._fetch_pass(dataset, name, records, lambda _text: None, want)
+            except (NetError, JobError, DiskError) as exc:
+                log.info("prefetching pieces of dataset %s stopped: %s", dataset[:12], exc)
+            finally:
+                self._prefetching.discard(dataset)
+
+        self._node.nursery.start_soon(run)
+
+    def _check_job(self, job: Record | None, name: str) -> None:
+        if job is not None and job_ended(self._node.machine.records, job) is not None:
+            raise JobError(f"job {job.id[:12]} ended while this peer waited for dataset {name!r}")
+
+    def _lock(self, dataset: str) -> trio.Lock:
+        return self._locks.setdefault(dataset, trio.Lock())
+
+    async def _started(self, dataset: str, rec: Record) -> set[int]:
+        """The assembly of ``dataset`` begun (or resumed): the pieces verified so far, the
+        one set every fetch of it shares. Call with its lock held."""
+        done = self._done.get(dataset)
+        if done is None:
+            done = await trio.to_thread.run_sync(self.store.start, dataset, record_files(rec.body))
+            meta = {"name": rec["name"], "id": dataset, "origin": "fetching", "used": self._node.wall()}
+            await trio.to_thread.run_sync(lambda: self.store.save_meta(dataset, meta, part=True))
+            self._done[dataset] = done
+        return done
+
+    async def _fetch_pass(self, dataset: str, name: str, records: list[Record], phase: Callable[[str], None],
+                          only: list[int] | None = None) -> tuple[list[int], list[int]]:
+        """Fetch every piece (of ``only``) not held yet, once; returns the pieces still
+        missing, and those of them whose every copy was refused as damaged."""
         pieces = pieces_of(records[0].body)  # one id, one manifest: any record's pieces
         try:
-            done = await trio.to_thread.run_sync(self.store.start, dataset, record_files(records[0].body))
+            async with self._lock(dataset):
+                if dataset in self.store.held():
+                    return [], []
+                done = await self._started(dataset, records[0])
         except OSError as exc:
             raise disk_or_job(self.store.root, exc) from None
         got = self.fetches.setdefault(dataset, _Fetch(len(pieces)))
         got.done = len(done)
         sources = [piece_blobs(r.body) for r in records]  # newest record first
         missing, damaged = [], []
-        for piece in pieces:
-            if piece.index in done:
-                continue
-            phase(f"fetching dataset {name}: {got.done}/{got.total} pieces")
-            blobs = list(dict.fromkeys(names[piece.index] for names in sources))
-            bad_before = got.bad_pieces
-            if await self._fetch_piece(dataset, piece, blobs, done, got):
-                got.done += 1
-                got.fetched_bytes += piece.size
-            else:
-                missing.append(piece.index)
-                if got.bad_pieces > bad_before:
-                    damaged.append(piece.index)
-        if not missing:
-            size = sum(p.size for p in pieces)
-            meta = {"name": name, "id": dataset, "origin": "fetched", "bytes": size, "used": self._node.wall(),
-                    "pieces": len(pieces), "fetched_bytes": got.fetched_bytes, "bad_pieces": got.bad_pieces}
-            try:
-                await trio.to_thread.run_sync(self.store.finish, dataset, meta)
-                await trio.to_thread.run_sync(self.store.evict, self.cache_bytes, self.in_use() | {dataset})
-            except OSError as exc:
-                raise disk_or_job(self.store.root, exc) from None
-            log.info("fetched dataset %s (%s): %d pieces, %d bytes, %d refused", name, dataset[:12], len(pieces),
-                     got.fetched_bytes, got.bad_pieces)
+        wanted = pieces if only is None else [pieces[k] for k in sorted(set(only)) if 0 <= k < len(pieces)]
+        for piece in wanted:
+            async with self._lock(dataset):
+                if piece.index in done:
+                    continue
+                phase(f"fetching dataset {name}: {got.done}/{got.total} pieces")
+                blobs = list(dict.fromkeys(names[piece.index] for names in sources))
+                bad_before = got.bad_pieces
+                if await self._fetch_piece(dataset, piece, blobs, done, got):
+                    got.done += 1
+                    got.fetched_bytes += piece.size
+                else:
+                    missing.append(piece.index)
+                    if got.bad_pieces > bad_before:
+                        damaged.append(piece.index)
+        async with self._lock(dataset):
+            if len(done) == len(pieces) and dataset not in self.store.held():
+                await self._finish(dataset, name, pieces, got)
         return missing, damaged
+
+    async def _finish(self, dataset: str, name: str, pieces: list[Piece], got: _Fetch) -> None:
+        size = sum(p.size for p in pieces)
+        meta = {"name": name, "id": dataset, "origin": "fetched", "bytes": size, "used": self._node.wall(),
+                "pieces": len(pieces), "fetched_bytes": got.fetched_bytes, "bad_pieces": got.bad_pieces}
+        try:
+            await trio.to_thread.run_sync(self.store.finish, dataset, meta)
+            self._done.pop(dataset, None)
+            await trio.to_thread.run_sync(self.store.evict, self.cache_bytes, self.in_use() | {dataset})
+        except OSError as exc:
+            raise disk_or_job(self.store.root, exc) from None
+        log.info("fetched dataset %s (%s): %d pieces, %d bytes, %d refused", name, dataset[:12], len(pieces),
+                 got.fetched_bytes, got.bad_pieces)
 
     async def _fetch_piece(self, dataset: str, piece: Piece, blobs: list[str], done: set[int],
                            got: _Fetch) -> bool:

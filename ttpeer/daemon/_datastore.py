@@ -24,6 +24,7 @@ peer fetching from this one would refuse its pieces, by hash).
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ttpeer_wire import path_problem, piece_sizes, record_files
+from ttpeer_wire import path_problem, piece_sizes, record_files, samples_hash
 
 from ttpeer.errors import DataError
 
@@ -205,6 +206,50 @@ class DataStore:
                  if name == meta.get("name") or name in meta.get("names", ())]
         return (max(named)[1], max(named)[2]) if named else None
 
+    def find_partial(self, name: str) -> str | None:
+        """A dataset called ``name`` being fetched here (its pieces in part), if any."""
+        if not self.root.is_dir():
+            return None
+        for d in sorted(self.root.glob("*.part")):
+            try:
+                meta = json.loads((d / "meta.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if name == meta.get("name") or name in meta.get("names", ()):
+                return d.name.removesuffix(".part")
+        return None
+
+    def save_index(self, dataset: str, body: Any, *, part: bool) -> str:
+        """Keep the sample index of the dataset record ``body`` beside its files (for the
+        worker's ``dataset_samples``); returns its hash."""
+        digest = samples_hash(body["samples"])
+        folder = self.root / (f"{dataset}.part" if part else dataset) / "samples"
+        path = folder / f"{digest}.json"
+        if not path.is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            spec = {"piece_size": body["piece_size"], "files": [[f["path"], f["size"]] for f in body["files"]],
+                    "samples": body["samples"]}
+            write_atomic(path, json.dumps(spec, sort_keys=True).encode())
+        return digest
+
+    def index(self, dataset: str, digest: str | None = None) -> tuple[str, dict[str, Any]] | None:
+        """(hash, spec) of a sample index kept here for ``dataset``: the one named, else the
+        one its ``data add`` made (``meta["samples"]``), else the only one."""
+        for folder in (self.root / dataset, self.root / f"{dataset}.part"):
+            kept = sorted((folder / "samples").glob("*.json")) if (folder / "samples").is_dir() else []
+            if digest is None:
+                try:
+                    digest = json.loads((folder / "meta.json").read_text()).get("samples")
+                except (OSError, ValueError):
+                    pass
+            pick = [p for p in kept if p.stem == digest] if digest else kept[:1] if len(kept) == 1 else []
+            if pick:
+                try:
+                    return pick[0].stem, json.loads(pick[0].read_text())
+                except (OSError, ValueError):
+                    return None
+        return None
+
     def save_meta(self, dataset: str, meta: dict[str, Any], *, part: bool = False) -> None:
         folder = self.root / (f"{dataset}.part" if part else dataset)
         write_atomic(folder / "meta.json", json.dumps(meta, sort_keys=True).encode())
@@ -245,9 +290,10 @@ class DataStore:
     def start(self, dataset: str, files: list[FileEntry]) -> set[int]:
         """Begin (or resume) assembling ``dataset``; returns the pieces already verified."""
         part = self.root / f"{dataset}.part"
-        done = self.part_done(dataset)
-        if done:
-            return done
+        try:
+            return set(json.loads((part / "done.json").read_text()))
+        except (OSError, ValueError):
+            pass
         shutil.rmtree(part, ignore_errors=True)
         for rel, size, _hashes in files:
             target = part / "files" / rel
@@ -299,3 +345,142 @@ class DataStore:
             total -= int(meta.get("bytes", 0))
             gone.append(dataset)
         return gone
+
+
+# -- the sample index (``data add --format``) ---------------------------------------------------
+
+FORMATS = ("lines", "npy", "records:BYTES")
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_TYPE = re.compile(r"^[<>|=]?[biuf][1-8]$")
+
+
+def parse_format(text: str) -> tuple[str, int]:
+    """``lines``, ``npy`` or ``records:BYTES`` -> (format, record bytes; 0 if not fixed).
+    Raises ``DataError`` with the accepted forms."""
+    fmt, _, rest = text.partition(":")
+    if fmt in ("lines", "npy") and not rest:
+        return fmt, 0
+    if fmt == "records" and rest.isdigit() and int(rest) >= 1:
+        return fmt, int(rest)
+    raise DataError(f"--format {text!r}: use lines (a sample per line: text, JSON lines), npy (the rows of "
+                    ".npy arrays) or records:BYTES (fixed-size binary samples, e.g. records:2050)")
+
+
+def sample_index(folder: Path, files: list[FileEntry], piece_size: int, text: str) -> dict[str, Any]:
+    """The ``samples`` field of a dataset record (ttpeer_wire/_dataset.py) for the files
+    under ``folder``, read as ``text`` (``parse_format``). Raises ``DataError`` naming a
+    file that is not of that format."""
+    fmt, record = parse_format(text)
+    counts: list[int] = []
+    spill: list[int] = []
+    skip: list[int] = []
+    dtype: str | None = None
+    shape: list[int] | None = None
+    for rel, size, _hashes in files:
+        path = folder / rel
+        if fmt == "lines":
+            c, s = _line_index(path, size, piece_size)
+            skip.append(0)
+        else:
+            head, rec, row = 0, record, None
+            if fmt == "npy":
+                head, rec, descr, row = _npy_header(path)
+                if dtype is None:
+                    dtype, shape = descr, row
+                elif (descr, row) != (dtype, shape):
+                    raise DataError(f"{rel}: its rows are {descr} {row}, the first file's {dtype} {shape}; "
+                                    "an npy dataset's files share one dtype and row shape")
+            if rec > piece_size:
+                raise DataError(f"{rel}: a sample of {rec} bytes does not fit a piece of {piece_size}; "
+                                "use a larger --piece-size")
+            if (size - head) % rec:
+                raise DataError(f"{rel}: {size - head} bytes of samples is not a whole number of "
+                                f"{rec}-byte records")
+            c, s = _record_index(size, head, rec, piece_size)
+            skip.append(head)
+            record = rec
+        counts += c
+        spill += s
+    if not sum(counts):
+        raise DataError(f"the files hold no samples as {text}")
+    out: dict[str, Any] = {"format": fmt, "record": record if fmt != "lines" else 0, "skip": skip,
+                           "counts": counts, "spill": spill}
+    if fmt == "npy":
+        out |= {"dtype": dtype, "shape": shape}
+    return out
+
+
+def _record_index(size: int, head: int, record: int, piece_size: int) -> tuple[list[int], list[int]]:
+    """Per piece of a file: the records starting in it, and how far the last one reaches."""
+    pieces = -(-size // piece_size)
+    counts, spill = [0] * pieces, [0] * pieces
+    n = (size - head) // record
+    for k in range(pieces):
+        lo, hi = k * piece_size, (k + 1) * piece_size
+        first = max(0, -(-(lo - head) // record))  # the first record starting at or after lo
+        last = min(n, -(-(hi - head) // record))  # records starting before hi
+        counts[k] = max(0, last - first)
+        if counts[k]:
+            end = head + last * record - 1  # the last byte of the last record starting here
+            spill[k] = end // piece_size - k
+    return counts, spill
+
+
+def _line_index(path: Path, size: int, piece_size: int) -> tuple[list[int], list[int]]:
+    """Per piece of a text file: the lines starting in it, and how many pieces after it the
+    last of them reaches into (a line ends at its newline, or at the end of the file)."""
+    pieces = -(-size // piece_size)
+    counts, spill = [0] * pieces, [0] * pieces
+    open_piece: int | None = None  # the piece of the latest line whose newline is not read yet
+    after_newline = True  # the next byte starts a line
+    with open(path, "rb") as f:
+        for k in range(pieces):
+            got = 0
+            while got < min(piece_size, size - k * piece_size):
+                chunk = f.read(min(READ, piece_size - got))
+                if not chunk:
+                    raise DataError(f"{path.name} is shorter than when it was added")
+                got += len(chunk)
+                first, last = chunk.find(b"\n"), chunk.rfind(b"\n")
+                counts[k] += int(after_newline) + chunk.count(b"\n", 0, len(chunk) - 1)
+                if after_newline:
+                    open_piece = k
+                if first >= 0 and open_piece is not None:
+                    spill[open_piece] = k - open_piece
+                    open_piece = None
+                if 0 <= last < len(chunk) - 1:
+                    open_piece = k
+                after_newline = chunk.endswith(b"\n")
+    if open_piece is not None:  # the last line has no newline: it ends with the file
+        spill[open_piece] = pieces - 1 - open_piece
+    return counts, spill
+
+
+def _npy_header(path: Path) -> tuple[int, int, str, list[int]]:
+    """(header bytes, bytes a row, dtype, row shape) of an ``.npy`` file, read without
+    numpy (the daemon does not import it). Raises ``DataError``."""
+    with open(path, "rb") as f:
+        head = f.read(12)
+        if len(head) < 10 or not head.startswith(_NPY_MAGIC) or head[6] not in (1, 2, 3):
+            raise DataError(f"{path.name} is not an .npy file (--format npy)")
+        width = 2 if head[6] == 1 else 4
+        length = int.from_bytes(head[8:8 + width], "little")
+        start = 8 + width
+        f.seek(start)
+        text = f.read(length).decode("latin1")
+    try:
+        header = ast.literal_eval(text)
+        descr, order, shape = header["descr"], header["fortran_order"], header["shape"]
+    except (ValueError, SyntaxError, KeyError, TypeError):
+        raise DataError(f"{path.name}: its .npy header does not parse") from None
+    if not isinstance(descr, str) or not _NPY_TYPE.match(descr) or order or not isinstance(shape, tuple) \
+            or len(shape) < 1 or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise DataError(f"{path.name}: --format npy reads C-ordered arrays of numbers (its header says "
+                        f"{descr!r}, fortran_order={order!r}, shape={shape!r})")
+    row = list(shape[1:])
+    count = 1
+    for d in row:
+        count *= d
+    if count < 1:
+        raise DataError(f"{path.name}: its rows are empty (shape {shape})")
+    return start + length, int(descr[-1]) * count, descr, row

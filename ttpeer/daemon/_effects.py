@@ -34,6 +34,7 @@ from ttpeer.proto import (
     Broadcast,
     Cancel,
     CheckpointPublished,
+    DatasetMissing,
     Declined,
     DeltaEncoded,
     DeltaPublished,
@@ -220,9 +221,46 @@ class Effects:
         else:
             self._report(Prepared(job.id))
 
+    async def fetch_missing(self, job: Record, exc: DatasetMissing) -> None:
+        """The task read pieces of a dataset that are not here (``DatasetMissing`` with
+        pieces, raised before it did anything): fetch them, so its call can be made again."""
+        log.info("job %s: fetching %d pieces of dataset %s for the task", job.id[:12], len(exc.pieces), exc.name)
+        if job.id in self.phases:  # still preparing: status says what it waits for
+            await self._node.data.fetch(exc.dataset, exc.name, lambda t: self.phases.__setitem__(job.id, t), job,
+                                        pieces=exc.pieces)
+        else:
+            await self._node.data.fetch(exc.dataset, exc.name, lambda _t: None, job, pieces=exc.pieces)
+
+    async def _look_ahead(self, eff: Train) -> None:
+        """While a shard of a ``dataset_samples`` job trains: which pieces each shard of the
+        next round reads. Tell the machine which shards' data is here (it claims those
+        first), and prefetch the pieces of the one this peer would claim first."""
+        pieces = getattr(self._node.executor, "pieces", None)
+        if pieces is None or not eff.job.body.get("samples") or eff.job["mode"] == "ensemble":
+            return
+        job, rnd = eff.job, eff.round + 1
+        plan = self._node.machine.plan(job)
+        if not plan.has_round(rnd):
+            return
+        shards = list(range(job["shards"]))
+        try:
+            found = await pieces(job, rnd, shards, plan.batches(rnd), plan.first_step(rnd))
+        except TtpeerError as exc:
+            log.debug("job %s: no look-ahead for round %d: %s", job.id[:12], rnd, exc)
+            return
+        if not found:
+            return
+        missing = {int(s): list(m) for s, m in found["missing"].items()}
+        order = self._node.machine.claim_order(rnd, len(shards))
+        best = min(order, key=lambda s: (len(missing.get(s, ())), order.index(s)))
+        self._node.machine.prefer(job.id, rnd, {s: 0 if s == best else len(m) for s, m in missing.items()})
+        self._node.data.prefetch(found["dataset"], found["name"], missing.get(best, []))
+
     async def _train(self, eff: Train) -> None:
         job, key = eff.job, (eff.job.id, eff.round, eff.shard)
         self.cancelled.discard(key)
+        if self._node.nursery is not None and job.body.get("samples"):
+            self._node.nursery.start_soon(self._guarded_look_ahead, eff)
         started = trio.current_time()
         progress = self.progress[key] = _Progress(started)
         try:
@@ -236,6 +274,12 @@ class Effects:
         stats.train_seconds += seconds
         batches = samples // job["batch_size"]
         self._report(Trained(job.id, eff.round, eff.shard, samples, batches, seconds))
+
+    async def _guarded_look_ahead(self, eff: Train) -> None:
+        try:
+            await self._look_ahead(eff)
+        except (TtpeerError, NetError) as exc:  # only a hint: a failure costs the prefetch
+            log.info("job %s: looking ahead for round %d failed: %s", eff.job.id[:12], eff.round + 1, exc)
 
     async def _publish_delta(self, eff: PublishDelta) -> None:
         job, rnd, base, shards = eff.job, eff.round, eff.base, eff.shards

@@ -125,6 +125,8 @@ class Node:
         self.is_admin = (home.path / "root.key").exists()
         self.membership = Membership(self)
         self.data = Datasets(self)
+        if hasattr(executor, "on_missing"):  # a task reading dataset pieces not here yet
+            executor.on_missing = self.effects.fetch_missing
         if self.pool_key is not None:
             self.key_event.set()
 
@@ -339,11 +341,12 @@ class Node:
 
     # -- datasets -------------------------------------------------------------------------
 
-    async def data_add(self, path: str, name: str | None, piece_size: int) -> tuple[Record, bool]:
+    async def data_add(self, path: str, name: str | None, piece_size: int,
+                       fmt: str | None = None) -> tuple[Record, bool]:
         """``ttpeer data add``: see ``_data.Datasets.add``. Raises ``DataError``, ``DiskError``
         (which also stops the daemon, as a full disk does everywhere)."""
         try:
-            return await self.data.add(path, name, piece_size)
+            return await self.data.add(path, name, piece_size, fmt)
         except DiskError as exc:
             self.disk_full(exc)
             raise

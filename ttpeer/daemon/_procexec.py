@@ -35,10 +35,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -51,11 +51,13 @@ from ._home import Home
 from ._workfiles import read_and_remove, write_work
 
 log = logging.getLogger("ttpeer.workers")
+T = TypeVar("T")
 
 DEFAULT_STEP_TIMEOUT = 600.0
 # Calls that are not a shard's steps (load the task, evaluate, an outer step, export)
 # have no progress to watch: they get this long, or the step timeout if that is longer.
 CALL_TIMEOUT = 1800.0
+MAX_FETCHES = 64  # fetches of missing dataset pieces one call may wait for
 MAX_DEATHS = 3  # a worker that dies this often in one job fails the job on this peer
 HELLO_TIMEOUT = 300.0  # importing torch on a cold, busy machine
 
@@ -212,7 +214,10 @@ def _error(reply: dict[str, Any]) -> Exception:
     if kind == "disk":
         return DiskError(Path(str(reply.get("path") or "the ttpeer home")), OSError(28, message))
     if kind == "dataset":
-        return DatasetMissing(str(reply.get("name", "")))
+        pieces = reply.get("pieces")
+        return DatasetMissing(str(reply.get("name", "")), dataset=str(reply.get("dataset") or ""),
+                              pieces=[p for p in pieces if type(p) is int] if isinstance(pieces, list) else None,
+                              whole=reply.get("whole") is not False)
     return JobError(message)
 
 
@@ -257,7 +262,7 @@ async def _all(group: list[_Worker], request: Callable[[int], tuple[str, dict[st
             for rank in range(len(group)):
                 nursery.start_soon(one, rank)
     except BaseExceptionGroup as eg:
-        for kind in (TaskFailed, WorkerDied):  # the most telling failure first
+        for kind in (TaskFailed, WorkerDied, DatasetMissing):  # the most telling failure first
             match, _rest = eg.split(kind)
             if match is not None:
                 while isinstance(match, BaseExceptionGroup):
@@ -313,6 +318,9 @@ class ProcessExecutor:
         self._nursery: trio.Nursery | None = None
         self._spare: _Worker | None = None
         self._spare_lock = trio.Lock()
+        # Pieces a task read that are not here (``DatasetMissing`` with pieces): the node
+        # fetches them (``Effects.fetch_missing``) and the call is made again.
+        self.on_missing: Callable[[Record, DatasetMissing], Awaitable[None]] | None = None
         self.devices: list[str] = []  # what the workers train on, for status
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -502,10 +510,29 @@ class ProcessExecutor:
         j.model_lost = True
         log.warning("job %s: a worker process died (%s); starting the job's workers again", j.job.id[:12], why)
 
+    async def _fetching(self, job: Record, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, made again after the pieces it found missing were fetched. A task
+        raises that before anything it does counts (a shard checks its pieces before its
+        first step), so the second call is the first that did anything."""
+        for _ in range(MAX_FETCHES):
+            try:
+                return await call()
+            except DatasetMissing as exc:
+                if not exc.pieces or self.on_missing is None:
+                    raise
+                await self.on_missing(job, exc)
+        raise JobError(f"job {job.id[:12]}: the task still misses dataset pieces after {MAX_FETCHES} fetches")
+
     async def _call(self, job: Record, op: str, args: dict[str, Any], *, step: bool = False, every: bool = False,
                     on_progress: Callable[[int], bool] | None = None) -> Any:
         """``op`` in the job's first worker (``every``: in each of its workers, the first
-        one's result returned: training and the delta keep every local copy in step)."""
+        one's result returned: training and the delta keep every local copy in step);
+        again once the dataset pieces it missed are here."""
+        return await self._fetching(job, lambda: self._call_once(job, op, args, step=step, every=every,
+                                                                 on_progress=on_progress))
+
+    async def _call_once(self, job: Record, op: str, args: dict[str, Any], *, step: bool = False,
+                         every: bool = False, on_progress: Callable[[int], bool] | None = None) -> Any:
         j = self._jobs.get(job.id)
         if j is None:
             raise JobError(f"job {job.id[:12]} is not prepared on this peer")
@@ -575,10 +602,13 @@ class ProcessExecutor:
         j = self._jobs.get(job.id)
         if j is None or j.failed is not None:
             j = self._jobs[job.id] = _JobWorkers(job, task_file)
-        async with j.lock:
-            if j.group and all(w.alive for w in j.group):
-                return None
-            decline = await self._start(j)
+        async def start() -> dict[str, Any] | str | None:
+            async with j.lock:
+                if j.group and all(w.alive for w in j.group):
+                    return None
+                return await self._start(j)
+
+        decline = await self._fetching(job, start)
         if decline is None:
             return None
         self._jobs.pop(job.id, None)
@@ -610,6 +640,11 @@ class ProcessExecutor:
                                                       "ahead": eff.ahead},
                                    step=True, every=True, on_progress=on_progress)
         return int(samples)
+
+    async def pieces(self, job: Record, rnd: int, shards: list[int], steps: int, first: int) -> dict[str, Any]:
+        """See ``TorchExecutor.pieces``."""
+        result = await self._call(job, "pieces", {"round": rnd, "shards": shards, "steps": steps, "first": first})
+        return dict(result or {})
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
         j = self._jobs.get(eff.job.id)

@@ -187,7 +187,17 @@ class TorchExecutor:
                 raise train.DatasetMissing(name)
             return ids[name], store.files(ids[name])
 
-        return train.DatasetResolver(find)
+        def find_samples(name: str) -> tuple[str, str, dict[str, Any], Path]:
+            if name not in sampled:
+                raise train.TaskError(f"the task reads dataset {name!r} sample by sample, but its job did not at "
+                                      "submit: is the task's choice the same on every peer?")
+            found = store.index(ids[name], sampled[name])
+            if found is None:
+                raise train.DatasetMissing(name, whole=False)
+            return ids[name], found[0], found[1], store.root
+
+        sampled = dict(job.body.get("samples") or {})
+        return train.DatasetResolver(find, find_samples)
 
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
         """Also runs the task on one batch (``train.probe``) before anything is published,
@@ -214,6 +224,8 @@ class TorchExecutor:
                      "data": train.data_fingerprint(task)}
             if datasets.used:
                 fixed["datasets"] = dict(datasets.used)
+            if datasets.used_samples:
+                fixed["samples"] = dict(datasets.used_samples)
             return fixed, train.state_to_bytes(state)
 
         return await _in_thread(build, spec["task"])
@@ -356,6 +368,7 @@ class TorchExecutor:
             return samples
 
         def run() -> int:
+            _need_pieces(ctx.task, self._shard_pieces(ctx.task, job, eff.round, eff.shard, *eff.span()))
             if eff.fresh:
                 start = self._start(ctx, eff)
                 if start is None:  # the round's base: its params, read from its file
@@ -366,8 +379,8 @@ class TorchExecutor:
                     ctx.trainer.start(start)
                 ctx.start = (eff.round, eff.base, start) if start is not None else None
             steps, first = eff.span()
-            batches = train.shard_indices(ctx.task.n_train, job["seed"], eff.round, eff.shard,
-                                          job["shards"], steps, job["batch_size"], first_step=first)
+            batches = train.shard_batches(ctx.task, job["seed"], eff.round, eff.shard, job["shards"], steps,
+                                          job["batch_size"], first_step=first)
             if self.world == 1:
                 return ctx.trainer.train_shard(batches, should_stop, first)
             parts = train.split_batches(batches, self.rank, self.world)
@@ -389,6 +402,34 @@ class TorchExecutor:
 
         async with self._train_lock:
             return await _in_thread(unit if ctx.ensemble else shard, job["task"])
+
+    @staticmethod
+    def _shard_pieces(task: train.LoadedTask, job: Record, rnd: int, shard: int, steps: int,
+                      first: int) -> list[int]:
+        """The pieces of a ``dataset_samples`` training set that shard ``shard`` of ``rnd`` reads."""
+        if not isinstance(task.train, train.Samples) or job["mode"] == "ensemble":
+            return []
+        batches = train.shard_batches(task, job["seed"], rnd, shard, job["shards"], steps, job["batch_size"],
+                                      first_step=first)
+        return task.train.pieces_for(i for b in batches for i in b)
+
+    async def pieces(self, job: Record, rnd: int, shards: list[int], steps: int, first: int) -> dict[str, Any]:
+        """What the shards ``shards`` of round ``rnd`` (``steps`` inner steps from global
+        step ``first``) read of the job's ``dataset_samples`` training set: its dataset,
+        name, and per shard the pieces, and of them those not here yet. Empty when the
+        training set is not read by pieces."""
+        ctx = self._job(job)
+        train_set = ctx.task.train
+        if not isinstance(train_set, train.Samples) or ctx.ensemble:
+            return {}
+
+        def run() -> dict[str, Any]:
+            per = {s: self._shard_pieces(ctx.task, job, rnd, s, steps, first) for s in shards}
+            return {"dataset": train_set.index.dataset, "name": train_set.index.name,
+                    "pieces": {str(s): p for s, p in per.items()},
+                    "missing": {str(s): train_set.missing(p) for s, p in per.items()}}
+
+        return await _in_thread(run, job["task"])
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
         ctx = self._job(eff.job)
@@ -586,6 +627,16 @@ def _unfinish(folder: Path, state: str) -> None:
         return  # none yet (or unreadable: it is rewritten last either way)
     if written != state:
         done.unlink(missing_ok=True)
+
+
+def _need_pieces(task: train.LoadedTask, pieces: list[int]) -> None:
+    """Raise ``DatasetMissing`` naming the pieces of ``pieces`` not here, before a step is
+    taken: the daemon fetches them and asks again, and the local model has not moved."""
+    if pieces and isinstance(task.train, train.Samples):
+        missing = task.train.missing(pieces)
+        if missing:
+            index = task.train.index
+            raise train.DatasetMissing(index.name, dataset=index.dataset, pieces=missing)
 
 
 async def _in_thread(fn: Callable[[], T], task: str) -> T:

@@ -105,6 +105,20 @@ class TimedExecutor:
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes | Path]:
         return await self.inner.new_job(spec, task_file)
 
+    @property
+    def on_missing(self) -> Any:
+        """The inner executor's fetcher of missing dataset pieces (``ProcessExecutor``)."""
+        return getattr(self.inner, "on_missing", None)
+
+    @on_missing.setter
+    def on_missing(self, fetch: Any) -> None:
+        if hasattr(self.inner, "on_missing"):
+            self.inner.on_missing = fetch
+
+    async def pieces(self, job: Record, rnd: int, shards: list[int], steps: int, first: int) -> dict[str, Any]:
+        inner = getattr(self.inner, "pieces", None)
+        return dict(await inner(job, rnd, shards, steps, first)) if inner is not None else {}
+
     async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
         return await self._timed(job.id, "compute_s", self.inner.prepare(job, task_file))
 

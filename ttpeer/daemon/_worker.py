@@ -154,6 +154,8 @@ class _Worker:
             finally:
                 self._runs.pop(rid, None)
             raise failed
+        if op == "pieces":
+            return await ex.pieces(job, a["round"], a["shards"], a["steps"], a["first"])
         if op == "delta":
             eff = PublishDelta(job, a["round"], a["base"], tuple(a["shards"]), a["samples"])
             data, metrics = await ex.delta(eff)
@@ -230,7 +232,8 @@ def failure(exc: BaseException) -> dict[str, Any]:
     from ttpeer.proto import DatasetMissing
 
     if isinstance(exc, DatasetMissing):
-        return {"error": "dataset", "message": str(exc), "name": exc.name}
+        return {"error": "dataset", "message": str(exc), "name": exc.name, "dataset": exc.dataset,
+                "pieces": exc.pieces[:4096], "whole": exc.whole}
     if isinstance(exc, StateMissing):
         return {"error": "state_missing", "message": str(exc), "state": exc.state}
     if isinstance(exc, DiskError):

@@ -19,11 +19,19 @@ class DatasetMissing(TtpeerError):
     """A task's ``dataset_path(name)`` named a dataset this peer does not hold: the daemon
     fetches it and loads the task again (at submit), or retries preparing the job. Raised
     in the training layer, matched in the daemon (which imports no torch): so it lives here.
-    ``name`` is the name the task asked for."""
+    ``name`` is the name the task asked for. A task reading a dataset sample by sample
+    (``dataset_samples``) raises it with the ``dataset``'s id and the ``pieces`` it needs
+    that are not here, or with ``whole=False`` when its sample index is not here yet (the
+    daemon then fetches the index, not the data): the daemon fetches those and asks again."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"dataset {name!r} is not held on this peer")
-        self.name = name
+    def __init__(self, name: str, *, dataset: str = "", pieces: list[int] | None = None, whole: bool = True) -> None:
+        what = f"pieces {_few(pieces)} of dataset {name!r} are" if pieces else f"dataset {name!r} is"
+        super().__init__(f"{what} not held on this peer")
+        self.name, self.dataset, self.pieces, self.whole = name, dataset, list(pieces or ()), whole
+
+
+def _few(pieces: list[int]) -> str:
+    return ", ".join(map(str, pieces[:5])) + (f" (+{len(pieces) - 5} more)" if len(pieces) > 5 else "")
 
 
 __all__ = ["DatasetMissing", "ProofError", "RecordError", "RevokeError", "TtpeerError"]

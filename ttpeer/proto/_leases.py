@@ -54,6 +54,9 @@ class LeaseTable:
         # (job, round) -> heap of (seen, shard, author, attempt): others' lease renewals in
         # the order they expire; entries a later renewal superseded are skipped lazily.
         self._heap: dict[tuple[str, int], list[tuple[float, int, str, int]]] = {}
+        # (job, round) -> {shard: pieces of its data this peer lacks}, told by the driver
+        # (``PeerMachine.prefer``): a free shard whose data is here is claimed first.
+        self.prefer: dict[tuple[str, int], dict[int, int]] = {}
 
     def admit(self, rec: Record, now: float) -> None:
         """A new claim or release record, heard at ``now``."""
@@ -80,6 +83,8 @@ class LeaseTable:
         for top in [k for k in self._heap if k[0] == job and k[1] < rnd]:
             del self._heap[top]
         self._released = {k for k in self._released if not (k[0] == job and k[1] < rnd)}
+        for old in [k for k in self.prefer if k[0] == job and k[1] < rnd]:
+            del self.prefer[old]
 
     def earliest_expiry(self, job: str, rnd: int, lease: float, now: float) -> float | None:
         """When the first of others' running leases on this round expires: the heap's
@@ -121,13 +126,19 @@ class LeaseTable:
 
     def free_shard(self, job: JobSpec, rnd: int, taken: Container[int], now: float,
                    members: Container[str]) -> int | None:
-        """A shard not ``taken`` (covered, or trained here) that no live claim holds, in
-        this peer's own hashed order, which spreads concurrent claimers over shards.
-        Asked only while this peer trains nothing."""
+        """A shard not ``taken`` (covered, or trained here) that no live claim holds: the
+        one whose data this peer lacks least (``prefer``), then in this peer's own hashed
+        order, which spreads concurrent claimers over shards. Which shard a peer trains
+        never changes what the shard trains. Asked only while this peer trains nothing."""
         free = [s for s in range(job.shards) if s not in taken and not self.live(job, rnd, s, now, members, None)]
         if not free:
             return None
-        return min(free, key=lambda s: hashlib.sha256(f"{self.me}:{rnd}:{s}".encode()).digest())
+        lacking = self.prefer.get((job.id, rnd), {})
+        return min(free, key=lambda s: (lacking.get(s, 0), self.claim_order(rnd, s)))
+
+    def claim_order(self, rnd: int, shard: int) -> bytes:
+        """This peer's own order of a round's shards (ties in ``prefer`` go by it)."""
+        return hashlib.sha256(f"{self.me}:{rnd}:{shard}".encode()).digest()
 
     def straggler(self, job: JobSpec, rnd: int, done: Container[int], now: float,
                   members: Container[str], rate: float) -> int | None:

@@ -277,6 +277,16 @@ class PeerMachine:
         others need not wait for the lease), and claim nothing more."""
         return self._emit(self._local.release(), now)
 
+    def prefer(self, job: str, rnd: int, lacking: dict[int, int]) -> None:
+        """The driver's word on data locality: for round ``rnd`` of ``job``, how many pieces
+        of each shard's data this peer lacks. Its next claim in that round prefers shards
+        that lack fewest (``LeaseTable.free_shard``); what each shard trains is unchanged."""
+        self._leases.prefer[(job, rnd)] = dict(lacking)
+
+    def claim_order(self, rnd: int, shards: int) -> list[int]:
+        """The shards of a round in the order this peer would claim them, all else equal."""
+        return sorted(range(shards), key=lambda s: self._leases.claim_order(rnd, s))
+
     # -- queries for status ------------------------------------------------------------
 
     def chain(self, job: Record) -> Chain:

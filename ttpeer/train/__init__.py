@@ -10,7 +10,7 @@ outer step, state hash) is deterministic across machines.
 from ._bundle import export_ensemble, load_bundle, read_sidecar
 from ._compress import decode_delta, encode_delta, fp32_size, iter_delta
 from ._curve import LossCurve
-from ._datasets import DatasetResolver, dataset_path, held_resolver, resolving
+from ._datasets import DatasetResolver, dataset_path, dataset_samples, held_resolver, resolving
 from ._ensemble import (
     Ensemble,
     combine,
@@ -33,7 +33,8 @@ from ._lr import LrSchedule, outer_lr, shard_first_step
 from ._outer import OuterSum, outer_step
 from ._probe import data_fingerprint, probe
 from ._recipe import Recipe, check_job
-from ._schedule import shard_indices
+from ._samples import Samples, shard_batches
+from ._schedule import piece_shard_indices, shard_indices
 from ._spec import LoadedTask, TaskSpec
 from ._state import (
     OuterState,
@@ -55,6 +56,7 @@ __all__ = [
     "DatasetMissing",
     "DatasetResolver",
     "dataset_path",
+    "dataset_samples",
     "held_resolver",
     "resolving",
     "CheckpointError",
@@ -107,6 +109,9 @@ __all__ = [
     "read_sidecar",
     "shard_first_step",
     "shard_indices",
+    "piece_shard_indices",
+    "Samples",
+    "shard_batches",
     "state_from_bytes",
     "state_from_file",
     "state_chunks",

@@ -13,6 +13,14 @@ epoch ``e`` gets the key ``splitmix64(s + (i + 1) * GAMMA)`` with ``s = (seed *
 1_000_003 + e) mod 2**64``, i.e. the ``i``-th output of a SplitMix64 stream
 seeded with ``s``; the epoch's order is the samples sorted by key, ties by index.
 Only exact 64-bit integer arithmetic is involved.
+
+A dataset read by pieces (``dataset_samples``) has its own order, ``piece_shard_indices``,
+so that a shard reads few pieces: epoch ``e`` lays the pieces out in a permutation of the
+pieces (the same rule over the piece count, in a stream of its own), each piece's samples
+in their order, and a shard takes its positions of that stream as above, then shuffles
+them (a permutation keyed by the shard's first position). A shard of ``S`` samples then
+reads about ``S / samples per piece + 1`` pieces, and every sample is still seen once per
+epoch; batches mix samples of the pieces a shard covers, not of the whole dataset.
 """
 
 from __future__ import annotations
@@ -36,14 +44,7 @@ def shard_indices(n_train: int, seed: int, round: int, shard: int, shards_per_ro
     Raises ValueError for sizes < 1, negative seed/round, or a shard number
     outside ``[0, shards_per_round)``.
     """
-    for name, value in (("n_train", n_train), ("shards_per_round", shards_per_round),
-                        ("batches_per_shard", batches_per_shard), ("batch_size", batch_size)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    if seed < 0 or round < 0:
-        raise ValueError(f"seed and round must be >= 0, got seed={seed}, round={round}")
-    if not 0 <= shard < shards_per_round:
-        raise ValueError(f"shard must be in [0, {shards_per_round}), got {shard}")
+    _check(n_train, seed, round, shard, shards_per_round, batches_per_shard, batch_size)
 
     per_shard = batch_size * batches_per_shard
     # Rounds before this one drew ``first_step`` batches for each of the shards (an
@@ -59,6 +60,53 @@ def shard_indices(n_train: int, seed: int, round: int, shard: int, shards_per_ro
         picked.extend(_epoch_order(n_train, seed, epoch)[offset:offset + take].tolist())
         position += take
     return [picked[b * batch_size:(b + 1) * batch_size] for b in range(batches_per_shard)]
+
+
+_PIECE_STREAM = 0x7069656365  # "piece": the piece order's stream, apart from any sample order
+
+
+def piece_shard_indices(counts: list[int], seed: int, round: int, shard: int, shards_per_round: int,
+                        batches_per_shard: int, batch_size: int, *, first_step: int | None = None) -> list[list[int]]:
+    """The batches of ``shard`` in ``round`` over samples laid out in pieces: ``counts[k]``
+    samples in piece ``k``, numbered in piece order. Pure, like ``shard_indices``."""
+    n = sum(counts)
+    _check(n, seed, round, shard, shards_per_round, batches_per_shard, batch_size)
+    first = round * batches_per_shard if first_step is None else first_step
+    start = (first * shards_per_round + shard * batches_per_shard) * batch_size
+    stop = start + batch_size * batches_per_shard
+    parts: list[np.ndarray] = []
+    position = start
+    while position < stop:
+        epoch, offset = divmod(position, n)
+        take = min(n - offset, stop - position)
+        parts.append(_piece_epoch(tuple(counts), seed, epoch)[offset:offset + take])
+        position += take
+    picked = np.concatenate(parts)
+    mix = _epoch_order(len(picked), seed ^ _PIECE_STREAM, start)
+    picked = picked[mix].tolist()
+    return [picked[b * batch_size:(b + 1) * batch_size] for b in range(batches_per_shard)]
+
+
+@lru_cache(maxsize=4)
+def _piece_epoch(counts: tuple[int, ...], seed: int, epoch: int) -> np.ndarray:
+    """Epoch ``epoch``'s samples: the pieces in their permuted order, each piece's in order."""
+    firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+    order = _epoch_order(len(counts), (seed + _PIECE_STREAM) & _MASK, epoch)
+    out = np.concatenate([np.arange(firsts[k], firsts[k + 1], dtype=np.int64) for k in order.tolist()])
+    out.setflags(write=False)
+    return out
+
+
+def _check(n_train: int, seed: int, round: int, shard: int, shards_per_round: int, batches_per_shard: int,
+           batch_size: int) -> None:
+    for name, value in (("n_train (samples)", n_train), ("shards_per_round", shards_per_round),
+                        ("batches_per_shard", batches_per_shard), ("batch_size", batch_size)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if seed < 0 or round < 0:
+        raise ValueError(f"seed and round must be >= 0, got seed={seed}, round={round}")
+    if not 0 <= shard < shards_per_round:
+        raise ValueError(f"shard must be in [0, {shards_per_round}), got {shard}")
 
 
 @lru_cache(maxsize=4)

@@ -219,6 +219,8 @@ def _as_dataset(source: object, which: str, origin: str) -> Dataset:
     try:
         size = len(source)  # type: ignore[arg-type]
         first = source[0] if size > 0 else None  # type: ignore[index]
+    except DatasetMissing:
+        raise  # a sample whose pieces are not here yet: the daemon fetches them and loads again
     except Exception as exc:
         raise TaskError(f"{origin}: reading {which}[0] failed: "
                         f"{type(exc).__name__}: {exc}") from exc
