@@ -37,6 +37,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="the name tasks ask for (dataset_path(NAME)); default: the path's base name")
     a.add_argument("--piece-size", type=piece_size, default=piece_size(DEFAULT_PIECE),
                    help=f"bytes per piece (default {DEFAULT_PIECE}; as small as 4K, for tests)")
+    a.add_argument("--url", dest="urls", action="append", default=None, metavar="URL",
+                   help="an https address that serves the files too, each at URL/<its path> (a web server, "
+                        "an S3/R2/GCS bucket's https prefix); peers fetch there first. Up to 4")
+    a.add_argument("--no-relay", action="store_true",
+                   help="with --url: upload no piece to the relay now (one a peer cannot get from the urls "
+                        "is uploaded when it asks)")
     ls = act.add_parser("ls", parents=[common], help="the pool's datasets, and what this peer holds")
     ls.add_argument("--json", action="store_true", help="one JSON object")
     rm = act.add_parser("rm", parents=[common], help="remove this peer's copy of a dataset")
@@ -50,12 +56,14 @@ def run(args: argparse.Namespace, home: Any) -> int:
 
     if args.data_command == "add":
         request = {"op": "data_add", "path": str(args.path.expanduser().absolute()), "name": args.dataset_name,
-                   "piece_size": args.piece_size}
+                   "piece_size": args.piece_size, "urls": args.urls, "relay": not args.no_relay}
         reply = ask_daemon(home, request, timeout=24 * 3600)
         what = "added" if reply["new"] else "already added"
         print(f"{what} dataset {reply['name']}: {reply['files']} files, {_size(reply['bytes'])}, "
               f"{reply['pieces']} pieces")
         print(f"id {reply['id']}")
+        for url in reply.get("urls", []):
+            print(f"served by {url}")
         return 0
     if args.data_command == "ls":
         rows = ask_daemon(home, {"op": "data_ls"})["datasets"]
@@ -66,6 +74,7 @@ def run(args: argparse.Namespace, home: Any) -> int:
             print("no datasets (add one with 'ttpeer data add PATH --name NAME')")
         for r in rows:
             refused = f", {r['bad_pieces']} refused" if r["bad_pieces"] else ""
+            refused = (f", {_size(r['url_bytes'])} of it from urls" if r.get("url_bytes") else "") + refused
             print(f"{r['name']:<20} {r['id'][:12]}  {_size(r['bytes']):>9}  {r['pieces']:>5} pieces  "
                   f"here: {r['here']} ({r['pieces_here']}/{r['pieces']}, fetched {_size(r['fetched_bytes'])}"
                   f"{refused})")

@@ -24,6 +24,7 @@ from ._dataset import (
     piece_count,
     piece_sizes,
     record_files,
+    urls_problem,
 )
 from ._errors import ProofError, RecordError, TtpeerError
 from ._proofs import Member, join_fits_invite, verify_proof, verify_revocation
@@ -108,6 +109,7 @@ __all__ = [
     "read_error",
     "record_files",
     "send_path",
+    "urls_problem",
     "sign",
     "verify_proof",
     "verify_revocation",

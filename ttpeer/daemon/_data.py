@@ -47,7 +47,7 @@ from typing import Any, Protocol
 
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from ttpeer_wire import DEFAULT_PIECE_SIZE, MIN_PIECE_SIZE, dataset_id, record_files
+from ttpeer_wire import DEFAULT_PIECE_SIZE, MIN_PIECE_SIZE, dataset_id, record_files, urls_problem
 
 from ttpeer.errors import DataError, DiskError, JobError
 from ttpeer.net import BlobCorrupt, BlobMissing, NetError
@@ -69,6 +69,7 @@ from ttpeer.proto import (
 from ._datastore import DataStore, Piece, copy_and_hash, piece_blobs, piece_ok, pieces_of, pieces_of_files, scan
 from ._home import Home, PoolConfig
 from ._keys import Blobs, SealError
+from ._urlsource import UrlFailed, UrlSource, host_of, shown
 from ._workfiles import disk_or_job
 
 log = logging.getLogger("ttpeer.daemon")
@@ -79,6 +80,7 @@ DEFAULT_CACHE_BYTES = 64 * 2**30
 RETRY_FIRST, RETRY_MAX = 0.5, 15.0  # seconds between passes over pieces not fetched yet
 REUPLOAD_EVERY = 2.0  # a holder uploads one piece again at most this often
 REPAIR_EVERY = 60.0  # ... and under a new name (a new record) at most this often
+URL_BACKOFF = 60.0  # a dataset address that did not answer is skipped this long
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -109,7 +111,9 @@ class _Fetch:
     total: int
     done: int = 0
     fetched_bytes: int = 0
-    bad_pieces: int = 0
+    bad_pieces: int = 0  # refused from the relay (a want calls these damaged)
+    url_bytes: int = 0  # of fetched_bytes, from the record's urls
+    url_refused: int = 0  # pieces an address served wrong (then fetched from the next source)
 
 
 class Datasets:
@@ -124,11 +128,16 @@ class Datasets:
         self._locks: dict[str, trio.Lock] = {}  # one assembly of a dataset at a time
         self.reuploads: dict[str, int] = {}  # pieces uploaded again for others, by dataset
         self._names = 0  # work file names
+        self.urls = UrlSource()  # the daemon gives it its proxy (``_run``)
+        self._url_down: dict[str, float] = {}  # address -> until when it is skipped
 
     # -- add -----------------------------------------------------------------------------
 
-    async def add(self, path: str, name: str | None, piece_size: int = DEFAULT_PIECE_SIZE) -> tuple[Record, bool]:
+    async def add(self, path: str, name: str | None, piece_size: int = DEFAULT_PIECE_SIZE, *,
+                  urls: list[str] | None = None, relay: bool = True) -> tuple[Record, bool]:
         """Add the file or folder at ``path`` under ``name`` (default: its base name).
+        ``urls``: https base addresses that serve the files too (checked here first);
+        ``relay=False``: upload no piece now (peers fetch from ``urls``; a want uploads).
         Returns the dataset record and whether it is new. Raises ``DataError``, ``DiskError``."""
         source = Path(path).expanduser()
         name = name or source.name
@@ -136,12 +145,17 @@ class Datasets:
             raise DataError(f"dataset name {name!r} must be 1-64 letters, digits, '.', '_' or '-': give --name")
         if not MIN_PIECE_SIZE <= piece_size <= 2**30:
             raise DataError(f"--piece-size must be between {MIN_PIECE_SIZE} bytes and 1 GiB, got {piece_size}")
+        if urls and (problem := urls_problem(urls)):
+            raise DataError(f"--url: {problem}")
+        if not relay and not urls:
+            raise DataError("--no-relay needs --url: the peers must fetch the pieces from somewhere")
         await self._node.key_event.wait()
         sources = await trio.to_thread.run_sync(scan, source)
         self.store.root.mkdir(parents=True, exist_ok=True)
         tmp = self.store.root / f"add-{secrets.token_hex(6)}"
         try:
             files = await trio.to_thread.run_sync(copy_and_hash, sources, tmp / "files", piece_size)
+            await self._check_urls(urls or [], tmp / "files", files)
             dataset = dataset_id(piece_size, files)
             size = sum(s for _p, s, _h in files)
             meta = {"name": name, "id": dataset, "origin": "added", "bytes": size, "used": self._node.wall(),
@@ -152,14 +166,15 @@ class Datasets:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         mine = [r for r in dataset_sources(self._node.machine.records, dataset)
-                if r.author == self._node.me and r["name"] == name]
+                if r.author == self._node.me and r["name"] == name and r.body.get("urls") == (urls or None)]
         if mine:
             return mine[0], False
         entries: list[dict[str, Any]] = [{"path": p, "size": s, "pieces": []} for p, s, _h in files]
-        body = {"name": name, "id": dataset, "piece_size": piece_size, "at": int(self._node.wall()), "files": entries}
+        body = {"name": name, "id": dataset, "piece_size": piece_size, "at": int(self._node.wall()), "files": entries,
+                **({"urls": list(urls)} if urls else {})}
         by_path = {f["path"]: f for f in entries}
         for piece in pieces_of_files(piece_size, files):
-            blob = await self._upload(dataset, piece)
+            blob = await self._upload(dataset, piece, upload=relay)
             assert blob is not None  # the newest key always seals: put_piece returns its blob
             by_path[piece.path]["pieces"].append([piece.hash, blob])
         try:
@@ -168,16 +183,30 @@ class Datasets:
             raise DataError(f"{source}: {exc}: {meta['pieces']} pieces do not fit one dataset record; "
                             "use a larger --piece-size or add fewer files") from None
         self._node.process(self._node.machine.add_local(rec, self._node.now()))
-        log.info("added dataset %s (%s): %d files, %d pieces, %d bytes", name, dataset[:12], len(files),
-                 meta["pieces"], size)
+        log.info("added dataset %s (%s): %d files, %d pieces, %d bytes%s", name, dataset[:12], len(files),
+                 meta["pieces"], size, f", served by {', '.join(map(host_of, urls))}" if urls else "")
         return rec, True
 
+    async def _check_urls(self, urls: list[str], copy: Path, files: list[tuple[str, int, list[str]]]) -> None:
+        """Refuse ``data add --url`` of an address that does not serve the first file."""
+        first = next((rel for rel, size, _h in files if size), None)
+        if first is None:
+            return
+        for url in urls:
+            with self._work_file("probe") as probe:
+                try:
+                    await self.urls.check(url, first, copy / first, probe)
+                except UrlFailed as exc:
+                    status = f" (HTTP {exc.status})" if exc.status is not None else ""
+                    raise DataError(f"--url {shown(url)} does not serve the dataset{status}: {exc}; it must serve "
+                                    f"each file at URL/<its path>, e.g. {first}. Nothing was added") from None
+
     async def _upload(self, dataset: str, piece: Piece, *, blob: str | None = None,
-                      fresh: bool = False) -> str | None:
+                      fresh: bool = False, upload: bool = True) -> str | None:
         with self._work_file() as sealed:
             return await self._node.blobs.put_piece(self.store.files(dataset) / piece.path,
                                                     (piece.offset, piece.size), piece.hash, sealed,
-                                                    blob=blob, fresh=fresh)
+                                                    blob=blob, fresh=fresh, upload=upload)
 
     @contextlib.contextmanager
     def _work_file(self, suffix: str = "sealed") -> Any:
@@ -270,19 +299,24 @@ class Datasets:
         if not missing:
             size = sum(p.size for p in pieces)
             meta = {"name": name, "id": dataset, "origin": "fetched", "bytes": size, "used": self._node.wall(),
-                    "pieces": len(pieces), "fetched_bytes": got.fetched_bytes, "bad_pieces": got.bad_pieces}
+                    "pieces": len(pieces), "fetched_bytes": got.fetched_bytes, "url_bytes": got.url_bytes,
+                    "bad_pieces": got.bad_pieces + got.url_refused}
             try:
                 await trio.to_thread.run_sync(self.store.finish, dataset, meta)
                 await trio.to_thread.run_sync(self.store.evict, self.cache_bytes, self.in_use() | {dataset})
             except OSError as exc:
                 raise disk_or_job(self.store.root, exc) from None
-            log.info("fetched dataset %s (%s): %d pieces, %d bytes, %d refused", name, dataset[:12], len(pieces),
-                     got.fetched_bytes, got.bad_pieces)
+            log.info("fetched dataset %s (%s): %d pieces, %d bytes (%d from its urls, %d from the relay), %d refused",
+                     name, dataset[:12], len(pieces), got.fetched_bytes, got.url_bytes,
+                     got.fetched_bytes - got.url_bytes, got.bad_pieces + got.url_refused)
         return missing, damaged
 
     async def _fetch_piece(self, dataset: str, piece: Piece, blobs: list[str], done: set[int],
                            got: _Fetch) -> bool:
-        """Fetch ``piece`` from the first of ``blobs`` that serves it right; False if none did."""
+        """Fetch ``piece`` from the first of the record's urls, then of ``blobs``, that serves
+        it right; False if none did."""
+        if await self._fetch_from_urls(dataset, piece, done, got):
+            return True
         for blob in blobs:
             with self._work_file() as sealed, self._work_file("plain") as plain:
                 try:
@@ -304,6 +338,37 @@ class Datasets:
                     continue
                 await trio.to_thread.run_sync(self.store.put_piece, dataset, piece, plain, done)
                 return True
+        return False
+
+    async def _fetch_from_urls(self, dataset: str, piece: Piece, done: set[int], got: _Fetch) -> bool:
+        """Fetch ``piece`` from the first address of the dataset's records (newest first)
+        that serves it right; False if none did. Wrong bytes count in ``url_refused``, not
+        as damaged on the relay (whose copy a want would then replace)."""
+        now = trio.current_time()
+        urls = [u for u in dict.fromkeys(u for r in dataset_sources(self._node.machine.records, dataset)
+                                         for u in r.body.get("urls", ())) if self._url_down.get(u, now) <= now]
+        if not urls:
+            return False
+        async with self.urls.client() as client:
+            for url in urls:
+                with self._work_file("plain") as plain:
+                    try:
+                        await self.urls.get(client, url, piece.path, piece.offset, piece.size, plain)
+                    except UrlFailed as exc:
+                        if exc.status is None:  # no answer: do not wait for it again on every piece
+                            self._url_down[url] = trio.current_time() + URL_BACKOFF
+                        log.info("piece %d of dataset %s not fetched from %s: %s", piece.index, dataset[:12],
+                                 host_of(url), exc)
+                        continue
+                    if not await trio.to_thread.run_sync(piece_ok, plain, piece):
+                        got.url_refused += 1
+                        self._node.blobs.refused("dataset piece")
+                        log.warning("refused piece %d of dataset %s from %s: its bytes do not hash to the record's",
+                                    piece.index, dataset[:12], host_of(url))
+                        continue
+                    await trio.to_thread.run_sync(self.store.put_piece, dataset, piece, plain, done)
+                    got.url_bytes += piece.size
+                    return True
         return False
 
     def _want(self, dataset: str, missing: list[int], damaged: list[int]) -> None:
@@ -430,7 +495,8 @@ class Datasets:
             row["here"] = here["origin"] if here else ("partial" if got else "no")
             row["pieces_here"] = row["pieces"] if here else (got.done if got else 0)
             row["fetched_bytes"] = here.get("fetched_bytes", 0) if here else (got.fetched_bytes if got else 0)
-            row["bad_pieces"] = here.get("bad_pieces", 0) if here else (got.bad_pieces if got else 0)
+            row["url_bytes"] = here.get("url_bytes", 0) if here else (got.url_bytes if got else 0)
+            row["bad_pieces"] = here.get("bad_pieces", 0) if here else (got.bad_pieces + got.url_refused if got else 0)
             row["uploaded_again"] = self.reuploads.get(dataset, 0)
         return sorted(out.values(), key=lambda d: (str(d["name"]), d["id"]))
 
