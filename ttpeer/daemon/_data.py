@@ -155,7 +155,7 @@ class Datasets:
         tmp = self.store.root / f"add-{secrets.token_hex(6)}"
         try:
             files = await trio.to_thread.run_sync(copy_and_hash, sources, tmp / "files", piece_size)
-            await self._check_urls(urls or [], tmp / "files", files)
+            await self._check_urls(urls or [], tmp / "files", files, piece_size)
             dataset = dataset_id(piece_size, files)
             size = sum(s for _p, s, _h in files)
             meta = {"name": name, "id": dataset, "origin": "added", "bytes": size, "used": self._node.wall(),
@@ -187,7 +187,8 @@ class Datasets:
                  meta["pieces"], size, f", served by {', '.join(map(host_of, urls))}" if urls else "")
         return rec, True
 
-    async def _check_urls(self, urls: list[str], copy: Path, files: list[tuple[str, int, list[str]]]) -> None:
+    async def _check_urls(self, urls: list[str], copy: Path, files: list[tuple[str, int, list[str]]],
+                          piece_size: int) -> None:
         """Refuse ``data add --url`` of an address that does not serve the first file."""
         first = next((rel for rel, size, _h in files if size), None)
         if first is None:
@@ -195,7 +196,7 @@ class Datasets:
         for url in urls:
             with self._work_file("probe") as probe:
                 try:
-                    await self.urls.check(url, first, copy / first, probe)
+                    await self.urls.check(url, first, copy / first, piece_size, probe)
                 except UrlFailed as exc:
                     status = f" (HTTP {exc.status})" if exc.status is not None else ""
                     raise DataError(f"--url {shown(url)} does not serve the dataset{status}: {exc}; it must serve "

@@ -105,12 +105,13 @@ class UrlSource:
             event_hooks={"request": [_https_only]},
         )
 
-    async def check(self, base: str, rel: str, local: Path, dest: Path) -> None:
-        """Whether ``base`` serves ``local`` as the file ``rel``: its first bytes (at most
-        ``PROBE_BYTES``, compared with ``local``'s) and its size. Raises ``UrlFailed``
-        saying what it served instead; ``OSError``."""
+    async def check(self, base: str, rel: str, local: Path, piece: int, dest: Path) -> None:
+        """Whether ``base`` serves ``local`` as the file ``rel`` (of ``piece``-byte pieces):
+        its first bytes (a range of at most a piece and ``PROBE_BYTES``, compared with
+        ``local``'s) and its size. Raises ``UrlFailed`` saying what it served instead;
+        ``OSError``."""
         size = local.stat().st_size
-        n = min(size, PROBE_BYTES)
+        n = min(size, piece, PROBE_BYTES)
         async with self.client() as client:
             total = await self.get(client, base, rel, 0, n, dest)
         if total is not None and total != size:
