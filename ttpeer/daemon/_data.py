@@ -8,7 +8,10 @@ and does its file work in worker threads (``_datastore``).
   piece is sealed and uploaded once (``Blobs.put_piece``: deterministic sealing, so the
   piece's blob name is a function of the pool key epoch and the piece), and a signed
   ``dataset`` record names the manifest, the id and the blobs. The copy is this peer's
-  local source; ``data add`` of files held already uploads nothing new.
+  local source; ``data add`` of files held already uploads nothing new. ``--url`` adds
+  https addresses that serve the files too (the record's ``urls``; the first file is read
+  back from each before anything is signed), ``--no-relay`` names the blobs without
+  uploading them (a want uploads them later).
 - **ensure** (before a peer prepares a job, and at submit for a dataset the submitter does
   not hold): every dataset the job records is held, or fetched: piece by piece from the
   blobs of every standing record of that id, each opened and checked against its hash
@@ -17,7 +20,9 @@ and does its file work in worker threads (``_datastore``).
   again. Pieces nobody serves leave the job waiting, with its phase saying how far it got
   ("waiting for dataset corpus: 3/10 pieces ..."), and retrying with backoff; it never
   raises for that. A job the pool ends meanwhile stops the wait (one that finished does
-  not: the final model is written by the task this peer loads).
+  not: the final model is written by the task this peer loads). A record with ``urls``:
+  each piece is asked of those first (``_urlsource``, a Range GET), checked by the same
+  hash; wrong bytes there are counted but do not mark the relay's copy damaged.
 - **keeping pieces fetchable**: a fetcher that misses pieces broadcasts a *want* (a sealed
   gossip payload ``{"want": {"id", "pieces", "damaged"}}``, which the protocol machine
   never sees); every peer holding the dataset uploads those pieces again: a piece the relay
