@@ -60,7 +60,8 @@ class FileServer:
     """Serves ``files`` (relative path -> bytes) at ``https://127.0.0.1:PORT/data/<path>``.
 
     ``mode``: "range" (206 for a Range, as S3 does), "ignore_range" (200 and the whole file,
-    always), "wrong" (the right range of other bytes), "404" (nothing is there).
+    always), "wrong" (the right range of other bytes), "404" (nothing is there), "to_http"
+    (a redirect to the same path over plain http).
     ``requests``: (path, range header, query) of each request, in order.
     """
 
@@ -99,6 +100,8 @@ class FileServer:
 
     def _answer(self, rel: str, ranged: str | None) -> bytes:
         data = self.files.get(rel)
+        if self.mode == "to_http":
+            return _response("302 Found", b"", f"location: {self.url.replace('https:', 'http:')}/{rel}")
         if data is None or self.mode == "404":
             return _response("404 Not Found", b"no such key\n")
         if self.mode == "wrong":

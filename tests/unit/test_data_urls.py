@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from ttpeer._logging import redact
 from ttpeer.daemon._urlsource import UrlFailed, UrlSource, file_url, host_of, shown
 from ttpeer.errors import DataError
 from ttpeer.net import MemoryRelay
@@ -42,6 +43,10 @@ def test_addresses_keep_their_query_after_the_path_and_logs_keep_only_the_host()
     assert file_url("https://h.example", "a%b#?.bin") == "https://h.example/a%25b%23%3F.bin"
     assert host_of(base) == "bucket.example.com" and "secret" not in shown(base)
     assert shown(base) == "https://bucket.example.com/pre/fix/?..."
+    # The second wall: any https address's query is redacted from every log line.
+    line = redact(f"fetching {file_url(base, 'a.bin')} (\"{base}\") and https://plain.example/x.")
+    assert "secret" not in line and "https://bucket.example.com/pre/fix/a.bin?[redacted]" in line
+    assert "https://plain.example/x." in line
 
 
 # -- UrlSource against a real server --------------------------------------------------------------
@@ -86,6 +91,15 @@ async def test_a_server_that_ignores_range_serves_only_whole_file_pieces(nursery
             with pytest.raises(UrlFailed, match="ignores Range") as failed:
                 await source.get(client, server.url, "a.bin", offset, PIECE, out)
             assert failed.value.status == 200
+
+
+async def test_a_redirect_to_plain_http_is_not_followed(nursery, tmp_path):
+    server, trust = await _serve(nursery, tmp_path, "to_http")
+    source = UrlSource(context=trust)
+    async with source.client() as client:
+        with pytest.raises(UrlFailed, match="redirected to a http address"):
+            await source.get(client, server.url, "a.bin", 0, PIECE, tmp_path / "out")
+    assert len(server.requests) == 1
 
 
 # -- between nodes ------------------------------------------------------------------------------------
