@@ -50,6 +50,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                         "fetches only the pieces of the shards it trains: lines (a sample per line: text, "
                         "JSON lines), npy (the rows of .npy arrays) or records:BYTES (fixed-size binary "
                         "samples); default: files only, read whole with dataset_path(NAME)")
+    a.add_argument("--url", dest="urls", action="append", default=None, metavar="URL",
+                   help="an https address that serves the files too, each at URL/<its path> (a web server, "
+                        "an S3/R2/GCS bucket's https prefix); peers fetch there first. Up to 4")
+    a.add_argument("--no-relay", action="store_true",
+                   help="with --url: upload no piece to the relay now (one a peer cannot get from the urls "
+                        "is uploaded when it asks)")
     ls = act.add_parser("ls", parents=[common], help="the pool's datasets, and what this peer holds")
     ls.add_argument("--json", action="store_true", help="one JSON object")
     rm = act.add_parser("rm", parents=[common], help="remove this peer's copy of a dataset")
@@ -63,13 +69,16 @@ def run(args: argparse.Namespace, home: Any) -> int:
 
     if args.data_command == "add":
         request = {"op": "data_add", "path": str(args.path.expanduser().absolute()), "name": args.dataset_name,
-                   "piece_size": args.piece_size, "format": args.sample_format}
+                   "piece_size": args.piece_size, "format": args.sample_format, "urls": args.urls,
+                   "relay": not args.no_relay}
         reply = ask_daemon(home, request, timeout=24 * 3600)
         what = "added" if reply["new"] else "already added"
         indexed = f", {reply['samples']} samples as {reply['format']}" if reply.get("format") else ""
         print(f"{what} dataset {reply['name']}: {reply['files']} files, {_size(reply['bytes'])}, "
               f"{reply['pieces']} pieces{indexed}")
         print(f"id {reply['id']}")
+        for url in reply.get("urls", []):
+            print(f"served by {url}")
         return 0
     if args.data_command == "ls":
         rows = ask_daemon(home, {"op": "data_ls"})["datasets"]
@@ -80,6 +89,7 @@ def run(args: argparse.Namespace, home: Any) -> int:
             print("no datasets (add one with 'ttpeer data add PATH --name NAME')")
         for r in rows:
             refused = f", {r['bad_pieces']} refused" if r["bad_pieces"] else ""
+            refused = (f", {_size(r['url_bytes'])} of it from urls" if r.get("url_bytes") else "") + refused
             print(f"{r['name']:<20} {r['id'][:12]}  {_size(r['bytes']):>9}  {r['pieces']:>5} pieces  "
                   f"here: {r['here']} ({r['pieces_here']}/{r['pieces']}, fetched {_size(r['fetched_bytes'])}"
                   f"{refused})")

@@ -6,7 +6,8 @@ Lines go to stderr as text (``TIME LEVEL LOGGER: message``) or, with
 level is warning, so a healthy daemon prints only its ready line.
 
 Secrets: every formatted line, traceback included, passes through ``redact``,
-which replaces join tokens (anything shaped ``ttp1.…``) and every key registered
+which replaces join tokens (anything shaped ``ttp1.…``), the query of any https
+address (a dataset's ``--url`` may carry a token there) and every key registered
 with ``add_secret`` (the daemon registers its node, seal, pool and root keys in
 hex and base64) by ``[redacted]``. Code does not log secrets in the first place;
 this is the second wall.
@@ -22,6 +23,7 @@ import sys
 import time
 
 _TOKEN = re.compile(r"ttp1\.[A-Za-z0-9_\-.=~+/]+")
+_URL_QUERY = re.compile(r"(https://[^\s?#\"']*)\?[^\s\"'#]+")
 _secrets: set[str] = set()
 REDACTED = "[redacted]"
 NOISY = ("httpx", "httpcore", "hypercorn", "matplotlib", "PIL")
@@ -37,6 +39,7 @@ def add_secret(raw: bytes) -> None:
 
 def redact(text: str) -> str:
     text = _TOKEN.sub("ttp1." + REDACTED, text)
+    text = _URL_QUERY.sub(r"\1?" + REDACTED, text)
     for secret in _secrets:
         if secret in text:
             text = text.replace(secret, REDACTED)

@@ -25,6 +25,7 @@ from ._dataset import (
     piece_sizes,
     record_files,
     samples_hash,
+    urls_problem,
 )
 from ._errors import ProofError, RecordError, TtpeerError
 from ._proofs import Member, join_fits_invite, verify_proof, verify_revocation
@@ -110,6 +111,7 @@ __all__ = [
     "read_error",
     "record_files",
     "send_path",
+    "urls_problem",
     "sign",
     "verify_proof",
     "verify_revocation",

@@ -81,6 +81,22 @@ def test_a_tampered_or_oversized_dataset_record_is_refused():
     assert len(json.dumps(big)) > MAX_RECORD_BYTES
 
 
+def test_a_dataset_record_may_name_https_addresses_only():
+    """``urls`` (``data add --url``): 1 to 4 distinct https addresses; a record without
+    them stays as it was, and one with a bad list is refused (by the record's check, which
+    ``parse`` runs too)."""
+    plain = sign("dataset", POOL.id, dataset_body(), AUTHOR)
+    assert "urls" not in plain.body
+    urls = ["https://bucket.example.com/corpus", "https://mirror.example.org/c?sig=abc"]
+    rec = sign("dataset", POOL.id, {**dataset_body(), "urls": urls}, AUTHOR)
+    assert parse(rec.raw)["urls"] == urls and rec["id"] == plain["id"]  # where it lies is not what it is
+    for bad in (["http://bucket.example.com/corpus"], ["ftp://x.example/y"], ["https://"], [],
+                ["https://a.example/x"] * 2, [f"https://{i}.example/x" for i in range(5)],
+                ["https://a.example/x y"], ["https://a.example/" + "x" * 600], "https://a.example/x", [7]):
+        with pytest.raises(RecordError, match="url"):
+            sign("dataset", POOL.id, {**dataset_body(), "urls": bad}, AUTHOR)
+
+
 def test_a_job_records_its_datasets_by_name():
     ok = sign("job", POOL.id, job_body(datasets={"corpus": hex64("d")}), AUTHOR)
     assert parse(ok.raw)["datasets"] == {"corpus": hex64("d")}

@@ -8,7 +8,8 @@ One JSON request per connection, one JSON reply:
 ``{"op": "status"}``, ``{"op": "submit", "spec": {...}, "task_file": hex|null}``,
 ``{"op": "revoke", "peer": name|id|prefix}`` (admin only),
 ``{"op": "cancel", "job": id|prefix}`` (the job's submitter or the admin),
-``{"op": "data_add", "path", "name", "piece_size", "format"}``, ``{"op": "data_ls"}``,
+``{"op": "data_add", "path", "name", "piece_size", "format", "urls": [...]|null, "relay": bool}``,
+``{"op": "data_ls"}``,
 ``{"op": "data_rm", "dataset": name|id, "withdraw": bool}``.
 Replies are ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
 """
@@ -29,6 +30,7 @@ import trio
 from ttpeer.errors import TtpeerError
 
 from ._client import call as call  # the client half, importable without trio
+from ._urlsource import shown
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -119,11 +121,15 @@ async def _dispatch(node: Node, request: dict[str, Any], status: Callable[[], di
         if ready is not None:
             await ready.wait()
         fmt = request.get("format")
+        urls = request.get("urls")
+        if urls is not None and not (type(urls) is list and all(type(u) is str for u in urls)):
+            raise ValueError("urls must be a list of addresses")
         rec, new = await node.data_add(str(request["path"]), request.get("name"), int(request["piece_size"]),
-                                       str(fmt) if fmt else None)
+                                       str(fmt) if fmt else None, urls=urls, relay=bool(request.get("relay", True)))
         pieces = sum(len(f["pieces"]) for f in rec["files"])
         samples = rec.body.get("samples")
         return {"ok": True, "name": rec["name"], "id": rec["id"], "record": rec.id, "new": new,
+                "urls": [shown(u) for u in rec.body.get("urls", ())],
                 "files": len(rec["files"]), "pieces": pieces, "bytes": sum(f["size"] for f in rec["files"]),
                 "format": fmt if samples else None, "samples": sum(samples["counts"]) if samples else 0}
     if op == "data_ls":

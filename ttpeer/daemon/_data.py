@@ -8,7 +8,10 @@ and does its file work in worker threads (``_datastore``).
   piece is sealed and uploaded once (``Blobs.put_piece``: deterministic sealing, so the
   piece's blob name is a function of the pool key epoch and the piece), and a signed
   ``dataset`` record names the manifest, the id and the blobs. The copy is this peer's
-  local source; ``data add`` of files held already uploads nothing new.
+  local source; ``data add`` of files held already uploads nothing new. ``--url`` adds
+  https addresses that serve the files too (the record's ``urls``; the first file is read
+  back from each before anything is signed), ``--no-relay`` names the blobs without
+  uploading them (a want uploads them later).
 - **ensure** (before a peer prepares a job, and at submit for a dataset the submitter does
   not hold): every dataset the job records is held, or fetched: piece by piece from the
   blobs of every standing record of that id, each opened and checked against its hash
@@ -17,7 +20,9 @@ and does its file work in worker threads (``_datastore``).
   again. Pieces nobody serves leave the job waiting, with its phase saying how far it got
   ("waiting for dataset corpus: 3/10 pieces ..."), and retrying with backoff; it never
   raises for that. A job the pool ends meanwhile stops the wait (one that finished does
-  not: the final model is written by the task this peer loads).
+  not: the final model is written by the task this peer loads). A record with ``urls``:
+  each piece is asked of those first (``_urlsource``, a Range GET), checked by the same
+  hash; wrong bytes there are counted but do not mark the relay's copy damaged.
 - **keeping pieces fetchable**: a fetcher that misses pieces broadcasts a *want* (a sealed
   gossip payload ``{"want": {"id", "pieces", "damaged"}}``, which the protocol machine
   never sees); every peer holding the dataset uploads those pieces again: a piece the relay
@@ -47,7 +52,7 @@ from typing import Any, Protocol
 
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from ttpeer_wire import DEFAULT_PIECE_SIZE, MIN_PIECE_SIZE, dataset_id, record_files, samples_hash
+from ttpeer_wire import DEFAULT_PIECE_SIZE, MIN_PIECE_SIZE, dataset_id, record_files, samples_hash, urls_problem
 
 from ttpeer.errors import DataError, DiskError, JobError
 from ttpeer.net import BlobCorrupt, BlobMissing, NetError
@@ -80,6 +85,7 @@ from ._datastore import (
 )
 from ._home import Home, PoolConfig
 from ._keys import Blobs, SealError
+from ._urlsource import UrlFailed, UrlSource, host_of, shown
 from ._workfiles import disk_or_job
 
 log = logging.getLogger("ttpeer.daemon")
@@ -90,6 +96,7 @@ DEFAULT_CACHE_BYTES = 64 * 2**30
 RETRY_FIRST, RETRY_MAX = 0.5, 15.0  # seconds between passes over pieces not fetched yet
 REUPLOAD_EVERY = 2.0  # a holder uploads one piece again at most this often
 REPAIR_EVERY = 60.0  # ... and under a new name (a new record) at most this often
+URL_BACKOFF = 60.0  # a dataset address that did not answer is skipped this long
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -120,7 +127,9 @@ class _Fetch:
     total: int
     done: int = 0
     fetched_bytes: int = 0
-    bad_pieces: int = 0
+    bad_pieces: int = 0  # refused from the relay (a want calls these damaged)
+    url_bytes: int = 0  # of fetched_bytes, from the record's urls
+    url_refused: int = 0  # pieces an address served wrong (then fetched from the next source)
 
 
 class Datasets:
@@ -137,14 +146,18 @@ class Datasets:
         self._prefetching: set[str] = set()
         self.reuploads: dict[str, int] = {}  # pieces uploaded again for others, by dataset
         self._names = 0  # work file names
+        self.urls = UrlSource()  # the daemon gives it its proxy (``_run``)
+        self._url_down: dict[str, float] = {}  # address -> until when it is skipped
 
     # -- add -----------------------------------------------------------------------------
 
     async def add(self, path: str, name: str | None, piece_size: int = DEFAULT_PIECE_SIZE,
-                  fmt: str | None = None) -> tuple[Record, bool]:
+                  fmt: str | None = None, *, urls: list[str] | None = None, relay: bool = True) -> tuple[Record, bool]:
         """Add the file or folder at ``path`` under ``name`` (default: its base name), with a
-        sample index when ``fmt`` names a format (``_datastore.parse_format``). Returns the
-        dataset record and whether it is new. Raises ``DataError``, ``DiskError``."""
+        sample index when ``fmt`` names a format (``_datastore.parse_format``).
+        ``urls``: https base addresses that serve the files too (checked here first);
+        ``relay=False``: upload no piece now (peers fetch from ``urls``; a want uploads).
+        Returns the dataset record and whether it is new. Raises ``DataError``, ``DiskError``."""
         source = Path(path).expanduser()
         name = name or source.name
         if not _NAME.fullmatch(name or ""):
@@ -153,6 +166,10 @@ class Datasets:
             raise DataError(f"--piece-size must be between {MIN_PIECE_SIZE} bytes and 1 GiB, got {piece_size}")
         if fmt is not None:
             parse_format(fmt)  # a bad --format is refused before anything is read
+        if urls and (problem := urls_problem(urls)):
+            raise DataError(f"--url: {problem}")
+        if not relay and not urls:
+            raise DataError("--no-relay needs --url: the peers must fetch the pieces from somewhere")
         await self._node.key_event.wait()
         sources = await trio.to_thread.run_sync(scan, source)
         self.store.root.mkdir(parents=True, exist_ok=True)
@@ -161,6 +178,7 @@ class Datasets:
             files = await trio.to_thread.run_sync(copy_and_hash, sources, tmp / "files", piece_size)
             samples = (await trio.to_thread.run_sync(sample_index, tmp / "files", files, piece_size, fmt)
                        if fmt is not None else None)
+            await self._check_urls(urls or [], tmp / "files", files, piece_size)
             dataset = dataset_id(piece_size, files)
             size = sum(s for _p, s, _h in files)
             meta = {"name": name, "id": dataset, "origin": "added", "bytes": size, "used": self._node.wall(),
@@ -173,17 +191,19 @@ class Datasets:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         entries: list[dict[str, Any]] = [{"path": p, "size": s, "pieces": []} for p, s, _h in files]
-        body = {"name": name, "id": dataset, "piece_size": piece_size, "at": int(self._node.wall()), "files": entries}
+        body = {"name": name, "id": dataset, "piece_size": piece_size, "at": int(self._node.wall()), "files": entries,
+                **({"urls": list(urls)} if urls else {})}
         if samples is not None:
             body["samples"] = samples
             await trio.to_thread.run_sync(lambda: self.store.save_index(dataset, body, part=False))
         mine = [r for r in dataset_sources(self._node.machine.records, dataset)
-                if r.author == self._node.me and r["name"] == name and r.body.get("samples") == samples]
+                if r.author == self._node.me and r["name"] == name and r.body.get("samples") == samples
+                and r.body.get("urls") == (urls or None)]
         if mine:
             return mine[0], False
         by_path = {f["path"]: f for f in entries}
         for piece in pieces_of_files(piece_size, files):
-            blob = await self._upload(dataset, piece)
+            blob = await self._upload(dataset, piece, upload=relay)
             assert blob is not None  # the newest key always seals: put_piece returns its blob
             by_path[piece.path]["pieces"].append([piece.hash, blob])
         try:
@@ -192,16 +212,31 @@ class Datasets:
             raise DataError(f"{source}: {exc}: {meta['pieces']} pieces do not fit one dataset record; "
                             "use a larger --piece-size or add fewer files") from None
         self._node.process(self._node.machine.add_local(rec, self._node.now()))
-        log.info("added dataset %s (%s): %d files, %d pieces, %d bytes", name, dataset[:12], len(files),
-                 meta["pieces"], size)
+        log.info("added dataset %s (%s): %d files, %d pieces, %d bytes%s", name, dataset[:12], len(files),
+                 meta["pieces"], size, f", served by {', '.join(map(host_of, urls))}" if urls else "")
         return rec, True
 
+    async def _check_urls(self, urls: list[str], copy: Path, files: list[tuple[str, int, list[str]]],
+                          piece_size: int) -> None:
+        """Refuse ``data add --url`` of an address that does not serve the first file."""
+        first = next((rel for rel, size, _h in files if size), None)
+        if first is None:
+            return
+        for url in urls:
+            with self._work_file("probe") as probe:
+                try:
+                    await self.urls.check(url, first, copy / first, piece_size, probe)
+                except UrlFailed as exc:
+                    status = f" (HTTP {exc.status})" if exc.status is not None else ""
+                    raise DataError(f"--url {shown(url)} does not serve the dataset{status}: {exc}; it must serve "
+                                    f"each file at URL/<its path>, e.g. {first}. Nothing was added") from None
+
     async def _upload(self, dataset: str, piece: Piece, *, blob: str | None = None,
-                      fresh: bool = False) -> str | None:
+                      fresh: bool = False, upload: bool = True) -> str | None:
         with self._work_file() as sealed:
             return await self._node.blobs.put_piece(self.store.files(dataset) / piece.path,
                                                     (piece.offset, piece.size), piece.hash, sealed,
-                                                    blob=blob, fresh=fresh)
+                                                    blob=blob, fresh=fresh, upload=upload)
 
     @contextlib.contextmanager
     def _work_file(self, suffix: str = "sealed") -> Any:
@@ -378,19 +413,24 @@ class Datasets:
     async def _finish(self, dataset: str, name: str, pieces: list[Piece], got: _Fetch) -> None:
         size = sum(p.size for p in pieces)
         meta = {"name": name, "id": dataset, "origin": "fetched", "bytes": size, "used": self._node.wall(),
-                "pieces": len(pieces), "fetched_bytes": got.fetched_bytes, "bad_pieces": got.bad_pieces}
+                "pieces": len(pieces), "fetched_bytes": got.fetched_bytes, "url_bytes": got.url_bytes,
+                "bad_pieces": got.bad_pieces + got.url_refused}
         try:
             await trio.to_thread.run_sync(self.store.finish, dataset, meta)
             self._done.pop(dataset, None)
             await trio.to_thread.run_sync(self.store.evict, self.cache_bytes, self.in_use() | {dataset})
         except OSError as exc:
             raise disk_or_job(self.store.root, exc) from None
-        log.info("fetched dataset %s (%s): %d pieces, %d bytes, %d refused", name, dataset[:12], len(pieces),
-                 got.fetched_bytes, got.bad_pieces)
+        log.info("fetched dataset %s (%s): %d pieces, %d bytes (%d from its urls, %d from the relay), %d refused",
+                 name, dataset[:12], len(pieces), got.fetched_bytes, got.url_bytes,
+                 got.fetched_bytes - got.url_bytes, got.bad_pieces + got.url_refused)
 
     async def _fetch_piece(self, dataset: str, piece: Piece, blobs: list[str], done: set[int],
                            got: _Fetch) -> bool:
-        """Fetch ``piece`` from the first of ``blobs`` that serves it right; False if none did."""
+        """Fetch ``piece`` from the first of the record's urls, then of ``blobs``, that serves
+        it right; False if none did."""
+        if await self._fetch_from_urls(dataset, piece, done, got):
+            return True
         for blob in blobs:
             with self._work_file() as sealed, self._work_file("plain") as plain:
                 try:
@@ -412,6 +452,37 @@ class Datasets:
                     continue
                 await trio.to_thread.run_sync(self.store.put_piece, dataset, piece, plain, done)
                 return True
+        return False
+
+    async def _fetch_from_urls(self, dataset: str, piece: Piece, done: set[int], got: _Fetch) -> bool:
+        """Fetch ``piece`` from the first address of the dataset's records (newest first)
+        that serves it right; False if none did. Wrong bytes count in ``url_refused``, not
+        as damaged on the relay (whose copy a want would then replace)."""
+        now = trio.current_time()
+        urls = [u for u in dict.fromkeys(u for r in dataset_sources(self._node.machine.records, dataset)
+                                         for u in r.body.get("urls", ())) if self._url_down.get(u, now) <= now]
+        if not urls:
+            return False
+        async with self.urls.client() as client:
+            for url in urls:
+                with self._work_file("plain") as plain:
+                    try:
+                        await self.urls.get(client, url, piece.path, piece.offset, piece.size, plain)
+                    except UrlFailed as exc:
+                        if exc.status is None:  # no answer: do not wait for it again on every piece
+                            self._url_down[url] = trio.current_time() + URL_BACKOFF
+                        log.info("piece %d of dataset %s not fetched from %s: %s", piece.index, dataset[:12],
+                                 host_of(url), exc)
+                        continue
+                    if not await trio.to_thread.run_sync(piece_ok, plain, piece):
+                        got.url_refused += 1
+                        self._node.blobs.refused("dataset piece")
+                        log.warning("refused piece %d of dataset %s from %s: its bytes do not hash to the record's",
+                                    piece.index, dataset[:12], host_of(url))
+                        continue
+                    await trio.to_thread.run_sync(self.store.put_piece, dataset, piece, plain, done)
+                    got.url_bytes += piece.size
+                    return True
         return False
 
     def _want(self, dataset: str, missing: list[int], damaged: list[int]) -> None:
@@ -538,7 +609,8 @@ class Datasets:
             row["here"] = here["origin"] if here else ("partial" if got else "no")
             row["pieces_here"] = row["pieces"] if here else (got.done if got else 0)
             row["fetched_bytes"] = here.get("fetched_bytes", 0) if here else (got.fetched_bytes if got else 0)
-            row["bad_pieces"] = here.get("bad_pieces", 0) if here else (got.bad_pieces if got else 0)
+            row["url_bytes"] = here.get("url_bytes", 0) if here else (got.url_bytes if got else 0)
+            row["bad_pieces"] = here.get("bad_pieces", 0) if here else (got.bad_pieces + got.url_refused if got else 0)
             row["uploaded_again"] = self.reuploads.get(dataset, 0)
         return sorted(out.values(), key=lambda d: (str(d["name"]), d["id"]))
 

@@ -190,17 +190,20 @@ class Blobs:
             raise
 
     async def put_piece(self, source: Path, span: tuple[int, int], piece_hash: str, sealed: Path, *,
-                        blob: str | None = None, fresh: bool = False) -> str | None:
+                        blob: str | None = None, fresh: bool = False, upload: bool = True) -> str | None:
         """Seal bytes ``span`` (offset, length) of ``source``, a dataset piece hashing to
         ``piece_hash``, into ``sealed`` and upload it; returns its blob name. Sealing is
         deterministic (the salt comes from the piece's hash): ``blob`` given, the key epoch
         that seals to that name is used, so a lost piece goes back where its record says
         (None if no epoch held here does). ``fresh``: a random salt, so a new name (for a
-        piece whose copy on the relay is damaged: the relay keeps a blob it holds)."""
+        piece whose copy on the relay is damaged: the relay keeps a blob it holds).
+        ``upload=False``: the name only (``data add --no-relay``; a want uploads it later)."""
         salt = random_bytes(16) if fresh else hashlib.sha256(PIECE_SALT + bytes.fromhex(piece_hash)).digest()[:16]
         for key in reversed(self._keys.keys) if blob is not None else [self._keys.newest]:
             assert key is not None
             await _off_span(span[1], seal_file, key, BLOB, source, sealed, salt=salt, span=span)
+            if not upload:
+                return await trio.to_thread.run_sync(_file_sha256, sealed)
             if blob is None or await trio.to_thread.run_sync(_file_sha256, sealed) == blob:
                 return await self._transport.put_blob_file(sealed)
         return None

@@ -341,12 +341,12 @@ class Node:
 
     # -- datasets -------------------------------------------------------------------------
 
-    async def data_add(self, path: str, name: str | None, piece_size: int,
-                       fmt: str | None = None) -> tuple[Record, bool]:
+    async def data_add(self, path: str, name: str | None, piece_size: int, fmt: str | None = None, *,
+                       urls: list[str] | None = None, relay: bool = True) -> tuple[Record, bool]:
         """``ttpeer data add``: see ``_data.Datasets.add``. Raises ``DataError``, ``DiskError``
         (which also stops the daemon, as a full disk does everywhere)."""
         try:
-            return await self.data.add(path, name, piece_size, fmt)
+            return await self.data.add(path, name, piece_size, fmt, urls=urls, relay=relay)
         except DiskError as exc:
             self.disk_full(exc)
             raise

@@ -43,6 +43,7 @@ from ._node import Node
 from ._procexec import ProcessExecutor
 from ._status_more import extend
 from ._systemd import Notifier
+from ._urlsource import UrlSource
 from ._usage import TimedExecutor, TimedTransport, Usage
 
 log = logging.getLogger("ttpeer.daemon")
@@ -114,6 +115,7 @@ async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None
     node = Node(home, TimedTransport(client, usage), TimedExecutor(executor, usage), timing=timing)
     if data_cache is not None:
         node.data.cache_bytes = data_cache
+    node.data.urls = UrlSource(proxy=proxy)  # a dataset's https addresses, through the relay's proxy
     repairs: list[str] = []
     metrics_url: str | None = None
     ready = trio.Event()
