@@ -11,6 +11,11 @@ class JobStats:
     wire_bytes: int = 0
     shards_trained: int = 0
     train_seconds: float = 0.0
+    # Shards that waited for dataset pieces (``dataset_samples``): how many, the seconds in
+    # all, and the first one's (the job's start; prefetch should hide the rest).
+    data_waits: int = 0
+    data_wait_s: float = 0.0
+    first_data_wait_s: float | None = None
 
     def ratio(self) -> float | None:
         """Compression: fp32 bytes per byte on the wire."""

@@ -228,8 +228,15 @@ class Effects:
         if job.id in self.phases:  # still preparing: status says what it waits for
             await self._node.data.fetch(exc.dataset, exc.name, lambda t: self.phases.__setitem__(job.id, t), job,
                                         pieces=exc.pieces)
-        else:
-            await self._node.data.fetch(exc.dataset, exc.name, lambda _t: None, job, pieces=exc.pieces)
+            return
+        began = trio.current_time()
+        await self._node.data.fetch(exc.dataset, exc.name, lambda _t: None, job, pieces=exc.pieces)
+        waited = trio.current_time() - began
+        stats = self._node.counters.job(job.id)
+        stats.data_waits += 1
+        stats.data_wait_s += waited
+        if stats.first_data_wait_s is None:
+            stats.first_data_wait_s = waited
 
     async def _look_ahead(self, eff: Train) -> None:
         """While a shard of a ``dataset_samples`` job trains: which pieces each shard of the

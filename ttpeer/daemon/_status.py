@@ -10,7 +10,8 @@
                "ended": null | {"how", "by": {"peer", "name"} | null,
                                 "reasons": [{"peer", "name", "reason"}]}, "phase",
                "data": null | [{"name", "id", "bytes", "pieces", "pieces_here", "here",
-                                "fetched_bytes", "bad_pieces"}]}]}
+                                "fetched_bytes", "bad_pieces"}],
+               "data_wait": null | {"waits", "seconds", "first_s"}}]}
 
 ``phase`` says what this peer is doing before it can train a running job ("loading the
 task and its data, checking it fits", "fetching the initial state"...), null otherwise.
@@ -18,6 +19,8 @@ task and its data, checking it fits", "fetching the initial state"...), null oth
 ``data`` lists the datasets a job's task reads (``ttpeer.train.dataset_path``): how much
 of each this peer holds (``pieces_here``; ``here``: "added", "fetched", "partial" or "no"),
 how many bytes it fetched, and how many pieces it refused as damaged (fetched again).
+``data_wait``: how often this peer's shards waited for pieces of a dataset read sample by
+sample, the seconds in all, and the first wait's.
 
 ``declined`` is this peer's own reason for sitting a job out; ``declines`` lists every
 peer whose decline stands (``need_bytes``/``have_bytes`` are 0 unless memory was why);
@@ -198,6 +201,10 @@ def snapshot(node: NodeView) -> dict[str, Any]:
             "declines": declines(m.records, job), "ended": end,
             "phase": node.phases.get(job.id) if state == "running" else None,
             "data": node.job_data(job),
+            # Shards that waited for dataset pieces (``dataset_samples``): see ``JobStats``.
+            "data_wait": None if not stats or not stats.data_waits else {
+                "waits": stats.data_waits, "seconds": round(stats.data_wait_s, 3),
+                "first_s": round(stats.first_data_wait_s or 0.0, 3)},
         })
     return {
         "version": SCHEMA_VERSION,
