@@ -57,9 +57,16 @@ def status(args: argparse.Namespace, home: Any) -> int:
         for d in job.get("data") or []:
             how = {"added": "added here", "no": "none fetched yet"}.get(
                 d["here"], f"fetched {_size(d['fetched_bytes'])}")
+            if d["here"] == "partial":  # read sample by sample: the pieces of the shards trained here
+                how = f"fetched {_size(d['fetched_bytes'])} (the pieces its shards read)"
             refused = f", {d['bad_pieces']} refused and fetched again" if d["bad_pieces"] else ""
             print(f"    data: {d['name']} ({d['id'][:12]}) {d['pieces_here']}/{d['pieces']} pieces of "
                   f"{_size(d['bytes'])} here, {how}{refused}")
+        if job.get("data_wait"):
+            w = job["data_wait"]
+            later = w["seconds"] - w["first_s"]
+            print(f"    shards waited for data {w['waits']} times: {w['first_s']:.1f} s the first"
+                  + (f", {later:.1f} s after it (prefetch did not keep up)" if w["waits"] > 1 else ""))
         if job.get("advice"):
             print(f"    {job['advice']}")
         waiting = [p["name"] for p in job.get("peers") or [] if not p.get("started", True)]

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ttpeer_wire import RecordError, dataset_id, samples_hash, sign
 
-from ttpeer.daemon._datastore import DataStore, copy_and_hash, pieces_of_files, sample_index
+from ttpeer.daemon._datastore import DataStore, Piece, copy_and_hash, pieces_of_files, sample_index
 from ttpeer.errors import DataError
 from ttpeer.train import DatasetMissing, piece_shard_indices
 from ttpeer.train._samples import SampleIndex, open_samples
@@ -227,3 +227,22 @@ def test_claims_prefer_shards_whose_data_is_here():
     assert table.free_shard(job, 3, {(first + 2) % 4}, 0.0, {}) == first  # type: ignore[arg-type]
     table.forget_before("j", 4)
     assert table.prefer == {}
+
+
+def test_assemblies_are_evicted_past_the_cache_bound_unless_a_job_uses_them(tmp_path):
+    store = DataStore(tmp_path / "datasets")
+    ids = {"old": "01" * 32, "used": "02" * 32, "new": "03" * 32}
+    for n, (name, dataset) in enumerate(ids.items()):
+        store.start(dataset, [("a.bin", 3 * 4096, ["00" * 32] * 3)])
+        store.save_meta(dataset, {"name": name, "used": n}, part=True)
+        plain = tmp_path / f"{name}.piece"
+        plain.write_bytes(b"x" * 4096)
+        store.put_piece(dataset, Piece(0, "a.bin", 0, 4096, "00" * 32), plain, set())
+    assert set(store.partial()) == set(ids.values())
+    # Sparse files count only the pieces that landed (and the small files beside them).
+    from ttpeer.daemon._datastore import _disk_bytes
+    each = _disk_bytes(store.root / f"{ids['old']}.part")
+    assert 4096 <= each < 3 * 4096 + 3 * 4096
+    assert store.evict(2 * each, keep={ids["used"]}) == [ids["old"]]
+    assert store.evict(0, keep={ids["used"]}) == [ids["new"]]
+    assert set(store.partial()) == {ids["used"]}

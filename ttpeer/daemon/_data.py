@@ -390,6 +390,7 @@ class Datasets:
         got.done = len(done)
         sources = [piece_blobs(r.body) for r in records]  # newest record first
         missing, damaged = [], []
+        fetched = False
         wanted = pieces if only is None else [pieces[k] for k in sorted(set(only)) if 0 <= k < len(pieces)]
         for piece in wanted:
             async with self._lock(dataset):
@@ -401,6 +402,7 @@ class Datasets:
                 if await self._fetch_piece(dataset, piece, blobs, done, got):
                     got.done += 1
                     got.fetched_bytes += piece.size
+                    fetched = True
                 else:
                     missing.append(piece.index)
                     if got.bad_pieces > bad_before:
@@ -408,6 +410,11 @@ class Datasets:
         async with self._lock(dataset):
             if len(done) == len(pieces) and dataset not in self.store.held():
                 await self._finish(dataset, name, pieces, got)
+            elif fetched:  # an assembly grew: the cache's bound holds for assemblies too
+                try:
+                    await trio.to_thread.run_sync(self.store.evict, self.cache_bytes, self.in_use() | {dataset})
+                except OSError as exc:
+                    raise disk_or_job(self.store.root, exc) from None
         return missing, damaged
 
     async def _finish(self, dataset: str, name: str, pieces: list[Piece], got: _Fetch) -> None:
@@ -606,8 +613,11 @@ class Datasets:
         for dataset, row in out.items():
             here = held.get(dataset)
             got = self.fetches.get(dataset)
-            row["here"] = here["origin"] if here else ("partial" if got else "no")
-            row["pieces_here"] = row["pieces"] if here else (got.done if got else 0)
+            part = None if here or got else self._done.get(dataset)
+            if part is None and not here and not got and (self.store.root / f"{dataset}.part").is_dir():
+                part = self.store.part_done(dataset)  # an assembly from before a restart
+            row["here"] = here["origin"] if here else ("partial" if got or part else "no")
+            row["pieces_here"] = row["pieces"] if here else (got.done if got else len(part or ()))
             row["fetched_bytes"] = here.get("fetched_bytes", 0) if here else (got.fetched_bytes if got else 0)
             row["url_bytes"] = here.get("url_bytes", 0) if here else (got.url_bytes if got else 0)
             row["bad_pieces"] = here.get("bad_pieces", 0) if here else (got.bad_pieces + got.url_refused if got else 0)

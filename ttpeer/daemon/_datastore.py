@@ -14,7 +14,7 @@ worker threads (``_data.py``). Two halves:
   A fetch assembles into ``<id>.part/`` (files made at their full size, pieces written at
   their offsets, ``done.json`` the pieces verified so far, so a restarted daemon resumes)
   and is renamed to ``<id>`` when every piece is in. ``evict`` removes the least recently
-  used fetched datasets past a byte limit, never one it is told to keep (a running job's)
+  used fetched datasets (and assemblies) past a byte limit, never one it is told to keep (a running job's)
   and never one added here (the user's own copy: ``ttpeer data rm`` removes that).
 
 What breaks it: a file changed after ``data add`` copied it changes nothing (the copy is
@@ -333,18 +333,44 @@ class DataStore:
     def evict(self, limit: int, keep: set[str]) -> list[str]:
         """Remove fetched datasets, least recently used first, until what is held is at most
         ``limit`` bytes; never one in ``keep`` nor one added here. Returns the ids removed."""
-        held = self.held()
-        total = sum(int(m.get("bytes", 0)) for m in held.values())
+        held = {d: (int(m.get("bytes", 0)), m) for d, m in self.held().items()}
+        parts = {d: (_disk_bytes(self.root / f"{d}.part"), m) for d, m in self.partial().items() if d not in held}
+        total = sum(b for b, _m in (*held.values(), *parts.values()))
         gone = []
-        for dataset, meta in sorted(held.items(), key=lambda kv: (kv[1].get("used", 0), kv[0])):
+        for dataset, (size, meta) in sorted({**parts, **held}.items(), key=lambda kv: (kv[1][1].get("used", 0), kv[0])):
             if total <= limit:
                 break
             if dataset in keep or meta.get("origin") == "added":
                 continue
             self.remove(dataset)
-            total -= int(meta.get("bytes", 0))
+            total -= size
             gone.append(dataset)
         return gone
+
+    def partial(self) -> dict[str, dict[str, Any]]:
+        """Every assembly here (a dataset fetched in part, e.g. read sample by sample): id -> metadata."""
+        out: dict[str, dict[str, Any]] = {}
+        if self.root.is_dir():
+            for d in self.root.glob("*.part"):
+                dataset = d.name.removesuffix(".part")
+                try:
+                    if _ID.match(dataset):
+                        out[dataset] = json.loads((d / "meta.json").read_text())
+                except (OSError, ValueError):
+                    out[dataset] = {}  # no metadata yet: used longest ago
+        return out
+
+
+def _disk_bytes(folder: Path) -> int:
+    """Bytes ``folder`` takes on disk (an assembly's files are sparse until their pieces land)."""
+    total = 0
+    for parent, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(parent, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
 
 
 # -- the sample index (``data add --format``) ---------------------------------------------------
