@@ -275,6 +275,10 @@ class Datasets:
             raise DataError(f"the task asks for dataset {name!r}, which no member has added: run "
                             f"'ttpeer data add PATH --name {name}' on a machine that has the files")
         say = lambda text: log.info("%s", text)  # noqa: E731
+        if not whole and "samples" not in rec.body:
+            raise DataError(f"the task reads dataset {name!r} with dataset_samples, but it was added without a "
+                            f"sample index: add it again with 'ttpeer data add PATH --name {name} --format "
+                            "lines|npy|records:BYTES', or read its files with dataset_path")
         if whole or "samples" not in rec.body:
             await self.fetch(rec["id"], name, say, None)
         else:
