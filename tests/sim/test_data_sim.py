@@ -96,3 +96,50 @@ async def test_pieces_nobody_serves_leave_the_fetch_waiting_with_a_clear_line(tm
             row = {r["name"]: r for r in bob.data.listing()}["ghost"]
             assert (row["here"], row["pieces_here"]) == ("partial", 0)
             nursery.cancel_scope.cancel()
+
+
+async def test_a_part_of_a_dataset_is_fetched_alone_and_a_full_disk_is_the_daemons_end(
+        tmp_path, autojump_clock, monkeypatch):
+    """``dataset_samples``' fetches: only the pieces asked for (the shard's), a wait bounded
+    when a shard asks (it gives its claim back), and ENOSPC writing a piece is a DiskError."""
+    import errno
+
+    import pytest
+
+    from ttpeer.daemon._datastore import DataStore
+    from ttpeer.errors import DiskError, JobError
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(b"".join(b"line %05d\n" % i for i in range(3000)))  # 33,000 bytes
+    async with MemoryRelay() as relay:
+        sim = Simulation(tmp_path / "sim", relay, seed=4)
+        sim.create(2)
+        async with trio.open_nursery() as nursery:
+            await _started(sim, nursery)
+            alice, bob = sim.peers[0].node, sim.peers[1].node
+            rec, _new = await alice.data.add(str(folder), "corpus", PIECE, "lines")
+            assert sum(rec["samples"]["counts"]) == 3000 and len(rec["samples"]["counts"]) == 9
+            await _record_reaches(bob, rec["id"])
+            with trio.fail_after(600):
+                await bob.data.fetch(rec["id"], "corpus", lambda _t: None, None, pieces=[2, 5])
+            row = {r["name"]: r for r in bob.data.listing()}["corpus"]
+            assert (row["here"], row["pieces_here"], row["fetched_bytes"]) == ("partial", 2, 2 * PIECE)
+            assert bob.data.store.part_done(rec["id"]) == {2, 5}
+            # A piece the relay lost and nobody uploads again (alice has stopped serving):
+            # a shard's wait ends after ``within`` seconds, with the reason.
+            stored = relay.blobs[alice.cfg.pool]
+            lost = rec["files"][0]["pieces"][7][1]
+            del stored[lost]
+            monkeypatch.setattr(alice.data, "on_want", lambda sender, payload: None)
+            began = trio.current_time()
+            with pytest.raises(JobError, match="not served within 30 s"):
+                await bob.data.fetch(rec["id"], "corpus", lambda _t: None, None, pieces=[7], within=30)
+            assert 30 <= trio.current_time() - began < 45
+            # The disk fills while a piece is written: the daemon's end, as everywhere.
+            def full(*_args, **_kwargs):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            monkeypatch.setattr(DataStore, "put_piece", full)
+            with pytest.raises(DiskError):
+                await bob.data.fetch(rec["id"], "corpus", lambda _t: None, None, pieces=[0])
+            nursery.cancel_scope.cancel()

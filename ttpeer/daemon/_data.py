@@ -314,13 +314,19 @@ class Datasets:
                 raise disk_or_job(self.store.root, exc) from None
 
     async def fetch(self, dataset: str, name: str, phase: Callable[[str], None], job: Record | None,
-                    pieces: list[int] | None = None) -> None:
-        """Fetch ``dataset`` (``pieces``: only those of it) until held; see ``ensure``."""
+                    pieces: list[int] | None = None, *, within: float | None = None) -> None:
+        """Fetch ``dataset`` (``pieces``: only those of it) until held; see ``ensure``.
+        ``within``: give up after that many seconds with ``JobError`` (a shard waiting for
+        pieces nobody serves gives its claim back rather than hold it)."""
         if dataset in self.store.held():
             self._touch(dataset, self.store.held()[dataset], name)
             return
         wait = RETRY_FIRST
+        deadline = None if within is None else trio.current_time() + within
         while True:
+            if deadline is not None and trio.current_time() >= deadline:
+                raise JobError(f"pieces of dataset {name!r} were not served within {within:g} s (asked their "
+                               "holders again); this peer gives the shard back and tries again later")
             # A job that finished meanwhile still needs its data here: the final model is
             # written by the task this peer loads. Only a job the pool ended stops the wait.
             self._check_job(job, name)
@@ -336,7 +342,7 @@ class Datasets:
                 phase(f"waiting for dataset {name}: {got.done}/{got.total} pieces "
                       f"({len(missing)} not served yet, asked their holders again"
                       + (f"; {got.bad_pieces} refused as damaged" if got.bad_pieces else "") + ")")
-            await trio.sleep(wait)
+            await trio.sleep(wait if deadline is None else max(0.0, min(wait, deadline - trio.current_time())))
             wait = min(RETRY_MAX, wait * 2)
 
     def prefetch(self, dataset: str, name: str, pieces: list[int]) -> None:

@@ -230,7 +230,8 @@ class Effects:
                                         pieces=exc.pieces)
             return
         began = trio.current_time()
-        await self._node.data.fetch(exc.dataset, exc.name, lambda _t: None, job, pieces=exc.pieces)
+        await self._node.data.fetch(exc.dataset, exc.name, lambda _t: None, job, pieces=exc.pieces,
+                                    within=float(job["lease"]))
         waited = trio.current_time() - began
         stats = self._node.counters.job(job.id)
         stats.data_waits += 1
