@@ -29,8 +29,8 @@ def piece_size(text: str) -> int:
 
 def sample_format(text: str) -> str:
     """``--format``: lines, npy or records:BYTES (the daemon checks the files against it)."""
-    if re.fullmatch(r"lines|npy|records:[1-9]\d*", text) is None:
-        raise argparse.ArgumentTypeError(f"not a format: {text!r} (use lines, npy or records:BYTES, "
+    if re.fullmatch(r"lines|npy|tar|records:[1-9]\d*", text) is None:
+        raise argparse.ArgumentTypeError(f"not a format: {text!r} (use lines, npy, tar or records:BYTES, "
                                          "e.g. records:2050 for blocks of 1025 uint16 tokens)")
     return text
 
@@ -48,7 +48,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     a.add_argument("--format", dest="sample_format", type=sample_format, default=None,
                    help="index the samples, so tasks read them with dataset_samples(NAME) and each peer "
                         "fetches only the pieces of the shards it trains: lines (a sample per line: text, "
-                        "JSON lines), npy (the rows of .npy arrays) or records:BYTES (fixed-size binary "
+                        "JSON lines), npy (the rows of .npy arrays), tar (tar shards: the members "
+                        "sharing a key, as webdataset writes them) or records:BYTES (fixed-size binary "
                         "samples); default: files only, read whole with dataset_path(NAME)")
     a.add_argument("--url", dest="urls", action="append", default=None, metavar="URL",
                    help="an https address that serves the files too, each at URL/<its path> (a web server, "

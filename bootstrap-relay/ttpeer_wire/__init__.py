@@ -25,6 +25,7 @@ from ._dataset import (
     piece_sizes,
     record_files,
     samples_hash,
+    tar_key,
     urls_problem,
 )
 from ._errors import ProofError, RecordError, TtpeerError
@@ -106,6 +107,7 @@ __all__ = [
     "piece_sizes",
     "SAMPLE_FORMATS",
     "samples_hash",
+    "tar_key",
     "pool_id_of",
     "public_hex",
     "read_error",

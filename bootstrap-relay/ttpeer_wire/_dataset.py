@@ -21,7 +21,9 @@ Two OPTIONAL fields (absent in older records, which stay valid byte for byte):
   trains. ``format`` is ``lines`` (a sample is a line, its newline left out; text, JSON
   lines), ``records`` (fixed ``record``-byte samples, e.g. token blocks in a ``.bin``) or
   ``npy`` (the rows of 2-D-or-more ``.npy`` arrays of one ``dtype`` and row ``shape``,
-  ``record`` bytes a row, after each file's ``skip`` header bytes). ``counts[k]`` is the
+  ``record`` bytes a row, after each file's ``skip`` header bytes) or ``tar`` (tar shards,
+  a sample being the consecutive members that share a key, as webdataset lays them out;
+  ``first[k]`` is the file offset where the first sample starting in piece ``k`` does). ``counts[k]`` is the
   number of samples that *start* in piece ``k`` and ``spill[k]`` how many pieces after
   ``k`` the last of them reaches into (0 when it ends inside ``k``). Samples are numbered
   over the files in order. These are derived from the bytes and the format: a record whose
@@ -47,7 +49,7 @@ MIN_PIECE_SIZE = 4096  # smaller pieces are for tests; a record's size cap bound
 MAX_PIECE_SIZE = 1 << 30
 MAX_DATASET_FILES = 4096
 MAX_PATH = 512
-SAMPLE_FORMATS = ("lines", "records", "npy")
+SAMPLE_FORMATS = ("lines", "records", "npy", "tar")
 MAX_URLS = 4
 MAX_URL = 512
 _ID_DOMAIN = b"ttpeer/dataset/v1\n"
@@ -98,15 +100,16 @@ def _count_list(v: Any, hi: int) -> bool:
 def samples_problem(samples: Any, files: list[dict[str, Any]], piece_size: int) -> str | None:
     """Why ``samples`` is not a well-formed sample index of ``files``, or None."""
     keys = {"format", "record", "skip", "counts", "spill"}
-    if type(samples) is not dict or not keys <= set(samples) <= keys | {"dtype", "shape"}:
-        return f"samples must have the fields {sorted(keys)} (and dtype, shape for npy)"
+    extra = {"npy": {"dtype", "shape"}, "tar": {"first"}}
+    if type(samples) is not dict or not keys <= set(samples) <= keys | {"dtype", "shape", "first"}:
+        return f"samples must have the fields {sorted(keys)} (and dtype, shape for npy; first for tar)"
     fmt, record = samples["format"], samples["record"]
     if fmt not in SAMPLE_FORMATS:
         return f"samples.format must be one of {', '.join(SAMPLE_FORMATS)}"
-    if type(record) is not int or not (record == 0 if fmt == "lines" else 1 <= record <= piece_size):
-        return "samples.record is 0 for lines, else the bytes of one sample (at most a piece)"
-    if (fmt == "npy") != ({"dtype", "shape"} <= set(samples)) or (fmt != "npy" and len(set(samples)) > len(keys)):
-        return "samples.dtype and samples.shape come with the npy format only"
+    if type(record) is not int or not (record == 0 if fmt in ("lines", "tar") else 1 <= record <= piece_size):
+        return "samples.record is 0 for lines and tar, else the bytes of one sample (at most a piece)"
+    if set(samples) - keys != extra.get(fmt, set()):
+        return "samples.dtype and samples.shape come with the npy format only, samples.first with tar only"
     if fmt == "npy" and not (type(samples["dtype"]) is str and 0 < len(samples["dtype"]) <= 32
                              and _count_list(samples["shape"], 2**40) and len(samples["shape"]) <= 8):
         return "samples.dtype is a numpy type string and samples.shape the row's shape"
@@ -116,9 +119,18 @@ def samples_problem(samples: Any, files: list[dict[str, Any]], piece_size: int) 
     if not (_count_list(samples["counts"], piece_size) and _count_list(samples["spill"], 2**20)
             and len(samples["counts"]) == len(samples["spill"]) == pieces):
         return "samples.counts and samples.spill need one number per piece"
+    if fmt == "tar" and not (_count_list(samples["first"], 2**50) and len(samples["first"]) == pieces):
+        return "samples.first needs one offset per piece"
     if sum(samples["counts"]) < 1:
         return "samples.counts must count at least one sample"
     return None
+
+
+def tar_key(name: str) -> str:
+    """A tar member's sample key (format ``tar``), as webdataset reads it: its path up to
+    the first '.' of its base name (``a/0001.jpg`` and ``a/0001.cls`` are sample ``a/0001``)."""
+    folder, _, base = name.rpartition("/")
+    return (folder + "/" if folder else "") + base.split(".", 1)[0]
 
 
 def samples_hash(samples: Any) -> str:

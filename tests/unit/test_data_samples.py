@@ -246,3 +246,71 @@ def test_assemblies_are_evicted_past_the_cache_bound_unless_a_job_uses_them(tmp_
     assert store.evict(2 * each, keep={ids["used"]}) == [ids["old"]]
     assert store.evict(0, keep={ids["used"]}) == [ids["new"]]
     assert set(store.partial()) == {ids["used"]}
+
+
+def _tar(members: list[tuple[str, bytes]], long_names: bool = False) -> bytes:
+    import io
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT if long_names else tarfile.USTAR_FORMAT) as t:
+        d = tarfile.TarInfo("dir")
+        d.type = tarfile.DIRTYPE
+        t.addfile(d)  # not a file: not part of any sample
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("piece_size", [512, 1536, 4096, 1 << 20])
+def test_tar_shards_read_a_sample_per_key_as_webdataset_lays_them_out(tmp_path, piece_size):
+    import random
+
+    rng = random.Random(piece_size)
+    members, want = [], []
+    for n in range(40):
+        key = f"dir/{'x' * 120 if n % 7 == 0 else ''}{n:04d}"  # some names need a GNU long-name header
+        sample = {"bin": rng.randbytes(rng.randrange(0, 1500)), "cls": b"%d" % (n % 3)}
+        members += [(f"{key}.{ext}", data) for ext, data in sample.items()]
+        want.append(sample)
+    files = {"a.tar": _tar(members[:30], long_names=True), "b.tar": _tar(members[30:], long_names=True)}
+    index, _root = _add(tmp_path, files, piece_size, "tar")
+    assert index.total == 40
+    samples = open_samples(index, None)
+    assert [samples[i] for i in range(40)] == want
+    # Each sample's pieces cover it: with only those held, it reads the same.
+    part = _add(tmp_path / "part", files, piece_size, "tar", complete=False)
+    for i in (0, 7, 14, 39):
+        need = list(part[0].pieces_of(i))
+        (part[1] / f"{ID}.part" / "done.json").write_text(json.dumps(need))
+        shutil_copy_pieces(tmp_path / "datasets" / ID / "files", part[1] / f"{ID}.part" / "files", part[0], need)
+        assert need and fresh_read(part[0], i) == want[i], (i, need)
+        if len(need) > 1:  # one piece fewer than it reads: it says which are missing
+            (part[1] / f"{ID}.part" / "done.json").write_text(json.dumps(need[:-1]))
+            with pytest.raises(DatasetMissing) as caught:
+                fresh_read(part[0], i)
+            assert caught.value.pieces == need[-1:]
+
+
+def fresh_read(index: SampleIndex, i: int):
+    return open_samples(index, None)[i]
+
+
+def shutil_copy_pieces(src: Path, dst: Path, index: SampleIndex, pieces: list[int]) -> None:
+    """Make ``dst`` hold only ``pieces`` of the files in ``src`` (zeros elsewhere), as a fetch does."""
+    for rel, size in index.files:
+        (dst / rel).write_bytes(b"\0" * size)
+    for k in pieces:
+        f, offset, size = index._pieces[k]
+        rel = index.files[f][0]
+        with open(src / rel, "rb") as r, open(dst / rel, "r+b") as w:
+            r.seek(offset)
+            w.seek(offset)
+            w.write(r.read(size))
+
+
+def test_a_file_that_is_not_a_tar_is_refused_by_name(tmp_path):
+    with pytest.raises(DataError, match="f.tar is not a tar file"):
+        _add(tmp_path, {"f.tar": b"\x01" * 1024}, 512, "tar")

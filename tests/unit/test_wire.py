@@ -37,7 +37,7 @@ def test_public_surface() -> None:
         "read_error", "send_path", "sign", "verify_proof", "verify_revocation",
         # datasets (ttpeer_wire/_dataset.py)
         "DEFAULT_PIECE_SIZE", "MIN_PIECE_SIZE", "dataset_id", "path_problem", "piece_count", "piece_sizes",
-        "record_files", "SAMPLE_FORMATS", "samples_hash", "urls_problem",
+        "record_files", "SAMPLE_FORMATS", "samples_hash", "urls_problem", "tar_key",
     ])
     for name in ttpeer_wire.__all__:
         assert getattr(ttpeer_wire, name) is not None

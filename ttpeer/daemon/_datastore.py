@@ -31,12 +31,13 @@ import os
 import re
 import shutil
 import stat
+import tarfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ttpeer_wire import path_problem, piece_sizes, record_files, samples_hash
+from ttpeer_wire import path_problem, piece_sizes, record_files, samples_hash, tar_key
 
 from ttpeer.errors import DataError
 
@@ -375,7 +376,7 @@ def _disk_bytes(folder: Path) -> int:
 
 # -- the sample index (``data add --format``) ---------------------------------------------------
 
-FORMATS = ("lines", "npy", "records:BYTES")
+FORMATS = ("lines", "npy", "tar", "records:BYTES")
 _NPY_MAGIC = b"\x93NUMPY"
 _NPY_TYPE = re.compile(r"^[<>|=]?[biuf][1-8]$")
 
@@ -384,12 +385,13 @@ def parse_format(text: str) -> tuple[str, int]:
     """``lines``, ``npy`` or ``records:BYTES`` -> (format, record bytes; 0 if not fixed).
     Raises ``DataError`` with the accepted forms."""
     fmt, _, rest = text.partition(":")
-    if fmt in ("lines", "npy") and not rest:
+    if fmt in ("lines", "npy", "tar") and not rest:
         return fmt, 0
     if fmt == "records" and rest.isdigit() and int(rest) >= 1:
         return fmt, int(rest)
     raise DataError(f"--format {text!r}: use lines (a sample per line: text, JSON lines), npy (the rows of "
-                    ".npy arrays) or records:BYTES (fixed-size binary samples, e.g. records:2050)")
+                    ".npy arrays), tar (tar shards, a sample per key) or records:BYTES (fixed-size binary "
+                    "samples, e.g. records:2050)")
 
 
 def sample_index(folder: Path, files: list[FileEntry], piece_size: int, text: str) -> dict[str, Any]:
@@ -400,6 +402,7 @@ def sample_index(folder: Path, files: list[FileEntry], piece_size: int, text: st
     counts: list[int] = []
     spill: list[int] = []
     skip: list[int] = []
+    first: list[int] = []
     dtype: str | None = None
     shape: list[int] | None = None
     for rel, size, _hashes in files:
@@ -407,6 +410,10 @@ def sample_index(folder: Path, files: list[FileEntry], piece_size: int, text: st
         if fmt == "lines":
             c, s = _line_index(path, size, piece_size)
             skip.append(0)
+        elif fmt == "tar":
+            c, s, f0 = _tar_index(path, rel, size, piece_size)
+            skip.append(0)
+            first += f0
         else:
             head, rec, row = 0, record, None
             if fmt == "npy":
@@ -429,11 +436,43 @@ def sample_index(folder: Path, files: list[FileEntry], piece_size: int, text: st
         spill += s
     if not sum(counts):
         raise DataError(f"the files hold no samples as {text}")
-    out: dict[str, Any] = {"format": fmt, "record": record if fmt != "lines" else 0, "skip": skip,
+    out: dict[str, Any] = {"format": fmt, "record": record if fmt not in ("lines", "tar") else 0, "skip": skip,
                            "counts": counts, "spill": spill}
     if fmt == "npy":
         out |= {"dtype": dtype, "shape": shape}
+    if fmt == "tar":
+        out["first"] = first
     return out
+
+
+def _tar_index(path: Path, rel: str, size: int, piece_size: int) -> tuple[list[int], list[int], list[int]]:
+    """Per piece of a tar shard: the samples (members sharing a key) starting in it, how
+    far the last one reaches, and where the first one starts."""
+    pieces = -(-size // piece_size)
+    counts, spill, first = [0] * pieces, [0] * pieces, [0] * pieces
+    spans: list[list[int]] = []  # [start, end) of each sample, in order
+    key = None
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                k = tar_key(member.name)
+                end = member.offset_data + member.size
+                if k == key:
+                    spans[-1][1] = end
+                else:
+                    spans.append([member.offset, end])
+                    key = k
+    except tarfile.TarError as exc:
+        raise DataError(f"{rel} is not a tar file (--format tar): {exc}") from None
+    for start, end in spans:
+        k = start // piece_size
+        if not counts[k]:
+            first[k] = start
+        counts[k] += 1
+        spill[k] = (max(end, start + 1) - 1) // piece_size - k
+    return counts, spill, first
 
 
 def _record_index(size: int, head: int, record: int, piece_size: int) -> tuple[list[int], list[int]]:

@@ -9,7 +9,8 @@ counts, and inside it a line is found by the piece's own newlines (``lines``), a
 arithmetic (``records``, ``npy``). ``Samples`` is a map-style dataset over a range of a
 dataset's samples; ``split`` cuts a test range off its end. Items are what the task's
 ``transform`` makes of each raw sample (``bytes`` for lines and records, a numpy row for
-npy); the default returns the raw sample, which suits a task that wraps it itself.
+npy, ``{extension: bytes}`` of a tar sample's members); the default returns the raw
+sample, which suits a task that wraps it itself.
 
 Pieces arrive in ``HOME/datasets/<id>.part/files`` while a peer fetches them (``done.json``
 lists those verified) and the folder becomes ``<id>`` once all are in; a sample is read only
@@ -28,6 +29,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
+import tarfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -37,12 +39,14 @@ from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
+from ttpeer_wire import tar_key
 
 from ._errors import DatasetMissing, TaskError
 from ._schedule import piece_shard_indices, shard_indices
 from ._spec import LoadedTask
 
 _READ = 1 << 16
+
 _OFFSETS_KEPT = 16  # pieces whose line offsets are kept (each an int64 per line)
 _FDS_KEPT = 64
 
@@ -93,7 +97,7 @@ class SampleIndex:
     def pieces_of(self, i: int) -> range:
         """Every piece sample ``i`` reads."""
         k = self.piece_of(i)
-        if self.format == "lines":
+        if self.format in ("lines", "tar"):  # a sample ends inside its piece unless it is the last
             last = i == self._starts[k] + self.samples["counts"][k] - 1
             return range(k, k + 1 + (self.samples["spill"][k] if last else 0))
         f, offset = self._record_at(i)
@@ -121,7 +125,7 @@ class _Reader:
         self._held: set[int] = set()
         self._complete = False
         self._fds: OrderedDict[tuple[bool, int], int] = OrderedDict()
-        self._offsets: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._offsets: OrderedDict[int, Any] = OrderedDict()  # per piece: line starts, or tar samples
 
     def _folder(self, complete: bool) -> Path:
         d = self.index.dataset
@@ -148,6 +152,17 @@ class _Reader:
             raise DatasetMissing(self.index.name, dataset=self.index.dataset, pieces=missing)
 
     def _pread(self, f: int, offset: int, size: int) -> bytes:
+        fd = self._fd(f)
+        out = bytearray()
+        while len(out) < size:
+            chunk = os.pread(fd, size - len(out), offset + len(out))
+            if not chunk:
+                break
+            out += chunk
+        return bytes(out)
+
+    def _fd(self, f: int) -> int:
+        """A descriptor of file ``f``, in the folder it is in now (kept, a few at a time)."""
         key = (self._complete, f)
         fd = self._fds.get(key)
         if fd is None:
@@ -164,13 +179,7 @@ class _Reader:
                 os.close(self._fds.popitem(last=False)[1])
         else:
             self._fds.move_to_end(key)
-        out = bytearray()
-        while len(out) < size:
-            chunk = os.pread(fd, size - len(out), offset + len(out))
-            if not chunk:
-                break
-            out += chunk
-        return bytes(out)
+        return fd
 
     def read(self, i: int) -> Any:
         index = self.index
@@ -178,6 +187,8 @@ class _Reader:
             self.need(index.pieces_of(i))
             if index.format == "lines":
                 return self._line(i)
+            if index.format == "tar":
+                return self._tar(i)
             f, offset = index._record_at(i)
             raw = self._pread(f, offset, index.samples["record"])
         if index.format == "npy":
@@ -205,6 +216,51 @@ class _Reader:
             out += chunk
             at += len(chunk)
         return bytes(out)
+
+    def _tar(self, i: int) -> dict[str, bytes]:
+        """Sample ``i`` of a tar shard: its members' bytes by extension (``{"jpg": ..., "cls": ...}``)."""
+        index = self.index
+        k = index.piece_of(i)
+        groups = self._offsets.get(k)
+        if groups is None:
+            groups = self._tar_groups(k)
+        else:
+            self._offsets.move_to_end(k)
+        f = index._pieces[k][0]
+        return {ext: self._pread(f, offset, size) for ext, offset, size in groups[i - index._starts[k]]}
+
+    def _tar_groups(self, k: int) -> Any:
+        """The samples starting in piece ``k`` of a tar shard: (extension, data offset, size) of
+        each member, read from the headers onwards of the piece's first sample."""
+        index = self.index
+        f, offset, size = index._pieces[k]
+        count = index.samples["counts"][k]
+        fd = self._fd(f)
+        groups: list[list[tuple[str, int, int]]] = []
+        key = None
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            fh.seek(index.samples["first"][k])
+            try:
+                tar = tarfile.open(fileobj=fh, mode="r:")
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    name = member.name.rsplit("/", 1)[-1]
+                    k_, ext = tar_key(member.name), name.split(".", 1)[1] if "." in name else ""
+                    if k_ != key:
+                        if len(groups) == count:
+                            break
+                        groups.append([])
+                        key = k_
+                    groups[-1].append((ext, member.offset_data, member.size))
+            except tarfile.TarError:
+                pass  # past the piece's last sample: the next header is not here (or the end)
+        if len(groups) != count:
+            raise TaskError(f"dataset {index.name!r}: piece {k} does not hold the tar samples its index counts")
+        self._offsets[k] = groups  # type: ignore[assignment]
+        while len(self._offsets) > _OFFSETS_KEPT:
+            self._offsets.popitem(last=False)
+        return groups
 
     def _line_starts(self, k: int) -> np.ndarray:
         """Offsets, in piece ``k``, of the lines that start in it."""
