@@ -220,6 +220,8 @@ class Effects:
             self._report(Declined(job.id, decline.reason, decline.need, decline.have, decline.code))
         else:
             self._report(Prepared(job.id))
+            if job.body.get("samples") and self._node.nursery is not None:  # the first shard's pieces
+                self._node.nursery.start_soon(self._guarded_look_ahead, job, self._node.machine.chain(job).round)
 
     async def fetch_missing(self, job: Record, exc: DatasetMissing) -> None:
         """The task read pieces of a dataset that are not here (``DatasetMissing`` with
@@ -239,14 +241,14 @@ class Effects:
         if stats.first_data_wait_s is None:
             stats.first_data_wait_s = waited
 
-    async def _look_ahead(self, eff: Train) -> None:
-        """While a shard of a ``dataset_samples`` job trains: which pieces each shard of the
-        next round reads. Tell the machine which shards' data is here (it claims those
-        first), and prefetch the pieces of the one this peer would claim first."""
+    async def _look_ahead(self, job: Record, rnd: int) -> None:
+        """For a ``dataset_samples`` job, once prepared and while each shard trains: which
+        pieces each shard of round ``rnd`` reads (the chain's round, then the next). Tell
+        the machine which shards' data is here (it claims those first), and prefetch the
+        pieces of the one this peer would claim first."""
         pieces = getattr(self._node.executor, "pieces", None)
-        if pieces is None or not eff.job.body.get("samples") or eff.job["mode"] == "ensemble":
+        if pieces is None or not job.body.get("samples") or job["mode"] == "ensemble":
             return
-        job, rnd = eff.job, eff.round + 1
         plan = self._node.machine.plan(job)
         if not plan.has_round(rnd):
             return
@@ -268,7 +270,7 @@ class Effects:
         job, key = eff.job, (eff.job.id, eff.round, eff.shard)
         self.cancelled.discard(key)
         if self._node.nursery is not None and job.body.get("samples"):
-            self._node.nursery.start_soon(self._guarded_look_ahead, eff)
+            self._node.nursery.start_soon(self._guarded_look_ahead, job, eff.round + 1)
         started = trio.current_time()
         progress = self.progress[key] = _Progress(started)
         try:
@@ -283,11 +285,11 @@ class Effects:
         batches = samples // job["batch_size"]
         self._report(Trained(job.id, eff.round, eff.shard, samples, batches, seconds))
 
-    async def _guarded_look_ahead(self, eff: Train) -> None:
+    async def _guarded_look_ahead(self, job: Record, rnd: int) -> None:
         try:
-            await self._look_ahead(eff)
+            await self._look_ahead(job, rnd)
         except (TtpeerError, NetError) as exc:  # only a hint: a failure costs the prefetch
-            log.info("job %s: looking ahead for round %d failed: %s", eff.job.id[:12], eff.round + 1, exc)
+            log.info("job %s: looking ahead for round %d failed: %s", job.id[:12], rnd, exc)
 
     async def _publish_delta(self, eff: PublishDelta) -> None:
         job, rnd, base, shards = eff.job, eff.round, eff.base, eff.shards
