@@ -188,7 +188,15 @@ def _load(name: str, home: Path) -> Any:
     data = Home(home).data_dir if home.is_dir() else shared  # the daemon's cache when there is a home
     if name.endswith(".py") and not Path(name).is_file():
         raise UsageError(f"cannot read task file {name}: no such file")
-    return train.load_task(name, data, shared_data=shared)
+    from ttpeer._api import _home_datasets
+
+    try:  # dataset_path / dataset_samples: what this machine's home holds
+        with train.resolving(_home_datasets(home)):
+            return train.load_task(name, data, shared_data=shared)
+    except train.DatasetMissing as exc:
+        raise UsageError(f"the task reads dataset {exc.name!r}, which this machine's ttpeer home does not hold "
+                         f"({'some of its pieces' if exc.pieces else 'it is not here'}): run advise on a machine "
+                         "that added or fetched it, or pass --home of one") from None
 
 
 # -- the step ----------------------------------------------------------------------------

@@ -66,7 +66,8 @@ def load(path: str | os.PathLike[str], task: str | os.PathLike[str] | None = Non
             loaded = train.load_task(spec, cache)
     except train.DatasetMissing as exc:
         raise UsageError(f"the task reads dataset {exc.name!r} (dataset_path), which this machine's ttpeer home "
-                         "does not hold: load on a peer that trained the job, or pass home= (--home) of one") from None
+                         f"does not hold{' whole' if exc.pieces else ''}: load on a peer that trained the job, or "
+                         "pass home= (--home) of one") from None
     except train.TaskError as exc:
         raise UsageError(str(exc)) from None
     try:

@@ -314,3 +314,28 @@ def shutil_copy_pieces(src: Path, dst: Path, index: SampleIndex, pieces: list[in
 def test_a_file_that_is_not_a_tar_is_refused_by_name(tmp_path):
     with pytest.raises(DataError, match="f.tar is not a tar file"):
         _add(tmp_path, {"f.tar": b"\x01" * 1024}, 512, "tar")
+
+
+def test_advise_reads_a_tasks_dataset_from_the_home(tmp_path):
+    from ttpeer._advise_cmd import _load
+    from ttpeer.errors import UsageError
+
+    data = b"".join(b"%d %d\n" % (i, i % 2) for i in range(50))
+    index, root = _add(tmp_path / "home", {"a.txt": data}, 64, "lines")
+    (root / ID / "meta.json").write_text(json.dumps({"name": "corpus", "id": ID, "origin": "added",
+                                                     "samples": index.digest}))
+    (root / ID / "samples").mkdir()
+    (root / ID / "samples" / f"{index.digest}.json").write_text(json.dumps(
+        {"piece_size": 64, "files": [["a.txt", len(data)]], "samples": index.samples}))
+    task = tmp_path / "t.py"
+    task.write_text("import torch\nfrom torch import nn\nimport torch.nn.functional as F\n"
+                    "from ttpeer.train import TaskSpec, dataset_samples\n\n"
+                    "def parse(raw):\n    a, b = raw.split()\n    return torch.tensor([float(a)]), int(b)\n\n"
+                    "def task():\n    train, test = dataset_samples('corpus', transform=parse).split(test=10)\n"
+                    "    return TaskSpec(model=lambda: nn.Linear(1, 2), train=train, test=test, loss=F.cross_entropy,\n"
+                    "                    metric=lambda o, t: 0.0)\n")
+    loaded = _load(str(task), tmp_path / "home")
+    assert (loaded.n_train, loaded.n_test) == (40, 10)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="reads dataset 'corpus', which this machine's ttpeer home does not hold"):
+        _load(str(task), tmp_path / "empty")
