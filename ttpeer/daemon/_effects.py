@@ -225,7 +225,14 @@ class Effects:
 
     async def fetch_missing(self, job: Record, exc: DatasetMissing) -> None:
         """The task read pieces of a dataset that are not here (``DatasetMissing`` with
-        pieces, raised before it did anything): fetch them, so its call can be made again."""
+        pieces, raised before it did anything), or a whole dataset of its job: fetch them,
+        so its call can be made again."""
+        if not exc.pieces:  # the whole dataset (a task reading it with dataset_path too)
+            dataset = (job.body.get("datasets") or {}).get(exc.name)
+            if dataset is None:
+                raise exc
+            await self._node.data.fetch(dataset, exc.name, lambda t: self.phases.__setitem__(job.id, t), job)
+            return
         log.info("job %s: fetching %d pieces of dataset %s for the task", job.id[:12], len(exc.pieces), exc.name)
         if job.id in self.phases:  # still preparing: status says what it waits for
             await self._node.data.fetch(exc.dataset, exc.name, lambda t: self.phases.__setitem__(job.id, t), job,

@@ -518,7 +518,7 @@ class ProcessExecutor:
             try:
                 return await call()
             except DatasetMissing as exc:
-                if not exc.pieces or self.on_missing is None:
+                if self.on_missing is None:
                     raise
                 await self.on_missing(job, exc)
         raise JobError(f"job {job.id[:12]}: the task still misses dataset pieces after {MAX_FETCHES} fetches")
