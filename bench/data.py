@@ -162,12 +162,13 @@ class PeerRow:
         return max(0, self.waits - 1)
 
 
-def explain(held: set[int], own: set[int], test: set[int], load: set[int]) -> dict[str, int]:
+def explain(held: set[int], own: set[int], test: set[int], load: set[int], others: set[int]) -> dict[str, int]:
     """The pieces held, each counted once, in this order of why: read by this peer's own
-    shards, by the test set, by the task when it loads (its first batches), else
-    prefetched for a shard another peer trained (or stolen from it)."""
+    shards, by the test set, by the task when it loads (its first batches), by shards
+    other peers trained (prefetched for a shard another peer claimed), else none of these."""
     out, left = {}, set(held)
-    for why, pieces in (("own shards", own), ("test set", test), ("read at load", load)):
+    for why, pieces in (("own shards", own), ("test set", test), ("read at load", load),
+                        ("others' shards", others)):
         out[why] = len(left & pieces)
         left -= pieces
     out["other"] = len(left)
@@ -289,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
           "(shards that had to wait for pieces while training).\n")
     for name, what in seen.items():
         if what["phases"]:
-            print(f"{name} before its first shard: " + "; ".join(f"{t:.1f} s {p}" for p, t in what["phases"].items()))
+            first = list(what["phases"].items())[:8]
+            print(f"{name} before its first shard: " + "; ".join(f"{t:.1f} s {p}" for p, t in first))
     print()
     for line in verdicts(rows, size, samples):
         print(line)
@@ -317,7 +319,7 @@ def _wait_done(homes: list[Path], job: str, timeout: float) -> dict[str, dict[st
             if j is not None and j["state"] == "failed":
                 raise SystemExit(f"the job failed: {j.get('declines')}")
             if j is not None and j["phase"] and seen[name]["trains_from"] is None:
-                seen[name]["phases"].setdefault(re.sub(r"\d+/\d+ pieces.*", "N/M pieces", j["phase"]), now)
+                seen[name]["phases"].setdefault(j["phase"], now)
             if j is not None and j["training_shard"] is not None and seen[name]["trains_from"] is None:
                 seen[name]["trains_from"] = now
             finished = finished and j is not None and j["state"] == "done"
@@ -382,15 +384,18 @@ def _explain(rows: dict[str, PeerRow], trained: dict[str, list[tuple[int, int]]]
 
     test = pieces_of(range(n_train, index.total))
     load = pieces_of(range(min(plan.batch, n_train))) | pieces_of(range(n_train, n_train + plan.batch))
-    for name, home in zip(PEERS, homes, strict=True):
-        if rows[name].holder:
-            continue
-        own: set[int] = set()
-        for rnd, shard in trained[name]:
+    read: dict[str, set[int]] = {}
+    for name, shards in trained.items():
+        read[name] = set()
+        for rnd, shard in shards:
             batches = piece_shard_indices(counts, rec["seed"], rnd, shard, rec["shards"], rec["batches"],
                                           rec["batch_size"])
-            own |= pieces_of(i for b in batches for i in b)
-        rows[name].why = explain(_held(home / "datasets", dataset, len(index._pieces)), own, test, load)
+            read[name] |= pieces_of(i for b in batches for i in b)
+    for name, home in zip(PEERS, homes, strict=True):
+        if not rows[name].holder:
+            others = set().union(*(pieces for who, pieces in read.items() if who != name))
+            rows[name].why = explain(_held(home / "datasets", dataset, len(index._pieces)), read[name], test, load,
+                                     others)
 
 
 def _held(root: Path, dataset: str, pieces: int) -> set[int]:

@@ -78,5 +78,5 @@ def test_ratio_stall_and_verdicts():
 
 
 def test_pieces_held_are_split_by_why_each_once():
-    assert explain({0, 1, 2, 3, 7, 9}, own={1, 2, 3}, test={9, 3}, load={0, 1}) == {
-        "own shards": 3, "test set": 1, "read at load": 1, "other": 1}
+    assert explain({0, 1, 2, 3, 7, 8, 9}, own={1, 2, 3}, test={9, 3}, load={0, 1}, others={2, 8}) == {
+        "own shards": 3, "test set": 1, "read at load": 1, "others' shards": 1, "other": 1}
