@@ -143,6 +143,8 @@ class PeerRow:
     holder: bool = False
     trains_from: float | None = None  # s after submit its first shard trained (status polled at 2 Hz)
     why: dict[str, int] = field(default_factory=dict)  # pieces held, by why (``explain``)
+    lost: list[str] = field(default_factory=list)  # shards others trained it prefetched for (``lost_guesses``)
+    share_pieces: float = 0.0  # its share of the data in pieces: what its own shards' pieces compare to
 
     def share(self, total_samples: int) -> float:
         return self.samples / total_samples if total_samples else 0.0
@@ -175,6 +177,20 @@ def explain(held: set[int], own: set[int], test: set[int], load: set[int], other
     return out
 
 
+def lost_guesses(held: set[int], mine: set[int], shards: dict[tuple[int, int, str], set[int]],
+                 claimed: set[tuple[int, int]] = frozenset()) -> list[str]:  # type: ignore[assignment]
+    """The shards other peers trained of which this peer holds most of the pieces that none
+    of its own reads (``mine``) explain: prefetched for a shard another peer then claimed.
+    ``shards``: (round, shard, who trained it) -> the pieces it read; ``claimed``: the
+    (round, shard) this peer signed claims for. ``r2s1 (alice)`` each, ``, claimed`` added."""
+    out = []
+    for (rnd, shard, who), pieces in sorted(shards.items()):
+        only = pieces - mine
+        if only and 2 * len(only & held) > len(only):
+            out.append(f"r{rnd}s{shard} ({who}{', claimed' if (rnd, shard) in claimed else ''})")
+    return out
+
+
 def verdicts(rows: list[PeerRow], dataset_bytes: int, total_samples: int,
              target: float = RATIO_TARGET) -> list[str]:
     lines = []
@@ -190,12 +206,36 @@ def verdicts(rows: list[PeerRow], dataset_bytes: int, total_samples: int,
             extra = r.fetched - target * r.share(total_samples) * dataset_bytes
             lines.append(f"- {r.name}: bytes fetched {ratio:.2f}x its share > {target}x: MISS by {_mib(extra)}"
                          + (f" (pieces held, by why: {_why(r.why)})" if r.why else ""))
+            lines += [f"  - {cause}" for cause in causes(r)]
         if r.waits_after_first == 0:
             lines.append(f"- {r.name}: no wait for pieces after the first shard: PASS")
         else:
             lines.append(f"- {r.name}: {r.waits_after_first} waits for pieces after the first shard, "
                          f"{r.stall_after_first:.2f} s in all: MISS")
     return lines
+
+
+def causes(r: PeerRow) -> list[str]:
+    """Why a peer fetched more than its share, from its ``why``, ``lost`` and ``share_pieces``."""
+    if not r.why:
+        return []
+    out = []
+    own = r.why.get("own shards", 0)
+    if r.share_pieces and own > r.share_pieces:
+        out.append(f"boundary pieces: its own shards read {own} pieces for {r.share_pieces:.1f} pieces' worth of "
+                   f"samples ({own / r.share_pieces:.2f}x: a shard's first and last pieces are shared with "
+                   "the shards next to it in the schedule)")
+    fixed = r.why.get("test set", 0) + r.why.get("read at load", 0)
+    if fixed:
+        out.append(f"{fixed} pieces every peer holds whatever it trains (the test set's, and those the task "
+                   "reads when it loads)")
+    if lost := r.why.get("others' shards"):
+        out.append(f"{lost} pieces read only by shards other peers trained: prefetched for a shard another peer "
+                   f"then claimed, or claimed and cancelled here ({len(r.lost)} such shards mostly held: "
+                   f"{', '.join(r.lost) or 'none'}; 'claimed': this peer signed a claim for it too)")
+    if r.why.get("other"):
+        out.append(f"{r.why['other']} pieces none of the job's reads explain")
+    return out
 
 
 def table(rows: list[PeerRow], dataset_bytes: int, total_samples: int, total_shards: int) -> list[str]:
@@ -339,7 +379,10 @@ def _collect(homes: list[Path], job: str, plan: Plan) -> tuple[list[PeerRow], fl
     records = [parse(raw) for raw in scan_log((homes[0] / "records.log").read_bytes()).frames]
     rows = {name: PeerRow(name, holder=name == PEERS[0]) for name in PEERS}
     trained: dict[str, list[tuple[int, int]]] = {name: [] for name in PEERS}
+    claims: dict[str, set[tuple[int, int]]] = {name: set() for name in PEERS}
     for r in records:
+        if r.kind == "claim" and r["job"] == job and r.author in by_node:
+            claims[by_node[r.author]].add((r["round"], r["shard"]))
         if r.kind == "contrib" and r["job"] == job and r.author in by_node:
             row = rows[by_node[r.author]]
             row.shards += len(r["shards"])
@@ -357,13 +400,14 @@ def _collect(homes: list[Path], job: str, plan: Plan) -> tuple[list[PeerRow], fl
             row.waits, row.wait_s, row.first_s = (j["data_wait"]["waits"], j["data_wait"]["seconds"],
                                                   j["data_wait"]["first_s"])
     try:
-        _explain(rows, trained, records, homes, job, plan)
+        _explain(rows, trained, claims, records, homes, job, plan)
     except (OSError, ValueError, KeyError) as exc:  # a diagnosis, not a figure: say so and go on
         print(f"(could not split the pieces held by why: {exc})")
     return list(rows.values()), accuracy
 
 
-def _explain(rows: dict[str, PeerRow], trained: dict[str, list[tuple[int, int]]], records: list[Any],
+def _explain(rows: dict[str, PeerRow], trained: dict[str, list[tuple[int, int]]],
+             claims: dict[str, set[tuple[int, int]]], records: list[Any],
              homes: list[Path], job: str, plan: Plan) -> None:
     """Fill each fetching peer's ``why``: its pieces held, by the schedule's reason for them."""
     from ttpeer_wire import record_files
@@ -385,17 +429,23 @@ def _explain(rows: dict[str, PeerRow], trained: dict[str, list[tuple[int, int]]]
     test = pieces_of(range(n_train, index.total))
     load = pieces_of(range(min(plan.batch, n_train))) | pieces_of(range(n_train, n_train + plan.batch))
     read: dict[str, set[int]] = {}
+    each: dict[tuple[int, int, str], set[int]] = {}
     for name, shards in trained.items():
         read[name] = set()
         for rnd, shard in shards:
             batches = piece_shard_indices(counts, rec["seed"], rnd, shard, rec["shards"], rec["batches"],
                                           rec["batch_size"])
-            read[name] |= pieces_of(i for b in batches for i in b)
+            each[(rnd, shard, name)] = pieces_of(i for b in batches for i in b)
+            read[name] |= each[(rnd, shard, name)]
     for name, home in zip(PEERS, homes, strict=True):
-        if not rows[name].holder:
+        row = rows[name]
+        if not row.holder:
+            held = _held(home / "datasets", dataset, len(index._pieces))
             others = set().union(*(pieces for who, pieces in read.items() if who != name))
-            rows[name].why = explain(_held(home / "datasets", dataset, len(index._pieces)), read[name], test, load,
-                                     others)
+            row.why = explain(held, read[name], test, load, others)
+            row.lost = lost_guesses(held, read[name] | test | load,
+                                    {k: v for k, v in each.items() if k[2] != name}, claims[name])
+            row.share_pieces = row.samples * RECORD / int(src["piece_size"])
 
 
 def _held(root: Path, dataset: str, pieces: int) -> set[int]:

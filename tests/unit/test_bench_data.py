@@ -14,8 +14,10 @@ from bench.data import (
     RECORD,
     PeerRow,
     auto_piece_size,
+    causes,
     explain,
     generate,
+    lost_guesses,
     parse_args,
     parse_size,
     plan_job,
@@ -69,7 +71,9 @@ def test_ratio_stall_and_verdicts():
                         "- bob: no wait for pieces after the first shard: PASS"]
     assert said[2].startswith("- carol: bytes fetched 1.50x its share > 1.2x: MISS by 0.4 MiB")
     assert "own shards 10, test set 1, other 4" in said[2]
-    assert said[3] == "- carol: 2 waits for pieces after the first shard, 1.00 s in all: MISS"
+    assert said[3].startswith("  - 1 pieces every peer holds whatever it trains (the test set's")
+    assert said[4] == "  - 4 pieces none of the job's reads explain"
+    assert said[5] == "- carol: 2 waits for pieces after the first shard, 1.00 s in all: MISS"
     rows = table([holder, bob, carol], size, total, 18)
     assert len(rows) == 5 and rows[0].count("|") == rows[1].count("|") == rows[3].count("|") == 12
     assert rows[2].startswith("| alice (holds the data) | 6 / 18 | 30.0% |")
@@ -80,3 +84,18 @@ def test_ratio_stall_and_verdicts():
 def test_pieces_held_are_split_by_why_each_once():
     assert explain({0, 1, 2, 3, 7, 8, 9}, own={1, 2, 3}, test={9, 3}, load={0, 1}, others={2, 8}) == {
         "own shards": 3, "test set": 1, "read at load": 1, "others' shards": 1, "other": 1}
+
+
+def test_prefetches_lost_to_other_peers_and_the_causes_said():
+    shards = {(1, 0, "alice"): {4, 5, 6, 7}, (1, 2, "carol"): {7, 8, 9}, (2, 1, "alice"): {10, 11}}
+    # Holds 5, 6 (and 7, its own): most of r1s0's other pieces; of r1s2's only 8; all of r2s1.
+    assert lost_guesses({1, 2, 5, 6, 7, 8, 10, 11}, mine={1, 2, 7}, shards=shards, claimed={(2, 1)}) == [
+        "r1s0 (alice)", "r2s1 (alice, claimed)"]
+    r = PeerRow("bob", samples=300, why={"own shards": 12, "test set": 1, "read at load": 1, "others' shards": 6,
+                                         "other": 0}, lost=["r1s0 (alice)"], share_pieces=10.0)
+    said = causes(r)
+    assert said[0].startswith("boundary pieces: its own shards read 12 pieces for 10.0 pieces' worth")
+    assert "(1.20x" in said[0]
+    assert said[1].startswith("2 pieces every peer holds")
+    assert said[2].startswith("6 pieces read only by shards other peers trained") and "1 such shards" in said[2]
+    assert len(said) == 3 and causes(PeerRow("carol")) == []
