@@ -140,12 +140,14 @@ def samples_hash(samples: Any) -> str:
 
 def urls_problem(urls: Any) -> str | None:
     """Why ``urls`` is not a list of https base addresses, or None."""
-    if type(urls) is not list or not 1 <= len(urls) <= MAX_URLS or len(set(urls)) != len(urls):
+    if type(urls) is not list or not 1 <= len(urls) <= MAX_URLS or not all(type(u) is str for u in urls) \
+            or len(set(urls)) != len(urls):
         return f"urls must be 1 to {MAX_URLS} distinct addresses"
     for u in urls:
-        if type(u) is not str or not 8 < len(u) <= MAX_URL or not u.startswith("https://") or any(
-                c.isspace() or ord(c) < 32 for c in u):
+        if not 8 < len(u) <= MAX_URL or not u.startswith("https://") or any(c.isspace() or ord(c) < 32 for c in u):
             return f"each url must be an https:// address of at most {MAX_URL} characters"
+        if "@" in u.split("/", 3)[2]:
+            return "a url must not carry a user or password (user@host): records are read by every member"
     return None
 
 

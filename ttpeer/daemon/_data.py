@@ -406,7 +406,9 @@ class Datasets:
             async with self._lock(dataset):
                 if piece.index in done:
                     continue
-                phase(f"fetching dataset {name}: {got.done}/{got.total} pieces")
+                phase(f"fetching dataset {name}: {got.done}/{got.total} pieces" if only is None else
+                      f"fetching {len(wanted)} pieces of dataset {name} that the task reads "
+                      f"({got.done}/{got.total} here)")
                 blobs = list(dict.fromkeys(names[piece.index] for names in sources))
                 bad_before = got.bad_pieces
                 if await self._fetch_piece(dataset, piece, blobs, done, got):

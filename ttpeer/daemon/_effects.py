@@ -252,7 +252,7 @@ class Effects:
         """For a ``dataset_samples`` job, once prepared and while each shard trains: which
         pieces each shard of round ``rnd`` reads (the chain's round, then the next). Tell
         the machine which shards' data is here (it claims those first), and prefetch the
-        pieces of the one this peer would claim first."""
+        pieces of this peer's share of the round (``PeerMachine.share``)."""
         pieces = getattr(self._node.executor, "pieces", None)
         if pieces is None or not job.body.get("samples") or job["mode"] == "ensemble":
             return
@@ -268,10 +268,12 @@ class Effects:
         if not found:
             return
         missing = {int(s): list(m) for s, m in found["missing"].items()}
-        order = self._node.machine.claim_order(rnd, len(shards))
-        best = min(order, key=lambda s: (len(missing.get(s, ())), order.index(s)))
-        self._node.machine.prefer(job.id, rnd, {s: 0 if s == best else len(m) for s, m in missing.items()})
-        self._node.data.prefetch(found["dataset"], found["name"], missing.get(best, []))
+        # This peer's share of the round: the shards the others leave to it first. Their
+        # pieces are prefetched, so its claims there find them here (and say so).
+        share = self._node.machine.share(job.id, rnd, len(shards))
+        self._node.machine.prefer(job.id, rnd, {s: 0 if s in share else len(m) for s, m in missing.items()})
+        self._node.data.prefetch(found["dataset"], found["name"],
+                                 sorted({k for s in share for k in missing.get(s, ())}))
 
     async def _train(self, eff: Train) -> None:
         job, key = eff.job, (eff.job.id, eff.round, eff.shard)

@@ -289,6 +289,9 @@ class _JobWorkers:
     failed: str | None = None
     retire: bool = False
     lock: trio.Lock = field(default_factory=trio.Lock)
+    # Workers whose ``prepare`` read dataset pieces not here yet: kept (torch imported, in
+    # their group) and asked again once the daemon fetched them, not started anew.
+    pending: list[_Worker] = field(default_factory=list)
 
 
 class ProcessExecutor:
@@ -452,6 +455,34 @@ class ProcessExecutor:
         """Start the job's workers (one per local device, joined into a process group
         when there are several) and prepare the job in each (under ``j.lock``). Returns
         a worker's decline, if any (then no worker is kept)."""
+        group, j.pending = j.pending, []
+        if group and not all(w.alive for w in group):
+            await _close_all(group)
+            group = []
+        try:
+            if not group:
+                group = await self._new_group(j)
+            args = {"job": j.job.raw.hex(), "task_file": self._task_path(j.task_file)}
+            declines = await _all(group, lambda _rank: ("prepare", args), timeout=self._timeout(j.job.body))
+        except DatasetMissing:
+            j.pending = group  # the daemon fetches what it missed; then these prepare again
+            raise
+        except WorkerDied as exc:
+            await _close_all(group)
+            raise TaskFailed(f"the worker process died while loading the task ({exc})") from None
+        except BaseException:
+            await _close_all(group)
+            raise
+        decline = next((d for d in declines if d is not None), None)
+        if decline is not None:
+            await _close_all(group)
+            return decline
+        j.group = group
+        return None
+
+    async def _new_group(self, j: _JobWorkers) -> list[_Worker]:
+        """The job's workers, started: one per local device, joined into a process group
+        when there are several. Raises as ``_start`` says; closes what it started."""
         group: list[_Worker] = []
         try:
             group.append(await self._take())
@@ -465,20 +496,13 @@ class ProcessExecutor:
                                                           "device": self._rank_device(group[rank], rank),
                                                           "threads": max(1, (os.cpu_count() or 1) // n)}),
                            timeout=self._timeout(j.job.body))
-            args = {"job": j.job.raw.hex(), "task_file": self._task_path(j.task_file)}
-            declines = await _all(group, lambda _rank: ("prepare", args), timeout=self._timeout(j.job.body))
         except WorkerDied as exc:
             await _close_all(group)
             raise TaskFailed(f"the worker process died while loading the task ({exc})") from None
         except BaseException:
             await _close_all(group)
             raise
-        decline = next((d for d in declines if d is not None), None)
-        if decline is not None:
-            await _close_all(group)
-            return decline
-        j.group = group
-        return None
+        return group
 
     def _rank_device(self, worker: _Worker, rank: int) -> str:
         device = self._device_for(worker)
@@ -576,7 +600,8 @@ class ProcessExecutor:
         self._spare_soon()
 
     async def _drop(self, j: _JobWorkers) -> None:
-        group, j.group = j.group, []
+        group, j.group, pending, j.pending = j.group, [], j.pending, []
+        group += pending
         if group:
             await _close_all(group)
             self._spare_soon()
@@ -608,7 +633,13 @@ class ProcessExecutor:
                     return None
                 return await self._start(j)
 
-        decline = await self._fetching(job, start)
+        try:
+            decline = await self._fetching(job, start)
+        except BaseException:
+            if j.pending:  # it gave up: the kept workers go
+                await _close_all(j.pending)
+                j.pending = []
+            raise
         if decline is None:
             return None
         self._jobs.pop(job.id, None)

@@ -57,10 +57,12 @@ class LeaseTable:
         # (job, round) -> {shard: pieces of its data this peer lacks}, told by the driver
         # (``PeerMachine.prefer``): a free shard whose data is here is claimed first.
         self.prefer: dict[tuple[str, int], dict[int, int]] = {}
+        self.claimers: dict[str, set[str]] = {}  # job -> every peer heard claiming in it
 
     def admit(self, rec: Record, now: float) -> None:
         """A new claim or release record, heard at ``now``."""
         key = (rec["job"], rec["round"], rec["shard"], rec.author, rec["attempt"])
+        self.claimers.setdefault(rec["job"], set()).add(rec.author)
         on_shard = self._claims.setdefault(key[:3], {})
         if rec.kind == "release":
             self._released.add(key)
@@ -134,7 +136,20 @@ class LeaseTable:
         if not free:
             return None
         lacking = self.prefer.get((job.id, rnd), {})
-        return min(free, key=lambda s: (lacking.get(s, 0), self.claim_order(rnd, s)))
+        mine = set(self.share(job.id, rnd, job.shards, members))
+        return min(free, key=lambda s: (lacking.get(s, 0), s not in mine, self.claim_order(rnd, s)))
+
+    def share(self, job: str, rnd: int, shards: int, members: Container[str]) -> list[int]:
+        """The shards of round ``rnd`` this peer is the first choice for, in claim order: the
+        peers heard claiming in the job (and this one), in an order every peer computes
+        alike, take the round's shards in turn. Only a preference: a peer whose share is
+        taken claims what is free; but peers that prefetch their share's data seldom fetch
+        for a shard someone else trains."""
+        peers = {p for p in self.claimers.get(job, ()) if p in members} | {self.me}
+        ranked = sorted(peers, key=lambda p: hashlib.sha256(f"{job}:{p}".encode()).digest())
+        me = ranked.index(self.me)
+        picked = [s for s in range(shards) if (s + rnd) % len(ranked) == me]
+        return sorted(picked, key=lambda s: self.claim_order(rnd, s))
 
     def claim_order(self, rnd: int, shard: int) -> bytes:
         """This peer's own order of a round's shards (ties in ``prefer`` go by it)."""

@@ -283,9 +283,10 @@ class PeerMachine:
         that lack fewest (``LeaseTable.free_shard``); what each shard trains is unchanged."""
         self._leases.prefer[(job, rnd)] = dict(lacking)
 
-    def claim_order(self, rnd: int, shards: int) -> list[int]:
-        """The shards of a round in the order this peer would claim them, all else equal."""
-        return sorted(range(shards), key=lambda s: self._leases.claim_order(rnd, s))
+    def share(self, job: str, rnd: int, shards: int) -> list[int]:
+        """The shards of round ``rnd`` this peer claims first, all else equal (its share:
+        ``LeaseTable.share``), in the order it would claim them."""
+        return self._leases.share(job, rnd, shards, self.records.members)
 
     # -- queries for status ------------------------------------------------------------
 
