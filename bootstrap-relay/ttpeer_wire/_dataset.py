@@ -121,6 +121,15 @@ def samples_problem(samples: Any, files: list[dict[str, Any]], piece_size: int) 
         return "samples.counts and samples.spill need one number per piece"
     if fmt == "tar" and not (_count_list(samples["first"], 2**50) and len(samples["first"]) == pieces):
         return "samples.first needs one offset per piece"
+    # A piece's samples reach at most to its file's last piece.
+    k = 0
+    for f, skip in zip(files, samples["skip"], strict=True):
+        n = piece_count(f["size"], piece_size)
+        if skip > f["size"] or any(j + samples["spill"][k + j] >= n for j in range(n)):
+            return f"samples.skip or samples.spill reach past file {f['path']!r}"
+        if fmt != "lines" and fmt != "tar" and (f["size"] - skip) % record:
+            return f"file {f['path']!r} is not a whole number of samples.record bytes"
+        k += n
     if sum(samples["counts"]) < 1:
         return "samples.counts must count at least one sample"
     return None

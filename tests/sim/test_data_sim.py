@@ -126,6 +126,11 @@ async def test_a_part_of_a_dataset_is_fetched_alone_and_a_full_disk_is_the_daemo
             row = {r["name"]: r for r in bob.data.listing()}["corpus"]
             assert (row["here"], row["pieces_here"], row["fetched_bytes"]) == ("partial", 2, 2 * PIECE)
             assert bob.data.store.part_done(rec["id"]) == {2, 5}
+            # Its copy removed (data rm, or evicted), nothing of it is remembered as here.
+            await bob.data.remove("corpus", False)
+            with trio.fail_after(600):
+                await bob.data.fetch(rec["id"], "corpus", lambda _t: None, None, pieces=[2])
+            assert bob.data.store.part_done(rec["id"]) == {2}
             # A piece the relay lost and nobody uploads again (alice has stopped serving):
             # a shard's wait ends after ``within`` seconds, with the reason.
             stored = relay.blobs[alice.cfg.pool]

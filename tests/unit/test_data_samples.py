@@ -339,3 +339,54 @@ def test_advise_reads_a_tasks_dataset_from_the_home(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UsageError, match="reads dataset 'corpus', which this machine's ttpeer home does not hold"):
         _load(str(task), tmp_path / "empty")
+
+
+def test_an_index_that_reaches_past_its_files_is_refused_and_a_short_spill_is_not_read_past(tmp_path):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from ttpeer.train import TaskError
+
+    body = _record_body(tmp_path, "lines", b"a\nb\n" * 3000)
+    key, pool = Ed25519PrivateKey.generate(), "0" * 32
+    spill = [0] * (len(body["samples"]["spill"]) - 1) + [1000]
+    with pytest.raises(RecordError, match="reach past file"):
+        sign("dataset", pool, {**body, "samples": {**body["samples"], "spill": spill}}, key)
+    # A line that runs over three pieces, indexed as if it ended in the next one: a peer
+    # holding the pieces the index names refuses to read on, rather than read zeros.
+    data = b"short\n" + b"L" * 40 + b"\nend\n"
+    index, root = _add(tmp_path / "s", {"a.txt": data}, 16, "lines", complete=False)
+    assert index.samples["spill"][0] == 2
+    index.samples["spill"][0] = 1
+    held = list(range(len(index._pieces)))
+    (root / f"{ID}.part" / "done.json").write_text(json.dumps(held))
+    shutil_copy_pieces(tmp_path / "s" / "src", root / f"{ID}.part" / "files", index, held[:2])
+    with pytest.raises(TaskError, match="goes on past the pieces its index says it reads"):
+        open_samples(index, None)[1]
+
+
+def test_a_shard_that_misses_pieces_after_its_steps_is_trained_again_not_retried():
+    import trio
+
+    from ttpeer.daemon._procexec import ProcessExecutor
+    from ttpeer.errors import LocalWorkLost
+
+    fetched = []
+
+    async def on_missing(job, exc):
+        fetched.append(exc.pieces)
+
+    async def call():
+        exc = DatasetMissing("corpus", dataset=ID, pieces=[4])
+        exc.moved = True
+        raise exc
+
+    ex = ProcessExecutor.__new__(ProcessExecutor)  # only its retry rule runs here
+    ex.on_missing, ex._jobs = on_missing, {}
+    job = type("J", (), {"id": "ab" * 32})()
+
+    async def main():
+        with pytest.raises(LocalWorkLost, match="mid-shard"):
+            await ex._fetching(job, call)
+
+    trio.run(main)
+    assert fetched == [[4]]  # fetched once, then the shards train again from the round's base

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import re
 import secrets
 import shutil
@@ -144,6 +145,8 @@ class Datasets:
         self._locks: dict[str, trio.Lock] = {}  # one piece of a dataset written at a time
         self._done: dict[str, set[int]] = {}  # assemblies here: the pieces verified so far
         self._prefetching: set[str] = set()
+        self._waiting: dict[str, int] = {}  # datasets a fetch waits on (prefetch steps aside)
+        self._quiet: dict[str, trio.Event] = {}  # set when no fetch waits on the dataset
         self.reuploads: dict[str, int] = {}  # pieces uploaded again for others, by dataset
         self._names = 0  # work file names
         self.urls = UrlSource()  # the daemon gives it its proxy (``_run``)
@@ -261,10 +264,11 @@ class Datasets:
         ``DiskError`` if the disk is full."""
         sampled = job.body.get("samples") or {}
         for name, dataset in sorted((job.body.get("datasets") or {}).items()):
+            # An ensemble's members each read the whole dataset in their own order: fetched whole.
+            if name not in sampled or job["mode"] == "ensemble":
+                await self.fetch(dataset, name, phase, job)
             if name in sampled:
                 await self.open_index(dataset, name, sampled[name], phase, job)
-            else:
-                await self.fetch(dataset, name, phase, job)
 
     async def fetch_named(self, name: str, *, whole: bool = True) -> str:
         """At submit: fetch the dataset the name ``name`` means here (``whole=False``: only
@@ -321,6 +325,16 @@ class Datasets:
         if dataset in self.store.held():
             self._touch(dataset, self.store.held()[dataset], name)
             return
+        self._waiting[dataset] = self._waiting.get(dataset, 0) + 1
+        try:
+            await self._fetch_until(dataset, name, phase, job, pieces, within)
+        finally:
+            self._waiting[dataset] -= 1
+            if not self._waiting[dataset]:
+                self._quiet.pop(dataset, trio.Event()).set()
+
+    async def _fetch_until(self, dataset: str, name: str, phase: Callable[[str], None], job: Record | None,
+                           pieces: list[int] | None, within: float | None) -> None:
         wait = RETRY_FIRST
         deadline = None if within is None else trio.current_time() + within
         while True:
@@ -334,9 +348,12 @@ class Datasets:
             if not records:
                 phase(f"waiting for dataset {name}: its record ({dataset[:12]}) has not reached this peer")
             else:
-                missing, damaged = await self._fetch_pass(dataset, name, records, phase, pieces)
-                if not missing:
-                    return
+                with trio.move_on_at(math.inf if deadline is None else deadline):  # a slow source too
+                    missing, damaged = await self._fetch_pass(dataset, name, records, phase, pieces)
+                    if not missing:
+                        return
+                if deadline is not None and trio.current_time() >= deadline:
+                    continue  # said above
                 self._want(dataset, missing, damaged)
                 got = self.fetches[dataset]
                 phase(f"waiting for dataset {name}: {got.done}/{got.total} pieces "
@@ -346,8 +363,8 @@ class Datasets:
             wait = min(RETRY_MAX, wait * 2)
 
     def prefetch(self, dataset: str, name: str, pieces: list[int]) -> None:
-        """Fetch ``pieces`` of ``dataset`` in the background (the shard this peer is likely
-        to train next), one at a time, never in the way of a fetch a shard waits on."""
+        """Fetch ``pieces`` of ``dataset`` in the background (the shards this peer is likely
+        to train next), one at a time; a piece waits while a fetch that a shard waits on runs."""
         done = self._done.get(dataset)
         want = [k for k in pieces if done is None or k not in done]
         if not want or self._node.nursery is None or dataset in self._prefetching:
@@ -358,7 +375,7 @@ class Datasets:
             try:
                 records = dataset_sources(self._node.machine.records, dataset)
                 if records:
-                    await self._fetch_pass(dataset, name, records, lambda _text: None, want)
+                    await self._fetch_pass(dataset, name, records, lambda _text: None, want, background=True)
             except (NetError, JobError, DiskError) as exc:
                 log.info("prefetching pieces of dataset %s stopped: %s", dataset[:12], exc)
             finally:
@@ -385,7 +402,7 @@ class Datasets:
         return done
 
     async def _fetch_pass(self, dataset: str, name: str, records: list[Record], phase: Callable[[str], None],
-                          only: list[int] | None = None) -> tuple[list[int], list[int]]:
+                          only: list[int] | None = None, *, background: bool = False) -> tuple[list[int], list[int]]:
         """Fetch every piece (of ``only``) not held yet, once; returns the pieces still
         missing, and those of them whose every copy was refused as damaged."""
         pieces = pieces_of(records[0].body)  # one id, one manifest: any record's pieces
@@ -401,8 +418,13 @@ class Datasets:
         sources = [piece_blobs(r.body) for r in records]  # newest record first
         missing, damaged = [], []
         fetched = False
-        wanted = pieces if only is None else [pieces[k] for k in sorted(set(only)) if 0 <= k < len(pieces)]
+        if only is not None and not all(0 <= k < len(pieces) for k in only):
+            raise JobError(f"the task asked for pieces of dataset {name!r} that it does not have (it has "
+                           f"{len(pieces)}): its sample index does not match its files")
+        wanted = pieces if only is None else [pieces[k] for k in sorted(set(only))]
         for piece in wanted:
+            while background and self._waiting.get(dataset):  # a shard waits: it goes first
+                await self._quiet.setdefault(dataset, trio.Event()).wait()
             async with self._lock(dataset):
                 if piece.index in done:
                     continue
@@ -424,10 +446,22 @@ class Datasets:
                 await self._finish(dataset, name, pieces, got)
             elif fetched:  # an assembly grew: the cache's bound holds for assemblies too
                 try:
-                    await trio.to_thread.run_sync(self.store.evict, self.cache_bytes, self.in_use() | {dataset})
+                    await self._evict(dataset)
                 except OSError as exc:
                     raise disk_or_job(self.store.root, exc) from None
         return missing, damaged
+
+    async def _evict(self, dataset: str) -> None:
+        """The cache's bound, kept: never ``dataset`` (being fetched), a running job's, one
+        being prefetched or written (its lock held)."""
+        busy = {d for d, lock in self._locks.items() if lock.locked()} | self._prefetching | {dataset}
+        for gone in await trio.to_thread.run_sync(self.store.evict, self.cache_bytes, self.in_use() | busy):
+            self._forget(gone)
+
+    def _forget(self, dataset: str) -> None:
+        """This peer's copy of ``dataset`` is gone: nothing of it is remembered as here."""
+        self._done.pop(dataset, None)
+        self.fetches.pop(dataset, None)
 
     async def _finish(self, dataset: str, name: str, pieces: list[Piece], got: _Fetch) -> None:
         size = sum(p.size for p in pieces)
@@ -437,7 +471,7 @@ class Datasets:
         try:
             await trio.to_thread.run_sync(self.store.finish, dataset, meta)
             self._done.pop(dataset, None)
-            await trio.to_thread.run_sync(self.store.evict, self.cache_bytes, self.in_use() | {dataset})
+            await self._evict(dataset)
         except OSError as exc:
             raise disk_or_job(self.store.root, exc) from None
         log.info("fetched dataset %s (%s): %d pieces, %d bytes (%d from its urls, %d from the relay), %d refused",
@@ -664,8 +698,9 @@ class Datasets:
         if dataset in self.in_use():
             raise DataError(f"dataset {text!r} is used by a job that has not ended; cancel it or wait for it")
         removed = dataset in self.store.held() or (self.store.root / f"{dataset}.part").exists()
-        await trio.to_thread.run_sync(self.store.remove, dataset)
-        self.fetches.pop(dataset, None)
+        async with self._lock(dataset):
+            await trio.to_thread.run_sync(self.store.remove, dataset)
+            self._forget(dataset)
         withdrawn = []
         if withdraw:
             await self._node.key_event.wait()

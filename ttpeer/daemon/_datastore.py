@@ -325,9 +325,9 @@ class DataStore:
     def finish(self, dataset: str, meta: dict[str, Any]) -> None:
         """Every piece is in: the assembly becomes the held dataset."""
         part = self.root / f"{dataset}.part"
-        (part / "done.json").unlink(missing_ok=True)
         write_atomic(part / "meta.json", json.dumps(meta, sort_keys=True).encode())
-        os.replace(part, self.root / dataset)
+        os.replace(part, self.root / dataset)  # a reader sees the assembly or the dataset, never neither
+        (self.root / dataset / "done.json").unlink(missing_ok=True)
 
     # -- eviction --------------------------------------------------------------------------
 
@@ -378,7 +378,7 @@ def _disk_bytes(folder: Path) -> int:
 
 FORMATS = ("lines", "npy", "tar", "records:BYTES")
 _NPY_MAGIC = b"\x93NUMPY"
-_NPY_TYPE = re.compile(r"^[<>|=]?[biuf][1-8]$")
+_NPY_TYPE = re.compile(r"^[<>|=]?(?:[biu][1248]|f[248])$")
 
 
 def parse_format(text: str) -> tuple[str, int]:

@@ -273,7 +273,7 @@ class Effects:
         share = self._node.machine.share(job.id, rnd, len(shards))
         self._node.machine.prefer(job.id, rnd, {s: 0 if s in share else len(m) for s, m in missing.items()})
         self._node.data.prefetch(found["dataset"], found["name"],
-                                 sorted({k for s in share for k in missing.get(s, ())}))
+                                 sorted({*found.get("test", ()), *(k for s in share for k in missing.get(s, ()))}))
 
     async def _train(self, eff: Train) -> None:
         job, key = eff.job, (eff.job.id, eff.round, eff.shard)

@@ -215,9 +215,11 @@ def _error(reply: dict[str, Any]) -> Exception:
         return DiskError(Path(str(reply.get("path") or "the ttpeer home")), OSError(28, message))
     if kind == "dataset":
         pieces = reply.get("pieces")
-        return DatasetMissing(str(reply.get("name", "")), dataset=str(reply.get("dataset") or ""),
-                              pieces=[p for p in pieces if type(p) is int] if isinstance(pieces, list) else None,
-                              whole=reply.get("whole") is not False)
+        missing = DatasetMissing(str(reply.get("name", "")), dataset=str(reply.get("dataset") or ""),
+                                 pieces=[p for p in pieces if type(p) is int] if isinstance(pieces, list) else None,
+                                 whole=reply.get("whole") is not False)
+        missing.moved = reply.get("moved") is True
+        return missing
     return JobError(message)
 
 
@@ -545,7 +547,11 @@ class ProcessExecutor:
                 if self.on_missing is None:
                     raise
                 await self.on_missing(job, exc)
-        raise JobError(f"job {job.id[:12]}: the task still misses dataset pieces after {MAX_FETCHES} fetches")
+                if exc.moved:  # the local model took steps first: those shards train again
+                    raise LocalWorkLost(job.id, f"the task read pieces of dataset {exc.name!r} mid-shard (now "
+                                                "fetched); this peer trains its shards again") from None
+        raise JobError(f"job {job.id[:12]}: the task still misses pieces of its datasets after {MAX_FETCHES} "
+                       "fetches (a task reading many pieces one at a time, outside its shards?)")
 
     async def _call(self, job: Record, op: str, args: dict[str, Any], *, step: bool = False, every: bool = False,
                     on_progress: Callable[[int], bool] | None = None) -> Any:

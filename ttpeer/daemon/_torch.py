@@ -368,7 +368,18 @@ class TorchExecutor:
             return samples
 
         def run() -> int:
-            _need_pieces(ctx.task, self._shard_pieces(ctx.task, job, eff.round, eff.shard, *eff.span()))
+            _need_pieces(ctx.task, self._shard_pieces(ctx.task, job, eff.round, eff.shard, *eff.span()),
+                         self.world, self.device)
+            try:
+                return steps()
+            except train.DatasetMissing as exc:
+                # Read after steps were taken (a dataset_samples wrapped in another Dataset,
+                # whose pieces ttpeer cannot see ahead): fetched, then the shard trains again
+                # from its round's base, as after a lost worker.
+                exc.moved = True
+                raise
+
+        def steps() -> int:
             if eff.fresh:
                 start = self._start(ctx, eff)
                 if start is None:  # the round's base: its params, read from its file
@@ -417,7 +428,8 @@ class TorchExecutor:
         """What the shards ``shards`` of round ``rnd`` (``steps`` inner steps from global
         step ``first``) read of the job's ``dataset_samples`` training set: its dataset,
         name, and per shard the pieces, and of them those not here yet. Empty when the
-        training set is not read by pieces."""
+        training set is not read by pieces. ``test``: the pieces of the test set (a part of
+        the same dataset) not here yet."""
         ctx = self._job(job)
         train_set = ctx.task.train
         if not isinstance(train_set, train.Samples) or ctx.ensemble:
@@ -425,9 +437,13 @@ class TorchExecutor:
 
         def run() -> dict[str, Any]:
             per = {s: self._shard_pieces(ctx.task, job, rnd, s, steps, first) for s in shards}
+            test = ctx.task.test
+            same = isinstance(test, train.Samples) and test.index.dataset == train_set.index.dataset
             return {"dataset": train_set.index.dataset, "name": train_set.index.name,
                     "pieces": {str(s): p for s, p in per.items()},
-                    "missing": {str(s): train_set.missing(p) for s, p in per.items()}}
+                    "missing": {str(s): train_set.missing(p) for s, p in per.items()},
+                    # the test set's, when it is a part of the same dataset (``split``): every close reads it
+                    "test": train_set.missing(test.pieces_for(range(len(test)))) if same else []}
 
         return await _in_thread(run, job["task"])
 
@@ -629,14 +645,18 @@ def _unfinish(folder: Path, state: str) -> None:
         done.unlink(missing_ok=True)
 
 
-def _need_pieces(task: train.LoadedTask, pieces: list[int]) -> None:
+def _need_pieces(task: train.LoadedTask, pieces: list[int], world: int, device: str) -> None:
     """Raise ``DatasetMissing`` naming the pieces of ``pieces`` not here, before a step is
-    taken: the daemon fetches them and asks again, and the local model has not moved."""
-    if pieces and isinstance(task.train, train.Samples):
-        missing = task.train.missing(pieces)
-        if missing:
-            index = task.train.index
-            raise train.DatasetMissing(index.name, dataset=index.dataset, pieces=missing)
+    taken: the daemon fetches them and asks again, and the local model has not moved. A
+    peer's workers decide together (one may look just before a piece lands, another after)."""
+    if not pieces or not isinstance(task.train, train.Samples):
+        return
+    missing = task.train.missing(pieces)
+    if world > 1 and train.agreed_stop(lambda: bool(missing), device)():
+        missing = missing or list(pieces[:1])  # the others miss some: all raise, none steps
+    if missing:
+        index = task.train.index
+        raise train.DatasetMissing(index.name, dataset=index.dataset, pieces=missing)
 
 
 async def _in_thread(fn: Callable[[], T], task: str) -> T:

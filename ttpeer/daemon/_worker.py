@@ -233,7 +233,7 @@ def failure(exc: BaseException) -> dict[str, Any]:
 
     if isinstance(exc, DatasetMissing):
         return {"error": "dataset", "message": str(exc), "name": exc.name, "dataset": exc.dataset,
-                "pieces": exc.pieces[:4096], "whole": exc.whole}
+                "pieces": exc.pieces[:4096], "whole": exc.whole, "moved": exc.moved}
     if isinstance(exc, StateMissing):
         return {"error": "state_missing", "message": str(exc), "state": exc.state}
     if isinstance(exc, DiskError):

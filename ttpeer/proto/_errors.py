@@ -28,6 +28,7 @@ class DatasetMissing(TtpeerError):
         what = f"pieces {_few(pieces)} of dataset {name!r} are" if pieces else f"dataset {name!r} is"
         super().__init__(f"{what} not held on this peer")
         self.name, self.dataset, self.pieces, self.whole = name, dataset, list(pieces or ()), whole
+        self.moved = False  # raised after training steps: the call is not made again as it was
 
 
 def _few(pieces: list[int]) -> str:

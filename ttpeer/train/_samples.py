@@ -74,8 +74,11 @@ class SampleIndex:
             for offset in range(0, size, self.piece_size):
                 self._pieces.append((f, offset, min(self.piece_size, size - offset)))
         counts = self.samples["counts"]
-        if len(counts) != len(self._pieces):
-            raise TaskError(f"dataset {self.name!r}: its sample index does not match its files")
+        if len(counts) != len(self._pieces) or any(
+                k + spill >= len(self._pieces) or self._pieces[k + spill][0] != self._pieces[k][0]
+                for k, spill in enumerate(self.samples["spill"])):
+            raise TaskError(f"dataset {self.name!r}: its sample index does not match its files (a piece's "
+                            "samples reach past its file)")
         piece = 0
         for f in range(len(self.files)):
             self._file_first.append(n)
@@ -97,13 +100,20 @@ class SampleIndex:
     def pieces_of(self, i: int) -> range:
         """Every piece sample ``i`` reads."""
         k = self.piece_of(i)
-        if self.format in ("lines", "tar"):  # a sample ends inside its piece unless it is the last
+        if self.format == "tar":  # a piece's samples are found together, from its first header
+            return range(k, k + 1 + self.samples["spill"][k])
+        if self.format == "lines":  # a line ends inside its piece unless it is the piece's last
             last = i == self._starts[k] + self.samples["counts"][k] - 1
             return range(k, k + 1 + (self.samples["spill"][k] if last else 0))
         f, offset = self._record_at(i)
         first = self._file_piece[f]
         return range(first + offset // self.piece_size,
                      first + (offset + self.samples["record"] - 1) // self.piece_size + 1)
+
+    def reach_end(self, k: int) -> int:
+        """The file offset where the last piece that piece ``k``'s samples read ends."""
+        end = self._pieces[k + self.samples["spill"][k]]
+        return end[1] + end[2]
 
     def _record_at(self, i: int) -> tuple[int, int]:
         """(file, byte offset in it) of fixed-size sample ``i``."""
@@ -204,17 +214,19 @@ class _Reader:
         if j + 1 < len(starts):
             begin, end = int(starts[j]), int(starts[j + 1]) - 1  # the newline before the next line
             return self._pread(f, offset + begin, end - begin)
-        # The piece's last line: read on to its newline, in this piece or the next ones.
+        # The piece's last line: read on to its newline, in this piece or the next ones its
+        # index says it reaches (verified here), never further: every peer reads the same.
         at, out = offset + int(starts[j]), bytearray()
-        file_size = index.files[f][1]
-        while at < file_size:
-            chunk = self._pread(f, at, min(_READ, file_size - at))
+        end, file_size = index.reach_end(k), index.files[f][1]
+        while at < end:
+            chunk = self._pread(f, at, min(_READ, end - at))
             cut = chunk.find(b"\n")
             if cut >= 0:
-                out += chunk[:cut]
-                break
+                return bytes(out + chunk[:cut])
             out += chunk
             at += len(chunk)
+        if end < file_size:
+            raise TaskError(f"dataset {index.name!r}: line {i} goes on past the pieces its index says it reads")
         return bytes(out)
 
     def _tar(self, i: int) -> dict[str, bytes]:
@@ -233,16 +245,19 @@ class _Reader:
         """The samples starting in piece ``k`` of a tar shard: (extension, data offset, size) of
         each member, read from the headers onwards of the piece's first sample."""
         index = self.index
-        f, offset, size = index._pieces[k]
+        f = index._pieces[k][0]
         count = index.samples["counts"][k]
         fd = self._fd(f)
         groups: list[list[tuple[str, int, int]]] = []
         key = None
+        end = index.reach_end(k)  # what is verified here of the piece's samples
         with os.fdopen(os.dup(fd), "rb") as fh:
             fh.seek(index.samples["first"][k])
             try:
                 tar = tarfile.open(fileobj=fh, mode="r:")
                 for member in tar:
+                    if member.offset >= end:
+                        break
                     if not member.isfile():
                         continue
                     name = member.name.rsplit("/", 1)[-1]
@@ -252,9 +267,12 @@ class _Reader:
                             break
                         groups.append([])
                         key = k_
+                    if member.offset_data + member.size > end:
+                        raise TaskError(f"dataset {index.name!r}: a tar member of piece {k} goes on past the "
+                                        "pieces its index says it reads")
                     groups[-1].append((ext, member.offset_data, member.size))
             except tarfile.TarError:
-                pass  # past the piece's last sample: the next header is not here (or the end)
+                pass  # the end of the archive, or a header cut at the verified end: counted below
         if len(groups) != count:
             raise TaskError(f"dataset {index.name!r}: piece {k} does not hold the tar samples its index counts")
         self._offsets[k] = groups  # type: ignore[assignment]

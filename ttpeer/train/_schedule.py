@@ -79,7 +79,7 @@ def piece_shard_indices(counts: list[int], seed: int, round: int, shard: int, sh
     while position < stop:
         epoch, offset = divmod(position, n)
         take = min(n - offset, stop - position)
-        parts.append(_piece_epoch(tuple(counts), seed, epoch)[offset:offset + take])
+        parts.append(_piece_epoch_slice(counts, seed, epoch, offset, offset + take))
         position += take
     picked = np.concatenate(parts)
     mix = _epoch_order(len(picked), seed ^ _PIECE_STREAM, start)
@@ -87,14 +87,22 @@ def piece_shard_indices(counts: list[int], seed: int, round: int, shard: int, sh
     return [picked[b * batch_size:(b + 1) * batch_size] for b in range(batches_per_shard)]
 
 
-@lru_cache(maxsize=4)
-def _piece_epoch(counts: tuple[int, ...], seed: int, epoch: int) -> np.ndarray:
-    """Epoch ``epoch``'s samples: the pieces in their permuted order, each piece's in order."""
-    firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+def _piece_epoch_slice(counts: list[int], seed: int, epoch: int, lo: int, hi: int) -> np.ndarray:
+    """Positions ``[lo, hi)`` of epoch ``epoch``: the pieces in their permuted order, each
+    piece's samples in order. Only the pieces the span touches are laid out."""
     order = _epoch_order(len(counts), (seed + _PIECE_STREAM) & _MASK, epoch)
-    out = np.concatenate([np.arange(firsts[k], firsts[k + 1], dtype=np.int64) for k in order.tolist()])
-    out.setflags(write=False)
-    return out
+    sizes = np.asarray(counts, dtype=np.int64)
+    firsts = np.concatenate([[0], np.cumsum(sizes)])  # each piece's first sample
+    ends = np.cumsum(sizes[order])  # where each slot of the epoch ends
+    out: list[np.ndarray] = []
+    slot = int(np.searchsorted(ends, lo, side="right"))
+    while lo < hi:
+        piece = int(order[slot])
+        begin = int(ends[slot]) - counts[piece]  # the epoch position where this piece starts
+        a, b = lo - begin, min(hi, int(ends[slot])) - begin
+        out.append(np.arange(firsts[piece] + a, firsts[piece] + b, dtype=np.int64))
+        lo, slot = begin + b, slot + 1
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
 def _check(n_train: int, seed: int, round: int, shard: int, shards_per_round: int, batches_per_shard: int,
