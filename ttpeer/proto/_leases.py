@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 
 from ttpeer_wire import Record
@@ -141,11 +141,13 @@ class LeaseTable:
 
     def share(self, job: str, rnd: int, shards: int, members: Container[str]) -> list[int]:
         """The shards of round ``rnd`` this peer is the first choice for, in claim order: the
-        peers heard claiming in the job (and this one), in an order every peer computes
-        alike, take the round's shards in turn. Only a preference: a peer whose share is
-        taken claims what is free; but peers that prefetch their share's data seldom fetch
-        for a shard someone else trains."""
+        peers heard claiming in the job (and this one; every member before any claim is
+        heard), in an order every peer computes alike, take the round's shards in turn.
+        Only a preference: a peer whose share is taken claims what is free; but peers that
+        prefetch their share's data seldom fetch for a shard someone else trains."""
         peers = {p for p in self.claimers.get(job, ()) if p in members} | {self.me}
+        if len(peers) == 1 and isinstance(members, Iterable):  # no claim heard yet: every member
+            peers |= set(members)
         ranked = sorted(peers, key=lambda p: hashlib.sha256(f"{job}:{p}".encode()).digest())
         me = ranked.index(self.me)
         picked = [s for s in range(shards) if (s + rnd) % len(ranked) == me]
