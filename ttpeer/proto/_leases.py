@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from ttpeer_wire import Record
 
 from ._jobspec import JobSpec
+from ._ledger import RecordSet
 
 Own = tuple[str, int, int, int]  # (job, round, shard, attempt) of the claim this peer trains
 
@@ -57,12 +58,10 @@ class LeaseTable:
         # (job, round) -> {shard: pieces of its data this peer lacks}, told by the driver
         # (``PeerMachine.prefer``): a free shard whose data is here is claimed first.
         self.prefer: dict[tuple[str, int], dict[int, int]] = {}
-        self.claimers: dict[str, set[str]] = {}  # job -> every peer heard claiming in it
 
     def admit(self, rec: Record, now: float) -> None:
         """A new claim or release record, heard at ``now``."""
         key = (rec["job"], rec["round"], rec["shard"], rec.author, rec["attempt"])
-        self.claimers.setdefault(rec["job"], set()).add(rec.author)
         on_shard = self._claims.setdefault(key[:3], {})
         if rec.kind == "release":
             self._released.add(key)
@@ -127,7 +126,7 @@ class LeaseTable:
         return max(attempts) + 1 if attempts else 0
 
     def free_shard(self, job: JobSpec, rnd: int, taken: Container[int], now: float,
-                   members: Container[str]) -> int | None:
+                   members: Container[str], sharers: Iterable[str] = ()) -> int | None:
         """A shard not ``taken`` (covered, or trained here) that no live claim holds: the
         one whose data this peer lacks least (``prefer``), then in this peer's own hashed
         order, which spreads concurrent claimers over shards. Which shard a peer trains
@@ -136,19 +135,16 @@ class LeaseTable:
         if not free:
             return None
         lacking = self.prefer.get((job.id, rnd), {})
-        mine = set(self.share(job.id, rnd, job.shards, members))
+        mine = set(self.share(job.id, rnd, job.shards, sharers))
         return min(free, key=lambda s: (lacking.get(s, 0), s not in mine, self.claim_order(rnd, s)))
 
-    def share(self, job: str, rnd: int, shards: int, members: Container[str]) -> list[int]:
+    def share(self, job: str, rnd: int, shards: int, sharers: Iterable[str]) -> list[int]:
         """The shards of round ``rnd`` this peer is the first choice for, in claim order: the
-        peers heard claiming in the job (and this one; every member before any claim is
-        heard), in an order every peer computes alike, take the round's shards in turn.
-        Only a preference: a peer whose share is taken claims what is free; but peers that
-        prefetch their share's data seldom fetch for a shard someone else trains."""
-        peers = {p for p in self.claimers.get(job, ()) if p in members} | {self.me}
-        if len(peers) == 1 and isinstance(members, Iterable):  # no claim heard yet: every member
-            peers |= set(members)
-        ranked = sorted(peers, key=lambda p: hashlib.sha256(f"{job}:{p}".encode()).digest())
+        ``sharers`` (``sharers_of``: the members that have not declined the job) and this
+        peer, in an order every peer computes alike, take the round's shards in turn. Only a
+        preference: a peer whose share is taken claims what is free; but peers that prefetch
+        their share's data seldom fetch for a shard someone else trains."""
+        ranked = sorted(set(sharers) | {self.me}, key=lambda p: hashlib.sha256(f"{job}:{p}".encode()).digest())
         me = ranked.index(self.me)
         picked = [s for s in range(shards) if (s + rnd) % len(ranked) == me]
         return sorted(picked, key=lambda s: self.claim_order(rnd, s))
@@ -179,3 +175,10 @@ class LeaseTable:
         if best is None or mine * 1.0 + 0.1 * (mine - now) >= best[0]:
             return None
         return best[1]
+
+
+def sharers_of(records: RecordSet, job: str) -> list[str]:
+    """The members that share a job's rounds (``LeaseTable.share``): all but those that
+    declined it. The same on every peer that holds the same records."""
+    declined = {r.author for r in records.of_job(job, "decline")}
+    return [m for m in records.members if m not in declined]

@@ -24,7 +24,7 @@ from enum import Enum
 
 from ._effects import Cancel, Effect, PublishDelta, Sign, Train
 from ._jobspec import JobSpec
-from ._leases import LeaseTable, Own
+from ._leases import LeaseTable, Own, sharers_of
 from ._ledger import RecordSet
 from ._reports import RETRY_AFTER
 
@@ -189,7 +189,7 @@ class LocalWorker:
             # Ensemble: a shard is a member and its contribution is the member's checkpoint,
             # published after every unit, so whoever trains the member next continues it.
             return [self._publish(job, rnd, base, tuple(w.shards), now)], False
-        shard = leases.free_shard(job, rnd, done | set(w.shards), now, members)
+        shard = leases.free_shard(job, rnd, done | set(w.shards), now, members, sharers_of(records, job.id))
         backup = False
         if shard is None and not w.shards and job.steal:
             shard, backup = leases.straggler(job, rnd, done, now, members, self.rate), True

@@ -57,7 +57,7 @@ from ._effects import (
 from ._errors import RecordError
 from ._follower import Follower
 from ._jobspec import JobSpec
-from ._leases import LeaseTable
+from ._leases import LeaseTable, sharers_of
 from ._ledger import Chain, RecordSet
 from ._lifecycle import Lifecycle
 from ._local import LocalWorker
@@ -286,7 +286,7 @@ class PeerMachine:
     def share(self, job: str, rnd: int, shards: int) -> list[int]:
         """The shards of round ``rnd`` this peer claims first, all else equal (its share:
         ``LeaseTable.share``), in the order it would claim them."""
-        return self._leases.share(job, rnd, shards, self.records.members)
+        return self._leases.share(job, rnd, shards, sharers_of(self.records, job))
 
     # -- queries for status ------------------------------------------------------------
 
