@@ -144,7 +144,8 @@ class Datasets:
         self._repaired: dict[tuple[str, int], float] = {}
         self._locks: dict[str, trio.Lock] = {}  # one piece of a dataset written at a time
         self._done: dict[str, set[int]] = {}  # assemblies here: the pieces verified so far
-        self._prefetching: set[str] = set()
+        self._prefetching: dict[str, list[int]] = {}  # dataset -> pieces queued for prefetch
+        self._prefetch_running: set[str] = set()
         self._waiting: dict[str, int] = {}  # datasets a fetch waits on (prefetch steps aside)
         self._quiet: dict[str, trio.Event] = {}  # set when no fetch waits on the dataset
         self.reuploads: dict[str, int] = {}  # pieces uploaded again for others, by dataset
@@ -364,22 +365,30 @@ class Datasets:
 
     def prefetch(self, dataset: str, name: str, pieces: list[int]) -> None:
         """Fetch ``pieces`` of ``dataset`` in the background (the shards this peer is likely
-        to train next), one at a time; a piece waits while a fetch that a shard waits on runs."""
+        to train next), one at a time; a piece waits while a fetch that a shard waits on
+        runs. Pieces asked for while a prefetch runs join its queue."""
         done = self._done.get(dataset)
-        want = [k for k in pieces if done is None or k not in done]
-        if not want or self._node.nursery is None or dataset in self._prefetching:
+        queue = self._prefetching.setdefault(dataset, [])
+        running = bool(queue) or dataset in self._prefetch_running
+        queue += [k for k in pieces if (done is None or k not in done) and k not in queue]
+        if running or not queue or self._node.nursery is None:
             return
-        self._prefetching.add(dataset)
+        self._prefetch_running.add(dataset)
 
         async def run() -> None:
             try:
-                records = dataset_sources(self._node.machine.records, dataset)
-                if records:
+                while queue:
+                    want = list(queue)
+                    records = dataset_sources(self._node.machine.records, dataset)
+                    if not records:
+                        break
                     await self._fetch_pass(dataset, name, records, lambda _text: None, want, background=True)
+                    del queue[:len(want)]
             except (NetError, JobError, DiskError) as exc:
                 log.info("prefetching pieces of dataset %s stopped: %s", dataset[:12], exc)
             finally:
-                self._prefetching.discard(dataset)
+                queue.clear()
+                self._prefetch_running.discard(dataset)
 
         self._node.nursery.start_soon(run)
 
@@ -454,7 +463,7 @@ class Datasets:
     async def _evict(self, dataset: str) -> None:
         """The cache's bound, kept: never ``dataset`` (being fetched), a running job's, one
         being prefetched or written (its lock held)."""
-        busy = {d for d, lock in self._locks.items() if lock.locked()} | self._prefetching | {dataset}
+        busy = {d for d, lock in self._locks.items() if lock.locked()} | self._prefetch_running | {dataset}
         for gone in await trio.to_thread.run_sync(self.store.evict, self.cache_bytes, self.in_use() | busy):
             self._forget(gone)
 
