@@ -15,7 +15,6 @@ from typing import Any
 
 from ttpeer._status_cmds import _size
 
-DEFAULT_PIECE = "64M"
 _UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
 
 
@@ -43,8 +42,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     # dest: not ``name``, which the settings read as this machine's name (``ttpeer.config``)
     a.add_argument("--name", dest="dataset_name", default=None,
                    help="the name tasks ask for (dataset_path(NAME)); default: the path's base name")
-    a.add_argument("--piece-size", type=piece_size, default=piece_size(DEFAULT_PIECE),
-                   help=f"bytes per piece (default {DEFAULT_PIECE}; as small as 4K, for tests)")
+    a.add_argument("--piece-size", type=piece_size, default=None,
+                   help="bytes per piece (default: about 1/256 of the data, a power of two from 1M to 64M, "
+                        "larger when the data needs it to fit one record; as small as 4K, for tests). "
+                        "Smaller pieces fetch closer to a peer's share; each costs a request")
     a.add_argument("--format", dest="sample_format", type=sample_format, default=None,
                    help="index the samples, so tasks read them with dataset_samples(NAME) and each peer "
                         "fetches only the pieces of the shards it trains: lines (a sample per line: text, "

@@ -404,3 +404,13 @@ def test_peers_share_a_rounds_shards_in_turn_in_an_order_they_all_compute():
     shares = {p: t.share("job", 4, 7, peers[:2]) for p, t in tables.items() if p != peers[2]}
     assert sorted(s for share in shares.values() for s in share) == list(range(7))
     assert tables[peers[0]].share("job", 5, 7, peers[:2]) != shares[peers[0]]  # it turns with the round
+
+
+def test_the_default_piece_size_makes_about_256_pieces_and_fits_a_record():
+    from ttpeer.daemon._datastore import auto_piece_size
+
+    assert auto_piece_size([10 << 20]) == 1 << 20  # small data: the smallest default, 10 pieces
+    assert auto_piece_size([1 << 30]) == 4 << 20  # 1 GiB: 256 pieces of 4 MiB
+    assert auto_piece_size([20 << 30]) == 64 << 20  # 20 GiB: 320 pieces of 64 MiB
+    assert auto_piece_size([100 << 30]) == 256 << 20  # 100 GiB: larger, to fit one record
+    assert auto_piece_size([3 << 20] * 300) == 4 << 20  # many files: at most 400 pieces

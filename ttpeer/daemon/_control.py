@@ -8,7 +8,7 @@ One JSON request per connection, one JSON reply:
 ``{"op": "status"}``, ``{"op": "submit", "spec": {...}, "task_file": hex|null}``,
 ``{"op": "revoke", "peer": name|id|prefix}`` (admin only),
 ``{"op": "cancel", "job": id|prefix}`` (the job's submitter or the admin),
-``{"op": "data_add", "path", "name", "piece_size", "format", "urls": [...]|null, "relay": bool}``,
+``{"op": "data_add", "path", "name", "piece_size"|null, "format", "urls": [...]|null, "relay": bool}``,
 ``{"op": "data_ls"}``,
 ``{"op": "data_rm", "dataset": name|id, "withdraw": bool}``.
 Replies are ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
@@ -124,7 +124,8 @@ async def _dispatch(node: Node, request: dict[str, Any], status: Callable[[], di
         urls = request.get("urls")
         if urls is not None and not (type(urls) is list and all(type(u) is str for u in urls)):
             raise ValueError("urls must be a list of addresses")
-        rec, new = await node.data_add(str(request["path"]), request.get("name"), int(request["piece_size"]),
+        size = request.get("piece_size")
+        rec, new = await node.data_add(str(request["path"]), request.get("name"), int(size) if size else None,
                                        str(fmt) if fmt else None, urls=urls, relay=bool(request.get("relay", True)))
         pieces = sum(len(f["pieces"]) for f in rec["files"])
         samples = rec.body.get("samples")

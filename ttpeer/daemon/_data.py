@@ -75,6 +75,7 @@ from ttpeer.proto import (
 from ._datastore import (
     DataStore,
     Piece,
+    auto_piece_size,
     copy_and_hash,
     parse_format,
     piece_blobs,
@@ -155,7 +156,7 @@ class Datasets:
 
     # -- add -----------------------------------------------------------------------------
 
-    async def add(self, path: str, name: str | None, piece_size: int = DEFAULT_PIECE_SIZE,
+    async def add(self, path: str, name: str | None, piece_size: int | None = DEFAULT_PIECE_SIZE,
                   fmt: str | None = None, *, urls: list[str] | None = None, relay: bool = True) -> tuple[Record, bool]:
         """Add the file or folder at ``path`` under ``name`` (default: its base name), with a
         sample index when ``fmt`` names a format (``_datastore.parse_format``).
@@ -166,7 +167,7 @@ class Datasets:
         name = name or source.name
         if not _NAME.fullmatch(name or ""):
             raise DataError(f"dataset name {name!r} must be 1-64 letters, digits, '.', '_' or '-': give --name")
-        if not MIN_PIECE_SIZE <= piece_size <= 2**30:
+        if piece_size is not None and not MIN_PIECE_SIZE <= piece_size <= 2**30:
             raise DataError(f"--piece-size must be between {MIN_PIECE_SIZE} bytes and 1 GiB, got {piece_size}")
         if fmt is not None:
             parse_format(fmt)  # a bad --format is refused before anything is read
@@ -176,6 +177,8 @@ class Datasets:
             raise DataError("--no-relay needs --url: the peers must fetch the pieces from somewhere")
         await self._node.key_event.wait()
         sources = await trio.to_thread.run_sync(scan, source)
+        if piece_size is None:
+            piece_size = auto_piece_size([f.stat().st_size for _rel, f in sources])
         self.store.root.mkdir(parents=True, exist_ok=True)
         tmp = self.store.root / f"add-{secrets.token_hex(6)}"
         try:

@@ -115,6 +115,19 @@ def scan(path: Path) -> list[tuple[str, Path]]:
     return sorted(found)
 
 
+def auto_piece_size(sizes: list[int], *, target: int = 256, most: int = 400) -> int:
+    """The default ``--piece-size`` for files of ``sizes``: about ``target`` pieces in all
+    (so a peer's shards cover many pieces, and it fetches close to its share), a power of
+    two from 1 MiB to 64 MiB, then doubled while the pieces would not fit one record."""
+    total = sum(sizes)
+    size = 1 << 20
+    while size < 64 << 20 and size * target < total:
+        size *= 2
+    while size < 1 << 30 and sum(-(-s // size) for s in sizes) > most:
+        size *= 2
+    return size
+
+
 def _walk_error(exc: OSError) -> None:
     raise DataError(f"{exc.filename} cannot be read: {exc.strerror or exc}")
 

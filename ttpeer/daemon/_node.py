@@ -341,7 +341,7 @@ class Node:
 
     # -- datasets -------------------------------------------------------------------------
 
-    async def data_add(self, path: str, name: str | None, piece_size: int, fmt: str | None = None, *,
+    async def data_add(self, path: str, name: str | None, piece_size: int | None, fmt: str | None = None, *,
                        urls: list[str] | None = None, relay: bool = True) -> tuple[Record, bool]:
         """``ttpeer data add``: see ``_data.Datasets.add``. Raises ``DataError``, ``DiskError``
         (which also stops the daemon, as a full disk does everywhere)."""
