@@ -28,6 +28,7 @@ submission so that neither pays for an interpreter start.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -35,7 +36,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -274,6 +275,22 @@ async def _all(group: list[_Worker], request: Callable[[int], tuple[str, dict[st
     return results
 
 
+@contextlib.asynccontextmanager
+async def _loading(group: list[_Worker], keep: tuple[type[BaseException], ...] = ()) -> AsyncIterator[None]:
+    """Starting or preparing ``group``: any failure but ``keep`` ends its workers, and a
+    worker's death while the task loads fails the job here."""
+    try:
+        yield
+    except keep:
+        raise
+    except WorkerDied as exc:
+        await _close_all(group)
+        raise TaskFailed(f"the worker process died while loading the task ({exc})") from None
+    except BaseException:
+        await _close_all(group)
+        raise
+
+
 async def _close_all(group: list[_Worker]) -> None:
     for w in group:
         w.kill()
@@ -461,19 +478,14 @@ class ProcessExecutor:
         if group and not all(w.alive for w in group):
             await _close_all(group)
             group = []
+        if not group:
+            group = await self._new_group(j)
         try:
-            if not group:
-                group = await self._new_group(j)
-            args = {"job": j.job.raw.hex(), "task_file": self._task_path(j.task_file)}
-            declines = await _all(group, lambda _rank: ("prepare", args), timeout=self._timeout(j.job.body))
+            async with _loading(group, keep=(DatasetMissing,)):
+                args = {"job": j.job.raw.hex(), "task_file": self._task_path(j.task_file)}
+                declines = await _all(group, lambda _rank: ("prepare", args), timeout=self._timeout(j.job.body))
         except DatasetMissing:
             j.pending = group  # the daemon fetches what it missed; then these prepare again
-            raise
-        except WorkerDied as exc:
-            await _close_all(group)
-            raise TaskFailed(f"the worker process died while loading the task ({exc})") from None
-        except BaseException:
-            await _close_all(group)
             raise
         decline = next((d for d in declines if d is not None), None)
         if decline is not None:
@@ -486,7 +498,7 @@ class ProcessExecutor:
         """The job's workers, started: one per local device, joined into a process group
         when there are several. Raises as ``_start`` says; closes what it started."""
         group: list[_Worker] = []
-        try:
+        async with _loading(group):
             group.append(await self._take())
             n = self._ranks(j.job, group[0])
             for _ in range(n - 1):
@@ -498,12 +510,6 @@ class ProcessExecutor:
                                                           "device": self._rank_device(group[rank], rank),
                                                           "threads": max(1, (os.cpu_count() or 1) // n)}),
                            timeout=self._timeout(j.job.body))
-        except WorkerDied as exc:
-            await _close_all(group)
-            raise TaskFailed(f"the worker process died while loading the task ({exc})") from None
-        except BaseException:
-            await _close_all(group)
-            raise
         return group
 
     def _rank_device(self, worker: _Worker, rank: int) -> str:
