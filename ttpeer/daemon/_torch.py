@@ -436,6 +436,13 @@ class TorchExecutor:
             return {}
 
         def run() -> dict[str, Any]:
+            try:
+                return look()
+            except Exception as exc:  # noqa: BLE001 - only a hint: its failure must not fail the job
+                log.warning("job %s: could not work out the pieces of round %d: %s", job.id[:12], rnd, exc)
+                return {}
+
+        def look() -> dict[str, Any]:
             per = {s: self._shard_pieces(ctx.task, job, rnd, s, steps, first) for s in shards}
             test = ctx.task.test
             same = isinstance(test, train.Samples) and test.index.dataset == train_set.index.dataset
