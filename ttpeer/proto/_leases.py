@@ -128,9 +128,10 @@ class LeaseTable:
     def free_shard(self, job: JobSpec, rnd: int, taken: Container[int], now: float,
                    members: Container[str], sharers: Iterable[str] = ()) -> int | None:
         """A shard not ``taken`` (covered, or trained here) that no live claim holds: the
-        one whose data this peer lacks least (``prefer``), then in this peer's own hashed
-        order, which spreads concurrent claimers over shards. Which shard a peer trains
-        never changes what the shard trains. Asked only while this peer trains nothing."""
+        one whose data this peer lacks least (``prefer``), then one of its share of the
+        round (``share``, among ``sharers``), then in this peer's own hashed order; the
+        last two spread concurrent claimers over shards. Which shard a peer trains never
+        changes what the shard trains. Asked only while this peer trains nothing."""
         free = [s for s in range(job.shards) if s not in taken and not self.live(job, rnd, s, now, members, None)]
         if not free:
             return None
@@ -150,7 +151,7 @@ class LeaseTable:
         return sorted(picked, key=lambda s: self.claim_order(rnd, s))
 
     def claim_order(self, rnd: int, shard: int) -> bytes:
-        """This peer's own order of a round's shards (ties in ``prefer`` go by it)."""
+        """This peer's own order of a round's shards (the last tie-break of ``free_shard``)."""
         return hashlib.sha256(f"{self.me}:{rnd}:{shard}".encode()).digest()
 
     def straggler(self, job: JobSpec, rnd: int, done: Container[int], now: float,

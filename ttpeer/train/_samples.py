@@ -141,7 +141,7 @@ class _Reader:
         d = self.index.dataset
         return self.index.root / (d if complete else f"{d}.part") / "files"
 
-    def held(self, pieces: Iterable[int]) -> list[int]:
+    def lacking(self, pieces: Iterable[int]) -> list[int]:
         """Of ``pieces``, those not verified here yet (looked up again when one is missing)."""
         wanted = [k for k in pieces if k not in self._held]
         if not wanted or self._complete:
@@ -157,7 +157,7 @@ class _Reader:
         return [k for k in wanted if k not in self._held]
 
     def need(self, pieces: Iterable[int]) -> None:
-        missing = self.held(pieces)
+        missing = self.lacking(pieces)
         if missing:
             raise DatasetMissing(self.index.name, dataset=self.index.dataset, pieces=missing)
 
@@ -341,7 +341,7 @@ class Samples(Dataset[Any]):
 
     def missing(self, pieces: Iterable[int]) -> list[int]:
         """Of ``pieces``, those not verified here yet."""
-        return self._reader.held(pieces)
+        return self._reader.lacking(pieces)
 
     def identity(self) -> str:
         """What these samples are, for the job's data fingerprint: the dataset, its index and the range."""
