@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,10 @@ from tests import _tiers
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # matplotlib (which mnist1d imports) builds its font cache on its first import on a
+    # machine, running fc-list: done here, before any test, that is no test's process.
+    with contextlib.suppress(ImportError):
+        import matplotlib.font_manager  # noqa: F401
     _tiers.install()
 
 
