@@ -92,6 +92,8 @@ def run(args: argparse.Namespace, home: Any) -> int:
         for r in rows:
             refused = f", {r['bad_pieces']} refused" if r["bad_pieces"] else ""
             refused = (f", {_size(r['url_bytes'])} of it from urls" if r.get("url_bytes") else "") + refused
+            refused = (f", {_size(r['direct_bytes'])} of it from members directly" if r.get("direct_bytes")
+                       else "") + refused
             print(f"{r['name']:<20} {r['id'][:12]}  {_size(r['bytes']):>9}  {r['pieces']:>5} pieces  "
                   f"here: {r['here']} ({r['pieces_here']}/{r['pieces']}, fetched {_size(r['fetched_bytes'])}"
                   f"{refused})")

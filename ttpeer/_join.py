@@ -75,7 +75,8 @@ def up_argv(args: argparse.Namespace, home: Path) -> list[str]:
     if getattr(args, "log_format", None):
         argv += ["--log-format", args.log_format]
     for flag, value in (("--device", args.device), ("--metrics", args.metrics),
-                        ("--workers", getattr(args, "workers", None))):
+                        ("--workers", getattr(args, "workers", None)),
+                        ("--direct", getattr(args, "direct", None))):
         if value is not None:
             argv += [flag, value]
     if args.slowdown:

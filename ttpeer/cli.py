@@ -124,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="enroll the service's home, then install and start the systemd service (see 'service')")
     j.add_argument("--user", action="store_true", help="with --service: a service of your own user")
     j.add_argument("--metrics", default=None, help="serve Prometheus metrics on HOST:PORT (loopback only)")
+    j.add_argument("--direct", default=None, help=_DIRECT_HELP)
 
     up = sub.add_parser("up", parents=[common], help="run the daemon of an enrolled home in the foreground")
     up.add_argument("--device", default=None, help="torch device to train on (default: cuda if present, else cpu)")
@@ -131,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--slowdown", type=float, default=0.0, help=argparse.SUPPRESS)  # benchmarks and tests
     up.add_argument("--metrics", default=None,
                     help="serve Prometheus metrics on HOST:PORT, loopback only (e.g. 127.0.0.1:9464)")
+    up.add_argument("--direct", default=None, help=_DIRECT_HELP)
 
     s = sub.add_parser("submit", parents=[common], help="submit a training job to the pool")
     s.add_argument("--task", required=True,
@@ -243,7 +245,7 @@ def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         "home": getattr(args, "home", None), "device": getattr(args, "device", None),
         "workers": getattr(args, "workers", None),
         "name": getattr(args, "name", None), "log_format": getattr(args, "log_format", None),
-        "metrics": getattr(args, "metrics", None),
+        "metrics": getattr(args, "metrics", None), "direct": getattr(args, "direct", None),
         "log_level": ["info", "debug"][min(verbose, 2) - 1] if verbose else None,
     }
     return config.load(flags, file=getattr(args, "config", None))
@@ -482,7 +484,7 @@ def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
         trio.run(lambda: run_daemon(home, device=device, task_options=options, proxy=cfg.proxy or None,
                                     metrics=cfg.metrics, stop_grace=cfg.stop_grace, notifier=notifier,
                                     memory_limit=cfg.memory_limit or None, workers=workers,
-                                    data_cache=cfg.data_cache))
+                                    data_cache=cfg.data_cache, direct=cfg.direct))
     except TtpeerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         _leave_now(int(getattr(exc, "exit_code", 1)))  # MembershipEnded: 3, which systemd does not restart
@@ -502,6 +504,10 @@ def _leave_now(code: int) -> NoReturn:
     os._exit(code)
 
 
+_DIRECT_HELP = ("serve the dataset pieces held here to members that can reach this machine (the same LAN, or a "
+                "public address), over TLS pinned in a signed record; peers that cannot still use the relay. "
+                "auto (default): the address this machine reaches the relay from; off; PORT; or HOST:PORT to "
+                "advertise (a forwarded port)")
 _WORKERS_HELP = ("worker processes that train each job's shards together, one per local device, "
                  "data-parallel inside this machine (default auto: one per visible CUDA device, 1 on CPU)")
 

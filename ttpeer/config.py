@@ -25,6 +25,8 @@ Sources, weakest first; each value remembers where it came from
     workers      TTPEER_WORKERS         --workers       worker processes per job, one per local device;
                                                         "auto": one per visible CUDA device, 1 on CPU
     data_cache   TTPEER_DATA_CACHE      (none)          bytes of fetched datasets kept in the home (e.g. 64G)
+    direct       TTPEER_DIRECT          --direct        serve dataset pieces to members directly: auto
+                                                        (default), off, PORT, or HOST:PORT to advertise
 
 Errors: ``ConfigError`` (a ``UsageError``) names the file, key or variable that is
 wrong and what it should look like. Nothing else in ttpeer reads these variables.
@@ -80,6 +82,33 @@ def _workers(v: Any) -> int | str:
     if not re.fullmatch(r"[0-9]{1,3}", text) or not 1 <= int(text) <= 256:
         raise ValueError("must be auto or a number of worker processes from 1 to 256")
     return int(text)
+
+
+def _direct(v: Any) -> str:
+    text = _text(v).strip()
+    direct_mode(text)
+    return text.lower() if text.lower() in ("auto", "off") else text
+
+
+def direct_mode(text: str) -> tuple[str | None, int] | None:
+    """``direct`` as configured: None for off, else (the host to advertise, None for the
+    relay-facing address; the port, 0 for the last one or any). Raises ``ValueError``."""
+    text = text.strip()
+    if text.lower() in ("off", "no", "false", ""):
+        return None
+    if text.lower() == "auto":
+        return (None, 0)
+    if text.isdigit():
+        port = int(text)
+        if not 1 <= port <= 65535:
+            raise ValueError("a port must be 1-65535")
+        return (None, port)
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError("must be auto, off, a PORT, or HOST:PORT (the address others reach this machine at)")
+    if not re.fullmatch(r"\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.-]{1,253}", host):
+        raise ValueError(f"{host!r} is not a host name or address (an IPv6 address goes in brackets: [::1]:PORT)")
+    return (host, int(port_text))
 
 
 def _name(v: Any) -> str:
@@ -186,6 +215,8 @@ KEYS: dict[str, _Key] = {
                     "worker processes per job, one per device (auto: one per CUDA device, 1 on CPU)"),
     "data_cache": _Key(_memory, "TTPEER_DATA_CACHE", None,
                        "bytes of fetched datasets kept in the home, least recently used evicted first"),
+    "direct": _Key(_direct, "TTPEER_DIRECT", "--direct",
+                   "serve dataset pieces to members that reach this machine: auto, off, PORT or HOST:PORT"),
 }
 _ALT_ENV = {"proxy": "https_proxy"}
 
@@ -193,7 +224,8 @@ _ALT_ENV = {"proxy": "https_proxy"}
 def _defaults() -> dict[str, Any]:
     return {"home": None, "device": "auto", "name": None, "log_level": "warning", "log_format": "text",
             "metrics": "", "proxy": "", "stop_grace": 5.0,
-            "memory_limit": 0, "workers": "auto", "data_cache": 64 * 2**30}
+            "memory_limit": 0, "workers": "auto", "data_cache": 64 * 2**30,
+            "direct": "auto"}
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,22 @@ def _dataset_files(v: Any) -> bool:
     )
 
 
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.-]{1,253})$")
+MAX_DIRECT_ADDRS = 4
+MAX_CERT_BYTES = 2048
+
+
+def _direct_addrs(v: Any) -> bool:
+    """Where a member serves blobs directly: 1-4 ``host:port`` (an IPv6 host in brackets)."""
+    def addr(a: Any) -> bool:
+        if type(a) is not str or len(a) > 300:
+            return False
+        host, _, port = a.rpartition(":")
+        return _HOST.fullmatch(host) is not None and port.isdigit() and 1 <= int(port) <= 65535 and port[0] != "0"
+
+    return type(v) is list and 1 <= len(v) <= MAX_DIRECT_ADDRS and len(set(v)) == len(v) and all(map(addr, v))
+
+
 def _datasets(v: Any) -> bool:
     """A job's datasets: the name its task asked for -> that dataset's id."""
     return (type(v) is dict and 1 <= len(v) <= 64
@@ -260,6 +276,11 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
     # Withdraws the dataset record ``dataset`` (by record id); counts when signed by that
     # record's author or an admin member (``proto.live_datasets``).
     "dataset_rm": {"dataset": _HEX, "at": _int()},
+    # A member serves blobs (dataset pieces) to the others directly, over TLS with the
+    # certificate ``cert`` (hex DER, which the fetcher pins), at any of ``addrs``; peers
+    # that cannot reach them fetch through the relay as before. The newest one counts.
+    "direct": {"addrs": _direct_addrs, "cert": _re(re.compile(f"^([0-9a-f]{{2}}){{64,{MAX_CERT_BYTES}}}$")),
+               "at": _int()},
 }
 
 

@@ -82,7 +82,9 @@ def test_a_dataset_added_on_one_peer_trains_on_three(tmp_path):
     cluster = Cluster(tmp_path)
     try:
         url, fp = cluster.start_relay()
-        homes = make_pool(cluster, url, fp, ["alice", "bob", "carol"])
+        # The relay's path, damaged pieces and all: no peer serves pieces directly here
+        # (tests/integration/test_direct_processes.py is the LAN shortcut's).
+        homes = make_pool(cluster, url, fp, ["alice", "bob", "carol"], extra=("--direct", "off"))
         alice, bob, carol = homes
         relay_blobs = tmp_path / "relay"  # the relay's --data: pools/<pool>/blobs/<sha256>
 

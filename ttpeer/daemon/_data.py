@@ -85,6 +85,7 @@ from ._datastore import (
     sample_index,
     scan,
 )
+from ._direct import DirectFailed, DirectFetcher, DirectStats
 from ._home import Home, PoolConfig
 from ._keys import Blobs, SealError
 from ._urlsource import UrlFailed, UrlSource, host_of, shown
@@ -99,6 +100,7 @@ RETRY_FIRST, RETRY_MAX = 0.5, 15.0  # seconds between passes over pieces not fet
 REUPLOAD_EVERY = 2.0  # a holder uploads one piece again at most this often
 REPAIR_EVERY = 60.0  # ... and under a new name (a new record) at most this often
 URL_BACKOFF = 60.0  # a dataset address that did not answer is skipped this long
+LACKS_FOR = 30.0  # a member that did not have a piece is not asked for that dataset this long
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -132,6 +134,7 @@ class _Fetch:
     bad_pieces: int = 0  # refused from the relay (a want calls these damaged)
     url_bytes: int = 0  # of fetched_bytes, from the record's urls
     url_refused: int = 0  # pieces an address served wrong (then fetched from the next source)
+    direct_bytes: int = 0  # of fetched_bytes, from members directly (``_direct``)
 
 
 class Datasets:
@@ -153,6 +156,9 @@ class Datasets:
         self._names = 0  # work file names
         self.urls = UrlSource()  # the daemon gives it its proxy (``_run``)
         self._url_down: dict[str, float] = {}  # address -> until when it is skipped
+        self.direct = DirectFetcher(node.node_key, node.me, node.wall)  # the LAN shortcut
+        self.direct_stats: DirectStats | None = None  # what this peer served directly (``serve_direct``)
+        self._lacks: dict[tuple[str, str], float] = {}  # (member, dataset) -> until when not asked
 
     # -- add -----------------------------------------------------------------------------
 
@@ -479,6 +485,7 @@ class Datasets:
         size = sum(p.size for p in pieces)
         meta = {"name": name, "id": dataset, "origin": "fetched", "bytes": size, "used": self._node.wall(),
                 "pieces": len(pieces), "fetched_bytes": got.fetched_bytes, "url_bytes": got.url_bytes,
+                "direct_bytes": got.direct_bytes,
                 "bad_pieces": got.bad_pieces + got.url_refused}
         try:
             await trio.to_thread.run_sync(self.store.finish, dataset, meta)
@@ -486,14 +493,16 @@ class Datasets:
             await self._evict(dataset)
         except OSError as exc:
             raise disk_or_job(self.store.root, exc) from None
-        log.info("fetched dataset %s (%s): %d pieces, %d bytes (%d from its urls, %d from the relay), %d refused",
-                 name, dataset[:12], len(pieces), got.fetched_bytes, got.url_bytes,
-                 got.fetched_bytes - got.url_bytes, got.bad_pieces + got.url_refused)
+        log.info("fetched dataset %s (%s): %d pieces, %d bytes (%d from members directly, %d from its urls, %d from "
+                 "the relay), %d refused", name, dataset[:12], len(pieces), got.fetched_bytes, got.direct_bytes,
+                 got.url_bytes, got.fetched_bytes - got.url_bytes - got.direct_bytes, got.bad_pieces + got.url_refused)
 
     async def _fetch_piece(self, dataset: str, piece: Piece, blobs: list[str], done: set[int],
                            got: _Fetch) -> bool:
         """Fetch ``piece`` from the first of the record's urls, then of ``blobs``, that serves
         it right; False if none did."""
+        if await self._fetch_direct(dataset, piece, done, got):
+            return True
         if await self._fetch_from_urls(dataset, piece, done, got):
             return True
         for blob in blobs:
@@ -518,6 +527,52 @@ class Datasets:
                 await trio.to_thread.run_sync(self.store.put_piece, dataset, piece, plain, done)
                 return True
         return False
+
+    async def _fetch_direct(self, dataset: str, piece: Piece, done: set[int], got: _Fetch) -> bool:
+        """Fetch ``piece`` from a member that serves it directly (the dataset's authors
+        first); False if none did. A member that lacks the piece is not asked for that
+        dataset again for ``LACKS_FOR`` seconds; one that sends wrong bytes counts refused."""
+        rs = self._node.machine.records
+        now = trio.current_time()
+        prefer = [r.author for r in dataset_sources(rs, dataset)]
+        for member, route in self.direct.routes(rs, prefer):
+            if self._lacks.get((member, dataset), now) > now:
+                continue
+            with self._work_file("plain") as plain:
+                try:
+                    await self.direct.get(member, route, dataset, piece.index, piece.size, plain)
+                except DirectFailed as exc:
+                    if exc.reachable:
+                        self._lacks[(member, dataset)] = now + LACKS_FOR
+                    log.debug("piece %d of dataset %s not fetched directly: %s", piece.index, dataset[:12], exc)
+                    continue
+                if not await trio.to_thread.run_sync(piece_ok, plain, piece):
+                    got.url_refused += 1
+                    self._node.blobs.refused("dataset piece")
+                    self._lacks[(member, dataset)] = now + LACKS_FOR
+                    log.warning("refused piece %d of dataset %s from %s directly: its bytes do not hash to the "
+                                "record's", piece.index, dataset[:12], member[:12])
+                    continue
+                await trio.to_thread.run_sync(self.store.put_piece, dataset, piece, plain, done)
+                got.direct_bytes += piece.size
+                return True
+        return False
+
+    async def piece_source(self, dataset: str, index: int) -> tuple[Path, int, int] | None:
+        """Where piece ``index`` of ``dataset`` lies here, for a member asking directly:
+        (file, offset, size), or None when this peer does not hold it."""
+        records = dataset_sources(self._node.machine.records, dataset)
+        if not records:
+            return None
+        pieces = pieces_of(records[0].body)
+        if not 0 <= index < len(pieces):
+            return None
+        piece = pieces[index]
+        if (self.store.root / dataset / "meta.json").is_file():
+            return self.store.files(dataset) / piece.path, piece.offset, piece.size
+        if index in self._done.get(dataset, ()):
+            return self.store.root / f"{dataset}.part" / "files" / piece.path, piece.offset, piece.size
+        return None
 
     async def _fetch_from_urls(self, dataset: str, piece: Piece, done: set[int], got: _Fetch) -> bool:
         """Fetch ``piece`` from the first address of the dataset's records (newest first)
@@ -678,6 +733,7 @@ class Datasets:
             row["pieces_here"] = row["pieces"] if here else (got.done if got else len(part or ()))
             row["fetched_bytes"] = here.get("fetched_bytes", 0) if here else (got.fetched_bytes if got else 0)
             row["url_bytes"] = here.get("url_bytes", 0) if here else (got.url_bytes if got else 0)
+            row["direct_bytes"] = here.get("direct_bytes", 0) if here else (got.direct_bytes if got else 0)
             row["bad_pieces"] = here.get("bad_pieces", 0) if here else (got.bad_pieces + got.url_refused if got else 0)
             row["uploaded_again"] = self.reuploads.get(dataset, 0)
         return sorted(out.values(), key=lambda d: (str(d["name"]), d["id"]))
@@ -694,7 +750,8 @@ class Datasets:
                                      "bad_pieces": 0})
             out.append({"name": name, "id": dataset, "bytes": row["bytes"], "pieces": row["pieces"],
                         "pieces_here": row["pieces_here"], "here": row["here"],
-                        "fetched_bytes": row["fetched_bytes"], "bad_pieces": row["bad_pieces"]})
+                        "fetched_bytes": row["fetched_bytes"], "direct_bytes": row.get("direct_bytes", 0),
+                        "bad_pieces": row["bad_pieces"]})
         return out
 
     async def remove(self, text: str, withdraw: bool) -> dict[str, Any]:

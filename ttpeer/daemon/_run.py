@@ -30,6 +30,7 @@ from typing import Any
 import trio
 
 from ttpeer import _logging
+from ttpeer.config import direct_mode
 from ttpeer.errors import MembershipEnded, TtpeerError
 from ttpeer.net import RelayClient
 from ttpeer.proto import Timing
@@ -37,6 +38,7 @@ from ttpeer.proto import Timing
 from ._board import FOLDER as BOARD_FOLDER
 from ._board import Board, run_board
 from ._control import serve_control
+from ._direct import serve_direct
 from ._home import Home
 from ._integrity import check_home_apart
 from ._node import Node
@@ -71,7 +73,7 @@ async def run_daemon(
     home: Home, *, device: str = "cpu", task_options: dict[str, Any] | None = None,
     proxy: str | None = None, timing: Timing = Timing(), metrics: str = "", stop_grace: float = 5.0,
     notifier: Notifier | None = None, memory_limit: int | None = None, workers: int | None = None,
-    data_cache: int | None = None,
+    data_cache: int | None = None, direct: str = "auto",
 ) -> None:
     """Serve this home's membership until a signal arrives. Raises ``TtpeerError`` for
     what stops the daemon (another daemon on this home, a relay that is not ours, a
@@ -88,7 +90,8 @@ async def run_daemon(
     try:
         await _serve(home, device=device, task_options=task_options, proxy=proxy, timing=timing,
                      metrics=metrics, stop_grace=stop_grace, notifier=notifier or Notifier(None),
-                     memory_limit=memory_limit, workers=workers, data_cache=data_cache)
+                     memory_limit=memory_limit, workers=workers, data_cache=data_cache,
+                     direct=direct)
     except BaseExceptionGroup as group:
         match, _rest = group.split(TtpeerError)
         if match is None:
@@ -104,7 +107,7 @@ async def run_daemon(
 async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None, proxy: str | None,
                  timing: Timing, metrics: str, stop_grace: float, notifier: Notifier,
                  memory_limit: int | None = None, workers: int | None = None,
-                 data_cache: int | None = None) -> None:
+                 data_cache: int | None = None, direct: str = "auto") -> None:
     cfg = home.config()
     _register_secrets(home)
     client = RelayClient(cfg.relays[0], cfg.fingerprint, pool=cfg.pool, peer_key=home.node_key(),
@@ -123,6 +126,10 @@ async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None
     def status() -> dict[str, Any]:
         out = extend(node.status(), node, usage, metrics_url=metrics_url, repairs=repairs)
         out["workers"] = executor.workers()  # each job's worker processes and their devices
+        served = node.data.direct_stats
+        out["direct"] = None if served is None else {
+            "addrs": served.addrs, "served_pieces": served.served_pieces, "served_bytes": served.served_bytes,
+            "refused": served.refused}
         return out
 
     try:
@@ -148,6 +155,9 @@ async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None
                                       "(choose another port with --metrics or 'metrics' in the config)") from None
             await nursery.start(_run_node, node, nursery.cancel_scope)
             nursery.start_soon(run_board, Board(home.path / BOARD_FOLDER, node, usage))
+            mode = direct_mode(direct)
+            if mode is not None:  # the LAN shortcut: this peer's pieces, to members that reach it
+                nursery.start_soon(serve_direct, node, mode, cfg.relays[0])
             ready.set()
             print(f"ttpeer up: node {node.me[:12]} ({cfg.name}) in pool {cfg.pool[:12]}"
                   + (f"; metrics at {metrics_url}" if metrics_url else ""), flush=True)

@@ -23,7 +23,7 @@ from ttpeer_wire import (
 )
 
 from ._cadence import DEFAULT_H_MAX, DEFAULT_H_MIN, Plan, steps_for
-from ._datasets import dataset_sources, live_datasets, may_remove_dataset, resolve_dataset
+from ._datasets import dataset_sources, direct_routes, live_datasets, may_remove_dataset, resolve_dataset
 from ._effects import (
     Aggregate,
     Apply,
@@ -112,6 +112,7 @@ __all__ = [
     "Chain",
     "DatasetMissing",
     "dataset_sources",
+    "direct_routes",
     "live_datasets",
     "may_remove_dataset",
     "resolve_dataset",

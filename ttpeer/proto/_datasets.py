@@ -53,3 +53,17 @@ def resolve_dataset(rs: RecordSet, name: str, held: Iterable[str] = ()) -> Recor
     named = [r for r in live_datasets(rs) if r["name"] == name]
     mine = set(held)
     return min(named, key=lambda r: (r["id"] not in mine, -r["at"], r.id), default=None)
+
+
+def direct_routes(rs: RecordSet) -> dict[str, Record]:
+    """The newest ``direct`` record (where it serves pieces, and its TLS certificate) of
+    each member, by member. A revoked member's are ignored, kept or not: a revocation keeps
+    what the pool's chains rest on, never an address to fetch from."""
+    out: dict[str, Record] = {}
+    members = rs.members
+    for r in rs:
+        if r.kind == "direct" and r.author in members:
+            seen = out.get(r.author)
+            if seen is None or (r["at"], r.id) > (seen["at"], seen.id):
+                out[r.author] = r
+    return out

@@ -1,0 +1,169 @@
+"""The LAN shortcut's server and fetcher (``ttpeer/daemon/_direct.py``), in process over
+real TLS on loopback: a member fetches a piece pinned to the record's certificate; a
+caller who is no member, a stale or misdirected signature, another certificate, an
+unreachable address and a piece not held are each refused or skipped, never served."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from ttpeer_relay.tls import ensure_certificate
+from ttpeer_wire import public_hex
+
+from ttpeer.config import ConfigError, direct_mode, load
+from ttpeer.daemon._direct import (
+    AUTH_WINDOW,
+    DirectFailed,
+    DirectFetcher,
+    DirectServer,
+    check_request,
+    listen,
+    signed_request,
+)
+from ttpeer.net._tls import pinned_ssl_context
+from ttpeer.proto import RecordError, sign
+
+POOL = "ab" * 16
+PIECE = b"0123456789" * 1000 + b"tail"
+
+
+def _route(key: Ed25519PrivateKey, cert: Path, addrs: list[str], at: int = 1):
+    import ssl
+
+    der = ssl.PEM_cert_to_DER_cert(cert.read_text())
+    return sign("direct", POOL, {"addrs": addrs, "cert": der.hex(), "at": at}, key)
+
+
+class _Peer:
+    """A server whose pieces are one file: piece (DATASET, 0) is PIECE at offset 10."""
+
+    def __init__(self, tmp: Path, members: dict[str, object]) -> None:
+        self.key = Ed25519PrivateKey.generate()
+        self.me = public_hex(self.key)
+        self.file = tmp / "piece.bin"
+        self.file.write_bytes(b"x" * 10 + PIECE + b"y" * 5)
+        self.cert, self.tls_key = ensure_certificate(tmp / f"tls-{self.me[:6]}", "127.0.0.1")
+        self.members = members
+        self.app = DirectServer(self.me, lambda: self.members, self.source)
+
+    async def source(self, dataset: str, index: int):
+        return (self.file, 10, len(PIECE)) if (dataset, index) == ("d" * 64, 0) else None
+
+
+@pytest.fixture
+async def served(tmp_path, nursery):
+    fetcher_key = Ed25519PrivateKey.generate()
+    me = public_hex(fetcher_key)
+    peer = _Peer(tmp_path, {})
+    peer.members.update({me: object(), peer.me: object()})
+    port = await nursery.start(listen, peer.app, peer.cert, peer.tls_key, 0, "127.0.0.1")
+    return peer, port, fetcher_key
+
+
+async def test_a_member_fetches_a_piece_pinned_to_the_record_certificate(served, tmp_path):
+    peer, port, key = served
+    fetcher = DirectFetcher(key, public_hex(key))
+    dest = tmp_path / "got"
+    await fetcher.get(peer.me, _route(peer.key, peer.cert, [f"127.0.0.1:{port}"]), "d" * 64, 0, len(PIECE), dest)
+    assert dest.read_bytes() == PIECE
+    assert (peer.app.stats.served_pieces, peer.app.stats.served_bytes) == (1, len(PIECE))
+    # A piece it does not hold: answered, and not served.
+    with pytest.raises(DirectFailed, match="answered 404") as info:
+        await fetcher.get(peer.me, _route(peer.key, peer.cert, [f"127.0.0.1:{port}"]), "e" * 64, 0, 5, dest)
+    assert info.value.reachable
+
+
+async def test_callers_who_are_no_members_or_sign_for_another_server_are_refused(served, tmp_path):
+    peer, port, key = served
+    stranger = Ed25519PrivateKey.generate()
+    path = f"/v1/piece/{'d' * 64}/0"
+    context = pinned_ssl_context(bytes.fromhex(_route(peer.key, peer.cert, ["h:1"])["cert"]))
+    import time
+
+    now = time.time()
+    cases = {
+        "none": None,
+        "stranger": signed_request(stranger, public_hex(stranger), peer.me, path, now),
+        "another server": signed_request(key, public_hex(key), "f" * 64, path, now),
+        "another piece": signed_request(key, public_hex(key), peer.me, f"/v1/piece/{'d' * 64}/1", now),
+        "stale": signed_request(key, public_hex(key), peer.me, path, now - AUTH_WINDOW - 5),
+        "garbage": "ttpeer " + "0" * 64 + ".1.zz",
+    }
+    async with httpx.AsyncClient(verify=context) as client:
+        for what, auth in cases.items():
+            r = await client.get(f"https://127.0.0.1:{port}{path}", headers={"authorization": auth} if auth else {})
+            assert r.status_code == 401, what
+        good = signed_request(key, public_hex(key), peer.me, path, now)
+        r = await client.get(f"https://127.0.0.1:{port}{path}", headers={"authorization": good})
+        assert r.status_code == 200 and r.content == PIECE
+        r = await client.post(f"https://127.0.0.1:{port}{path}", headers={"authorization": good})
+        assert r.status_code == 404
+    assert peer.app.stats.refused == len(cases)
+
+
+async def test_a_server_showing_another_certificate_is_not_trusted(served, tmp_path):
+    peer, port, key = served
+    other_cert, _ = ensure_certificate(tmp_path / "other-tls", "127.0.0.1")
+    fetcher = DirectFetcher(key, public_hex(key))
+    with pytest.raises(DirectFailed, match="not reachable directly") as info:
+        await fetcher.get(peer.me, _route(peer.key, other_cert, [f"127.0.0.1:{port}"]), "d" * 64, 0,
+                          len(PIECE), tmp_path / "got")
+    assert not info.value.reachable and not (tmp_path / "got").exists()
+    assert peer.app.stats.served_pieces == 0
+
+
+async def test_an_unreachable_address_is_tried_once_then_the_next_and_the_member_skipped(served, tmp_path):
+    peer, port, key = served
+    fetcher = DirectFetcher(key, public_hex(key))
+    with trio.socket.socket() as s:  # a port nothing listens on
+        await s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    route = _route(peer.key, peer.cert, [f"127.0.0.1:{closed}", f"127.0.0.1:{port}"])
+    await fetcher.get(peer.me, route, "d" * 64, 0, len(PIECE), tmp_path / "got")  # the second address
+    assert (tmp_path / "got").read_bytes() == PIECE
+    dead = _route(peer.key, peer.cert, [f"127.0.0.1:{closed}"], at=2)
+    with pytest.raises(DirectFailed, match="not reachable"):
+        await fetcher.get(peer.me, dead, "d" * 64, 0, len(PIECE), tmp_path / "got")
+
+    class Records:
+        members = {peer.me: object()}
+
+        def __iter__(self):
+            return iter([dead])
+
+    assert fetcher.routes(Records(), []) == []  # down: not asked again for a while
+
+
+def test_check_request_refuses_a_signature_of_other_bytes():
+    key = Ed25519PrivateKey.generate()
+    me = public_hex(key)
+    auth = signed_request(key, me, "s" * 64, "/v1/piece/x/0", 1000.0)
+    assert check_request(auth, "s" * 64, "/v1/piece/x/0", 1000.0, {me: 1}) == me
+    assert check_request(auth, "s" * 64, "/v1/piece/x/0", 1000.0, {}) is None  # no member
+    flipped = auth[:-1] + ("0" if auth[-1] != "0" else "1")
+    assert check_request(flipped, "s" * 64, "/v1/piece/x/0", 1000.0, {me: 1}) is None
+
+
+def test_the_direct_record_and_setting_refuse_what_they_cannot_use(tmp_path):
+    key = Ed25519PrivateKey.generate()
+    good = {"addrs": ["192.168.1.5:7000"], "cert": "ab" * 300, "at": 1}
+    sign("direct", POOL, good, key)
+    for bad in ({**good, "addrs": []}, {**good, "addrs": ["h:0"]}, {**good, "addrs": ["h:70000"]},
+                {**good, "addrs": ["a b:1"]}, {**good, "addrs": ["h:1"] * 2},
+                {**good, "addrs": [f"h{i}:1" for i in range(5)]},
+                {**good, "cert": "ab" * 3000}, {**good, "cert": "xyz"}, {k: v for k, v in good.items() if k != "at"}):
+        with pytest.raises(RecordError):
+            sign("direct", POOL, bad, key)
+    assert direct_mode("auto") == (None, 0) and direct_mode("off") is None
+    assert direct_mode("7000") == (None, 7000) and direct_mode("203.0.113.7:7000") == ("203.0.113.7", 7000)
+    assert direct_mode("[2001:db8::1]:7000") == ("[2001:db8::1]", 7000)
+    for bad_text in ("0", "70000", "host:", "::1:7000", "a b:7"):
+        with pytest.raises(ValueError):
+            direct_mode(bad_text)
+    with pytest.raises(ConfigError, match="direct"):
+        load({"direct": "nonsense"}, file=tmp_path / "none.toml")
+    assert load({"direct": None}, file=tmp_path / "none.toml").direct == "auto"

@@ -1,0 +1,342 @@
+"""The LAN shortcut: members that can reach each other fetch dataset pieces directly.
+
+Theory of operation. Every daemon (unless ``direct = "off"``) serves the pieces it holds
+over HTTPS on a port of its own, and says where in a signed ``direct`` record: the
+addresses (``host:port``) and its TLS certificate, self-signed and made once per home
+(``HOME/direct-tls``). A fetcher asks the members that serve directly before the relay,
+the dataset's authors first; it trusts exactly the certificate of the record (pinned: the
+record is signed with the member's key, so a server that shows another certificate is
+not that member), and signs each request with its own key, so only members are served.
+A member it cannot reach (behind NAT, a firewall, another LAN) costs one connect of at
+most ``CONNECT_TIMEOUT`` seconds, then is skipped for ``DOWN_FOR``; peers that reach no
+one see no change. Every piece is still checked against the record's hash by the
+fetcher, so a direct peer is trusted for nothing but the bytes it sends.
+
+The address: ``auto`` advertises the address this machine reaches the relay from (its
+LAN address behind a home router, its own on a cloud box with a public address), on the
+port it listened on last time if that is free (a firewall rule stays right); ``PORT``
+the same on a fixed port; ``HOST:PORT`` that address (a forwarded port), listening on
+``PORT`` on every interface.
+
+The request: ``GET /v1/piece/<dataset id>/<piece index>`` with ``Authorization: ttpeer
+<member>.<unix time>.<signature>``; the signature is the member's Ed25519 signature over
+``AUTH_DOMAIN``, the server's member id, the path and the time, so it names this server
+and this piece and is good for ``AUTH_WINDOW`` seconds. Answers: 200 and the piece's
+bytes; 404 when this peer does not hold it; 401 for a missing, malformed, stale or wrong
+signature or a caller who is no member.
+
+What breaks it: nothing of the pool's: a direct fetch that fails falls back to the relay.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from ttpeer.errors import TtpeerError
+from ttpeer.net._tls import host_port, pinned_ssl_context
+from ttpeer.proto import Record, direct_routes, sign
+
+log = logging.getLogger("ttpeer.daemon")
+
+AUTH_DOMAIN = b"ttpeer/direct/v1\n"
+AUTH_WINDOW = 300.0  # seconds a signed request stays good (clocks of members differ by less)
+CONNECT_TIMEOUT = 2.0  # a LAN answers within this; a peer that does not is elsewhere
+READ_TIMEOUT = 30.0
+DOWN_FOR = 300.0  # a member that could not be reached is not tried again for this long
+_CHUNK = 1 << 20
+_PATH = re.compile(r"^/v1/piece/([0-9a-f]{64})/([0-9]{1,9})$")
+_AUTH = re.compile(r"^ttpeer ([0-9a-f]{64})\.([0-9]{1,12})\.([0-9a-f]{128})$")
+
+
+class DirectFailed(TtpeerError):
+    """A member did not serve a piece directly (``reachable``: it answered at all)."""
+
+    def __init__(self, message: str, *, reachable: bool) -> None:
+        super().__init__(message)
+        self.reachable = reachable
+
+
+def local_address(relay_url: str) -> str | None:
+    """The address this machine reaches the relay from (a UDP socket's, connected: no
+    packet is sent), or None if there is no route."""
+    host, port = host_port(relay_url)
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(info[0], socket.SOCK_DGRAM) as s:
+            s.connect(info[4])
+            addr = s.getsockname()[0]
+    except OSError:
+        return None
+    return f"[{addr}]" if ":" in addr else addr
+
+
+def signed_request(key: Ed25519PrivateKey, me: str, server: str, path: str, now: float) -> str:
+    """The ``Authorization`` value of a request for ``path`` to member ``server``."""
+    t = str(int(now))
+    sig = key.sign(AUTH_DOMAIN + f"{server}\n{path}\n{t}".encode()).hex()
+    return f"ttpeer {me}.{t}.{sig}"
+
+
+def check_request(header: str, server: str, path: str, now: float, members: Any) -> str | None:
+    """The member who signed ``header`` for ``path`` here, or None (any fault at all)."""
+    m = _AUTH.fullmatch(header)
+    if m is None:
+        return None
+    member, t, sig = m.groups()
+    if member not in members or abs(now - int(t)) > AUTH_WINDOW:
+        return None
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(member)).verify(
+            bytes.fromhex(sig), AUTH_DOMAIN + f"{server}\n{path}\n{t}".encode())
+    except (InvalidSignature, ValueError):
+        return None
+    return member
+
+
+PieceSource = Callable[[str, int], Awaitable[tuple[Path, int, int] | None]]
+
+
+@dataclass
+class DirectStats:
+    served_pieces: int = 0
+    served_bytes: int = 0
+    refused: int = 0  # requests answered 401
+    addrs: list[str] = field(default_factory=list)
+
+
+class DirectServer:
+    """The ASGI app that serves this peer's pieces to members (hypercorn runs it)."""
+
+    def __init__(self, me: str, members: Callable[[], Any], source: PieceSource,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.me = me
+        self._members = members
+        self._source = source
+        self._wall = wall
+        self.stats = DirectStats()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        path = scope.get("path", "")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if scope.get("method") != "GET" or (m := _PATH.fullmatch(path)) is None:
+            await _answer(send, 404, b"no such route\n")
+            return
+        who = check_request(headers.get("authorization", ""), self.me, path, self._wall(), self._members())
+        if who is None:
+            self.stats.refused += 1
+            await _answer(send, 401, b"sign the request with a member's key\n")
+            return
+        found = await self._source(m.group(1), int(m.group(2)))
+        if found is None:
+            await _answer(send, 404, b"this peer does not hold that piece\n")
+            return
+        file, offset, size = found
+        try:
+            fd = await trio.to_thread.run_sync(os.open, file, os.O_RDONLY)
+        except OSError:  # evicted, or the assembly became the dataset, since it was found
+            await _answer(send, 404, b"this peer does not hold that piece\n")
+            return
+        self.stats.served_pieces += 1  # counted as the answer starts (the fetcher may be done first)
+        self.stats.served_bytes += size
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/octet-stream"),
+                                    (b"content-length", str(size).encode())]})
+            sent = 0
+            while sent < size:
+                n = min(_CHUNK, size - sent)
+                chunk = await trio.to_thread.run_sync(os.pread, fd, n, offset + sent)
+                if not chunk:
+                    raise OSError(f"{file} ends before the piece does")
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                sent += len(chunk)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            os.close(fd)
+        log.debug("served piece %s of dataset %s directly to %s", m.group(2), m.group(1)[:12], who[:12])
+
+
+async def _answer(send: Any, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class DirectFetcher:
+    """Fetches pieces from the members that serve directly, pinned to their certificates."""
+
+    def __init__(self, key: Ed25519PrivateKey, me: str, wall: Callable[[], float] = time.time) -> None:
+        self._key = key
+        self.me = me
+        self._wall = wall
+        self._down: dict[str, float] = {}  # member -> until when it is not tried
+        self._contexts: dict[str, ssl.SSLContext] = {}  # certificate hex -> its pinned context
+
+    def routes(self, records: Any, prefer: list[str]) -> list[tuple[str, Record]]:
+        """The members to ask, ``prefer`` first (then by id), without this peer and those down."""
+        now = trio.current_time()
+        routes = direct_routes(records)
+        order = {m: i for i, m in enumerate(prefer)}
+        return sorted(((m, r) for m, r in routes.items() if m != self.me and self._down.get(m, now) <= now),
+                      key=lambda mr: (order.get(mr[0], len(order)), mr[0]))
+
+    async def get(self, member: str, route: Record, dataset: str, index: int, size: int, dest: Path) -> None:
+        """Write piece ``index`` of ``dataset`` (``size`` bytes) from ``member`` into ``dest``.
+        Raises ``DirectFailed``; ``OSError`` writing ``dest``."""
+        cert = route["cert"]
+        context = self._contexts.get(cert)
+        if context is None:
+            context = self._contexts[cert] = pinned_ssl_context(bytes.fromhex(cert))
+        path = f"/v1/piece/{dataset}/{index}"
+        auth = signed_request(self._key, self.me, member, path, self._wall())
+        reached = False
+        for addr in route["addrs"]:
+            try:
+                async with httpx.AsyncClient(verify=context, trust_env=False,
+                                             timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT)) as client:
+                    async with client.stream("GET", f"https://{addr}{path}",
+                                             headers={"authorization": auth, "accept-encoding": "identity"}) as r:
+                        reached = True
+                        if r.status_code != 200:
+                            raise DirectFailed(f"{member[:12]} answered {r.status_code}", reachable=True)
+                        got = 0
+                        with open(dest, "wb") as f:
+                            async for chunk in r.aiter_raw(_CHUNK):
+                                got += len(chunk)
+                                if got > size:
+                                    raise DirectFailed(f"{member[:12]} sent more than the piece", reachable=True)
+                                f.write(chunk)
+                        if got != size:
+                            raise DirectFailed(f"{member[:12]} sent {got} of {size} bytes", reachable=True)
+                        return
+            except httpx.HTTPError as exc:
+                if reached:
+                    raise DirectFailed(f"{member[:12]} stopped sending ({type(exc).__name__})",
+                                       reachable=True) from None
+                continue  # this address is not reachable from here: the next one
+        self._down[member] = trio.current_time() + DOWN_FOR
+        raise DirectFailed(f"{member[:12]} is not reachable directly at {', '.join(route['addrs'])}",
+                           reachable=False)
+
+
+# -- running the server ---------------------------------------------------------------
+
+
+def _saved_port(home: Path) -> int:
+    try:
+        return int(json.loads((home / "direct.json").read_text())["port"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def _save_port(home: Path, port: int) -> None:
+    try:
+        (home / "direct.json").write_text(json.dumps({"port": port}))
+    except OSError as exc:
+        log.info("could not remember the direct port: %s", exc)
+
+
+async def serve_direct(node: Any, mode: tuple[str | None, int], relay_url: str) -> None:
+    """Serve ``node``'s pieces directly and publish where (a ``direct`` record) until
+    cancelled. A port that cannot be opened logs a warning and serves nothing: the relay
+    still carries everything."""
+    from ttpeer_relay.tls import ensure_certificate
+
+    advertised, port = mode
+    home: Path = node.home.path
+    cert, key = await trio.to_thread.run_sync(ensure_certificate, home / "direct-tls", "0.0.0.0")
+    der = ssl.PEM_cert_to_DER_cert(cert.read_text())
+    app = DirectServer(node.me, lambda: node.machine.records.members, node.data.piece_source, node.wall)
+    node.data.direct_stats = app.stats
+    choice = port or _saved_port(home)
+    if choice and not _free(choice):
+        if port:  # the port the user chose
+            log.warning("cannot serve pieces directly on port %d (it is in use): peers fetch them through the relay",
+                        port)
+            return
+        choice = 0  # the one used last is taken: any other
+    try:
+        async with trio.open_nursery() as nursery:
+            bound = await nursery.start(listen, app, cert, key, choice)
+            await trio.to_thread.run_sync(_save_port, home, bound)
+            host = advertised or local_address(relay_url)
+            if host is None:
+                log.warning("serving pieces directly on port %d, but found no address to advertise", bound)
+            else:
+                app.stats.addrs = [f"{host}:{bound}"]
+                log.info("serving dataset pieces directly at %s", app.stats.addrs[0])
+                await _advertise(node, app.stats.addrs, der)
+    except* OSError as group:
+        exc = group.exceptions[0]
+        log.warning("stopped serving pieces directly (%s): peers fetch them through the relay",
+                    getattr(exc, "strerror", None) or exc)
+
+
+async def listen(app: DirectServer, cert: Path, key: Path, port: int, host: str = "0.0.0.0",
+                 *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``app`` over TLS (``cert``, ``key``) on ``host:port`` until cancelled; reports
+    the port bound. Raises ``OSError`` when it cannot listen."""
+    import hypercorn.config
+    import hypercorn.trio
+
+    hc = hypercorn.config.Config()
+    hc.bind = [f"{host}:{port}"]
+    hc.certfile, hc.keyfile = str(cert), str(key)
+    hc.alpn_protocols = ["http/1.1"]
+    hc.include_server_header = False
+    hc.graceful_timeout = 1.0
+    hc.errorlog = logging.getLogger("ttpeer.direct.server")
+    hc.accesslog = None
+
+    async def serve(task_status: trio.TaskStatus[list[str]]) -> None:
+        await hypercorn.trio.serve(app, hc, mode="asgi", task_status=task_status)  # type: ignore[arg-type]
+
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(serve)
+        task_status.started(int(binds[0].rpartition(":")[2]))
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+async def _advertise(node: Any, addrs: list[str], der: bytes) -> None:
+    """Sign a ``direct`` record unless this peer's newest one already says the same."""
+    await node.key_event.wait()
+    mine = direct_routes(node.machine.records).get(node.me)
+    if mine is not None and list(mine["addrs"]) == addrs and mine["cert"] == der.hex():
+        return
+    at = max(int(node.wall()), int(mine["at"]) + 1 if mine is not None else 0)
+    rec = sign("direct", node.cfg.pool, {"addrs": addrs, "cert": der.hex(), "at": at}, node.node_key)
+    node.process(node.machine.add_local(rec, node.now()))
