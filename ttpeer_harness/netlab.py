@@ -12,8 +12,9 @@ them) so parallel labs never touch each other and leftovers can be found:
       └─ h3 carol (10.200.13.2, no route out; HTTPS_PROXY=http://10.200.13.1:8888)
 
 ``routed=[...]`` peers sit behind a plain router instead (no NAT, inbound allowed, a
-route to every other routed peer's LAN): they reach each other directly at their own
-addresses, as the synchronous baselines of ``scripts/bench/wan`` (gloo, torchft) need.
+route to every other routed peer's LAN, and the relay's route back): they reach each other
+and the relay at their own addresses, as the synchronous baselines of ``scripts/bench/wan``
+(gloo, torchft) and the LAN shortcut's test need.
 
 Links are veth pairs. ``shape(host, rate, delay)`` puts ``tbf`` on both ends of a
 host's access link (the rate each way) and, for a delay, starts ``delayfwd.py``
@@ -238,6 +239,10 @@ class Lab:
                 if other is not host:
                     lan = other.addr.rsplit(".", 1)[0] + ".0/24"
                     _sh("ip", "-n", host.gateway, "route", "add", lan, "via", routers[other.name])
+            # The relay answers a routed peer at its own address, as the internet reaches a
+            # public one (NAT gateways learn no such route: their LANs stay apart).
+            _sh("ip", "-n", self.hosts["relay"].ns, "route", "add", host.addr.rsplit(".", 1)[0] + ".0/24",
+                "via", routers[host.name])
             host.public = host.addr
 
     def wait_port(self, ns: str, addr: str, port: int, what: str, timeout: float = 20.0) -> None:

@@ -115,6 +115,7 @@ def valid_bodies() -> dict[str, dict[str, Any]]:
         "cancel": {"job": hex64("job"), "at": 9},
         "dataset": dataset_body(),
         "dataset_rm": {"dataset": hex64("dataset-record"), "at": 11},
+        "direct": {"addrs": ["192.168.1.5:7000"], "cert": "ab" * 300, "at": 12},
     }
 
 

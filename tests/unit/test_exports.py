@@ -38,7 +38,7 @@ SURFACES: dict[str, set[str]] = {
         'AcceptKeys', 'EXPIRY_GRACE', 'EndMembership', 'HandKeys', 'KeyRing', 'Refuse', 'RejectKeys', 'Renamed',
         'Rotate', 'TellEnded',
         # datasets: which records stand, what a name means
-        'DatasetMissing', 'dataset_sources', 'live_datasets', 'may_remove_dataset', 'resolve_dataset'
+        'DatasetMissing', 'dataset_sources', 'direct_routes', 'live_datasets', 'may_remove_dataset', 'resolve_dataset'
     },
     'ttpeer.net': {
         'BlobCorrupt', 'BlobMissing', 'ErrorCode', 'Faults', 'MemoryRelay', 'MemoryTransport', 'Message', 'NetError',

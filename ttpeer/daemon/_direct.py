@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import trio
@@ -48,7 +49,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from ttpeer.errors import TtpeerError
-from ttpeer.net._tls import host_port, pinned_ssl_context
+from ttpeer.net import pinned_ssl_context
 from ttpeer.proto import Record, direct_routes, sign
 
 log = logging.getLogger("ttpeer.daemon")
@@ -74,7 +75,8 @@ class DirectFailed(TtpeerError):
 def local_address(relay_url: str) -> str | None:
     """The address this machine reaches the relay from (a UDP socket's, connected: no
     packet is sent), or None if there is no route."""
-    host, port = host_port(relay_url)
+    parts = urlsplit(relay_url)
+    host, port = parts.hostname or "", parts.port or 443
     try:
         info = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
         with socket.socket(info[0], socket.SOCK_DGRAM) as s:
