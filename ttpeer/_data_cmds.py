@@ -27,9 +27,9 @@ def piece_size(text: str) -> int:
 
 
 def sample_format(text: str) -> str:
-    """``--format``: lines, npy or records:BYTES (the daemon checks the files against it)."""
-    if re.fullmatch(r"lines|npy|tar|records:[1-9]\d*", text) is None:
-        raise argparse.ArgumentTypeError(f"not a format: {text!r} (use lines, npy, tar or records:BYTES, "
+    """``--format``: lines, npy, tar, parquet or records:BYTES (the daemon checks the files against it)."""
+    if re.fullmatch(r"lines|npy|tar|parquet|records:[1-9]\d*", text) is None:
+        raise argparse.ArgumentTypeError(f"not a format: {text!r} (use lines, npy, tar, parquet or records:BYTES, "
                                          "e.g. records:2050 for blocks of 1025 uint16 tokens)")
     return text
 
@@ -50,8 +50,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="index the samples, so tasks read them with dataset_samples(NAME) and each peer "
                         "fetches only the pieces of the shards it trains: lines (a sample per line: text, "
                         "JSON lines), npy (the rows of .npy arrays), tar (tar shards: the members "
-                        "sharing a key, as webdataset writes them) or records:BYTES (fixed-size binary "
-                        "samples); default: files only, read whole with dataset_path(NAME)")
+                        "sharing a key, as webdataset writes them), parquet (a row each, as a dict; needs "
+                        "pyarrow) or records:BYTES (fixed-size binary samples); default: files only, read "
+                        "whole with dataset_path(NAME)")
     a.add_argument("--url", dest="urls", action="append", default=None, metavar="URL",
                    help="an https address that serves the files too, each at URL/<its path> (a web server, "
                         "an S3/R2/GCS bucket's https prefix); peers fetch there first. Up to 4")

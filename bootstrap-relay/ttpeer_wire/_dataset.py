@@ -23,7 +23,12 @@ Two OPTIONAL fields (absent in older records, which stay valid byte for byte):
   ``npy`` (the rows of 2-D-or-more ``.npy`` arrays of one ``dtype`` and row ``shape``,
   ``record`` bytes a row, after each file's ``skip`` header bytes) or ``tar`` (tar shards,
   a sample being the consecutive members that share a key, as webdataset lays them out;
-  ``first[k]`` is the file offset where the first sample starting in piece ``k`` does). ``counts[k]`` is the
+  ``first[k]`` is the file offset where the first sample starting in piece ``k`` does) or
+  ``parquet`` (a sample is a row of a parquet file; a row group's rows all start where the
+  group does, its column chunks being one byte range, and end where it ends; ``groups[k]``
+  is the number in its file of the first row group with rows starting in piece ``k``, and
+  ``footer[f]`` the offset where file ``f``'s footer (its metadata, which every read
+  needs) begins, so a reader holds that file's last pieces too). ``counts[k]`` is the
   number of samples that *start* in piece ``k`` and ``spill[k]`` how many pieces after
   ``k`` the last of them reaches into (0 when it ends inside ``k``). Samples are numbered
   over the files in order. These are derived from the bytes and the format: a record whose
@@ -49,7 +54,7 @@ MIN_PIECE_SIZE = 4096  # smaller pieces are for tests; a record's size cap bound
 MAX_PIECE_SIZE = 1 << 30
 MAX_DATASET_FILES = 4096
 MAX_PATH = 512
-SAMPLE_FORMATS = ("lines", "records", "npy", "tar")
+SAMPLE_FORMATS = ("lines", "records", "npy", "tar", "parquet")
 MAX_URLS = 4
 MAX_URL = 512
 _ID_DOMAIN = b"ttpeer/dataset/v1\n"
@@ -100,23 +105,29 @@ def _count_list(v: Any, hi: int) -> bool:
 def samples_problem(samples: Any, files: list[dict[str, Any]], piece_size: int) -> str | None:
     """Why ``samples`` is not a well-formed sample index of ``files``, or None."""
     keys = {"format", "record", "skip", "counts", "spill"}
-    extra = {"npy": {"dtype", "shape"}, "tar": {"first"}}
-    if type(samples) is not dict or not keys <= set(samples) <= keys | {"dtype", "shape", "first"}:
-        return f"samples must have the fields {sorted(keys)} (and dtype, shape for npy; first for tar)"
+    extra = {"npy": {"dtype", "shape"}, "tar": {"first"}, "parquet": {"groups", "footer"}}
+    if type(samples) is not dict or not keys <= set(samples) <= keys.union(*extra.values()):
+        return (f"samples must have the fields {sorted(keys)} (and dtype, shape for npy; first for tar; "
+                "groups, footer for parquet)")
     fmt, record = samples["format"], samples["record"]
     if fmt not in SAMPLE_FORMATS:
         return f"samples.format must be one of {', '.join(SAMPLE_FORMATS)}"
-    if type(record) is not int or not (record == 0 if fmt in ("lines", "tar") else 1 <= record <= piece_size):
-        return "samples.record is 0 for lines and tar, else the bytes of one sample (at most a piece)"
+    unfixed = ("lines", "tar", "parquet")  # samples of no fixed size
+    if type(record) is not int or not (record == 0 if fmt in unfixed else 1 <= record <= piece_size):
+        return "samples.record is 0 for lines, tar and parquet, else the bytes of one sample (at most a piece)"
     if set(samples) - keys != extra.get(fmt, set()):
-        return "samples.dtype and samples.shape come with the npy format only, samples.first with tar only"
+        return ("samples.dtype and samples.shape come with the npy format only, samples.first with tar only, "
+                "samples.groups and samples.footer with parquet only")
     if fmt == "npy" and not (type(samples["dtype"]) is str and 0 < len(samples["dtype"]) <= 32
                              and _count_list(samples["shape"], 2**40) and len(samples["shape"]) <= 8):
         return "samples.dtype is a numpy type string and samples.shape the row's shape"
     pieces = sum(piece_count(f["size"], piece_size) for f in files)
     if not _count_list(samples["skip"], 2**20) or len(samples["skip"]) != len(files):
         return "samples.skip needs one header length per file"
-    if not (_count_list(samples["counts"], piece_size) and _count_list(samples["spill"], 2**20)
+    # Every other sample takes a byte at least; parquet rows compress below one (a column
+    # of one repeated value), so a piece may start more of them than it has bytes.
+    most = _MOST_ROWS if fmt == "parquet" else piece_size
+    if not (_count_list(samples["counts"], most) and _count_list(samples["spill"], 2**20)
             and len(samples["counts"]) == len(samples["spill"]) == pieces):
         return "samples.counts and samples.spill need one number per piece"
     if fmt == "tar" and not (_count_list(samples["first"], 2**50) and len(samples["first"]) == pieces):
@@ -127,11 +138,47 @@ def samples_problem(samples: Any, files: list[dict[str, Any]], piece_size: int) 
         n = piece_count(f["size"], piece_size)
         if skip > f["size"] or any(j + samples["spill"][k + j] >= n for j in range(n)):
             return f"samples.skip or samples.spill reach past file {f['path']!r}"
-        if fmt != "lines" and fmt != "tar" and (f["size"] - skip) % record:
+        if fmt not in unfixed and (f["size"] - skip) % record:
             return f"file {f['path']!r} is not a whole number of samples.record bytes"
         k += n
+    if fmt == "parquet" and (problem := _parquet_problem(samples, files, piece_size)):
+        return problem
     if sum(samples["counts"]) < 1:
         return "samples.counts must count at least one sample"
+    return None
+
+
+_MOST_ROWS = 2**32  # rows starting in one piece of a parquet file
+
+
+def _parquet_problem(samples: dict[str, Any], files: list[dict[str, Any]], piece_size: int) -> str | None:
+    """Parquet's fields: each file's footer between its magic bytes, and its row groups
+    in order, one after another, all before the footer."""
+    groups, footer = samples["groups"], samples["footer"]
+    if not (_count_list(groups, _MOST_ROWS) and len(groups) == len(samples["counts"])):
+        return "samples.groups needs one row group number per piece"
+    if not (_count_list(footer, 2**50) and len(footer) == len(files)):
+        return "samples.footer needs one offset per file"
+    if any(samples["skip"]):
+        return "samples.skip is 0 for each parquet file"
+    k = 0
+    for f, begins in zip(files, footer, strict=True):
+        if not 4 <= begins <= f["size"] - 8:  # b"PAR1" ... footer, its length (4 bytes), b"PAR1"
+            return f"samples.footer of file {f['path']!r} must lie inside it, after its 4 magic bytes"
+        before = (begins - 1) // piece_size  # the last piece a row group may reach into
+        free, group = 0, -1  # the first piece not inside the last row group seen; its number
+        for j in range(piece_count(f["size"], piece_size)):
+            count, spill, first = samples["counts"][k], samples["spill"][k], groups[k]
+            k += 1
+            if not count:
+                if spill or first:
+                    return "samples.spill and samples.groups are 0 for a piece where no row group starts"
+                continue
+            if j < free or first <= group:
+                return f"samples of file {f['path']!r}: its row groups overlap"
+            if j + spill > before:
+                return f"samples of file {f['path']!r}: a row group reaches past the file's row data into its footer"
+            free, group = j + spill, first
     return None
 
 

@@ -292,7 +292,7 @@ class Datasets:
         if not whole and "samples" not in rec.body:
             raise DataError(f"the task reads dataset {name!r} with dataset_samples, but it was added without a "
                             f"sample index: add it again with 'ttpeer data add PATH --name {name} --format "
-                            "lines|npy|records:BYTES', or read its files with dataset_path")
+                            "lines|npy|tar|parquet|records:BYTES', or read its files with dataset_path")
         if whole or "samples" not in rec.body:
             await self.fetch(rec["id"], name, say, None)
         else:

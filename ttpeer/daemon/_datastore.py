@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -389,22 +390,27 @@ def _disk_bytes(folder: Path) -> int:
 
 # -- the sample index (``data add --format``) ---------------------------------------------------
 
-FORMATS = ("lines", "npy", "tar", "records:BYTES")
+FORMATS = ("lines", "npy", "tar", "parquet", "records:BYTES")
 _NPY_MAGIC = b"\x93NUMPY"
 _NPY_TYPE = re.compile(r"^[<>|=]?(?:[biu][1248]|f[248])$")
 
 
 def parse_format(text: str) -> tuple[str, int]:
-    """``lines``, ``npy`` or ``records:BYTES`` -> (format, record bytes; 0 if not fixed).
-    Raises ``DataError`` with the accepted forms."""
+    """``lines``, ``npy``, ``tar``, ``parquet`` or ``records:BYTES`` -> (format, record
+    bytes; 0 if not fixed). Raises ``DataError`` with the accepted forms, or when parquet's
+    reader (pyarrow, optional) is not installed."""
     fmt, _, rest = text.partition(":")
+    if fmt == "parquet" and not rest:
+        if importlib.util.find_spec("pyarrow") is None:  # found without importing it: this runs on the event loop
+            raise DataError(_NO_PYARROW)
+        return fmt, 0
     if fmt in ("lines", "npy", "tar") and not rest:
         return fmt, 0
     if fmt == "records" and rest.isdigit() and int(rest) >= 1:
         return fmt, int(rest)
     raise DataError(f"--format {text!r}: use lines (a sample per line: text, JSON lines), npy (the rows of "
-                    ".npy arrays), tar (tar shards, a sample per key) or records:BYTES (fixed-size binary "
-                    "samples, e.g. records:2050)")
+                    ".npy arrays), tar (tar shards, a sample per key), parquet (a sample per row) or "
+                    "records:BYTES (fixed-size binary samples, e.g. records:2050)")
 
 
 def sample_index(folder: Path, files: list[FileEntry], piece_size: int, text: str) -> dict[str, Any]:
@@ -416,6 +422,8 @@ def sample_index(folder: Path, files: list[FileEntry], piece_size: int, text: st
     spill: list[int] = []
     skip: list[int] = []
     first: list[int] = []
+    groups: list[int] = []
+    footer: list[int] = []
     dtype: str | None = None
     shape: list[int] | None = None
     for rel, size, _hashes in files:
@@ -427,6 +435,11 @@ def sample_index(folder: Path, files: list[FileEntry], piece_size: int, text: st
             c, s, f0 = _tar_index(path, rel, size, piece_size)
             skip.append(0)
             first += f0
+        elif fmt == "parquet":
+            c, s, g0, end = _parquet_index(path, rel, size, piece_size)
+            skip.append(0)
+            groups += g0
+            footer.append(end)
         else:
             head, rec, row = 0, record, None
             if fmt == "npy":
@@ -449,13 +462,60 @@ def sample_index(folder: Path, files: list[FileEntry], piece_size: int, text: st
         spill += s
     if not sum(counts):
         raise DataError(f"the files hold no samples as {text}")
-    out: dict[str, Any] = {"format": fmt, "record": record if fmt not in ("lines", "tar") else 0, "skip": skip,
+    out: dict[str, Any] = {"format": fmt, "record": record if fmt in ("records", "npy") else 0, "skip": skip,
                            "counts": counts, "spill": spill}
     if fmt == "npy":
         out |= {"dtype": dtype, "shape": shape}
     if fmt == "tar":
         out["first"] = first
+    if fmt == "parquet":
+        out |= {"groups": groups, "footer": footer}
     return out
+
+
+_NO_PYARROW = "--format parquet needs pyarrow: pip install pyarrow"
+
+
+def _parquet_index(path: Path, rel: str, size: int, piece_size: int) -> tuple[list[int], list[int], list[int], int]:
+    """Per piece of a parquet file: the rows of the row groups starting in it, how far the
+    last of those reaches, the number of the first; and where the file's footer begins.
+    A row group lies from its first column chunk's first page to its last chunk's end."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(_NO_PYARROW) from None
+    try:
+        meta = pq.read_metadata(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{rel} is not a parquet file (--format parquet): {exc}") from None
+    with open(path, "rb") as f:
+        f.seek(size - 8)
+        footer = size - 8 - int.from_bytes(f.read(4), "little")
+    pieces = -(-size // piece_size)
+    counts, spill, groups = [0] * pieces, [0] * pieces, [0] * pieces
+    end = 4  # after the magic bytes
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        if not group.num_rows:
+            continue
+        spans = []
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            start = chunk.data_page_offset  # a dictionary page comes first when there is one (as Arrow reads it)
+            if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < start:
+                start = chunk.dictionary_page_offset
+            spans.append((start, start + chunk.total_compressed_size))
+        if not spans or min(spans)[0] < end or max(e for _s, e in spans) > footer:
+            raise DataError(f"{rel}: its row groups do not lie one after another before its footer (row group "
+                            f"{g}); --format parquet reads files as pyarrow and Spark write them")
+        start, end = min(spans)[0], max(e for _s, e in spans)
+        k = start // piece_size
+        if not counts[k]:
+            groups[k] = g
+        counts[k] += group.num_rows
+        spill[k] = (end - 1) // piece_size - k
+    return counts, spill, groups, footer
 
 
 def _tar_index(path: Path, rel: str, size: int, piece_size: int) -> tuple[list[int], list[int], list[int]]:

@@ -118,7 +118,8 @@ def dataset_samples(name: str, transform: Callable[[Any], Any] | None = None) ->
     piece: a peer fetches only the pieces of the shards it trains (and of the test set).
     The dataset must have been added with ``ttpeer data add PATH --name NAME --format F``
     (``lines``: each item a line as ``bytes``, its newline left out; ``records:N``: N-byte
-    ``bytes``; ``npy``: a numpy row). ``transform(raw)`` makes each item, e.g. ``(x, y)``
+    ``bytes``; ``npy``: a numpy row; ``tar``: ``{extension: bytes}``; ``parquet``: a row as
+    ``{column: value}``, which needs pyarrow). ``transform(raw)`` makes each item, e.g. ``(x, y)``
     tensors. ``.split(test=N)`` holds the last N samples out as a test set. Call it inside
     ``task()``; raises ``TaskError`` as ``dataset_path`` does, or when the dataset has no
     sample index (added without ``--format``)."""

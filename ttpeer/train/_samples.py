@@ -6,10 +6,12 @@ sample index (``samples`` in the dataset record, ttpeer_wire/_dataset.py): for e
 the number of samples that start in it, and how far the last of them reaches. That is
 enough to find sample ``i`` without holding the other pieces: its piece is found from the
 counts, and inside it a line is found by the piece's own newlines (``lines``), a record by
-arithmetic (``records``, ``npy``). ``Samples`` is a map-style dataset over a range of a
+arithmetic (``records``, ``npy``), a row from its row group and its file's footer
+(``parquet``, ``_parquet.py``). ``Samples`` is a map-style dataset over a range of a
 dataset's samples; ``split`` cuts a test range off its end. Items are what the task's
 ``transform`` makes of each raw sample (``bytes`` for lines and records, a numpy row for
-npy, ``{extension: bytes}`` of a tar sample's members); the default returns the raw
+npy, ``{extension: bytes}`` of a tar sample's members, ``{column: value}`` of a parquet
+row); the default returns the raw
 sample, which suits a task that wraps it itself.
 
 Pieces arrive in ``HOME/datasets/<id>.part/files`` while a peer fetches them (``done.json``
@@ -32,7 +34,7 @@ import os
 import tarfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from torch.utils.data import Dataset
 from ttpeer_wire import tar_key
 
 from ._errors import DatasetMissing, TaskError
+from ._parquet import RowGroups
 from ._schedule import piece_shard_indices, shard_indices
 from ._spec import LoadedTask
 
@@ -97,9 +100,13 @@ class SampleIndex:
         """The piece sample ``i`` starts in."""
         return bisect.bisect_right(self._starts, i) - 1
 
-    def pieces_of(self, i: int) -> range:
+    def pieces_of(self, i: int) -> Sequence[int]:
         """Every piece sample ``i`` reads."""
         k = self.piece_of(i)
+        if self.format == "parquet":  # the row groups starting in its piece, and its file's footer
+            f = self._pieces[k][0]
+            footer = self._file_piece[f] + self.samples["footer"][f] // self.piece_size
+            return sorted({*range(k, k + 1 + self.samples["spill"][k]), *range(footer, self._file_end(f))})
         if self.format == "tar":  # a piece's samples are found together, from its first header
             return range(k, k + 1 + self.samples["spill"][k])
         if self.format == "lines":  # a line ends inside its piece unless it is the piece's last
@@ -109,6 +116,10 @@ class SampleIndex:
         first = self._file_piece[f]
         return range(first + offset // self.piece_size,
                      first + (offset + self.samples["record"] - 1) // self.piece_size + 1)
+
+    def _file_end(self, f: int) -> int:
+        """The piece after file ``f``'s last."""
+        return self._file_piece[f + 1] if f + 1 < len(self.files) else len(self._pieces)
 
     def reach_end(self, k: int) -> int:
         """The file offset where the last piece that piece ``k``'s samples read ends."""
@@ -136,6 +147,7 @@ class _Reader:
         self._complete = False
         self._fds: OrderedDict[tuple[bool, int], int] = OrderedDict()
         self._offsets: OrderedDict[int, Any] = OrderedDict()  # per piece: line starts, or tar samples
+        self._groups: RowGroups | None = None  # parquet's, made at the first read
 
     def _folder(self, complete: bool) -> Path:
         d = self.index.dataset
@@ -199,6 +211,8 @@ class _Reader:
                 return self._line(i)
             if index.format == "tar":
                 return self._tar(i)
+            if index.format == "parquet":
+                return self._row(i)
             f, offset = index._record_at(i)
             raw = self._pread(f, offset, index.samples["record"])
         if index.format == "npy":
@@ -228,6 +242,17 @@ class _Reader:
         if end < file_size:
             raise TaskError(f"dataset {index.name!r}: line {i} goes on past the pieces its index says it reads")
         return bytes(out)
+
+    def _row(self, i: int) -> dict[str, Any]:
+        """Row ``i`` of a parquet file, as ``{column: value}``."""
+        index = self.index
+        if self._groups is None:
+            self._groups = RowGroups(index.name, index.files, index.piece_size, index.samples["footer"], self._pread)
+        k = index.piece_of(i)
+        f = index._pieces[k][0]
+        first = index._file_piece[f]
+        return self._groups.row(f, index.samples["groups"][k], i - index._starts[k],
+                                {p - first for p in index.pieces_of(i)})
 
     def _tar(self, i: int) -> dict[str, bytes]:
         """Sample ``i`` of a tar shard: its members' bytes by extension (``{"jpg": ..., "cls": ...}``)."""
