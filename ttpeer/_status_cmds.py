@@ -33,6 +33,11 @@ def status(args: argparse.Namespace, home: Any) -> int:
     print(f"node {node['name']} ({node['id'][:12]}) pool {node['pool'][:12]}  relay {relay}")
     print(f"bytes sent {_size(st['bytes_sent'])}, received {_size(st['bytes_received'])}"
           + (f"; metrics at {st['metrics_url']}" if st.get("metrics_url") else ""))
+    direct = st.get("direct")
+    if direct and direct["addrs"]:
+        print(f"direct: serving at {', '.join(direct['addrs'])}, {direct['served_pieces']} pieces "
+              f"({_size(direct['served_bytes'])}) served" + (f", {direct['refused']} requests refused"
+                                                            if direct["refused"] else ""))
     for repair in st.get("startup_repairs") or []:
         print(f"repaired at start-up: {repair}")
     print("peers:")

@@ -106,6 +106,8 @@ def test_peers_that_reach_each_other_fetch_pieces_directly_and_the_rest_use_the_
             assert row["here"] == "fetched" and row["fetched_bytes"] == row["direct_bytes"] == size, (name, row)
         assert [d["direct_bytes"] for d in job_of(homes["dave"], job)["data"]] == [size, _ls(homes["dave"])["notes"]
                                                                                    ["direct_bytes"]]
+        line = next(x for x in ttpeer("status", "--home", str(homes["alice"])) if x.startswith("direct: "))
+        assert line.startswith("direct: serving at 127.0.0.1:") and " pieces (" in line, line
         shown = [line for line in ttpeer("data", "ls", "--home", str(homes["dave"])) if line.startswith("corpus")]
         assert f"{_kib(size)} of it from members directly" in shown[0], shown
 

@@ -19,7 +19,9 @@ and does its file work in worker threads (``_datastore``).
   does not hash to its name, does not open, or opens to other bytes) is counted and fetched
   again. Pieces nobody serves leave the job waiting, with its phase saying how far it got
   ("waiting for dataset corpus: 3/10 pieces ..."), and retrying with backoff; it never
-  raises for that. A job the pool ends meanwhile stops the wait (one that finished does
+  raises for that. Each piece is asked first of the members that serve directly
+  (``_direct``: the LAN shortcut, the dataset's authors first), then of the record's urls,
+  then of the relay. A job the pool ends meanwhile stops the wait (one that finished does
   not: the final model is written by the task this peer loads). A record with ``urls``:
   each piece is asked of those first (``_urlsource``, a Range GET), checked by the same
   hash; wrong bytes there are counted but do not mark the relay's copy damaged.
