@@ -332,6 +332,11 @@ async def test_a_touch_restarts_blob_ttls_so_they_outlive_a_sweep(start_relay: S
         assert time.time() - (running.app.config.data / "pools" / pool.id / "blobs" / kept).stat().st_mtime < 60
         with pytest.raises(ValueError, match="at most 512"):  # refused before anything is sent
             await a.touch_blobs([kept] * 513)
+        # A relay from before the route: 404 not_found, which the daemon takes as "no pin here".
+        running.app._routes = [r for r in running.app._routes if r[0].pattern != re.escape("/v1/touch")]
+        with pytest.raises(RelayRejected) as info:
+            await a.touch_blobs([kept])
+        assert info.value.status == 404 and info.value.code == ErrorCode.NOT_FOUND
 
 
 async def test_malformed_over_cap_and_unauthenticated_touches_are_refused(
