@@ -4,7 +4,16 @@ Every path lives under ``/v1``; every error is ``{"error": "...", "code": "..."}
 the words for people and the code for clients (``ttpeer_wire``'s table). A request
 is matched to a route, charged to a rate-limit bucket (the peer's when it holds
 a session, else the client IP's), authenticated when the route needs it, and
-handed to one short handler. Status codes:
+handed to one short handler. The routes (``self._routes``; paths from ``ttpeer_wire``):
+
+    GET  /v1/health                  no session
+    POST /v1/challenge, /v1/session  log in (a nonce, then the signed proof): no session yet
+    GET  /v1/roster, POST /v1/revoke the pool's admitted proofs; a root-signed revocation
+    POST /v1/send/<peer>, /v1/broadcast, GET /v1/recv   mailboxes
+    PUT, GET, HEAD /v1/blob/<sha256> blobs, with their TTL and the pool's quota
+    POST /v1/touch                   restart the TTL of the blobs named (a lease peers renew)
+
+Status codes:
 
 - 400 malformed request, 401 unknown/expired nonce or ``session expired``,
   403 bad membership proof or signature, 404 unknown route or blob, 405 method,
@@ -40,6 +49,8 @@ from ttpeer_wire import (
     ROSTER,
     SEND,
     SESSION,
+    TOUCH,
+    TOUCH_MAX_BLOBS,
     ErrorCode,
     ProofError,
     login_message,
@@ -67,6 +78,7 @@ _NONCE = _PEER
 _SIG = re.compile(r"^[0-9a-f]{128}$")
 _HEXBYTES = re.compile(r"^(?:[0-9a-f]{2})+$")
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+_BLOB = re.compile(r"[0-9a-f]{64}")
 
 
 def _path(path: str, rest: str = "") -> re.Pattern[str]:
@@ -122,6 +134,7 @@ class RelayApp:
             (_path(RECV), {"GET": (self.recv, True)}),
             (_path(BLOB, "(?P<blob>[0-9a-f]{64})"), {"PUT": (self.put_blob, True), "GET": (self.get_blob, True),
                                                      "HEAD": (self.get_blob, True)}),
+            (_path(TOUCH), {"POST": (self.touch, True)}),
         ]
 
     def load(self) -> None:
@@ -259,7 +272,7 @@ class RelayApp:
         limits = {"max_message_bytes": self.config.max_message_bytes,
                   "max_blob_bytes": self.config.max_blob_bytes, "max_wait": MAX_WAIT}
         return json_response(200, {"session": token, "expires": self.sessions.ttl,
-                                   "limits": limits})
+                                   "limits": limits, "blob_ttl": self.config.blob_ttl})
 
     async def revoke(self, request: Request, _: dict[str, str], s: Session | None) -> Response:
         """A root-signed revocation (raw record bytes): refuse that peer from now on."""
@@ -365,3 +378,21 @@ class RelayApp:
             status, length = 206, end - start + 1
             headers.append(("content-range", f"bytes {start}-{end}/{size}"))
         return FileResponse(status, source, start, length, headers, head=request.method == "HEAD")
+
+    async def touch(self, request: Request, _: dict[str, str], s: Session | None) -> Response:
+        """Restart the TTL of the pool's blobs named in ``{"blobs": [...]}``; answer how many
+        were held and which were not (expired, never uploaded)."""
+        s = _member(s)
+        body = await request.json(self.config.max_json_bytes)
+        blobs = body.get("blobs")
+        problem = "field 'blobs' must be a list of sha256 hex blob names"
+        if not isinstance(blobs, list):
+            raise HttpError(400, ErrorCode.BAD_REQUEST, problem)
+        if len(blobs) > TOUCH_MAX_BLOBS:
+            raise HttpError(413, ErrorCode.TOO_LARGE, f"{len(blobs)} blobs is over the {TOUCH_MAX_BLOBS} "
+                            "one touch may name")
+        if not all(isinstance(b, str) and _BLOB.fullmatch(b) for b in blobs):
+            raise HttpError(400, ErrorCode.BAD_REQUEST, problem)
+        names = list(dict.fromkeys(blobs))
+        missing = await self.blobs.touch_many(s.pool, names, time.time())
+        return json_response(200, {"held": len(names) - len(missing), "missing": missing})

@@ -9,7 +9,8 @@ file that exists is always complete and correct, and a crash leaves at most a
 
 The index (size and upload time of every blob) is read from disk once at start
 and kept in memory; the file's mtime is its upload time, so TTLs survive
-restarts. Re-uploading an existing blob refreshes its TTL. Bytes of uploads in
+restarts. Re-uploading an existing blob refreshes its TTL, and so does a touch
+(``touch_many``: the peers' lease on the pieces of a running job's datasets). Bytes of uploads in
 flight are reserved against the quota, so concurrent uploads cannot overshoot it.
 """
 
@@ -135,6 +136,19 @@ class BlobStore:
         except OSError as exc:
             log.warning("could not refresh blob %s: %s", blob, exc)
 
+    async def touch_many(self, pool: str, blobs: list[str], now: float) -> list[str]:
+        """Restart the TTL of each of ``blobs`` the pool holds (unexpired), the file times in
+        one worker thread; returns the others, in order. Quota and sizes are unchanged."""
+        held, missing = [], []
+        for blob in blobs:
+            (missing if self.stat(pool, blob, now) is None else held).append(blob)
+        for blob in held:
+            entry = self._pools[pool]
+            entry.blobs[blob] = (entry.blobs[blob][0], now)
+        if held:
+            await trio.to_thread.run_sync(_utime, [self.path(pool, b) for b in held], now)
+        return missing
+
     async def put(self, pool: str, blob: str, body: AsyncIterator[bytes], now: float) -> None:
         """Store the streamed ``body`` as ``blob``. Raises ``BlobError`` (400, 413, 507)."""
         entry = self._pools.setdefault(pool, _Pool())
@@ -216,6 +230,14 @@ def _commit(tmp: Path, final: Path) -> None:
             os.close(fd)
     except OSError:
         pass
+
+
+def _utime(paths: list[Path], now: float) -> None:
+    for path in paths:
+        try:
+            os.utime(path, (now, now))
+        except OSError as exc:  # the index holds the new time; a restart reads the old one
+            log.warning("could not refresh blob %s: %s", path.name, exc)
 
 
 def _unlink(paths: list[Path]) -> None:

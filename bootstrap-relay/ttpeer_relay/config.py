@@ -20,7 +20,7 @@ class RelayConfig:
     # The defaults of the caps both relays share (ttpeer_wire); the session answer
     # tells each peer the ones in force.
     max_blob_bytes: int = wire.MAX_BLOB_BYTES
-    blob_ttl: float = 7 * 86400.0
+    blob_ttl: float = wire.BLOB_TTL
     pool_quota: int = wire.POOL_QUOTA
     max_message_bytes: int = wire.MAX_MESSAGE_BYTES
     max_json_bytes: int = wire.MAX_JSON_BYTES

@@ -34,6 +34,7 @@ from ._records import MAX_KEEP, MAX_RECORD_BYTES, PRECISION_CODES, Record, parse
 from ._relay_api import (
     API,
     BLOB,
+    BLOB_TTL,
     BROADCAST,
     CHALLENGE,
     HEALTH,
@@ -52,6 +53,8 @@ from ._relay_api import (
     ROSTER,
     SEND,
     SESSION,
+    TOUCH,
+    TOUCH_MAX_BLOBS,
     ErrorCode,
     blob_path,
     error_body,
@@ -64,6 +67,7 @@ from ._relay_api import (
 __all__ = [
     "API",
     "BLOB",
+    "BLOB_TTL",
     "BROADCAST",
     "CHALLENGE",
     "DEFAULT_PIECE_SIZE",
@@ -87,6 +91,8 @@ __all__ = [
     "ROSTER",
     "SEND",
     "SESSION",
+    "TOUCH",
+    "TOUCH_MAX_BLOBS",
     "ErrorCode",
     "Member",
     "ProofError",

@@ -29,6 +29,14 @@ the HTTP status and the code, never on the words. A code a client does not know
     507     mailbox_full                  with Retry-After: the recipient collecting its mail frees room
     507     pool_quota | disk_full | roster_full    waiting alone will not help
 
+Blob TTL and touches. The relay deletes a blob ``blob_ttl`` seconds (the session
+answer's ``blob_ttl``; ``BLOB_TTL`` by default) after it was last uploaded or touched.
+``POST /v1/touch`` with ``{"blobs": [sha256 hex, ...]}`` (at most ``TOUCH_MAX_BLOBS``,
+within the JSON body cap) restarts the TTL of every one the pool holds and answers
+``{"held": COUNT, "missing": [the others, in the order asked]}``: a lease that its
+holders renew (peers pin a running job's dataset pieces so), lapsing with the TTL once
+nobody does; it changes no quota. A relay older than the route answers 404 not_found.
+
 Pure: no I/O, no clock; the login message and the fingerprint are functions of bytes.
 """
 
@@ -50,10 +58,14 @@ BROADCAST = f"{API}/broadcast"
 RECV = f"{API}/recv"
 SEND = f"{API}/send/"  # + the recipient's peer id
 BLOB = f"{API}/blob/"  # + the blob's sha256 hex
+TOUCH = f"{API}/touch"
 
 MAX_WAIT = 30.0  # longest long-poll, seconds; longer waits are clamped
 RECV_MAX_COUNT = 1024  # messages in one recv answer at most
 RECV_MAX_BYTES = 8 * 2**20  # payload bytes in one recv answer at most (one message may pass it)
+# Blobs named in one touch at most: 512 names are a 34 KiB body, well inside MAX_JSON_BYTES
+# (1024 would pass it: 67 bytes a name).
+TOUCH_MAX_BLOBS = 512
 # The relay's default caps; a relay may be configured otherwise, and tells each peer its
 # own in the session answer's ``limits``.
 MAX_MESSAGE_BYTES = 256 * 2**10
@@ -62,6 +74,7 @@ MAX_BLOB_BYTES = 2**30
 MAILBOX_MESSAGES = 4096
 MAILBOX_BYTES = 64 * 2**20
 POOL_QUOTA = 20 * 2**30
+BLOB_TTL = 7 * 86400.0  # seconds a blob is kept after its last upload or touch
 
 LOGIN_DOMAIN = b"ttpeer/relay-auth/v1\n"
 

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 import ttpeer.net
 from ttpeer.net import (
     BlobCorrupt,
+    BlobMissing,
     Faults,
     MemoryRelay,
     RelayClient,
@@ -61,7 +62,7 @@ def make_pool(n: int, fixed: str | None = None) -> tuple[str, list[tuple[Ed25519
 def test_both_transports_satisfy_the_protocol() -> None:
     pool, [(key, proof)] = make_pool(1)
     methods = {"connect", "send", "broadcast", "recv", "roster", "put_blob", "get_blob", "put_blob_file",
-               "get_blob_file", "has_blob", "aclose", "revoke"}
+               "get_blob_file", "has_blob", "aclose", "revoke", "touch_blobs", "blob_ttl"}
     declared = {name for name in vars(Transport) if not name.startswith("_")}
     assert declared == methods
     assert isinstance(MemoryRelay().client(pool, key, proof), Transport)
@@ -103,6 +104,27 @@ async def test_memory_admission_availability_and_tampering() -> None:
         await a.roster()
     relay.available = True
     assert len(await a.roster()) == 1
+
+
+async def test_memory_blobs_lapse_with_their_ttl_unless_touched_or_uploaded_again(autojump_clock: object) -> None:
+    pool, [(key, proof)] = make_pool(1)
+    relay = MemoryRelay(blob_ttl=100.0, pool_quota=2000)
+    a = relay.client(pool, key, proof)
+    assert a.blob_ttl is None  # not logged in yet
+    await a.connect()
+    assert a.blob_ttl == 100.0
+    touched, again, left = [await a.put_blob(bytes([i]) * 600) for i in range(3)]
+    await trio.sleep(90)
+    assert await a.touch_blobs([touched]) == []
+    await a.put_blob(bytes([1]) * 600)  # a repeated upload restarts the TTL too
+    await trio.sleep(20)  # 110 s after the uploads, 20 s after the touch
+    await a.put_blob(bytes([3]) * 600)  # the lapsed one's room is free: 3 x 600 bytes fit the quota
+    assert [await a.has_blob(b) for b in (touched, again, left)] == [True, True, False]
+    assert await a.touch_blobs([left, touched]) == [left] and relay.touches == 2
+    await trio.sleep(101)
+    assert await a.touch_blobs([touched, again]) == [touched, again]
+    with pytest.raises(BlobMissing):
+        await a.get_blob(touched, max_size=1000)
 
 
 @asynccontextmanager

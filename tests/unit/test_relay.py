@@ -16,6 +16,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -308,6 +309,61 @@ async def test_blob_on_disk_head_range_and_hash_over_http(start_relay: StartRela
             assert wrong.json()["code"] == "bad_blob"
             again = await http.put(f"/v1/blob/{blob}", content=data, headers=headers)
             assert again.status_code == 200
+
+
+async def test_a_touch_restarts_blob_ttls_so_they_outlive_a_sweep(start_relay: StartRelay, pool: Pool) -> None:
+    # The pin of a running job's dataset pieces: a touch is a lease the peers renew.
+    running = await start_relay(blob_ttl=100.0)
+    store = running.app.blobs
+    async with member(running, pool, "a") as a:
+        assert a.blob_ttl == 100.0  # the session answer says it: peers pace their touches by it
+        kept, lapsed = await a.put_blob(b"kept" * 100), await a.put_blob(b"lapsed" * 100)
+        for blob in (kept, lapsed):  # both uploaded 90 s ago, 10 s from their expiry
+            await store.touch(pool.id, blob, time.time() - 90)
+        never = hashlib.sha256(b"never uploaded").hexdigest()
+        used = store._pools[pool.id].used
+        assert await a.touch_blobs([never, kept, kept]) == [never]
+        assert await a.touch_blobs([]) == []
+        assert store._pools[pool.id].used == used  # a touch changes no quota
+        # Past their first expiry: the touched one stays, on disk too (its mtime restarted).
+        assert await store.sweep(time.time() + 50) == 1
+        assert await a.get_blob(kept, max_size=400) == b"kept" * 100
+        assert await a.touch_blobs([lapsed, kept]) == [lapsed]
+        assert time.time() - (running.app.config.data / "pools" / pool.id / "blobs" / kept).stat().st_mtime < 60
+        with pytest.raises(ValueError, match="at most 512"):  # refused before anything is sent
+            await a.touch_blobs([kept] * 513)
+        # A relay from before the route: 404 not_found, which the daemon takes as "no pin here".
+        running.app._routes = [r for r in running.app._routes if r[0].pattern != re.escape("/v1/touch")]
+        with pytest.raises(RelayRejected) as info:
+            await a.touch_blobs([kept])
+        assert info.value.status == 404 and info.value.code == ErrorCode.NOT_FOUND
+
+
+async def test_malformed_over_cap_and_unauthenticated_touches_are_refused(
+    start_relay: StartRelay, pool: Pool,
+) -> None:
+    running = await start_relay()
+    blob = hashlib.sha256(b"x").hexdigest()
+    headers = {"authorization": f"Bearer {await session_of(running, pool)}"}
+    async with raw_http(running) as http:
+        nobody = await http.post("/v1/touch", json={"blobs": [blob]})
+        assert nobody.status_code == 401 and nobody.json()["code"] == "session_expired"
+        for bad, words in (({"blobs": blob}, "field 'blobs' must be a list of sha256 hex blob names"),
+                           ({"blobs": [blob.upper()]}, "field 'blobs'"), ({"blobs": [blob + "\n"]}, "field 'blobs'"),
+                           ({"blobs": [1]}, "field 'blobs'"), ({"blob": [blob]}, "field 'blobs'"),
+                           ([blob], "body must be a JSON object")):
+            answer = await http.post("/v1/touch", json=bad, headers=headers)
+            assert answer.status_code == 400 and answer.json()["code"] == "bad_request", bad
+            assert words in answer.json()["error"], bad
+        over = await http.post("/v1/touch", json={"blobs": [blob] * 513}, headers=headers)
+        assert over.status_code == 413 and over.json()["code"] == "too_large"
+        assert "over the 512" in over.json()["error"]
+        huge = await http.post("/v1/touch", content=b" " * (65 * 1024), headers=headers)
+        assert huge.status_code == 413 and huge.json()["code"] == "too_large"  # the JSON body cap
+        wrong = await http.get("/v1/touch", headers=headers)
+        assert wrong.status_code == 405
+        ok = await http.post("/v1/touch", json={"blobs": [blob] * 512}, headers=headers)
+        assert ok.status_code == 200 and ok.json() == {"held": 0, "missing": [blob]}
 
 
 async def test_large_upload_goes_out_in_pieces_under_its_content_length(
@@ -694,6 +750,27 @@ async def test_blob_store_ttl_quota_and_restart(tmp_path: Path) -> None:
     assert not (blobs.directory("p") / name_one).exists()
     await reloaded.put("p", name_two, chunks(two), now=1200.0)  # its room is free again
     assert reloaded.stat("p", name_two, 1200.0) == 900
+
+
+async def test_blob_store_touches_restart_ttls_in_one_batch(tmp_path: Path) -> None:
+    blobs = BlobStore(tmp_path, max_blob_bytes=1000, ttl=100.0, quota=10_000)
+
+    async def body(data: bytes) -> AsyncIterator[bytes]:
+        yield data
+
+    one, two = b"1" * 900, b"2" * 900
+    name_one, name_two = (hashlib.sha256(d).hexdigest() for d in (one, two))
+    await blobs.put("p", name_one, body(one), now=1000.0)
+    await blobs.put("p", name_two, body(two), now=1000.0)
+    never = hashlib.sha256(b"never").hexdigest()
+    assert await blobs.touch_many("p", [name_one, never], 1090.0) == [never]
+    assert await blobs.touch_many("other pool", [name_one], 1090.0) == [name_one]
+    assert await blobs.sweep(1150.0) == 1  # past the first expiry: only the untouched one goes
+    assert blobs.stat("p", name_one, 1150.0) == 900 and blobs.stat("p", name_two, 1150.0) is None
+    assert await blobs.touch_many("p", [name_two, name_one], 1180.0) == [name_two]  # lapsed: missing
+    reloaded = BlobStore(tmp_path, max_blob_bytes=1000, ttl=100.0, quota=10_000)
+    reloaded.load()  # the touch is on disk: the file's mtime
+    assert reloaded.stat("p", name_one, 1270.0) == 900 and reloaded.stat("p", name_one, 1281.0) is None
 
 
 async def _in_chunks(data: bytes, sizes: tuple[int, ...] = (16384, 1000, 70_001)) -> AsyncIterator[bytes]:

@@ -244,6 +244,23 @@ async def test_blob_size_cap_and_pool_quota(start: StartRelay, pool: Pool) -> No
         assert info.value.code == ErrorCode.POOL_QUOTA and info.value.retry_after is None
 
 
+async def test_a_touch_restarts_what_the_pool_holds_and_names_the_rest(start: StartRelay, pool: Pool) -> None:
+    relay = await start(blob_ttl=3600.0)
+    async with relay.member(pool, "a") as a, relay.member(pool, "b") as b:
+        assert a.blob_ttl == 3600.0  # told at login: peers pace their touches by it
+        held = [await a.put_blob(b"piece %d" % i) for i in range(3)]
+        never = [hashlib.sha256(b"never %d" % i).hexdigest() for i in range(2)]
+        # Any member's touch; the missing ones in the order asked, each once.
+        assert await b.touch_blobs([never[0], *held, never[1], never[0]]) == never
+        assert [await b.has_blob(h) for h in held] == [True] * 3
+        assert await a.touch_blobs(held * 170 + held[:2]) == []  # 512 names: one touch's worth
+        for bad in (held * 171, ["0" * 63], [held[0].upper()]):  # a caller's bug: refused before sending
+            with pytest.raises(ValueError):
+                await a.touch_blobs(bad)
+        async with relay.member(Pool.create(), "z") as z:
+            assert await z.touch_blobs(held[:1]) == held[:1]  # another pool's blobs are not its own
+
+
 # -- one scenario, both transcripts ---------------------------------------------------
 
 

@@ -31,7 +31,9 @@ def test_public_surface() -> None:
         "API", "BLOB", "BROADCAST", "CHALLENGE", "HEALTH", "LOGIN_DOMAIN", "MAILBOX_BYTES",
         "MAILBOX_MESSAGES", "MAX_BLOB_BYTES", "MAX_JSON_BYTES", "MAX_KEEP", "MAX_MESSAGE_BYTES",
         "MAX_RECORD_BYTES", "MAX_WAIT", "POOL_QUOTA", "PRECISION_CODES", "RECV", "RECV_MAX_BYTES",
-        "RECV_MAX_COUNT", "REVOKE", "ROSTER", "SEND", "SESSION", "ErrorCode", "Member", "ProofError",
+        "RECV_MAX_COUNT", "REVOKE", "ROSTER", "SEND", "SESSION", "ErrorCode",
+        # blob TTL and touches (the pin of a running job's dataset pieces)
+        "BLOB_TTL", "TOUCH", "TOUCH_MAX_BLOBS", "Member", "ProofError",
         "Record", "RecordError", "TtpeerError", "blob_path", "decode", "encode", "error_body",
         "fingerprint", "join_fits_invite", "login_message", "parse", "pool_id_of", "public_hex",
         "read_error", "send_path", "sign", "verify_proof", "verify_revocation",

@@ -23,6 +23,16 @@ class JobStats:
 
 
 @dataclass
+class Touches:
+    """The pin of running jobs' dataset pieces on the relay (``_data.Datasets.keep_pinned``)."""
+
+    requests: int = 0  # touch requests the relay answered
+    blobs: int = 0  # blob TTLs it restarted
+    missing: int = 0  # blobs it no longer held when touched
+    reuploaded: int = 0  # of those, uploaded again from this peer's copy
+
+
+@dataclass
 class Counters:
     started: float = 0.0
     peers_seen: dict[str, float] = field(default_factory=dict)
@@ -32,6 +42,7 @@ class Counters:
     # Input refused as not authentic or malformed, by what it was ("message: SealError",
     # "blob"): a relay that tampers or forges shows up here, never in the state.
     rejected: dict[str, int] = field(default_factory=dict)
+    touches: Touches = field(default_factory=Touches)
 
     def reject(self, what: str) -> None:
         self.rejected[what] = self.rejected.get(what, 0) + 1

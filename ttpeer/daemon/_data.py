@@ -31,12 +31,23 @@ and does its file work in worker threads (``_datastore``).
   lost (its TTL, its quota, a restart) under the same blob name, one it served damaged under
   a new name, in a newer record of the same id (the relay keeps a blob it holds, so the same
   name would bring the damaged copy back). So a piece stays fetchable for as long as one
-  holder is up, and the relay needs no pinning. Fetchers try the newest record's blob first.
+  holder is up. Fetchers try the newest record's blob first.
+- **the pin** (``keep_pinned``): a holder may go offline for good (the desktop that ran
+  ``data add``) while the others train for days, and a piece nobody holds whole would
+  lapse with the relay's blob TTL. So while a job that names a dataset has not ended for
+  the pool (``pinned``), every peer restarts the TTL of the blobs of that dataset's
+  newest record (``POST /v1/touch``, 512 a request) every third of the TTL the relay
+  told it, within 30 s..1 h; a blob the relay no longer holds goes back under its name
+  from a peer holding the dataset whole, else a fetcher's want finds a holder. It is a
+  lease: once the job ends, or every peer stops, the pieces lapse with the TTL. Every
+  peer touches, not a chosen few: it costs one request per 512 blobs an hour on the
+  default 7-day TTL, and no choice to get wrong when the chosen ones are gone.
 - **the cache**: fetched datasets are evicted least recently used past ``cache_bytes``,
   never one a job this peer has not finished uses, never one added here.
 
-What breaks it: the only holder gone (then the job waits, and says so); a dataset record
-over the record cap (``data add`` says to use larger pieces).
+What breaks it: the only holder gone and a piece lost on the relay anyway (its disk, or
+a relay without touches: then the job waits, and says so); a dataset record over the
+record cap (``data add`` says to use larger pieces).
 """
 
 from __future__ import annotations
@@ -55,10 +66,20 @@ from typing import Any, Protocol
 
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from ttpeer_wire import DEFAULT_PIECE_SIZE, MIN_PIECE_SIZE, dataset_id, record_files, samples_hash, urls_problem
+from ttpeer_wire import (
+    BLOB_TTL,
+    DEFAULT_PIECE_SIZE,
+    MIN_PIECE_SIZE,
+    TOUCH_MAX_BLOBS,
+    ErrorCode,
+    dataset_id,
+    record_files,
+    samples_hash,
+    urls_problem,
+)
 
 from ttpeer.errors import DataError, DiskError, JobError
-from ttpeer.net import BlobCorrupt, BlobMissing, NetError
+from ttpeer.net import BlobCorrupt, BlobMissing, NetError, RelayRejected
 from ttpeer.proto import (
     Effect,
     PeerMachine,
@@ -74,6 +95,7 @@ from ttpeer.proto import (
     sign,
 )
 
+from ._counters import Counters
 from ._datastore import (
     DataStore,
     Piece,
@@ -103,6 +125,7 @@ REUPLOAD_EVERY = 2.0  # a holder uploads one piece again at most this often
 REPAIR_EVERY = 60.0  # ... and under a new name (a new record) at most this often
 URL_BACKOFF = 60.0  # a dataset address that did not answer is skipped this long
 LACKS_FOR = 30.0  # a member that did not have a piece is not asked for that dataset this long
+PIN_MIN, PIN_MAX = 30.0, 3600.0  # seconds between touches of pinned pieces: a third of the TTL, within these
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -114,6 +137,7 @@ class Host(Protocol):
     cfg: PoolConfig
     home: Home
     blobs: Blobs
+    counters: Counters
     node_key: Ed25519PrivateKey
     key_event: trio.Event
     nursery: trio.Nursery | None
@@ -787,3 +811,81 @@ class Datasets:
                 withdrawn.append(r.id)
         return {"id": dataset, "removed": removed, "withdrawn": withdrawn}
 
+
+    # -- the pin: a running job's pieces kept on the relay ------------------------------------
+
+    def pinned(self) -> dict[str, Record]:
+        """The newest record of every dataset that a job that has not ended for the pool
+        (neither cancelled, failed everywhere, nor past its last round) names: the pieces
+        its peers keep on the relay. The same on every peer that holds the same records."""
+        rs, m = self._node.machine.records, self._node.machine
+        out: dict[str, Record] = {}
+        for job in rs.jobs():
+            ids = job.body.get("datasets")
+            if not ids or job_ended(rs, job) is not None or m.plan(job).finished(m.chain(job).round):
+                continue
+            for dataset in ids.values():
+                records = dataset_sources(rs, dataset)
+                if records and dataset not in out:
+                    out[dataset] = records[0]
+        return out
+
+    async def keep_pinned(self) -> None:
+        """Forever (a task of the node's nursery): touch the pinned pieces (``touch_pinned``)
+        every third of the relay's blob TTL, within ``PIN_MIN``..``PIN_MAX``. A failure is
+        logged and waits for the next time; a relay without the touch route (an older one)
+        ends the loop, said once: there pieces live with the TTL and a want, as before."""
+        while True:
+            try:
+                await self.touch_pinned()
+            except RelayRejected as exc:
+                if exc.code == ErrorCode.NOT_FOUND:
+                    log.info("the relay does not take touches (an older relay): the pieces of running jobs' "
+                             "datasets are not pinned there; a holder uploads lost ones again when asked")
+                    return
+                log.warning("touching pinned dataset pieces on the relay was refused: %s", exc)
+            except NetError as exc:
+                log.info("could not touch pinned dataset pieces on the relay (%s); trying again later", exc)
+            except Exception as exc:  # noqa: BLE001 - a bug costs one round of touches, never the daemon
+                log.error("touching pinned dataset pieces raised %s (a bug; please report it)",
+                          type(exc).__name__, exc_info=exc)
+            await trio.sleep(pin_period(self._node.blobs.relay_ttl))
+
+    async def touch_pinned(self) -> None:
+        """Restart the relay's TTL of every pinned piece's blob, ``TOUCH_MAX_BLOBS`` a request;
+        a blob the relay no longer holds goes back under its name if this peer holds its
+        dataset whole (else a fetcher's want reaches a holder). Raises ``NetError``."""
+        pinned = self.pinned()
+        names = list(dict.fromkeys(b for rec in pinned.values() for b in piece_blobs(rec.body)))
+        touches, lost = self._node.counters.touches, set()
+        for start in range(0, len(names), TOUCH_MAX_BLOBS):
+            batch = names[start:start + TOUCH_MAX_BLOBS]
+            missing = await self._node.blobs.touch(batch)
+            touches.requests += 1
+            touches.blobs += len(batch) - len(missing)
+            touches.missing += len(missing)
+            lost |= set(missing)
+        if not lost:
+            return
+        log.info("the relay no longer held %d pinned dataset pieces", len(lost))
+        held = self.store.held()
+        for dataset, rec in pinned.items():
+            if dataset not in held:
+                continue
+            for piece, blob in zip(pieces_of(rec.body), piece_blobs(rec.body), strict=True):
+                now = trio.current_time()
+                if blob not in lost or now - self._reuploaded.get((dataset, piece.index), -math.inf) < REUPLOAD_EVERY:
+                    continue
+                self._reuploaded[(dataset, piece.index)] = now  # a want meanwhile does not upload it twice
+                with self._guard(dataset, piece):
+                    if await self._upload(dataset, piece, blob=blob) is not None:
+                        touches.reuploaded += 1
+                        self.reuploads[dataset] = self.reuploads.get(dataset, 0) + 1
+                        log.info("uploaded piece %d of dataset %s again: its blob had lapsed on the relay",
+                                 piece.index, dataset[:12])
+
+
+def pin_period(ttl: float | None) -> float:
+    """Seconds between touches of pinned pieces, for a relay blob TTL of ``ttl`` (None: the
+    relay did not say; its default): three touches a TTL, so one lost request costs nothing."""
+    return min(PIN_MAX, max(PIN_MIN, (ttl or BLOB_TTL) / 3))

@@ -161,6 +161,16 @@ class Blobs:
     async def put(self, data: bytes) -> str:
         return await self._transport.put_blob(self._keys.seal(BLOB, data))
 
+    async def touch(self, blobs: list[str]) -> list[str]:
+        """Restart the relay's TTL of ``blobs`` (at most ``TOUCH_MAX_BLOBS``); returns those it
+        does not hold. Raises ``NetError`` (``RelayRejected`` not_found: an older relay)."""
+        return await self._transport.touch_blobs(blobs)
+
+    @property
+    def relay_ttl(self) -> float | None:
+        """The relay's blob TTL in seconds, as it said at login (None: it did not say)."""
+        return self._transport.blob_ttl
+
     async def get(self, blob: str, max_size: int = MAX_BLOB) -> bytes:
         assert self._keys.keys, "opening needs a pool key: callers wait for one"
         try:

@@ -58,6 +58,9 @@ def families(status: dict[str, Any], shards_trained: dict[str, int]) -> Iterator
                             value=sum(1 for p in peers if alive(p)))
     yield GaugeMetricFamily("ttpeer_relay_connected", "1 while the relay answers",
                             value=1 if status["relay"]["connected"] else 0)
+    touches = status["relay"].get("touches", {})
+    yield CounterMetricFamily("ttpeer_relay_blobs_touched", "Dataset piece blobs whose relay TTL this peer "
+                              "restarted (running jobs' pin)", value=touches.get("blobs", 0))
     yield CounterMetricFamily("ttpeer_bytes_sent", "Bytes sent to the relay", value=status["bytes_sent"])
     yield CounterMetricFamily("ttpeer_bytes_received", "Bytes received from the relay",
                               value=status["bytes_received"])

@@ -4,9 +4,10 @@ Theory of operation. The machine decides; the node executes. Every call into the
 machine happens on the trio thread, and its effects are handled at once: cheap
 ones inline (persist a record, queue a message), long ones (train, upload,
 aggregate, download) as tasks in the node's nursery that report back into the
-machine when done. A tick task wakes at the machine's next deadline. Three tasks
+machine when done. A tick task wakes at the machine's next deadline. Four tasks
 talk to the relay: the receiver (long-poll, cursor acknowledgement), the outbox
-(sends with retry) and the hello loop (until this peer holds the pool key).
+(sends with retry), the hello loop (until this peer holds the pool key) and the pin
+(``Datasets.keep_pinned``: the TTL of running jobs' dataset pieces, restarted).
 
 Envelopes on the wire (the relay sees the first byte, sizes and timing only):
 
@@ -162,6 +163,7 @@ class Node:
             nursery.start_soon(self.link.outbox)
             nursery.start_soon(self.membership.hello_loop)
             nursery.start_soon(self._ticker)
+            nursery.start_soon(self.data.keep_pinned)
             task_status.started()
 
     def stop(self) -> None:

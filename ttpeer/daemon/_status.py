@@ -29,6 +29,7 @@ peer whose decline stands (``need_bytes``/``have_bytes`` are 0 unless memory was
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -47,6 +48,7 @@ from ttpeer.proto import (
     train_base,
 )
 
+from ._counters import Touches
 from ._home import PoolConfig
 from ._replay import ReplayGuard
 
@@ -73,6 +75,8 @@ class CountersView(Protocol):
     def last_error(self) -> str: ...
     @property
     def rejected(self) -> Mapping[str, int]: ...
+    @property
+    def touches(self) -> Touches: ...
 
 
 class NodeView(Protocol):
@@ -213,7 +217,8 @@ def snapshot(node: NodeView) -> dict[str, Any]:
                  "key_epoch": len(node.pool_keys) - 1 if node.pool_keys else None,
                  "replays_dropped": node.replay.dropped},
         "relay": {"url": node.cfg.relays[0], "connected": node.counters.relay_ok,
-                  "last_error": node.counters.last_error or None, "rejected": dict(node.counters.rejected)},
+                  "last_error": node.counters.last_error or None, "rejected": dict(node.counters.rejected),
+                  "touches": dataclasses.asdict(node.counters.touches)},
         "bytes_sent": node.bytes_sent, "bytes_received": node.bytes_received,
         "peers": peers, "jobs": jobs,
     }

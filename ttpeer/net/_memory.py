@@ -4,7 +4,8 @@
 each peer a ``MemoryTransport`` that implements ``Transport`` exactly as
 ``RelayClient`` does: admission checks the membership proof, ``recv`` acks by
 cursor and long-polls on a ``trio.Event``, broadcast skips the sender, blobs are
-checked against their hash, and the same limits (``ttpeer_wire``'s) answer with the
+checked against their hash and kept ``blob_ttl`` seconds (trio's clock) after their last
+upload or touch, and the same limits (``ttpeer_wire``'s) answer with the
 same errors and codes. ``tests/unit/test_relay_contract.py`` holds both relays to that.
 
 Faults. A ``Faults`` decides, for each delivery of a message to one recipient,
@@ -30,6 +31,7 @@ from types import TracebackType
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ttpeer_wire import (
+    BLOB_TTL,
     MAILBOX_BYTES,
     MAILBOX_MESSAGES,
     MAX_BLOB_BYTES,
@@ -46,7 +48,7 @@ from ttpeer_wire import (
 )
 
 from ._errors import BlobCorrupt, BlobMissing, RelayLimit, RelayRejected, RelayUnavailable
-from ._transport import Message, check_blob_name
+from ._transport import Message, check_blob_name, check_touch
 
 URL = "memory://relay"
 
@@ -95,6 +97,7 @@ class MemoryRelay:
         max_blob_bytes: int = MAX_BLOB_BYTES,
         pool_quota: int = POOL_QUOTA,
         blob_seconds: float = 0.0,
+        blob_ttl: float = BLOB_TTL,
     ) -> None:
         self.faults = faults
         # Each blob upload and download takes this long (a link's latency and bandwidth, for
@@ -105,10 +108,15 @@ class MemoryRelay:
         self.mailbox_bytes = mailbox_bytes
         self.max_blob_bytes = max_blob_bytes
         self.pool_quota = pool_quota
+        self.blob_ttl = blob_ttl
         self.available = True
         self.rosters: dict[str, dict[str, list[bytes]]] = {}
         self.revoked: dict[str, set[str]] = {}  # pool -> peers whose sessions are refused
         self.blobs: dict[str, dict[str, bytes]] = {}  # pool -> sha256 hex -> bytes
+        # pool -> sha256 hex -> trio time of its last upload or touch (a blob a test put in
+        # ``blobs`` itself counts from when the relay first looks at it)
+        self.blob_times: dict[str, dict[str, float]] = {}
+        self.touches = 0  # touch requests answered, for tests measuring what pinning costs
         self._mailboxes: dict[tuple[str, str], _Mailbox] = {}
         self._nursery: trio.Nursery | None = None
         self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None
@@ -163,7 +171,31 @@ class MemoryRelay:
 
     def _serve_blob(self, pool: str, blob: str) -> bytes | None:
         """The bytes the relay answers a fetch with; the transport checks them like a client."""
-        return self.blobs.get(pool, {}).get(blob)
+        return self._held(pool, blob)
+
+    def _held(self, pool: str, blob: str) -> bytes | None:
+        """The blob's bytes, or None if missing or past its TTL (then dropped, as the
+        relay's sweep would)."""
+        blobs = self.blobs.get(pool, {})
+        if blob not in blobs:
+            return None
+        times = self.blob_times.setdefault(pool, {})
+        now = trio.current_time()
+        if now - times.setdefault(blob, now) > self.blob_ttl:
+            del blobs[blob], times[blob]
+            return None
+        return blobs[blob]
+
+    def _touch(self, pool: str, blobs: list[str]) -> list[str]:
+        """Restart the TTL of the held ones of ``blobs``; the others, in order."""
+        self.touches += 1
+        missing = []
+        for blob in dict.fromkeys(blobs):
+            if self._held(pool, blob) is None:
+                missing.append(blob)
+            else:
+                self.blob_times[pool][blob] = trio.current_time()
+        return missing
 
     @staticmethod
     def _deliver(box: _Mailbox, sender: str, data: bytes) -> None:
@@ -187,6 +219,7 @@ class MemoryTransport:
         self.bytes_received = 0
         self._proof = list(proof)
         self._connected = False
+        self.blob_ttl: float | None = None  # as the relay's session answer tells it
 
     async def __aenter__(self) -> MemoryTransport:
         await self.connect()
@@ -214,6 +247,7 @@ class MemoryTransport:
             raise RelayRejected(URL, 403, f"bad membership proof: {exc}", code=ErrorCode.BAD_PROOF) from None
         self.relay.rosters.setdefault(self.pool, {})[self.peer] = list(self._proof)
         self._connected = True
+        self.blob_ttl = self.relay.blob_ttl
         await trio.lowlevel.checkpoint()
 
     async def aclose(self) -> None:
@@ -294,13 +328,21 @@ class MemoryTransport:
         check_blob_name(blob)
         self._ready()
         await trio.lowlevel.checkpoint()
-        return blob in self._pool_blobs()
+        return self.relay._held(self.pool, blob) is not None
+
+    async def touch_blobs(self, blobs: list[str]) -> list[str]:
+        check_touch(blobs)
+        self._ready()
+        await trio.lowlevel.checkpoint()
+        return self.relay._touch(self.pool, blobs)
 
     async def put_blob(self, data: bytes) -> str:
         self._ready()
         blob = hashlib.sha256(data).hexdigest()
         blobs = self._pool_blobs()
-        if blob not in blobs:
+        if self.relay._held(self.pool, blob) is None:
+            for held in list(blobs):  # expired ones count against no quota (the relay sweeps them)
+                self.relay._held(self.pool, held)
             if len(data) > self.relay.max_blob_bytes:
                 raise RelayLimit(URL, 413, f"blob is over the {self.relay.max_blob_bytes}-byte cap",
                                  None, code=ErrorCode.TOO_LARGE)
@@ -308,6 +350,7 @@ class MemoryTransport:
                 raise RelayLimit(URL, 507, "pool quota exceeded", None, code=ErrorCode.POOL_QUOTA)
             blobs[blob] = bytes(data)
             self.bytes_sent += len(data)
+        self.relay.blob_times.setdefault(self.pool, {})[blob] = trio.current_time()  # a re-upload too
         await self._transfer()
         return blob
 

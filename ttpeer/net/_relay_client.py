@@ -41,6 +41,7 @@ from ttpeer_wire import (
     REVOKE,
     ROSTER,
     SESSION,
+    TOUCH,
     ErrorCode,
     blob_path,
     fingerprint,
@@ -60,7 +61,7 @@ from ._errors import (
     RelayUnavailable,
 )
 from ._tls import fetch_certificate, host_port, open_tcp, pinned_ssl_context
-from ._transport import Message, check_blob_name
+from ._transport import Message, check_blob_name, check_touch
 
 _FETCH_ATTEMPTS = 3  # a blob download resumes (Range) after a broken connection
 # JSON answers are read raw up to this many bytes, and a Content-Encoding is refused: a
@@ -102,7 +103,9 @@ class RelayClient:
     The constructor raises ``ValueError`` for a malformed URL or proxy; every
     method after that raises only ``NetError`` subclasses.
 
-    ``bytes_sent`` and ``bytes_received`` count request and response bodies.
+    ``bytes_sent`` and ``bytes_received`` count request and response bodies; ``blob_ttl``
+    is the relay's blob TTL in seconds as its session answer said (None before a login,
+    or from a relay that does not say).
     """
 
     def __init__(
@@ -136,6 +139,7 @@ class RelayClient:
         self._generation = 0  # bumped by every login
         self._login_lock = trio.Lock()
         self._limits: dict[str, int] = {}  # the relay's caps, learnt at login
+        self.blob_ttl: float | None = None
 
     def _check_size(self, data: bytes, limit: str, *, size: int | None = None) -> None:
         """Refuse locally what the relay would refuse: it cannot answer a large body
@@ -207,6 +211,9 @@ class RelayClient:
                 self._limits = {k: int(v) for k, v in limits.items()
                                 if isinstance(v, int | float) and not isinstance(v, bool)
                                 and math.isfinite(v) and v >= 1}
+            ttl = answer.get("blob_ttl")
+            self.blob_ttl = (float(ttl) if isinstance(ttl, int | float) and not isinstance(ttl, bool)
+                             and math.isfinite(ttl) and ttl > 0 else None)
             self._generation += 1
 
     # -- requests -------------------------------------------------------------------
@@ -367,6 +374,18 @@ class RelayClient:
             return False
         await response.aclose()
         return True
+
+    async def touch_blobs(self, blobs: list[str]) -> list[str]:
+        """Restart the relay's TTL of ``blobs`` (at most ``TOUCH_MAX_BLOBS``); returns those
+        it does not hold, in order. Raises ``ValueError`` for a bad name or too many,
+        ``RelayRejected`` with code ``not_found`` from a relay older than the route."""
+        check_touch(blobs)
+        answer = await self._json("POST", TOUCH, json={"blobs": blobs})
+        missing = answer.get("missing") if isinstance(answer, dict) else None
+        asked = set(blobs)
+        if not isinstance(missing, list) or not all(isinstance(b, str) and b in asked for b in missing):
+            raise RelayUnavailable(self.url, "malformed touch answer")
+        return missing
 
     async def put_blob(self, data: bytes) -> str:
         blob = hashlib.sha256(data).hexdigest()

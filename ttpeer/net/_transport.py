@@ -11,7 +11,8 @@ memory for tests and the simulator. Both promise the same semantics:
   that crashes before acting on messages asks again with its old cursor. Seqs
   only increase, but are opaque: they need not start at 1 or be contiguous.
 - blobs are content-addressed by the sha256 hex of their bytes, and fetching
-  one checks that hash.
+  one checks that hash. The relay keeps a blob ``blob_ttl`` seconds after its last
+  upload or touch (``touch_blobs``, a lease its users renew).
 
 Every method raises only ``NetError`` subclasses (see ``ttpeer.errors``). The limits,
 paths and error codes both keep are ``ttpeer_wire``'s; ``tests/unit/test_relay_contract.py``
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from ttpeer_wire import TOUCH_MAX_BLOBS
+
 _BLOB_NAME = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -32,6 +35,14 @@ def check_blob_name(blob: str) -> None:
     """Raise ``ValueError`` unless ``blob`` is a sha256 hex digest (a programming error)."""
     if not isinstance(blob, str) or not _BLOB_NAME.match(blob):
         raise ValueError(f"a blob name is 64 lowercase hex characters, not {blob!r}")
+
+
+def check_touch(blobs: list[str]) -> None:
+    """Raise ``ValueError`` unless ``blobs`` is one touch's worth of blob names."""
+    if len(blobs) > TOUCH_MAX_BLOBS:
+        raise ValueError(f"one touch names at most {TOUCH_MAX_BLOBS} blobs, not {len(blobs)}")
+    for blob in blobs:
+        check_blob_name(blob)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +95,16 @@ class Transport(Protocol):
 
     async def has_blob(self, blob: str) -> bool:
         """Whether the relay holds the blob now."""
+
+    async def touch_blobs(self, blobs: list[str]) -> list[str]:
+        """Restart the TTL of ``blobs`` (at most ``TOUCH_MAX_BLOBS``); returns those the
+        relay does not hold, in order. Raises ``ValueError`` (a bad name, too many),
+        ``RelayRejected`` with code ``not_found`` (a relay older than the route)."""
+
+    @property
+    def blob_ttl(self) -> float | None:
+        """Seconds the relay keeps a blob after its last upload or touch, as it said at
+        login; None before, or from a relay that does not say."""
 
     async def aclose(self) -> None:
         """Release connections; the transport cannot be used after."""
