@@ -6,6 +6,7 @@ Real ``Node``s on the in-memory relay, whose blob TTL runs on trio's (mock) cloc
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from typing import Any
@@ -16,7 +17,7 @@ from ttpeer_wire import ErrorCode
 from ttpeer.daemon._data import pin_period
 from ttpeer.net import MemoryRelay, RelayRejected
 from ttpeer.net._memory import URL
-from ttpeer.proto import dataset_sources
+from ttpeer.proto import dataset_sources, sign
 from ttpeer.testing import Simulation
 
 PIECE = 4096
@@ -121,4 +122,26 @@ async def test_an_older_relay_without_touches_is_asked_once_and_said_once(tmp_pa
             said = [r.getMessage() for r in caplog.records if "does not take touches" in r.getMessage()]
             assert len(said) == 1 and "older relay" in said[0]
             assert alice.counters.touches.requests == 0
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_dataset_served_from_urls_is_touched_but_never_uploaded_by_the_pin(tmp_path, autojump_clock):
+    """``--no-relay`` uploads nothing: a pin must not undo that (a want still can)."""
+    async with MemoryRelay(blob_ttl=TTL) as relay:
+        sim = Simulation(tmp_path / "sim", relay, seed=9, step_time=2.0)
+        sim.create(1)
+        async with trio.open_nursery() as nursery:
+            rec, blobs = await _corpus(sim, nursery, tmp_path)
+            alice = sim.peers[0].node
+            body = json.loads(json.dumps(dict(rec.body)))
+            newer = sign("dataset", alice.cfg.pool, {**body, "urls": ["https://data.example/corpus"],
+                                                     "at": rec["at"] + 1}, alice.node_key)
+            alice.process(alice.machine.add_local(newer, alice.now()))
+            await sim.submit({**SPEC, "datasets": {"corpus": rec["id"]}})
+            await _until(lambda: alice.data.pinned(), 60)
+            assert alice.data.pinned()[rec["id"]].id == newer.id
+            del relay.blobs[alice.cfg.pool][blobs[2]]
+            await alice.data.touch_pinned()
+            assert alice.counters.touches.missing >= 1 and alice.counters.touches.reuploaded == 0
+            assert blobs[2] not in relay.blobs[alice.cfg.pool]
             nursery.cancel_scope.cancel()

@@ -854,7 +854,8 @@ class Datasets:
     async def touch_pinned(self) -> None:
         """Restart the relay's TTL of every pinned piece's blob, ``TOUCH_MAX_BLOBS`` a request;
         a blob the relay no longer holds goes back under its name if this peer holds its
-        dataset whole (else a fetcher's want reaches a holder). Raises ``NetError``."""
+        dataset whole and the dataset has no urls (else a fetcher's want reaches a holder).
+        Raises ``NetError``."""
         pinned = self.pinned()
         names = list(dict.fromkeys(b for rec in pinned.values() for b in piece_blobs(rec.body)))
         touches, lost = self._node.counters.touches, set()
@@ -870,7 +871,9 @@ class Datasets:
         log.info("the relay no longer held %d pinned dataset pieces", len(lost))
         held = self.store.held()
         for dataset, rec in pinned.items():
-            if dataset not in held:
+            # A dataset with urls is served from there first (``--no-relay`` uploads nothing):
+            # its lapsed pieces go back only when a fetcher that the urls failed asks (a want).
+            if dataset not in held or rec.body.get("urls"):
                 continue
             for piece, blob in zip(pieces_of(rec.body), piece_blobs(rec.body), strict=True):
                 now = trio.current_time()
