@@ -133,6 +133,7 @@ class PeerRow:
     shards: int = 0
     samples: int = 0
     fetched: int = 0
+    direct: int = 0  # of ``fetched``, from members directly (the LAN shortcut), not the relay
     pieces_here: int = 0
     pieces: int = 0
     here: str = ""
@@ -246,7 +247,8 @@ def table(rows: list[PeerRow], dataset_bytes: int, total_samples: int, total_sha
         ratio = r.ratio(dataset_bytes, total_samples)
         first = "-" if r.first_s is None else f"{r.first_s:.2f} s"
         out.append(f"| {r.name}{' (holds the data)' if r.holder else ''} | {r.shards} / {total_shards} "
-                   f"| {r.share(total_samples):.1%} | {_mib(r.fetched)} | "
+                   f"| {r.share(total_samples):.1%} | {_mib(r.fetched)}"
+                   f"{f' ({_mib(r.direct)} direct)' if r.direct else ''} | "
                    f"{'-' if ratio is None else f'{ratio:.2f}x'} | {r.pieces_here} / {r.pieces} ({r.here}) "
                    f"| {'-' if r.trains_from is None else f'{r.trains_from:.1f} s'} "
                    f"| {first} | {r.waits_after_first} | {r.stall_after_first:.2f} s "
@@ -396,6 +398,7 @@ def _collect(homes: list[Path], job: str, plan: Plan) -> tuple[list[PeerRow], fl
         row = rows[name]
         row.fetched, row.pieces_here, row.pieces, row.here, row.bad = (
             d["fetched_bytes"], d["pieces_here"], d["pieces"], d["here"], d["bad_pieces"])
+        row.direct = d.get("direct_bytes", 0)
         if j["data_wait"]:
             row.waits, row.wait_s, row.first_s = (j["data_wait"]["waits"], j["data_wait"]["seconds"],
                                                   j["data_wait"]["first_s"])
