@@ -279,6 +279,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="every peer's batches last 1 + S times as long (emulated compute; default 4)")
     ap.add_argument("--lease", default="120s", help="the job's lease (default 120s: a first fetch fits)")
     ap.add_argument("--seed", type=int, default=17, help="the generator's seed")
+    ap.add_argument("--direct", default="auto", choices=["auto", "off"],
+                    help="the peers' direct setting (off: every piece through the relay; default auto)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = ap.parse_args(argv)
@@ -299,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         gen_s = time.monotonic() - t
         plan = plan_job(samples, args.piece_size, args.rounds, len(PEERS), args.batch, args.epoch)
         url, fp = cluster.start_relay()
-        homes = make_pool(cluster, url, fp, list(PEERS), ("--slowdown", repr(args.slowdown)))
+        homes = make_pool(cluster, url, fp, list(PEERS), ("--slowdown", repr(args.slowdown), "--direct", args.direct))
         t = time.monotonic()
         ttpeer("data", "add", str(cluster.root / "synth.bin"), "--name", "synth", "--piece-size",
                str(args.piece_size), "--format", f"records:{RECORD}", "--home", str(homes[0]))
@@ -340,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({
             "size": size, "samples": samples, "piece_size": args.piece_size, "plan": asdict(plan),
-            "slowdown": args.slowdown, "generate_s": gen_s, "add_s": add_s, "job_s": job_s, "accuracy": accuracy,
+            "slowdown": args.slowdown, "direct": args.direct, "generate_s": gen_s, "add_s": add_s, "job_s": job_s,
+            "accuracy": accuracy,
             "peers": [asdict(r) | {"ratio": r.ratio(size, samples)} for r in rows], "seen": seen}, indent=2))
     return 0
 
