@@ -135,6 +135,9 @@ async def test_an_unreachable_address_is_tried_once_then_the_next_and_the_member
         def __iter__(self):
             return iter([dead])
 
+        def __len__(self):
+            return 1
+
     assert fetcher.routes(Records(), []) == []  # down: not asked again for a while
 
 

@@ -198,11 +198,14 @@ class DirectFetcher:
         self._wall = wall
         self._down: dict[str, float] = {}  # member -> until when it is not tried
         self._contexts: dict[str, ssl.SSLContext] = {}  # certificate hex -> its pinned context
+        self._routes: tuple[int, dict[str, Record]] | None = None  # (records seen, direct_routes of them)
 
     def routes(self, records: Any, prefer: list[str]) -> list[tuple[str, Record]]:
         """The members to ask, ``prefer`` first (then by id), without this peer and those down."""
         now = trio.current_time()
-        routes = direct_routes(records)
+        if self._routes is None or self._routes[0] != len(records):  # records only grow: a new one may count
+            self._routes = (len(records), direct_routes(records))
+        routes = self._routes[1]
         order = {m: i for i, m in enumerate(prefer)}
         return sorted(((m, r) for m, r in routes.items() if m != self.me and self._down.get(m, now) <= now),
                       key=lambda mr: (order.get(mr[0], len(order)), mr[0]))
