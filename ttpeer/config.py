@@ -106,7 +106,9 @@ def direct_mode(text: str) -> tuple[str | None, int] | None:
     host, sep, port_text = text.rpartition(":")
     if not sep or not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise ValueError("must be auto, off, a PORT, or HOST:PORT (the address others reach this machine at)")
-    if not re.fullmatch(r"\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.-]{1,253}", host):
+    from ttpeer_wire import host_ok  # the rule the direct record is held to
+
+    if not host_ok(host):
         raise ValueError(f"{host!r} is not a host name or address (an IPv6 address goes in brackets: [::1]:PORT)")
     return (host, int(port_text))
 

@@ -30,7 +30,17 @@ from ._dataset import (
 )
 from ._errors import ProofError, RecordError, TtpeerError
 from ._proofs import Member, join_fits_invite, verify_proof, verify_revocation
-from ._records import MAX_KEEP, MAX_RECORD_BYTES, PRECISION_CODES, Record, parse, pool_id_of, public_hex, sign
+from ._records import (
+    MAX_KEEP,
+    MAX_RECORD_BYTES,
+    PRECISION_CODES,
+    Record,
+    host_ok,
+    parse,
+    pool_id_of,
+    public_hex,
+    sign,
+)
 from ._relay_api import (
     API,
     BLOB,
@@ -105,6 +115,7 @@ __all__ = [
     "encode",
     "error_body",
     "fingerprint",
+    "host_ok",
     "join_fits_invite",
     "login_message",
     "parse",

@@ -15,6 +15,7 @@ members sign the rest) is judged by the views, because it depends on other recor
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 from collections import OrderedDict
@@ -22,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -38,6 +40,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _STATE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_HEXSTR = re.compile(r"^([0-9a-f]{2})+$")
 
 
 def pool_id_of(root_public: str) -> str:
@@ -122,9 +125,26 @@ def _dataset_files(v: Any) -> bool:
     )
 
 
-_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.-]{1,253})$")
 MAX_DIRECT_ADDRS = 4
 MAX_CERT_BYTES = 2048
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def host_ok(host: str) -> bool:
+    """Whether ``host`` is an IPv4 address, an IPv6 address in brackets, or a DNS name."""
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return False
+        return True
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return False
+        return True
+    return 0 < len(host) <= 253 and all(_LABEL.match(label) for label in host.split("."))
 
 
 def _direct_addrs(v: Any) -> bool:
@@ -133,9 +153,20 @@ def _direct_addrs(v: Any) -> bool:
         if type(a) is not str or len(a) > 300:
             return False
         host, _, port = a.rpartition(":")
-        return _HOST.fullmatch(host) is not None and port.isdigit() and 1 <= int(port) <= 65535 and port[0] != "0"
+        return host_ok(host) and port.isdigit() and port[0] != "0" and 1 <= int(port) <= 65535
 
     return type(v) is list and 1 <= len(v) <= MAX_DIRECT_ADDRS and len(set(v)) == len(v) and all(map(addr, v))
+
+
+def _certificate(v: Any) -> bool:
+    """A DER X.509 certificate in hex, at most ``MAX_CERT_BYTES`` bytes."""
+    if type(v) is not str or not 2 <= len(v) <= 2 * MAX_CERT_BYTES or not _HEXSTR.fullmatch(v):
+        return False
+    try:
+        x509.load_der_x509_certificate(bytes.fromhex(v))
+    except ValueError:
+        return False
+    return True
 
 
 def _datasets(v: Any) -> bool:
@@ -279,8 +310,7 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
     # A member serves blobs (dataset pieces) to the others directly, over TLS with the
     # certificate ``cert`` (hex DER, which the fetcher pins), at any of ``addrs``; peers
     # that cannot reach them fetch through the relay as before. The newest one counts.
-    "direct": {"addrs": _direct_addrs, "cert": _re(re.compile(f"^([0-9a-f]{{2}}){{64,{MAX_CERT_BYTES}}}$")),
-               "at": _int()},
+    "direct": {"addrs": _direct_addrs, "cert": _certificate, "at": _int()},
 }
 
 

@@ -7,6 +7,8 @@ overrides field by field.
 
 from __future__ import annotations
 
+import datetime
+import functools
 import hashlib
 from typing import Any
 
@@ -21,6 +23,23 @@ EXPIRES = 1_000_000
 def key(n: int | str) -> Ed25519PrivateKey:
     """A deterministic Ed25519 key for label ``n``."""
     return Ed25519PrivateKey.from_private_bytes(hashlib.sha256(f"test-key:{n}".encode()).digest())
+
+
+@functools.cache
+def cert_hex(label: str = "direct") -> str:
+    """A self-signed X.509 certificate in hex DER, the same bytes for the same label (an
+    Ed25519 key from the label, fixed dates and serial: Ed25519 signs deterministically)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.x509.oid import NameOID
+
+    k = key(f"cert:{label}")
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, label)])
+    when = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(k.public_key())
+            .serial_number(1).not_valid_before(when).not_valid_after(when + datetime.timedelta(days=3650))
+            .sign(k, None))
+    return cert.public_bytes(serialization.Encoding.DER).hex()
 
 
 def hex64(label: object) -> str:
@@ -115,7 +134,7 @@ def valid_bodies() -> dict[str, dict[str, Any]]:
         "cancel": {"job": hex64("job"), "at": 9},
         "dataset": dataset_body(),
         "dataset_rm": {"dataset": hex64("dataset-record"), "at": 11},
-        "direct": {"addrs": ["192.168.1.5:7000"], "cert": "ab" * 300, "at": 12},
+        "direct": {"addrs": ["192.168.1.5:7000"], "cert": cert_hex(), "at": 12},
     }
 
 

@@ -135,6 +135,15 @@ def test_an_index_that_says_a_row_group_ends_sooner_is_not_read_past(tmp_path):
         fresh_read(index, index._starts[k])
 
 
+def test_an_index_that_puts_the_footer_elsewhere_is_refused_before_the_file_is_read(tmp_path):
+    data, _rows = _files()
+    index, root = _add(tmp_path, {"a.parquet": data["a.parquet"]}, 4096, "parquet", complete=False)
+    index.samples["footer"][0] = 4  # the whole file after its magic bytes, it says
+    (root / f"{ID}.part" / "done.json").write_text(json.dumps(list(range(len(index._pieces)))))
+    with pytest.raises(TaskError, match="its footer is not where its index says it begins"):
+        fresh_read(index, 0)
+
+
 def _body(tmp_path: Path, data: bytes, piece_size: int = 4096) -> dict[str, Any]:
     (tmp_path / "s").mkdir(parents=True, exist_ok=True)
     (tmp_path / "s" / "a.parquet").write_bytes(data)

@@ -15,6 +15,7 @@ from ttpeer_relay.tls import ensure_certificate
 from ttpeer_wire import public_hex
 
 from ttpeer.config import ConfigError, direct_mode, load
+from ttpeer.daemon import _direct
 from ttpeer.daemon._direct import (
     AUTH_WINDOW,
     DirectFailed,
@@ -25,9 +26,12 @@ from ttpeer.daemon._direct import (
     signed_request,
 )
 from ttpeer.net._tls import pinned_ssl_context
-from ttpeer.proto import RecordError, sign
+from ttpeer.proto import Record, RecordError, sign
+
+from .proto_helpers import cert_hex
 
 POOL = "ab" * 16
+POOL_KEY = bytes(range(32))
 PIECE = b"0123456789" * 1000 + b"tail"
 
 
@@ -48,7 +52,7 @@ class _Peer:
         self.file.write_bytes(b"x" * 10 + PIECE + b"y" * 5)
         self.cert, self.tls_key = ensure_certificate(tmp / f"tls-{self.me[:6]}", "127.0.0.1")
         self.members = members
-        self.app = DirectServer(self.me, lambda: self.members, self.source)
+        self.app = DirectServer(self.me, lambda: self.members, self.source, lambda: POOL_KEY)
 
     async def source(self, dataset: str, index: int):
         return (self.file, 10, len(PIECE)) if (dataset, index) == ("d" * 64, 0) else None
@@ -66,7 +70,7 @@ async def served(tmp_path, nursery):
 
 async def test_a_member_fetches_a_piece_pinned_to_the_record_certificate(served, tmp_path):
     peer, port, key = served
-    fetcher = DirectFetcher(key, public_hex(key))
+    fetcher = DirectFetcher(key, public_hex(key), lambda: POOL_KEY)
     dest = tmp_path / "got"
     await fetcher.get(peer.me, _route(peer.key, peer.cert, [f"127.0.0.1:{port}"]), "d" * 64, 0, len(PIECE), dest)
     assert dest.read_bytes() == PIECE
@@ -85,19 +89,22 @@ async def test_callers_who_are_no_members_or_sign_for_another_server_are_refused
     import time
 
     now = time.time()
+    me = public_hex(key)
     cases = {
         "none": None,
-        "stranger": signed_request(stranger, public_hex(stranger), peer.me, path, now),
-        "another server": signed_request(key, public_hex(key), "f" * 64, path, now),
-        "another piece": signed_request(key, public_hex(key), peer.me, f"/v1/piece/{'d' * 64}/1", now),
-        "stale": signed_request(key, public_hex(key), peer.me, path, now - AUTH_WINDOW - 5),
+        "stranger": signed_request(stranger, public_hex(stranger), peer.me, path, now, POOL_KEY),
+        "another server": signed_request(key, me, "f" * 64, path, now, POOL_KEY),
+        "another piece": signed_request(key, me, peer.me, f"/v1/piece/{'d' * 64}/1", now, POOL_KEY),
+        "stale": signed_request(key, me, peer.me, path, now - AUTH_WINDOW - 5, POOL_KEY),
+        # A member the pool never gave its key (one that joined with an expired token).
+        "no pool key": signed_request(key, me, peer.me, path, now, bytes(32)),
         "garbage": "ttpeer " + "0" * 64 + ".1.zz",
     }
     async with httpx.AsyncClient(verify=context) as client:
         for what, auth in cases.items():
             r = await client.get(f"https://127.0.0.1:{port}{path}", headers={"authorization": auth} if auth else {})
             assert r.status_code == 401, what
-        good = signed_request(key, public_hex(key), peer.me, path, now)
+        good = signed_request(key, me, peer.me, path, now, POOL_KEY)
         r = await client.get(f"https://127.0.0.1:{port}{path}", headers={"authorization": good})
         assert r.status_code == 200 and r.content == PIECE
         r = await client.post(f"https://127.0.0.1:{port}{path}", headers={"authorization": good})
@@ -108,7 +115,7 @@ async def test_callers_who_are_no_members_or_sign_for_another_server_are_refused
 async def test_a_server_showing_another_certificate_is_not_trusted(served, tmp_path):
     peer, port, key = served
     other_cert, _ = ensure_certificate(tmp_path / "other-tls", "127.0.0.1")
-    fetcher = DirectFetcher(key, public_hex(key))
+    fetcher = DirectFetcher(key, public_hex(key), lambda: POOL_KEY)
     with pytest.raises(DirectFailed, match="not reachable directly") as info:
         await fetcher.get(peer.me, _route(peer.key, other_cert, [f"127.0.0.1:{port}"]), "d" * 64, 0,
                           len(PIECE), tmp_path / "got")
@@ -118,7 +125,7 @@ async def test_a_server_showing_another_certificate_is_not_trusted(served, tmp_p
 
 async def test_an_unreachable_address_is_tried_once_then_the_next_and_the_member_skipped(served, tmp_path):
     peer, port, key = served
-    fetcher = DirectFetcher(key, public_hex(key))
+    fetcher = DirectFetcher(key, public_hex(key), lambda: POOL_KEY)
     with trio.socket.socket() as s:  # a port nothing listens on
         await s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
@@ -144,20 +151,25 @@ async def test_an_unreachable_address_is_tried_once_then_the_next_and_the_member
 def test_check_request_refuses_a_signature_of_other_bytes():
     key = Ed25519PrivateKey.generate()
     me = public_hex(key)
-    auth = signed_request(key, me, "s" * 64, "/v1/piece/x/0", 1000.0)
-    assert check_request(auth, "s" * 64, "/v1/piece/x/0", 1000.0, {me: 1}) == me
-    assert check_request(auth, "s" * 64, "/v1/piece/x/0", 1000.0, {}) is None  # no member
-    flipped = auth[:-1] + ("0" if auth[-1] != "0" else "1")
-    assert check_request(flipped, "s" * 64, "/v1/piece/x/0", 1000.0, {me: 1}) is None
+    auth = signed_request(key, me, "s" * 64, "/v1/piece/x/0", 1000.0, POOL_KEY)
+    assert check_request(auth, "s" * 64, "/v1/piece/x/0", 1000.0, {me: 1}, POOL_KEY) == me
+    assert check_request(auth, "s" * 64, "/v1/piece/x/0", 1000.0, {}, POOL_KEY) is None  # no member
+    assert check_request(auth, "s" * 64, "/v1/piece/x/0", 1000.0, {me: 1}, bytes(32)) is None  # another key
+    assert check_request(auth, "s" * 64, "/v1/piece/x/0", 1000.0, {me: 1}, None) is None  # no key here yet
+    sig_end = auth.rindex(".")
+    flipped = auth[:sig_end - 1] + ("0" if auth[sig_end - 1] != "0" else "1") + auth[sig_end:]
+    assert check_request(flipped, "s" * 64, "/v1/piece/x/0", 1000.0, {me: 1}, POOL_KEY) is None
 
 
 def test_the_direct_record_and_setting_refuse_what_they_cannot_use(tmp_path):
     key = Ed25519PrivateKey.generate()
-    good = {"addrs": ["192.168.1.5:7000"], "cert": "ab" * 300, "at": 1}
+    good = {"addrs": ["192.168.1.5:7000"], "cert": cert_hex(), "at": 1}
     sign("direct", POOL, good, key)
     for bad in ({**good, "addrs": []}, {**good, "addrs": ["h:0"]}, {**good, "addrs": ["h:70000"]},
                 {**good, "addrs": ["a b:1"]}, {**good, "addrs": ["h:1"] * 2},
                 {**good, "addrs": [f"h{i}:1" for i in range(5)]},
+                {**good, "addrs": ["a..b:1"]}, {**good, "addrs": ["[::::]:1"]}, {**good, "addrs": ["[1.2.3.4]:1"]},
+                {**good, "addrs": ["999.1.1.1:1"]}, {**good, "cert": "ab" * 300},  # hex, but no certificate
                 {**good, "cert": "ab" * 3000}, {**good, "cert": "xyz"}, {k: v for k, v in good.items() if k != "at"}):
         with pytest.raises(RecordError):
             sign("direct", POOL, bad, key)
@@ -170,3 +182,56 @@ def test_the_direct_record_and_setting_refuse_what_they_cannot_use(tmp_path):
     with pytest.raises(ConfigError, match="direct"):
         load({"direct": "nonsense"}, file=tmp_path / "none.toml")
     assert load({"direct": None}, file=tmp_path / "none.toml").direct == "auto"
+
+
+def _unchecked_route(addrs: list[str], cert: str) -> tuple[str, Record]:
+    """A ``direct`` record the schema would refuse (an older peer's, a bug's): the fetcher
+    must fail it with ``DirectFailed`` all the same, never with anything else."""
+    k = Ed25519PrivateKey.generate()
+    body = {"addrs": addrs, "cert": cert, "at": 1}
+    return public_hex(k), Record("direct", POOL, public_hex(k), body, "00", b"", "e" * 64)
+
+
+@pytest.mark.parametrize(("addrs", "cert"), [(["127.0.0.1:9"], "ab" * 300), (["a..b:7000"], None),
+                                             (["[::::]:7000"], None), (["[1.2.3.4]:7000"], None)])
+async def test_whatever_a_record_says_a_fetch_fails_as_direct_failed(tmp_path, addrs, cert):
+    cert = cert or _route(Ed25519PrivateKey.generate(), ensure_certificate(tmp_path / "tls", "127.0.0.1")[0],
+                          ["h:1"])["cert"]
+    member, route = _unchecked_route(addrs, cert)
+    key = Ed25519PrivateKey.generate()
+    fetcher = DirectFetcher(key, public_hex(key), lambda: POOL_KEY)
+    with pytest.raises(DirectFailed):
+        await fetcher.get(member, route, "d" * 64, 0, 10, tmp_path / "got")
+
+
+async def test_a_member_that_sends_too_slowly_is_given_up_and_skipped(tmp_path, nursery, monkeypatch):
+    peer = _Peer(tmp_path, {})
+    key = Ed25519PrivateKey.generate()
+    peer.members.update({public_hex(key): object()})
+
+    class Stalling(DirectServer):  # answers, then sends nothing
+        async def __call__(self, scope, receive, send):
+            if scope["type"] == "lifespan":
+                return await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"100")]})
+            await trio.sleep_forever()
+
+    app = Stalling(peer.me, lambda: peer.members, peer.source, lambda: POOL_KEY)
+    port = await nursery.start(listen, app, peer.cert, peer.tls_key, 0, "127.0.0.1")
+    monkeypatch.setattr(_direct, "SLACK", 0.5)
+    fetcher = DirectFetcher(key, public_hex(key), lambda: POOL_KEY)
+    route = _route(peer.key, peer.cert, [f"127.0.0.1:{port}"])
+    with trio.fail_after(10):
+        with pytest.raises(DirectFailed, match="too slowly"):
+            await fetcher.get(peer.me, route, "d" * 64, 0, 100, tmp_path / "got")
+
+    class Records:
+        members = {peer.me: object()}
+
+        def __iter__(self):
+            return iter([route])
+
+        def __len__(self):
+            return 1
+
+    assert fetcher.routes(Records(), []) == []  # down for a while: not asked again at once

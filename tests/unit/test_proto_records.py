@@ -14,7 +14,7 @@ from ttpeer_wire._records import OPTIONAL, SCHEMAS, _signed_part
 
 from ttpeer.proto import MAX_RECORD_BYTES, Record, RecordError, encode, parse, public_hex, sign
 
-from .proto_helpers import Pool, dataset_body, hex64, key, state, valid_bodies
+from .proto_helpers import Pool, cert_hex, dataset_body, hex64, key, state, valid_bodies
 
 POOL = Pool("records")
 AUTHOR = key("author")
@@ -62,7 +62,7 @@ OTHER_VALUES: dict[str, dict[str, Any]] = {
     "cancel": {"job": hex64("job2"), "at": 10},
     "dataset": dataset_body("other", name="other.set", piece_size=8192, at=51, files=[("x.bin", 9000)]),
     "dataset_rm": {"dataset": hex64("dataset-record2"), "at": 12},
-    "direct": {"addrs": ["[2001:db8::5]:7001", "203.0.113.9:7001"], "cert": "cd" * 400, "at": 13},
+    "direct": {"addrs": ["[2001:db8::5]:7001", "203.0.113.9:7001"], "cert": cert_hex("other"), "at": 13},
 }
 # A dataset's id is the hash of its files and piece size: those three change together.
 FIELD_SWAPS = [(k, f) for k in KINDS for f in SCHEMAS[k]

@@ -35,7 +35,7 @@ def test_public_surface() -> None:
         # blob TTL and touches (the pin of a running job's dataset pieces)
         "BLOB_TTL", "TOUCH", "TOUCH_MAX_BLOBS", "Member", "ProofError",
         "Record", "RecordError", "TtpeerError", "blob_path", "decode", "encode", "error_body",
-        "fingerprint", "join_fits_invite", "login_message", "parse", "pool_id_of", "public_hex",
+        "fingerprint", "host_ok", "join_fits_invite", "login_message", "parse", "pool_id_of", "public_hex",
         "read_error", "send_path", "sign", "verify_proof", "verify_revocation",
         # datasets (ttpeer_wire/_dataset.py)
         "DEFAULT_PIECE_SIZE", "MIN_PIECE_SIZE", "dataset_id", "path_problem", "piece_count", "piece_sizes",

@@ -140,6 +140,9 @@ class Host(Protocol):
     counters: Counters
     node_key: Ed25519PrivateKey
     key_event: trio.Event
+
+    @property
+    def pool_key(self) -> bytes | None: ...
     nursery: trio.Nursery | None
     phases: dict[str, str]
     finished: dict[str, str]  # job -> the state whose final files this peer wrote
@@ -161,6 +164,12 @@ class _Fetch:
     url_bytes: int = 0  # of fetched_bytes, from the record's urls
     url_refused: int = 0  # pieces an address served wrong (then fetched from the next source)
     direct_bytes: int = 0  # of fetched_bytes, from members directly (``_direct``)
+    direct_refused: int = 0  # pieces a member sent wrong (then fetched from the next source)
+
+    @property
+    def refused(self) -> int:
+        """Pieces refused from any source (status' ``bad_pieces``)."""
+        return self.bad_pieces + self.url_refused + self.direct_refused
 
 
 class Datasets:
@@ -182,7 +191,7 @@ class Datasets:
         self._names = 0  # work file names
         self.urls = UrlSource()  # the daemon gives it its proxy (``_run``)
         self._url_down: dict[str, float] = {}  # address -> until when it is skipped
-        self.direct = DirectFetcher(node.node_key, node.me, node.wall)  # the LAN shortcut
+        self.direct = DirectFetcher(node.node_key, node.me, lambda: node.pool_key, node.wall)  # the LAN shortcut
         self.direct_stats: DirectStats | None = None  # what this peer served directly (``serve_direct``)
         self._lacks: dict[tuple[str, str], float] = {}  # (member, dataset) -> until when not asked
 
@@ -512,7 +521,7 @@ class Datasets:
         meta = {"name": name, "id": dataset, "origin": "fetched", "bytes": size, "used": self._node.wall(),
                 "pieces": len(pieces), "fetched_bytes": got.fetched_bytes, "url_bytes": got.url_bytes,
                 "direct_bytes": got.direct_bytes,
-                "bad_pieces": got.bad_pieces + got.url_refused}
+                "bad_pieces": got.refused}
         try:
             await trio.to_thread.run_sync(self.store.finish, dataset, meta)
             self._done.pop(dataset, None)
@@ -521,7 +530,7 @@ class Datasets:
             raise disk_or_job(self.store.root, exc) from None
         log.info("fetched dataset %s (%s): %d pieces, %d bytes (%d from members directly, %d from its urls, %d from "
                  "the relay), %d refused", name, dataset[:12], len(pieces), got.fetched_bytes, got.direct_bytes,
-                 got.url_bytes, got.fetched_bytes - got.url_bytes - got.direct_bytes, got.bad_pieces + got.url_refused)
+                 got.url_bytes, got.fetched_bytes - got.url_bytes - got.direct_bytes, got.refused)
 
     async def _fetch_piece(self, dataset: str, piece: Piece, blobs: list[str], done: set[int],
                            got: _Fetch) -> bool:
@@ -568,12 +577,12 @@ class Datasets:
                 try:
                     await self.direct.get(member, route, dataset, piece.index, piece.size, plain)
                 except DirectFailed as exc:
-                    if exc.reachable:
+                    if exc.lacks:
                         self._lacks[(member, dataset)] = now + LACKS_FOR
                     log.debug("piece %d of dataset %s not fetched directly: %s", piece.index, dataset[:12], exc)
                     continue
                 if not await trio.to_thread.run_sync(piece_ok, plain, piece):
-                    got.url_refused += 1
+                    got.direct_refused += 1
                     self._node.blobs.refused("dataset piece")
                     self._lacks[(member, dataset)] = now + LACKS_FOR
                     log.warning("refused piece %d of dataset %s from %s directly: its bytes do not hash to the "
@@ -760,7 +769,7 @@ class Datasets:
             row["fetched_bytes"] = here.get("fetched_bytes", 0) if here else (got.fetched_bytes if got else 0)
             row["url_bytes"] = here.get("url_bytes", 0) if here else (got.url_bytes if got else 0)
             row["direct_bytes"] = here.get("direct_bytes", 0) if here else (got.direct_bytes if got else 0)
-            row["bad_pieces"] = here.get("bad_pieces", 0) if here else (got.bad_pieces + got.url_refused if got else 0)
+            row["bad_pieces"] = here.get("bad_pieces", 0) if here else (got.refused if got else 0)
             row["uploaded_again"] = self.reuploads.get(dataset, 0)
         return sorted(out.values(), key=lambda d: (str(d["name"]), d["id"]))
 
@@ -815,15 +824,17 @@ class Datasets:
     # -- the pin: a running job's pieces kept on the relay ------------------------------------
 
     def pinned(self) -> dict[str, Record]:
-        """The newest record of every dataset that a job that has not ended for the pool
-        (neither cancelled, failed everywhere, nor past its last round) names: the pieces
-        its peers keep on the relay. The same on every peer that holds the same records."""
+        """The newest record of every dataset that a job names which has not ended for the
+        pool (neither cancelled, failed everywhere, nor past its last round) and which this
+        peer has not declined: the pieces its peers keep on the relay."""
         rs, m = self._node.machine.records, self._node.machine
         out: dict[str, Record] = {}
         for job in rs.jobs():
             ids = job.body.get("datasets")
             if not ids or job_ended(rs, job) is not None or m.plan(job).finished(m.chain(job).round):
                 continue
+            if any(d.author == self._node.me for d in rs.of_job(job.id, "decline")):
+                continue  # sat out here: its peers pin it (a job every online peer declined lapses)
             for dataset in ids.values():
                 records = dataset_sources(rs, dataset)
                 if records and dataset not in out:
@@ -834,22 +845,27 @@ class Datasets:
         """Forever (a task of the node's nursery): touch the pinned pieces (``touch_pinned``)
         every third of the relay's blob TTL, within ``PIN_MIN``..``PIN_MAX``. A failure is
         logged and waits for the next time; a relay without the touch route (an older one)
-        ends the loop, said once: there pieces live with the TTL and a want, as before."""
+        is asked again only every ``PIN_MAX`` (it may be upgraded), said once: there pieces
+        live with the TTL and a want, as before."""
+        said = False
         while True:
+            period = pin_period(self._node.blobs.relay_ttl)
             try:
                 await self.touch_pinned()
             except RelayRejected as exc:
-                if exc.code == ErrorCode.NOT_FOUND:
-                    log.info("the relay does not take touches (an older relay): the pieces of running jobs' "
-                             "datasets are not pinned there; a holder uploads lost ones again when asked")
-                    return
-                log.warning("touching pinned dataset pieces on the relay was refused: %s", exc)
+                if exc.code != ErrorCode.NOT_FOUND:
+                    log.warning("touching pinned dataset pieces on the relay was refused: %s", exc)
+                else:
+                    if not said:
+                        log.info("the relay does not take touches (an older relay): the pieces of running jobs' "
+                                 "datasets are not pinned there; a holder uploads lost ones again when asked")
+                    said, period = True, PIN_MAX
             except NetError as exc:
                 log.info("could not touch pinned dataset pieces on the relay (%s); trying again later", exc)
             except Exception as exc:  # noqa: BLE001 - a bug costs one round of touches, never the daemon
                 log.error("touching pinned dataset pieces raised %s (a bug; please report it)",
                           type(exc).__name__, exc_info=exc)
-            await trio.sleep(pin_period(self._node.blobs.relay_ttl))
+            await trio.sleep(period)
 
     async def touch_pinned(self) -> None:
         """Restart the relay's TTL of every pinned piece's blob, ``TOUCH_MAX_BLOBS`` a request;

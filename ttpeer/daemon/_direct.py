@@ -30,6 +30,8 @@ What breaks it: nothing of the pool's: a direct fetch that fails falls back to t
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -58,53 +60,68 @@ AUTH_DOMAIN = b"ttpeer/direct/v1\n"
 AUTH_WINDOW = 300.0  # seconds a signed request stays good (clocks of members differ by less)
 CONNECT_TIMEOUT = 2.0  # a LAN answers within this; a peer that does not is elsewhere
 READ_TIMEOUT = 30.0
+MIN_RATE = 256 * 1024  # bytes/s: a piece that comes slower than this (after the connect) is given up
+SLACK = 10.0  # seconds a piece may take beyond its connects and MIN_RATE
 DOWN_FOR = 300.0  # a member that could not be reached is not tried again for this long
 _CHUNK = 1 << 20
 _PATH = re.compile(r"^/v1/piece/([0-9a-f]{64})/([0-9]{1,9})$")
-_AUTH = re.compile(r"^ttpeer ([0-9a-f]{64})\.([0-9]{1,12})\.([0-9a-f]{128})$")
+_AUTH = re.compile(r"^ttpeer ([0-9a-f]{64})\.([0-9]{1,12})\.([0-9a-f]{128})\.([0-9a-f]{64})$")
 
 
 class DirectFailed(TtpeerError):
-    """A member did not serve a piece directly (``reachable``: it answered at all)."""
+    """A member did not serve a piece directly (``reachable``: it answered at all;
+    ``lacks``: it answered that it does not hold the piece, so it is not down)."""
 
-    def __init__(self, message: str, *, reachable: bool) -> None:
+    def __init__(self, message: str, *, reachable: bool, lacks: bool = False) -> None:
         super().__init__(message)
         self.reachable = reachable
+        self.lacks = lacks
 
 
 def local_address(relay_url: str) -> str | None:
-    """The address this machine reaches the relay from (a UDP socket's, connected: no
-    packet is sent), or None if there is no route."""
+    """The IPv4 address this machine reaches the relay from (a UDP socket's, connected: no
+    packet is sent), or None if there is none (the server listens on IPv4 only). Blocks
+    on DNS: call it in a thread."""
     parts = urlsplit(relay_url)
     host, port = parts.hostname or "", parts.port or 443
     try:
-        info = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
-        with socket.socket(info[0], socket.SOCK_DGRAM) as s:
+        info = socket.getaddrinfo(host, port, family=socket.AF_INET, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect(info[4])
             addr = s.getsockname()[0]
     except OSError:
         return None
-    return f"[{addr}]" if ":" in addr else addr
+    return str(addr)
 
 
-def signed_request(key: Ed25519PrivateKey, me: str, server: str, path: str, now: float) -> str:
-    """The ``Authorization`` value of a request for ``path`` to member ``server``."""
+def _mac(pool_key: bytes, message: bytes) -> str:
+    sub = hmac.new(pool_key, b"ttpeer/direct/v1 key", hashlib.sha256).digest()
+    return hmac.new(sub, message, hashlib.sha256).hexdigest()
+
+
+def signed_request(key: Ed25519PrivateKey, me: str, server: str, path: str, now: float, pool_key: bytes) -> str:
+    """The ``Authorization`` value of a request for ``path`` to member ``server``: signed
+    with the member's key, and keyed with the pool's newest key (a member the pool never
+    gave the key to, e.g. one that joined with an expired token, cannot make one)."""
     t = str(int(now))
-    sig = key.sign(AUTH_DOMAIN + f"{server}\n{path}\n{t}".encode()).hex()
-    return f"ttpeer {me}.{t}.{sig}"
+    message = AUTH_DOMAIN + f"{server}\n{path}\n{t}".encode()
+    return f"ttpeer {me}.{t}.{key.sign(message).hex()}.{_mac(pool_key, message)}"
 
 
-def check_request(header: str, server: str, path: str, now: float, members: Any) -> str | None:
+def check_request(header: str, server: str, path: str, now: float, members: Any,
+                  pool_key: bytes | None) -> str | None:
     """The member who signed ``header`` for ``path`` here, or None (any fault at all)."""
     m = _AUTH.fullmatch(header)
-    if m is None:
+    if m is None or pool_key is None:
         return None
-    member, t, sig = m.groups()
+    member, t, sig, mac = m.groups()
     if member not in members or abs(now - int(t)) > AUTH_WINDOW:
         return None
+    message = AUTH_DOMAIN + f"{server}\n{path}\n{t}".encode()
+    if not hmac.compare_digest(mac, _mac(pool_key, message)):
+        return None
     try:
-        Ed25519PublicKey.from_public_bytes(bytes.fromhex(member)).verify(
-            bytes.fromhex(sig), AUTH_DOMAIN + f"{server}\n{path}\n{t}".encode())
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(member)).verify(bytes.fromhex(sig), message)
     except (InvalidSignature, ValueError):
         return None
     return member
@@ -125,9 +142,10 @@ class DirectServer:
     """The ASGI app that serves this peer's pieces to members (hypercorn runs it)."""
 
     def __init__(self, me: str, members: Callable[[], Any], source: PieceSource,
-                 wall: Callable[[], float] = time.time) -> None:
+                 pool_key: Callable[[], bytes | None], wall: Callable[[], float] = time.time) -> None:
         self.me = me
         self._members = members
+        self._pool_key = pool_key
         self._source = source
         self._wall = wall
         self.stats = DirectStats()
@@ -148,7 +166,8 @@ class DirectServer:
         if scope.get("method") != "GET" or (m := _PATH.fullmatch(path)) is None:
             await _answer(send, 404, b"no such route\n")
             return
-        who = check_request(headers.get("authorization", ""), self.me, path, self._wall(), self._members())
+        who = check_request(headers.get("authorization", ""), self.me, path, self._wall(), self._members(),
+                            self._pool_key())
         if who is None:
             self.stats.refused += 1
             await _answer(send, 401, b"sign the request with a member's key\n")
@@ -192,12 +211,14 @@ async def _answer(send: Any, status: int, body: bytes) -> None:
 class DirectFetcher:
     """Fetches pieces from the members that serve directly, pinned to their certificates."""
 
-    def __init__(self, key: Ed25519PrivateKey, me: str, wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, key: Ed25519PrivateKey, me: str, pool_key: Callable[[], bytes | None],
+                 wall: Callable[[], float] = time.time) -> None:
         self._key = key
         self.me = me
+        self._pool_key = pool_key
         self._wall = wall
         self._down: dict[str, float] = {}  # member -> until when it is not tried
-        self._contexts: dict[str, ssl.SSLContext] = {}  # certificate hex -> its pinned context
+        self._contexts: dict[str, ssl.SSLContext | None] = {}  # certificate hex -> its pinned context
         self._routes: tuple[int, dict[str, Record]] | None = None  # (records seen, direct_routes of them)
 
     def routes(self, records: Any, prefer: list[str]) -> list[tuple[str, Record]]:
@@ -211,42 +232,72 @@ class DirectFetcher:
                       key=lambda mr: (order.get(mr[0], len(order)), mr[0]))
 
     async def get(self, member: str, route: Record, dataset: str, index: int, size: int, dest: Path) -> None:
-        """Write piece ``index`` of ``dataset`` (``size`` bytes) from ``member`` into ``dest``.
-        Raises ``DirectFailed``; ``OSError`` writing ``dest``."""
+        """Write piece ``index`` of ``dataset`` (``size`` bytes) from ``member`` into ``dest``,
+        within ``CONNECT_TIMEOUT`` an address, ``SLACK``, and the piece at ``MIN_RATE``. Raises ``DirectFailed``
+        for anything that goes wrong, whatever the member's record or answer says (then the
+        member is down for ``DOWN_FOR`` unless it answered and lacks the piece)."""
+        try:
+            with trio.fail_after(CONNECT_TIMEOUT * len(route["addrs"]) + SLACK + size / MIN_RATE):
+                await self._get(member, route, dataset, index, size, dest)
+        except DirectFailed as exc:
+            if not exc.lacks:
+                self._down[member] = trio.current_time() + DOWN_FOR
+            raise
+        except trio.TooSlowError:
+            self._down[member] = trio.current_time() + DOWN_FOR
+            raise DirectFailed(f"{member[:12]} sent too slowly", reachable=True) from None
+        except Exception as exc:  # noqa: BLE001 - a member's record or answer must never fail a fetch
+            self._down[member] = trio.current_time() + DOWN_FOR
+            raise DirectFailed(f"{member[:12]} could not be asked ({type(exc).__name__}: {exc})",
+                               reachable=False) from None
+
+    async def _get(self, member: str, route: Record, dataset: str, index: int, size: int, dest: Path) -> None:
+        pool_key = self._pool_key()
+        if pool_key is None:
+            raise DirectFailed("this peer holds no pool key yet", reachable=False, lacks=True)
         cert = route["cert"]
-        context = self._contexts.get(cert)
-        if context is None:
-            context = self._contexts[cert] = pinned_ssl_context(bytes.fromhex(cert))
-        path = f"/v1/piece/{dataset}/{index}"
-        auth = signed_request(self._key, self.me, member, path, self._wall())
-        reached = False
-        for addr in route["addrs"]:
+        if cert not in self._contexts:
             try:
-                async with httpx.AsyncClient(verify=context, trust_env=False,
-                                             timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT)) as client:
+                self._contexts[cert] = pinned_ssl_context(bytes.fromhex(cert))
+            except (ssl.SSLError, ValueError):
+                self._contexts[cert] = None
+        context = self._contexts[cert]
+        if context is None:
+            raise DirectFailed(f"{member[:12]}'s record names no usable certificate", reachable=False)
+        path = f"/v1/piece/{dataset}/{index}"
+        auth = signed_request(self._key, self.me, member, path, self._wall(), pool_key)
+        for addr in route["addrs"]:
+            async with httpx.AsyncClient(verify=context, trust_env=False,
+                                         timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT)) as client:
+                try:
                     async with client.stream("GET", f"https://{addr}{path}",
                                              headers={"authorization": auth, "accept-encoding": "identity"}) as r:
-                        reached = True
-                        if r.status_code != 200:
-                            raise DirectFailed(f"{member[:12]} answered {r.status_code}", reachable=True)
-                        got = 0
-                        with open(dest, "wb") as f:
-                            async for chunk in r.aiter_raw(_CHUNK):
-                                got += len(chunk)
-                                if got > size:
-                                    raise DirectFailed(f"{member[:12]} sent more than the piece", reachable=True)
-                                f.write(chunk)
-                        if got != size:
-                            raise DirectFailed(f"{member[:12]} sent {got} of {size} bytes", reachable=True)
+                        await self._receive(member, r, size, dest)
                         return
-            except httpx.HTTPError as exc:
-                if reached:
+                except (httpx.ConnectError, httpx.ConnectTimeout):
+                    continue  # this address is not reachable from here: the next one
+                except httpx.HTTPError as exc:
                     raise DirectFailed(f"{member[:12]} stopped sending ({type(exc).__name__})",
                                        reachable=True) from None
-                continue  # this address is not reachable from here: the next one
-        self._down[member] = trio.current_time() + DOWN_FOR
         raise DirectFailed(f"{member[:12]} is not reachable directly at {', '.join(route['addrs'])}",
                            reachable=False)
+
+    @staticmethod
+    async def _receive(member: str, r: httpx.Response, size: int, dest: Path) -> None:
+        if r.status_code == 404:
+            raise DirectFailed(f"{member[:12]} answered 404 (it lacks the piece)", reachable=True, lacks=True)
+        if r.status_code != 200:
+            raise DirectFailed(f"{member[:12]} answered {r.status_code}", reachable=True)
+        got = 0
+        f = await trio.open_file(dest, "wb")
+        async with f:
+            async for chunk in r.aiter_raw(_CHUNK):
+                got += len(chunk)
+                if got > size:
+                    raise DirectFailed(f"{member[:12]} sent more than the piece", reachable=True)
+                await f.write(chunk)
+        if got != size:
+            raise DirectFailed(f"{member[:12]} sent {got} of {size} bytes", reachable=True)
 
 
 # -- running the server ---------------------------------------------------------------
@@ -254,9 +305,10 @@ class DirectFetcher:
 
 def _saved_port(home: Path) -> int:
     try:
-        return int(json.loads((home / "direct.json").read_text())["port"])
+        port = int(json.loads((home / "direct.json").read_text())["port"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
+    return port if 1 <= port <= 65535 else 0
 
 
 def _save_port(home: Path, port: int) -> None:
@@ -268,38 +320,43 @@ def _save_port(home: Path, port: int) -> None:
 
 async def serve_direct(node: Any, mode: tuple[str | None, int], relay_url: str) -> None:
     """Serve ``node``'s pieces directly and publish where (a ``direct`` record) until
-    cancelled. A port that cannot be opened logs a warning and serves nothing: the relay
-    still carries everything."""
+    cancelled. Whatever goes wrong here (no port, no certificate, a bug) logs a warning
+    and serves nothing: the relay still carries everything, and the daemon goes on."""
+    try:
+        await _serve_direct(node, mode, relay_url)
+    except Exception as exc:  # noqa: BLE001 - the shortcut is optional; the daemon is not
+        log.warning("not serving pieces directly (%s): peers fetch them through the relay",
+                    getattr(exc, "strerror", None) or exc, exc_info=not isinstance(exc, OSError))
+
+
+async def _serve_direct(node: Any, mode: tuple[str | None, int], relay_url: str) -> None:
     from ttpeer_relay.tls import ensure_certificate
 
     advertised, port = mode
     home: Path = node.home.path
     cert, key = await trio.to_thread.run_sync(ensure_certificate, home / "direct-tls", "0.0.0.0")
-    der = ssl.PEM_cert_to_DER_cert(cert.read_text())
-    app = DirectServer(node.me, lambda: node.machine.records.members, node.data.piece_source, node.wall)
+    der = ssl.PEM_cert_to_DER_cert(await trio.to_thread.run_sync(cert.read_text))
+    app = DirectServer(node.me, lambda: node.machine.records.members, node.data.piece_source,
+                       lambda: node.pool_key, node.wall)
     node.data.direct_stats = app.stats
-    choice = port or _saved_port(home)
+    choice = port or await trio.to_thread.run_sync(_saved_port, home)
     if choice and not _free(choice):
         if port:  # the port the user chose
             log.warning("cannot serve pieces directly on port %d (it is in use): peers fetch them through the relay",
                         port)
             return
         choice = 0  # the one used last is taken: any other
-    try:
-        async with trio.open_nursery() as nursery:
-            bound = await nursery.start(listen, app, cert, key, choice)
-            await trio.to_thread.run_sync(_save_port, home, bound)
-            host = advertised or local_address(relay_url)
-            if host is None:
-                log.warning("serving pieces directly on port %d, but found no address to advertise", bound)
-            else:
-                app.stats.addrs = [f"{host}:{bound}"]
-                log.info("serving dataset pieces directly at %s", app.stats.addrs[0])
-                await _advertise(node, app.stats.addrs, der)
-    except* OSError as group:
-        exc = group.exceptions[0]
-        log.warning("stopped serving pieces directly (%s): peers fetch them through the relay",
-                    getattr(exc, "strerror", None) or exc)
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(listen, app, cert, key, choice)
+        await trio.to_thread.run_sync(_save_port, home, bound)
+        host = advertised or await trio.to_thread.run_sync(local_address, relay_url)
+        if host is None:
+            log.warning("serving pieces directly on port %d, but found no IPv4 address to advertise (say which "
+                        "with --direct HOST:PORT)", bound)
+            return
+        app.stats.addrs = [f"{host}:{bound}"]
+        log.info("serving dataset pieces directly at %s", app.stats.addrs[0])
+        await _advertise(node, app.stats.addrs, der)
 
 
 async def listen(app: DirectServer, cert: Path, key: Path, port: int, host: str = "0.0.0.0",
@@ -315,6 +372,8 @@ async def listen(app: DirectServer, cert: Path, key: Path, port: int, host: str 
     hc.alpn_protocols = ["http/1.1"]
     hc.include_server_header = False
     hc.graceful_timeout = 1.0
+    hc.ssl_handshake_timeout = 5.0  # a connection that never finishes its handshake holds a descriptor
+    hc.keep_alive_timeout = 5.0
     hc.errorlog = logging.getLogger("ttpeer.direct.server")
     hc.accesslog = None
 

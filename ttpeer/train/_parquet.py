@@ -106,6 +106,8 @@ class RowGroups:
                 self._tables.popitem(last=False)
         else:
             self._tables.move_to_end((f, group))
+        if not 0 <= j < table.num_rows:
+            raise TaskError(f"{where}: row group {group} holds {table.num_rows} rows, not the {j + 1} its index counts")
         return dict(table.slice(j, 1).to_pylist()[0])
 
     def _footer(self, f: int, where: str) -> Any:
@@ -113,8 +115,12 @@ class RowGroups:
         if meta is not None:
             self._footers.move_to_end(f)
             return meta
+        at, size = self._footer_at[f], self._files[f][1]
+        tail = self._pread(f, size - 8, 8) if size >= 8 else b""
+        if len(tail) != 8 or tail[4:] != b"PAR1" or size - 8 - int.from_bytes(tail[:4], "little") != at:
+            # An index that puts the footer elsewhere would make this read all of the file.
+            raise TaskError(f"{where}: its footer is not where its index says it begins (byte {at})")
         try:  # the footer alone parses: its length and magic bytes end it, as they end the file
-            at, size = self._footer_at[f], self._files[f][1]
             meta = self._pq.read_metadata(self._pa.BufferReader(self._pread(f, at, size - at)))
         except self._pa.ArrowException as exc:
             raise TaskError(f"{where}: its footer, where its index says it begins, does not parse: {exc}") from None
