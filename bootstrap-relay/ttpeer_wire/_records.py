@@ -155,7 +155,7 @@ def _direct_addrs(v: Any) -> bool:
         host, _, port = a.rpartition(":")
         return host_ok(host) and port.isdigit() and port[0] != "0" and 1 <= int(port) <= 65535
 
-    return type(v) is list and 1 <= len(v) <= MAX_DIRECT_ADDRS and len(set(v)) == len(v) and all(map(addr, v))
+    return type(v) is list and 1 <= len(v) <= MAX_DIRECT_ADDRS and all(map(addr, v)) and len(set(v)) == len(v)
 
 
 def _certificate(v: Any) -> bool:

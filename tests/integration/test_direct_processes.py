@@ -76,7 +76,9 @@ def test_peers_that_reach_each_other_fetch_pieces_directly_and_the_rest_use_the_
         wait_for(all_in, 60, "four peers to enroll")
         wait_for(lambda: all(served(homes[n]) and served(homes[n])["addrs"] for n in ("alice", "bob", "carol")), 30,
                  "three peers to serve directly")
-        assert served(homes["dave"]) is None
+        wait_for(lambda: all(served(homes[n])["members"] == (3 if n == "dave" else 2) for n in homes), 30,
+                 "each to know where the others serve")
+        assert served(homes["dave"])["addrs"] == []
         assert served(homes["carol"])["addrs"][0].startswith("192.0.2.1:")
 
         # Alice adds "corpus": every other peer reaches her and fetches it all directly.

@@ -7,6 +7,7 @@ rest of ``tests/netns``."""
 
 from __future__ import annotations
 
+import os
 import random
 import textwrap
 
@@ -31,11 +32,11 @@ def _row(home, name: str) -> dict:
 
 
 def test_the_pair_that_reach_each_other_fetch_directly_and_the_nat_peer_through_the_relay():
-    with Lab(nat=["n"], routed=["x", "y"]) as lab:
+    with Lab(nat=["n"], routed=["x", "y"], keep=bool(os.environ.get("TTPEER_NETLAB_KEEP"))) as lab:
         url, fp = start_relay(lab)
         homes = start_pool(lab, url, fp, "x", ["y", "n"])
-        wait_for(lambda: all((status(homes[h]).get("direct") or {}).get("addrs") for h in homes), 60,
-                 "every peer to serve directly")
+        wait_for(lambda: all((status(homes[h]).get("direct") or {}).get("members") == 2 for h in homes), 60,
+                 "every peer to serve directly and know where the others do")
         for name, host in lab.hosts.items():
             if name in homes:  # each advertises the address it reaches the relay from: its own
                 assert status(homes[name])["direct"]["addrs"][0].split(":")[0] == host.addr

@@ -22,7 +22,7 @@ import ttpeer.proto
 WIRE = Path(ttpeer_wire.__file__).parent
 # What wire code may import: pure standard modules and cryptography. No I/O (os, io,
 # pathlib, socket), no clock (time, datetime), no trio, httpx, torch or ttpeer.
-ALLOWED = {"__future__", "collections", "collections.abc", "dataclasses", "enum", "hashlib", "json",
+ALLOWED = {"__future__", "collections", "collections.abc", "dataclasses", "enum", "hashlib", "ipaddress", "json",
            "math", "re", "typing"}
 
 

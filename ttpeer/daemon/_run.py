@@ -33,12 +33,12 @@ from ttpeer import _logging
 from ttpeer.config import direct_mode
 from ttpeer.errors import MembershipEnded, TtpeerError
 from ttpeer.net import RelayClient
-from ttpeer.proto import Timing
+from ttpeer.proto import Timing, direct_routes
 
 from ._board import FOLDER as BOARD_FOLDER
 from ._board import Board, run_board
 from ._control import serve_control
-from ._direct import serve_direct
+from ._direct import DirectStats, serve_direct
 from ._home import Home
 from ._integrity import check_home_apart
 from ._node import Node
@@ -127,9 +127,12 @@ async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None
         out = extend(node.status(), node, usage, metrics_url=metrics_url, repairs=repairs)
         out["workers"] = executor.workers()  # each job's worker processes and their devices
         served = node.data.direct_stats
-        out["direct"] = None if served is None else {
+        served = served or DirectStats()  # direct = off: this peer serves nothing, still fetches
+        out["direct"] = {
             "addrs": served.addrs, "served_pieces": served.served_pieces, "served_bytes": served.served_bytes,
-            "refused": served.refused}
+            "refused": served.refused,
+            # members whose direct record this peer holds: the ones it may fetch from
+            "members": len([m for m in direct_routes(node.machine.records) if m != node.me])}
         return out
 
     try:

@@ -10,7 +10,7 @@
                "ended": null | {"how", "by": {"peer", "name"} | null,
                                 "reasons": [{"peer", "name", "reason"}]}, "phase",
                "data": null | [{"name", "id", "bytes", "pieces", "pieces_here", "here",
-                                "fetched_bytes", "bad_pieces"}],
+                                "fetched_bytes", "direct_bytes", "bad_pieces"}],
                "data_wait": null | {"waits", "seconds", "first_s"}}]}
 
 ``phase`` says what this peer is doing before it can train a running job ("loading the
