@@ -283,6 +283,10 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         "next": _int(1, 1_000_000),
     },
     "ckpt": {"job": _HEX, "round": _int(), "state": _STATE_HASH, "blob": _HEX, "size": _int(1, 2**40)},
+    # A member asks for a checkpoint of ``state`` (a state of the job's chain) rather than
+    # replay the deltas up to it: a peer that holds it publishes one (``proto/_closer.py``).
+    # Fused jobs publish checkpoints only when asked: no model is sent that nobody needs.
+    "ckpt_want": {"job": _HEX, "state": _STATE_HASH},
     # Root-signed: ``node`` is no longer a member. Of its records only those named in
     # ``keep`` (by id: the jobs, contributions, closes and checkpoints the pool's chains
     # already rest on) still count; anything else it signed, before or after, is ignored.

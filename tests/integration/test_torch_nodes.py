@@ -114,3 +114,36 @@ async def test_a_second_job_through_the_same_states_finishes_on_both_peers(tmp_p
         finals = {hashlib.sha256((h.path / "states" / job.id / "final.safetensors").read_bytes()).hexdigest()
                   for h in homes}
         assert len(finals) == 1
+
+
+async def test_a_peer_that_comes_after_the_job_asks_for_a_checkpoint_and_ends_identical(tmp_path):
+    """No model is sent that nobody needs: a job whose peers keep up publishes no
+    checkpoint; a peer that comes after it finished asks for one (replaying 24 rounds' deltas
+    would cost more), the peer that made the final state uploads it from its home (no worker:
+    the job is over there), and the late peer ends bit-identical, skipping the replay."""
+    homes = _homes(tmp_path)
+    spec = _spec(rounds=24, shards=2, batches=2, steal=False)
+    async with MemoryRelay() as relay:
+        nodes = []
+        for home in homes:
+            cfg = home.config()
+            nodes.append(Node(home, relay.client(cfg.pool, home.node_key(), cfg.proof), TorchExecutor(home),
+                              timing=Timing(digest_interval=0.5)))
+        first, late = nodes
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(first.run)
+                job = await first.submit(spec, TASK_FILE.read_bytes())
+                await first.done_event(job.id).wait()
+                assert not first.machine.records.of_job(job.id, "ckpt")
+                await nursery.start(late.run)
+                await late.done_event(job.id).wait()
+                nursery.cancel_scope.cancel()
+    rs = late.machine.records
+    [ask] = rs.of_job(job.id, "ckpt_want")
+    [ckpt] = rs.of_job(job.id, "ckpt")
+    assert ask.author == late.me and ckpt.author == first.me and ckpt["state"] == ask["state"]
+    assert ckpt["round"] == spec["rounds"]  # the final state: nothing to replay after it
+    finals = {hashlib.sha256((h.path / "states" / job.id / "final.safetensors").read_bytes()).hexdigest()
+              for h in homes}
+    assert len(finals) == 1

@@ -50,7 +50,6 @@ from ttpeer.proto import (
     train_base,
 )
 from ttpeer.proto._gossip import MAX_DIGEST_IDS, digest_payload, parse_payload
-from ttpeer.proto._peer import CHECKPOINT_DELTA_RATIO
 
 from .proto_helpers import Pool, hex64, job_body, key
 
@@ -362,43 +361,82 @@ def test_a_closer_dead_before_the_round_is_covered_costs_one_lease_not_two() -> 
 
 
 @pytest.mark.parametrize("overlap", [0, 1])
-def test_peer_offline_from_the_start_catches_up_from_a_checkpoint(overlap: int) -> None:
+def test_peer_offline_from_the_start_asks_for_a_checkpoint_and_starts_from_it(overlap: int) -> None:
     c = Cluster(3)
     late = c.order[2]
     c.dead.add(late)
     job = c.submit_job(0, shards=3, rounds=30, lease=20, overlap=overlap)
     first = c.machines[c.order[0]]
-
-    def checkpointed() -> int | None:
-        return min((r["round"] for r in first.records.of_job(job.id, "ckpt")), default=None)
-
-    c.run(until=10_000, stop=lambda: (checkpointed() or 10**9) < first.chain(job).round)
-    ckpt = checkpointed()
-    assert ckpt is not None and 1 < ckpt < job["rounds"]
+    c.run(until=10_000, stop=lambda: first.chain(job).round >= 20)
+    assert not first.records.of_job(job.id, "ckpt"), "nobody asked: no checkpoint"
     c.dead.discard(late)
     c.run(until=10_000)
     check_finished(c, job)
+    rs = c.machines[late].records
+    [ask] = [r for r in rs.of_job(job.id, "ckpt_want") if r.author == late]
+    ckpts = rs.of_job(job.id, "ckpt")
+    assert [k["state"] for k in ckpts] == [ask["state"]], "one checkpoint, of the state asked for"
     got = [f.state for me, f in c.fetches if me == late]
+    assert got[0] == ask["state"], "the late peer starts from the checkpoint, not the initial state"
+    assert job["init"] not in got
     chain = c.machines[late].chain(job)
-    assert got and got[0] == chain.states[ckpt], "the late peer should start from the checkpoint"
-    assert any(t.round >= ckpt for me, t in c.trains if me == late) or chain.round == job["rounds"]
+    k = chain.states.index(ask["state"])
+    # The peer that closed the round making that state answered (it holds it).
+    assert ckpts[0].author == chain.closes[k - 1].author
 
 
-def test_checkpoints_add_at_most_a_quarter_to_the_delta_bytes() -> None:
-    """Fused jobs checkpoint once the deltas since the last checkpoint add up to
-    CHECKPOINT_DELTA_RATIO checkpoints (the first one's size estimated from a delta's:
-    fp32 parameters and momentum against 4-bit values, 16x), plus the final state."""
+def test_a_fused_job_publishes_no_checkpoint_nobody_asks_for() -> None:
+    """No model is sent twice: every peer applies the closes, so a job whose peers all keep
+    up (the final state too) uploads deltas only (and its initial state, at submit)."""
     c = Cluster(2, ckpt_size=1600)  # the cluster's deltas are 100 bytes
     job = c.submit_job(0, shards=2, rounds=40, lease=20, bits=4, steal=False)
     c.run(until=10_000)
     check_finished(c, job)
-    c.run(until=c.now + 5, stop=lambda: False)  # the final checkpoint's record
+    c.run(until=c.now + 60, stop=lambda: False)
     rs = c.machines[c.order[0]].records
-    rounds = sorted(r["round"] for r in rs.of_job(job.id, "ckpt"))
-    deltas = sum(r["size"] for r in rs.of_job(job.id, "contrib"))
-    ckpt_bytes = sum(r["size"] for r in rs.of_job(job.id, "ckpt") if r["round"] < job["rounds"])
-    assert rounds[-1] == job["rounds"] and len(rounds) >= 2, rounds
-    assert ckpt_bytes <= deltas / CHECKPOINT_DELTA_RATIO, (ckpt_bytes, deltas)
+    assert not rs.of_job(job.id, "ckpt") and not rs.of_job(job.id, "ckpt_want")
+    assert {me for me, _f in c.fetches} <= set(c.order) and all(f.state == job["init"] for _me, f in c.fetches)
+
+
+def test_an_ask_whose_closer_is_gone_is_answered_by_another_holder_after_its_wait() -> None:
+    c = Cluster(4)
+    late = c.order[3]
+    c.dead.add(late)
+    job = c.submit_job(0, shards=3, rounds=40, lease=10)
+    first = c.machines[c.order[0]]
+    c.run(until=10_000, stop=lambda: first.chain(job).round >= 25)
+    closer = first.chain(job).closes[-1].author
+    c.dead.add(closer)  # it made the head: the one that would answer at once
+    live = [me for me in c.order if me not in c.dead]
+    c.run(until=c.now + 1, stop=lambda: False)
+    c.dead.discard(late)
+    woke = c.now
+    c.run(until=10_000, stop=lambda: bool(c.machines[late].records.of_job(job.id, "ckpt")))
+    [ckpt] = c.machines[late].records.of_job(job.id, "ckpt")
+    assert ckpt.author in live and ckpt.author != closer
+    assert c.now - woke <= 4 * job["lease"] + 5  # its rank's wait, at most as many leases as peers
+    c.run(until=10_000)
+    check_finished(c, job)
+    got = [f.state for me, f in c.fetches if me == late]
+    assert ckpt["state"] in got  # (the initial state first, perhaps: the job's records came before its closes)
+    chain = c.machines[late].chain(job)
+    applied = [s for me, s in c.applies if me == late]
+    assert len(applied) < chain.round - chain.states.index(ckpt["state"]) + 5, "it skipped the rounds before"
+
+
+def test_a_peer_that_could_replay_a_round_or_two_asks_for_nothing() -> None:
+    c = Cluster(3)
+    me = c.order[2]
+    job = c.submit_job(0, shards=3, rounds=12, lease=20)
+    c.run(until=10_000, stop=lambda: c.machines[me].chain(job).round >= 3)
+    c.dead.add(me)
+    first = c.machines[c.order[0]]
+    r = first.chain(job).round
+    c.run(until=10_000, stop=lambda: first.chain(job).round >= r + 2)
+    c.dead.discard(me)
+    c.run(until=10_000)
+    check_finished(c, job)
+    assert not c.machines[me].records.of_job(job.id, "ckpt_want")
 
 
 @pytest.mark.parametrize("heal_after", [8.0, 10.0, 12.0])

@@ -63,6 +63,7 @@ OTHER_VALUES: dict[str, dict[str, Any]] = {
     "dataset": dataset_body("other", name="other.set", piece_size=8192, at=51, files=[("x.bin", 9000)]),
     "dataset_rm": {"dataset": hex64("dataset-record2"), "at": 12},
     "direct": {"addrs": ["[2001:db8::5]:7001", "203.0.113.9:7001"], "cert": cert_hex("other"), "at": 13},
+    "ckpt_want": {"job": hex64("job2"), "state": state("s10")},
 }
 # A dataset's id is the hash of its files and piece size: those three change together.
 FIELD_SWAPS = [(k, f) for k in KINDS for f in SCHEMAS[k]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -64,7 +65,7 @@ from ttpeer.proto import (
 from ._counters import Counters
 from ._data import Datasets
 from ._executor import Decline, Executor
-from ._home import PoolConfig
+from ._home import Home, PoolConfig
 from ._keys import Blobs, PoolKeys, SealError
 from ._recordlog import RecordLog
 from ._replay import ReplayGuard
@@ -78,6 +79,7 @@ class Host(Protocol):
     machine: PeerMachine
     me: str
     cfg: PoolConfig
+    home: Home
     executor: Executor
     log: RecordLog
     replay: ReplayGuard
@@ -343,7 +345,13 @@ class Effects:
         # File to file, a piece at a time: a model-sized state is never in the daemon's
         # memory (it was, three times over: bytes, sealed, in transport).
         with self._node.blobs.work_files(eff.job.id, "checkpoint") as (plain, sealed):
-            await self._node.executor.export_state(eff.job, eff.state, plain)
+            # A held state is a file in the home, the bytes a checkpoint carries: copied from
+            # there, it needs no worker (the job may have finished here long ago: an ask).
+            held = self._node.home.states(eff.job.id) / f"{eff.state.removeprefix('sha256:')}.state"
+            try:
+                await trio.to_thread.run_sync(shutil.copyfile, held, plain)
+            except FileNotFoundError:
+                await self._node.executor.export_state(eff.job, eff.state, plain)
             size = plain.stat().st_size
             blob = await self._node.blobs.put_file(plain, sealed)
         self._report(CheckpointPublished(eff.job, eff.round, eff.state, blob, size))

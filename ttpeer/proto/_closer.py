@@ -9,26 +9,26 @@ it a lease plus two digests from the cover (time for a close lost on the way to 
 resent), or not at all once the closer has been silent for a lease (it died).
 
 What it promises: some live covering peer closes every covered round (I2, I4), closes
-are not made twice in parallel, and checkpoints add at most 1/``CHECKPOINT_DELTA_RATIO``
-to the bytes the pool uploads. It returns close and checkpoint bodies; the machine signs
-them. What breaks it: a ``heard`` map that is not updated on every message received (a
-live closer would look dead, and others would close beside it: harmless but wasteful).
+are not made twice in parallel, and a fused job's checkpoints are made only when a member
+asks for one (``answers``): no model is uploaded that nobody needs. It returns close and
+checkpoint bodies; the machine signs them. What breaks it: a ``heard`` map that is not
+updated on every message received (a live closer would look dead, and others would close
+beside it: harmless but wasteful; so would a second checkpoint be made).
 """
 
 from __future__ import annotations
 
+import hashlib
+
 from ttpeer_wire import Record
 
 from ._cadence import Plan, next_batches
-from ._effects import Aggregate
+from ._effects import Aggregate, PublishCheckpoint
 from ._jobspec import JobSpec
-from ._ledger import Chain, RecordSet
+from ._ledger import Chain, RecordSet, checkpoints
 from ._reports import RETRY_AFTER
 
 CHECKPOINT_EVERY = 4  # rounds between the checkpoints a round's closer publishes (ensembles)
-# Fused jobs: a checkpoint once the deltas closed since the last one add up to this many
-# checkpoints' bytes (see ``checkpoint_due``).
-CHECKPOINT_DELTA_RATIO = 4
 PEERS_OVER = 3  # auto cadence: a round's peers are who contributed to it or the rounds this many before
 
 
@@ -39,6 +39,9 @@ class Closer:
         self._covered_at: dict[tuple[str, int, str], float] = {}
         self._aggregating: tuple[str, int] | None = None
         self._ckpt_done: set[tuple[str, int]] = set()
+        self._asks_seen: dict[str, float] = {}  # ask record id -> when this peer first saw it
+        self._ask_deadlines: dict[str, float] = {}  # ask -> when this peer answers it, unless another did
+        self._ckpt_retry: dict[tuple[str, int], float] = {}  # a checkpoint whose upload failed -> when to retry
         self.retry_at = 0.0
 
     def deadlines(self, job: JobSpec, rnd: int) -> list[float]:
@@ -46,10 +49,13 @@ class Closer:
         for (jid, r, _base), at in self._covered_at.items():
             if jid == job.id and r == rnd:
                 out += [at + job.lease, at + self.grace(job)]
-        return [*out, self.retry_at]
+        return [*out, self.retry_at, *self._ask_deadlines.values()]
+
+    def deadlines_of_asks(self) -> list[float]:
+        return list(self._ask_deadlines.values())
 
     def deadline_key(self) -> object:
-        return len(self._covered_at), self.retry_at
+        return len(self._covered_at), self.retry_at, tuple(sorted(self._ask_deadlines.values()))
 
     def covered_at(self, job: str, rnd: int) -> float | None:
         """When this peer first saw round ``rnd`` covered (on any base), if it did."""
@@ -118,10 +124,12 @@ class Closer:
         self._ckpt_done.add((job.id, rnd + 1))
         return True
 
-    def checkpoint_published(self, job: str, rnd: int, blob: str | None) -> bool:
-        """A checkpoint upload ended; False if it failed (a later close may try again)."""
+    def checkpoint_published(self, job: str, rnd: int, blob: str | None, now: float = 0.0) -> bool:
+        """A checkpoint upload ended; False if it failed (a later close, or the ask after
+        ``RETRY_AFTER``, tries again)."""
         if blob is None:
             self._ckpt_done.discard((job, rnd))
+            self._ckpt_retry[(job, rnd)] = now + RETRY_AFTER
         return blob is not None
 
     def failed(self, job: str) -> None:
@@ -130,26 +138,57 @@ class Closer:
 
     @staticmethod
     def checkpoint_due(job: JobSpec, rnd: int, contribs: tuple[str, ...], records: RecordSet, chain: Chain) -> bool:
-        """Whether the closer of round ``rnd`` publishes a checkpoint of the state it made.
-
-        The final state always. Fused jobs: once the deltas closed since the last
-        checkpoint add up to ``CHECKPOINT_DELTA_RATIO`` checkpoints. A peer catching up
-        fetches the checkpoint and replays at most that many checkpoints' worth of deltas,
-        and checkpoints add at most 1/ratio to the bytes the pool uploads: a fixed "every
-        4 rounds" was most of the traffic when deltas are 4-bit (a checkpoint is the fp32
-        parameters and outer momentum: 16x a 4-bit delta). Before the first checkpoint its
-        size is estimated from the largest delta and the job's bits. Ensembles (whose
-        contributions are member checkpoints): every ``CHECKPOINT_EVERY`` rounds."""
+        """Whether the closer of round ``rnd`` publishes a checkpoint of the state it made
+        unasked. Fused jobs: never (a checkpoint is the fp32 parameters and outer momentum,
+        a model's bytes twice over, which every peer that applies the closes already has):
+        a peer that would rather not replay the deltas asks for one (``answers``). Ensembles
+        (whose contributions are member checkpoints): every ``CHECKPOINT_EVERY`` rounds and
+        the final state."""
+        if not job.ensemble:
+            return False
         if not Plan.of(job.record, chain.closes[:rnd]).has_round(rnd + 1):
             return True  # the final state
-        if job.ensemble:
-            return (rnd + 1) % CHECKPOINT_EVERY == 0
-        by_id = records.by_id
-        ckpts = [c for c in records.of_job(job.id, "ckpt") if c["round"] <= rnd]
-        since = max((c["round"] for c in ckpts), default=0)
-        closed = [tuple(chain.closes[r]["contribs"]) for r in range(since, min(rnd, len(chain.closes)))]
-        sizes = [by_id[c]["size"] for ids in [*closed, contribs] for c in ids if c in by_id]
-        if not sizes:
-            return False
-        size = max((c["size"] for c in ckpts if c["round"] == since), default=0) or max(sizes) * 64 // job.bits
-        return sum(sizes) >= CHECKPOINT_DELTA_RATIO * size
+        return (rnd + 1) % CHECKPOINT_EVERY == 0
+
+    def answers(self, job: JobSpec, chain: Chain, records: RecordSet, held: set[str], heard: dict[str, float],
+                now: float) -> list[PublishCheckpoint]:
+        """Checkpoints this peer publishes for the asks (``ckpt_want``) of ``job``: of a state
+        of its chain that it holds and that no checkpoint holds yet. Who answers, in order:
+        the peer that closed the round making the state (it made it), then the others that
+        contributed to the chain so far, in an order drawn from the ask. A peer answers once
+        every peer before it has been silent for a lease since it saw the ask (gone: in the
+        common case only the first answers, so no model goes up twice), or at the latest
+        ``1 + rank`` leases after it saw the ask (one alive that no longer holds the state
+        does not block the ask)."""
+        asks = records.of_job(job.id, "ckpt_want")
+        if not asks:
+            return []
+        have = checkpoints(records, job.record)
+        at = {s: k for k, s in enumerate(chain.states)}
+        out = []
+        for ask in sorted(asks, key=lambda r: r.id):
+            state = ask["state"]
+            k = at.get(state)
+            if k is None or k == 0 or state in have or state not in held or (job.id, k) in self._ckpt_done:
+                continue
+            seen = self._asks_seen.setdefault(ask.id, now)
+            if now < self._ckpt_retry.get((job.id, k), 0.0):
+                self._ask_deadlines[ask.id] = self._ckpt_retry[(job.id, k)]
+                continue
+            first = chain.closes[k - 1].author
+            by_id = records.by_id
+            ran = {by_id[c].author for close in chain.closes[:k] for c in close["contribs"] if c in by_id}
+            others = sorted(ran - {first, ask.author, self.me},
+                            key=lambda m: hashlib.sha256(f"{ask.id}:{m}".encode()).digest())
+            order = [first, *others]
+            before = order[:order.index(self.me)] if self.me in order else order
+            if before:
+                silent = max([seen, *(heard.get(p, -float("inf")) for p in before)]) + job.lease
+                due = min(silent, seen + (1 + len(before)) * job.lease)
+                if now < due:
+                    self._ask_deadlines[ask.id] = due
+                    continue
+            self._ask_deadlines.pop(ask.id, None)
+            self._ckpt_done.add((job.id, k))
+            out.append(PublishCheckpoint(job.record, k, state))
+        return out

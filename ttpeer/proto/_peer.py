@@ -40,7 +40,7 @@ from . import _gossip
 from . import _reports as rp
 from ._antientropy import AntiEntropy
 from ._cadence import Plan
-from ._closer import CHECKPOINT_DELTA_RATIO, CHECKPOINT_EVERY, Closer
+from ._closer import CHECKPOINT_EVERY, Closer
 from ._effects import (
     Aggregate,
     Apply,
@@ -55,7 +55,7 @@ from ._effects import (
     Train,
 )
 from ._errors import RecordError
-from ._follower import Follower
+from ._follower import CHECKPOINT_DELTA_RATIO, Follower
 from ._jobspec import JobSpec
 from ._leases import LeaseTable, sharers_of
 from ._ledger import Chain, RecordSet
@@ -162,7 +162,7 @@ class PeerMachine:
         # Deadlines move only when records arrive, a part's own deadline state changes, or
         # time passes one of them: cache on exactly that.
         key = (len(self.records), self._local.deadline_key(), self._closer.deadline_key(),
-               self._follower.retry_at)
+               self._follower.deadline_key())
         if self._deadline_cache is None or self._deadline_cache[0] != key or self._deadline_cache[1] <= self._now:
             future = [d for d in self._deadlines() if d > self._now]
             self._deadline_cache = (key, min(future, default=float("inf")))
@@ -171,13 +171,13 @@ class PeerMachine:
     def _deadlines(self) -> list[float]:
         job = self._active()
         if job is None:
-            return []
+            return self._closer.deadlines_of_asks()
         rnd = self._views.chain(job.record).round
         # Only the earliest lease still running matters (with overlap, also the next round's).
         expiries = [self._leases.earliest_expiry(job.id, r, job.lease, self._now)
                     for r in ((rnd, rnd + 1) if job.overlap else (rnd,))]
         return [*(e for e in expiries if e is not None), *self._local.deadlines(job.lease),
-                *self._closer.deadlines(job, rnd), self._follower.retry_at]
+                *self._closer.deadlines(job, rnd), *self._follower.deadlines()]
 
     def add_local(self, rec: Record, now: float) -> list[Effect]:
         """A record made on this machine outside the machine (a job, an invite)."""
@@ -239,7 +239,7 @@ class PeerMachine:
                 return self.add_local(self._signed("ckpt", {
                     "job": job.id, "round": rnd, "state": state, "blob": blob, "size": size}), now)
             case rp.Failed(effect=PublishCheckpoint(job=job, round=rnd)):
-                closer.checkpoint_published(job.id, rnd, None)
+                closer.checkpoint_published(job.id, rnd, None, now)
                 return []
             case rp.Holds(state=state):
                 self.held.add(state)
@@ -351,7 +351,18 @@ class PeerMachine:
         # Its job ended for the pool (cancelled, failed everywhere): stop at once.
         own = self._local.own()
         out = self._local.cancel(None) if own is not None and (job is None or own[0] != job.id) else []
+        out += self._answer_asks(now)
         return out if job is None else out + self._emit(self._step_job(job, now), now)
+
+    def _answer_asks(self, now: float) -> list[Effect]:
+        """Checkpoints asked for (``ckpt_want``) that this peer publishes, of any job: a
+        finished one's final state too (``Closer.answers``)."""
+        out: list[Effect] = []
+        for rec in self.records.jobs():
+            if self.records.by_job.get(rec.id, {}).get("ckpt_want"):
+                out += self._closer.answers(self._spec(rec), self._views.chain(rec), self.records, self.held,
+                                            self._gossip.heard, now)
+        return out
 
     def _step_job(self, job: JobSpec, now: float) -> list[Effect | Sign]:
         waiting = self._jobs.prepare(job.record)
