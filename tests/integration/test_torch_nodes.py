@@ -31,6 +31,16 @@ def _homes(root: Path) -> list[Home]:
     return [admin, member]
 
 
+def _nodes(relay: MemoryRelay, homes: list[Home]) -> list[Node]:
+    """A ``Node`` with a ``TorchExecutor`` per home, over ``relay``."""
+    out = []
+    for home in homes:
+        cfg = home.config()
+        out.append(Node(home, relay.client(cfg.pool, home.node_key(), cfg.proof), TorchExecutor(home),
+                        timing=Timing(digest_interval=0.5)))
+    return out
+
+
 async def run_jobs(homes: list[Home], specs: list[dict], task_file: bytes | None, timeout: float = 120
                    ) -> tuple[list, list[Node]]:
     """A ``Node`` with a ``TorchExecutor`` per home over one in-memory relay: submit each
@@ -38,11 +48,7 @@ async def run_jobs(homes: list[Home], specs: list[dict], task_file: bytes | None
     the jobs and the (stopped) nodes."""
     jobs = []
     async with MemoryRelay() as relay:
-        nodes = []
-        for home in homes:
-            cfg = home.config()
-            nodes.append(Node(home, relay.client(cfg.pool, home.node_key(), cfg.proof), TorchExecutor(home),
-                              timing=Timing(digest_interval=0.5)))
+        nodes = _nodes(relay, homes)
         with trio.fail_after(timeout):
             async with trio.open_nursery() as nursery:
                 for node in nodes:
@@ -124,12 +130,7 @@ async def test_a_peer_that_comes_after_the_job_asks_for_a_checkpoint_and_ends_id
     homes = _homes(tmp_path)
     spec = _spec(rounds=24, shards=2, batches=2, steal=False)
     async with MemoryRelay() as relay:
-        nodes = []
-        for home in homes:
-            cfg = home.config()
-            nodes.append(Node(home, relay.client(cfg.pool, home.node_key(), cfg.proof), TorchExecutor(home),
-                              timing=Timing(digest_interval=0.5)))
-        first, late = nodes
+        first, late = _nodes(relay, homes)
         with trio.fail_after(120):
             async with trio.open_nursery() as nursery:
                 await nursery.start(first.run)

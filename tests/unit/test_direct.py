@@ -58,6 +58,20 @@ class _Peer:
         return (self.file, 10, len(PIECE)) if (dataset, index) == ("d" * 64, 0) else None
 
 
+class _Records:
+    """What ``DirectFetcher.routes`` reads of a record set: one member and its record."""
+
+    def __init__(self, member: str, route: Record) -> None:
+        self.members = {member: object()}
+        self._route = route
+
+    def __iter__(self):
+        return iter([self._route])
+
+    def __len__(self):
+        return 1
+
+
 @pytest.fixture
 async def served(tmp_path, nursery):
     fetcher_key = Ed25519PrivateKey.generate()
@@ -136,16 +150,7 @@ async def test_an_unreachable_address_is_tried_once_then_the_next_and_the_member
     with pytest.raises(DirectFailed, match="not reachable"):
         await fetcher.get(peer.me, dead, "d" * 64, 0, len(PIECE), tmp_path / "got")
 
-    class Records:
-        members = {peer.me: object()}
-
-        def __iter__(self):
-            return iter([dead])
-
-        def __len__(self):
-            return 1
-
-    assert fetcher.routes(Records(), []) == []  # down: not asked again for a while
+    assert fetcher.routes(_Records(peer.me, dead), []) == []  # down: not asked again for a while
 
 
 def test_check_request_refuses_a_signature_of_other_bytes():
@@ -225,13 +230,4 @@ async def test_a_member_that_sends_too_slowly_is_given_up_and_skipped(tmp_path, 
         with pytest.raises(DirectFailed, match="too slowly"):
             await fetcher.get(peer.me, route, "d" * 64, 0, 100, tmp_path / "got")
 
-    class Records:
-        members = {peer.me: object()}
-
-        def __iter__(self):
-            return iter([route])
-
-        def __len__(self):
-            return 1
-
-    assert fetcher.routes(Records(), []) == []  # down for a while: not asked again at once
+    assert fetcher.routes(_Records(peer.me, route), []) == []  # down for a while: not asked again at once
