@@ -122,3 +122,19 @@ def test_a_full_disk_mid_append_keeps_every_record_written(tmp_path):
         assert scan_log((mnt / "records.log").read_bytes()).problem is None
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_a_kept_copy_of_an_own_delta_is_used_only_while_it_hashes_as_uploaded(tmp_path):
+    import hashlib
+
+    from ttpeer.daemon._keys import _copy_own
+
+    own = tmp_path / "own.bin"
+    own.write_bytes(b"delta bytes" * 100)
+    digest = hashlib.sha256(own.read_bytes()).hexdigest()
+    assert _copy_own(own, digest, tmp_path / "a.bin", 1100) and (tmp_path / "a.bin").read_bytes() == own.read_bytes()
+    assert not _copy_own(own, digest, tmp_path / "b.bin", 1101)  # not the contribution's size
+    own.write_bytes(b"Delta bytes" * 100)  # the disk changed it: the blob is downloaded instead
+    assert not _copy_own(own, digest, tmp_path / "c.bin", 1100) and not (tmp_path / "c.bin").exists()
+    own.unlink()
+    assert not _copy_own(own, digest, tmp_path / "d.bin", 1100)

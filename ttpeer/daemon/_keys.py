@@ -21,6 +21,9 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import os
+import shutil
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -58,6 +61,7 @@ PIECE_SALT = b"ttpeer/data-piece/v1\n"  # a dataset piece's salt: from its hash 
 KEY_DOMAIN = b"ttpeer/keyshare/v1\n"
 MAX_BLOB = 8 * 2**30
 THREAD_FILE_BYTES = 4 * 2**20  # a larger state is sealed or opened in a thread
+OWN_DELTAS_KEPT = 32  # this peer's newest deltas kept to aggregate and apply with (no download)
 DELTA_UPLOAD_TRIES = 3  # then the delta is given up and its shards trained again
 MAX_ENDED_RECORDS = 64  # records in one L message: the invite and its winning joins, or revocations
 
@@ -153,6 +157,21 @@ class Blobs:
         self._home = home
         self._reject = reject  # counts a blob refused as not authentic
         self._fetches = itertools.count()  # names the work files
+        self._own: OrderedDict[str, tuple[Path, str]] = OrderedDict()  # blob -> its delta here, sha256
+
+    async def _keep_own(self, blob: str, data: bytes) -> None:
+        """Keep ``data``, this peer's delta just uploaded as ``blob``, for the closes that use
+        it (the newest ``OWN_DELTAS_KEPT``; ``HOME/work`` is cleared at every start)."""
+        path = self._home.path / "work" / "own" / f"{blob}.bin"
+        try:
+            await trio.to_thread.run_sync(_write_own, path, data)
+        except OSError as exc:  # only a saving: without the copy the delta is downloaded
+            log.info("could not keep a copy of this peer's delta (%s); it is downloaded when needed", exc)
+            return
+        self._own[blob] = (path, hashlib.sha256(data).hexdigest())
+        while len(self._own) > OWN_DELTAS_KEPT:
+            _blob, (old, _digest) = self._own.popitem(last=False)
+            old.unlink(missing_ok=True)
 
     def refused(self, what: str) -> None:
         """Count an input refused as not authentic (status: ``relay.rejected``)."""
@@ -231,10 +250,13 @@ class Blobs:
 
     async def upload_delta(self, data: bytes) -> str | None:
         """Upload a delta, retrying a failed upload a few times (the local model has moved
-        on, so a delta given up on is trained again); None if every try failed."""
+        on, so a delta given up on is trained again); None if every try failed. A copy is
+        kept here (``deltas`` reads it instead of downloading this peer's own delta)."""
         for attempt in range(DELTA_UPLOAD_TRIES):
             try:
-                return await self.put(data)
+                blob = await self.put(data)
+                await self._keep_own(blob, data)
+                return blob
             except NetError as exc:
                 last = attempt == DELTA_UPLOAD_TRIES - 1
                 log.warning("delta upload failed (%s); %s", exc,
@@ -270,8 +292,12 @@ class Blobs:
         paths: Deltas = []
         try:
             for c in contribs:
-                data = await self.get(c["blob"], max_size=c["size"] + 64)
                 path = folder / f"in-{next(self._fetches)}.bin"
+                own = self._own.get(c["blob"])
+                if own is not None and await trio.to_thread.run_sync(_copy_own, *own, path, c["size"]):
+                    paths.append((path, c["samples"]))  # this peer's own delta: no download
+                    continue
+                data = await self.get(c["blob"], max_size=c["size"] + 64)
                 try:
                     paths.append((write_work(path, data), c["samples"]))
                 except OSError as exc:  # a full disk stops the daemon, as for any other write
@@ -282,6 +308,31 @@ class Blobs:
             for ref, _samples in paths:
                 assert isinstance(ref, Path)
                 ref.unlink(missing_ok=True)
+
+
+def _write_own(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _copy_own(own: Path, digest: str, dest: Path, size: int) -> bool:
+    """``own`` (this peer's delta) at ``dest``, linked or copied; False if it is gone, not
+    ``size`` bytes or no longer hashes as it did (then the blob is downloaded)."""
+    try:
+        if own.stat().st_size != size:
+            return False
+        try:
+            os.link(own, dest)
+        except OSError:
+            shutil.copyfile(own, dest)
+        if _file_sha256(dest) != digest:
+            dest.unlink(missing_ok=True)
+            return False
+    except OSError:
+        return False
+    return True
 
 
 async def _off_span(size: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
