@@ -95,6 +95,7 @@ async def submit(node: Host, spec: dict[str, Any], task_file: bytes | None) -> R
             stack.callback(init.unlink, missing_ok=True)
             sealed = stack.enter_context(node.blobs.work_files("submit", "init"))[1]
             init_blob = await node.blobs.put_file(init, sealed)
+            node.blobs.keep_state(fixed["init"], init)  # this peer starts from it: no download back
     else:
         init_blob = await node.blobs.put(init)
     task_blob = await node.blobs.put(signed) if signed is not None else ""

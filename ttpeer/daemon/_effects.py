@@ -337,7 +337,9 @@ class Effects:
         job, state = eff.job, eff.state
         what = "the initial state" if state == job["init"] else "the latest checkpoint"
         with self._phase(job.id, f"fetching {what}"), self._node.blobs.work_files(job.id, "fetch") as (sealed, plain):
-            await self._node.blobs.get_file(eff.blob, sealed, plain)
+            # The initial state this peer submitted is here already (it is checked all the same).
+            if not await self._node.blobs.take_state(state, plain):
+                await self._node.blobs.get_file(eff.blob, sealed, plain)
             ok = await self._node.executor.import_state(job, state, plain)
         self._report(Fetched(state, ok))
 

@@ -158,13 +158,40 @@ class Blobs:
         self._reject = reject  # counts a blob refused as not authentic
         self._fetches = itertools.count()  # names the work files
         self._own: OrderedDict[str, tuple[Path, str]] = OrderedDict()  # blob -> its delta here, sha256
+        self._own_states: dict[str, Path] = {}  # state -> an initial state this peer made (``keep_state``)
+
+    def keep_state(self, state: str, path: Path) -> None:
+        """Keep the state file at ``path`` (moved: an initial state this peer made and
+        uploaded), so that fetching ``state`` here takes it instead of downloading it back."""
+        dest = self._home.path / "work" / "own" / f"{state.removeprefix('sha256:')}.state"
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, dest)
+        except OSError as exc:
+            log.info("could not keep the initial state (%s); it is downloaded when needed", exc)
+            return
+        self._own_states[state] = dest
+
+    async def take_state(self, state: str, dest: Path) -> bool:
+        """``state`` at ``dest`` (moved there) if this peer kept it (``keep_state``); False
+        otherwise. It is given once: a state that does not import is fetched."""
+        own = self._own_states.pop(state, None)
+        if own is None:
+            return False
+        try:
+            os.replace(own, dest)  # one folder, one file system: a rename
+        except OSError:
+            own.unlink(missing_ok=True)
+            return False
+        await trio.lowlevel.checkpoint()
+        return True
 
     async def _keep_own(self, blob: str, data: bytes) -> None:
         """Keep ``data``, this peer's delta just uploaded as ``blob``, for the closes that use
         it (the newest ``OWN_DELTAS_KEPT``; ``HOME/work`` is cleared at every start)."""
         path = self._home.path / "work" / "own" / f"{blob}.bin"
         try:
-            await trio.to_thread.run_sync(_write_own, path, data)
+            await _off_span(len(data), _write_own, path, data)  # inline when small: the simulator stays exact
         except OSError as exc:  # only a saving: without the copy the delta is downloaded
             log.info("could not keep a copy of this peer's delta (%s); it is downloaded when needed", exc)
             return
@@ -294,7 +321,7 @@ class Blobs:
             for c in contribs:
                 path = folder / f"in-{next(self._fetches)}.bin"
                 own = self._own.get(c["blob"])
-                if own is not None and await trio.to_thread.run_sync(_copy_own, *own, path, c["size"]):
+                if own is not None and await _off_size(c["size"], _copy_own, *own, path, c["size"]):
                     paths.append((path, c["samples"]))  # this peer's own delta: no download
                     continue
                 data = await self.get(c["blob"], max_size=c["size"] + 64)
@@ -333,6 +360,15 @@ def _copy_own(own: Path, digest: str, dest: Path, size: int) -> bool:
     except OSError:
         return False
     return True
+
+
+async def _off_size(size: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on ``size`` bytes, returning its result: in a thread when large."""
+    if size > THREAD_FILE_BYTES:
+        return await trio.to_thread.run_sync(fn, *args)
+    out = fn(*args)
+    await trio.lowlevel.checkpoint()
+    return out
 
 
 async def _off_span(size: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

@@ -29,6 +29,7 @@ from ._ledger import Chain, RecordSet, checkpoints
 from ._reports import RETRY_AFTER
 
 CHECKPOINT_EVERY = 4  # rounds between the checkpoints a round's closer publishes (ensembles)
+CKPT_TRIES = 3  # uploads of one asked-for checkpoint this peer tries before it leaves the ask to others
 PEERS_OVER = 3  # auto cadence: a round's peers are who contributed to it or the rounds this many before
 
 
@@ -42,6 +43,7 @@ class Closer:
         self._asks_seen: dict[str, float] = {}  # ask record id -> when this peer first saw it
         self._ask_deadlines: dict[str, float] = {}  # ask -> when this peer answers it, unless another did
         self._ckpt_retry: dict[tuple[str, int], float] = {}  # a checkpoint whose upload failed -> when to retry
+        self._ckpt_failures: dict[tuple[str, int], int] = {}
         self.retry_at = 0.0
 
     def deadlines(self, job: JobSpec, rnd: int) -> list[float]:
@@ -126,10 +128,12 @@ class Closer:
 
     def checkpoint_published(self, job: str, rnd: int, blob: str | None, now: float = 0.0) -> bool:
         """A checkpoint upload ended; False if it failed (a later close, or the ask after
-        ``RETRY_AFTER``, tries again)."""
+        ``RETRY_AFTER``, tries again: at most ``CKPT_TRIES`` times for an ask)."""
         if blob is None:
-            self._ckpt_done.discard((job, rnd))
-            self._ckpt_retry[(job, rnd)] = now + RETRY_AFTER
+            tries = self._ckpt_failures[(job, rnd)] = self._ckpt_failures.get((job, rnd), 0) + 1
+            if tries < CKPT_TRIES:
+                self._ckpt_done.discard((job, rnd))
+                self._ckpt_retry[(job, rnd)] = now + RETRY_AFTER
         return blob is not None
 
     def failed(self, job: str) -> None:
@@ -152,43 +156,42 @@ class Closer:
 
     def answers(self, job: JobSpec, chain: Chain, records: RecordSet, held: set[str], heard: dict[str, float],
                 now: float) -> list[PublishCheckpoint]:
-        """Checkpoints this peer publishes for the asks (``ckpt_want``) of ``job``: of a state
-        of its chain that it holds and that no checkpoint holds yet. Who answers, in order:
-        the peer that closed the round making the state (it made it), then the others that
-        contributed to the chain so far, in an order drawn from the ask. A peer answers once
-        every peer before it has been silent for a lease since it saw the ask (gone: in the
-        common case only the first answers, so no model goes up twice), or at the latest
-        ``1 + rank`` leases after it saw the ask (one alive that no longer holds the state
-        does not block the ask)."""
+        """Checkpoints this peer publishes for the asks (``ckpt_want``) of ``job``. An ask
+        names a state of the chain; it is answered with the newest state at or after it
+        that this peer holds (an asker whose view was behind is served as well), unless a
+        checkpoint at or after it exists. Who answers, in order: the peer that closed the
+        round making the asked state, then the others that contributed to the chain up to
+        it, in an order drawn from the ask; a peer answers once every peer before it has
+        been silent for a lease since it saw the ask. So in the common case one peer uploads,
+        however long its upload takes; if the ones before it are alive but do not answer
+        (they no longer hold the state), nobody does, and the asker replays after its wait."""
         asks = records.of_job(job.id, "ckpt_want")
         if not asks:
             return []
-        have = checkpoints(records, job.record)
         at = {s: k for k, s in enumerate(chain.states)}
+        newest_ckpt = max((at[s] for s in checkpoints(records, job.record) if s in at), default=-1)
+        mine = max((k for s, k in at.items() if k > 0 and s in held), default=-1)
         out = []
         for ask in sorted(asks, key=lambda r: r.id):
-            state = ask["state"]
-            k = at.get(state)
-            if k is None or k == 0 or state in have or state not in held or (job.id, k) in self._ckpt_done:
+            self._ask_deadlines.pop(ask.id, None)
+            k = at.get(ask["state"])
+            if k is None or k == 0 or newest_ckpt >= k or mine < k or (job.id, mine) in self._ckpt_done:
                 continue
             seen = self._asks_seen.setdefault(ask.id, now)
-            if now < self._ckpt_retry.get((job.id, k), 0.0):
-                self._ask_deadlines[ask.id] = self._ckpt_retry[(job.id, k)]
+            if now < self._ckpt_retry.get((job.id, mine), 0.0):
+                self._ask_deadlines[ask.id] = self._ckpt_retry[(job.id, mine)]
                 continue
             first = chain.closes[k - 1].author
             by_id = records.by_id
             ran = {by_id[c].author for close in chain.closes[:k] for c in close["contribs"] if c in by_id}
-            others = sorted(ran - {first, ask.author, self.me},
-                            key=lambda m: hashlib.sha256(f"{ask.id}:{m}".encode()).digest())
-            order = [first, *others]
+            order = [first, *sorted(ran - {first, ask.author},
+                                    key=lambda m: hashlib.sha256(f"{ask.id}:{m}".encode()).digest())]
             before = order[:order.index(self.me)] if self.me in order else order
             if before:
-                silent = max([seen, *(heard.get(p, -float("inf")) for p in before)]) + job.lease
-                due = min(silent, seen + (1 + len(before)) * job.lease)
+                due = max([seen, *(heard.get(p, -float("inf")) for p in before)]) + job.lease
                 if now < due:
                     self._ask_deadlines[ask.id] = due
                     continue
-            self._ask_deadlines.pop(ask.id, None)
-            self._ckpt_done.add((job.id, k))
-            out.append(PublishCheckpoint(job.record, k, state))
+            self._ckpt_done.add((job.id, mine))
+            out.append(PublishCheckpoint(job.record, mine, chain.states[mine]))
         return out

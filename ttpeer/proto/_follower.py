@@ -42,6 +42,7 @@ class Follower:
         self._bad_apply: set[str] = set()  # states our own recomputation did not reproduce
         self.retry_at = 0.0
         self._asked: dict[str, tuple[str, float]] = {}  # job -> (state asked for, wait until)
+        self._bad_ckpt: set[str] = set()  # checkpoints that did not fetch or import: replayed past
 
     def deadlines(self) -> list[float]:
         return [self.retry_at, *(until for _s, until in self._asked.values())]
@@ -55,7 +56,8 @@ class Follower:
         states = chain.states
         ckpts = checkpoints(records, job.record)
         held = max((k for k, s in enumerate(states) if s in self.held), default=None)
-        ckpt = max((k for k, s in enumerate(states) if k > 0 and s in ckpts), default=None)
+        ckpt = max((k for k, s in enumerate(states) if k > 0 and s in ckpts and s not in self._bad_ckpt),
+                   default=None)
         bad = held is not None and states[held + 1] in self._bad_apply
         if ckpt is not None and (held is None or ckpt > held + 1 or (bad and ckpt > held)):
             self._syncing = states[ckpt]  # a checkpoint skips rounds (asked for or not)
@@ -116,7 +118,8 @@ class Follower:
         self._syncing = None
         if ok:
             self.held.add(state)
-        else:
+        else:  # a checkpoint that does not import is not fetched again (nobody makes another)
+            self._bad_ckpt.add(state)
             self.retry_at = now + RETRY_AFTER
 
     def failed(self, now: float) -> None:

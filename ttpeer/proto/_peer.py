@@ -240,7 +240,6 @@ class PeerMachine:
                     "job": job.id, "round": rnd, "state": state, "blob": blob, "size": size}), now)
             case rp.Failed(effect=PublishCheckpoint(job=job, round=rnd)):
                 closer.checkpoint_published(job.id, rnd, None, now)
-                return []
             case rp.Holds(state=state):
                 self.held.add(state)
             case rp.StateLost(state=state):

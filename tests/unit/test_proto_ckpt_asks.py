@@ -1,0 +1,94 @@
+"""Checkpoints on demand (``ckpt_want``) when things go wrong: the peer that would answer
+first is dead, a checkpoint cannot be fetched, an upload keeps failing. Each one failed on
+the first version of the asks (1f07364)."""
+
+from __future__ import annotations
+
+from ttpeer.proto import Failed, Fetched, FetchState, PublishCheckpoint
+
+from .test_proto_peer import Cluster, check_finished
+
+
+def test_with_the_closer_dead_only_one_other_holder_uploads_the_checkpoint() -> None:
+    """The peers after a dead closer answer in turn: the first of them uploads, the rest see
+    its checkpoint (once they shared one deadline and all uploaded the model)."""
+    c = Cluster(4)
+    late = c.order[3]
+    c.dead.add(late)
+    job = c.submit_job(0, shards=3, rounds=40, lease=10)
+    first = c.machines[c.order[0]]
+    c.run(until=10_000, stop=lambda: first.chain(job).round >= 25)
+    closer = first.chain(job).closes[-1].author
+    c.dead.add(closer)
+    c.run(until=c.now + 1, stop=lambda: False)
+    c.dead.discard(late)
+    c.run(until=10_000)
+    check_finished(c, job)
+    ckpts = c.machines[late].records.of_job(job.id, "ckpt")
+    assert len(ckpts) == 1, [(k.author[:8], k["round"]) for k in ckpts]
+
+
+class FailingFetch(Cluster):
+    """Every fetch of a checkpoint (not the initial state) is refused (corrupt / blob gone)."""
+
+    def handle(self, me, effects):  # type: ignore[override]
+        rest = []
+        for e in effects:
+            if isinstance(e, FetchState) and e.state != e.job["init"] and me == self.order[-1]:
+                self.fetches.append((me, e))
+                m = self.machines[me]
+                self.later(0.1, me, lambda now, s=e.state, m=m: m.report(Fetched(s, False), now))
+            else:
+                rest.append(e)
+        super().handle(me, rest)
+
+
+def test_a_late_peer_whose_checkpoint_cannot_be_fetched_still_finishes() -> None:
+    """A checkpoint that does not fetch or import is not fetched again: the late peer replays
+    the deltas instead (once it fetched the same bad checkpoint every RETRY_AFTER, forever)."""
+    c = FailingFetch(3)
+    late = c.order[2]
+    c.dead.add(late)
+    job = c.submit_job(0, shards=3, rounds=30, lease=20)
+    first = c.machines[c.order[0]]
+    c.run(until=10_000, stop=lambda: first.chain(job).round >= 25)
+    c.dead.discard(late)
+    c.run(until=c.now + 2_000)
+    tries = [f for me, f in c.fetches if me == late and f.state != job["init"]]
+    assert len(tries) < 20, f"{len(tries)} downloads of the same checkpoint"
+    check_finished(c, job)
+
+
+class FailingPublish(Cluster):
+    """Every PublishCheckpoint of ``bad`` fails (its state file pruned, no worker: JobError)."""
+
+    bad: str = ""
+    attempts: int = 0
+
+    def handle(self, me, effects):  # type: ignore[override]
+        rest = []
+        for e in effects:
+            if isinstance(e, PublishCheckpoint) and me == self.bad:
+                self.attempts += 1
+                m = self.machines[me]
+                self.later(0.1, me, lambda now, e=e, m=m: m.report(Failed(e), now))
+            else:
+                rest.append(e)
+        super().handle(me, rest)
+
+
+def test_a_holder_whose_upload_keeps_failing_does_not_retry_forever() -> None:
+    """An upload that keeps failing is tried ``CKPT_TRIES`` times for an ask, then left: the
+    asker replays (once the holder retried every 2 s for the daemon's lifetime)."""
+    c = FailingPublish(2)
+    late = c.order[1]
+    c.dead.add(late)
+    job = c.submit_job(0, shards=3, rounds=30, lease=20)
+    first = c.machines[c.order[0]]
+    c.run(until=10_000)
+    c.bad = first.chain(job).closes[-1].author  # the one asked first
+    c.dead.discard(late)
+    c.run(until=c.now + 3_000, stop=lambda: False)
+    check_finished(c, job)
+    assert c.attempts < 10, f"{c.attempts} uploads tried for one ask"
+
