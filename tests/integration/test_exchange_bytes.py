@@ -23,9 +23,10 @@ def test_the_initial_state_goes_up_once_and_each_peer_downloads_only_the_others_
     cluster = Cluster(tmp_path)
     try:
         url, fp = cluster.start_relay()
-        homes = make_pool(cluster, url, fp, ["alice", "bob"])
+        homes = make_pool(cluster, url, fp, ["alice", "bob"], extra=("--slowdown", "2"))
         alice, bob = homes
-        spec = {**job_spec(3), "shards": 4, "batches": 20}
+        # Enough shards and rounds that bob, who starts by fetching the initial state, trains too.
+        spec = {**job_spec(4), "shards": 8, "batches": 30, "steal": False}
         job = call(alice / "control.sock", {"op": "submit", "spec": spec, "task_file": None}, timeout=120)["job"]
         wait_for(lambda: job_finished(homes, job), 180, "both peers to finish the job", poll=0.25)
         records = [parse(raw) for raw in scan_log((alice / "records.log").read_bytes()).frames]

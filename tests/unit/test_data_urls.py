@@ -212,7 +212,9 @@ async def test_with_no_relay_a_failing_address_gets_its_pieces_uploaded_when_ask
         row = await _fetched(bob, rec)
         assert (row["fetched_bytes"], row["url_bytes"], row["bad_pieces"]) == (TOTAL, 0, 0)
         named = {p[1] for f in rec["files"] for p in f["pieces"]}
-        assert set(relay.blobs[alice.cfg.pool]) == named and alice.data.reuploads[rec["id"]] == 4
+        # Each of the 4 pieces at least once (a want repeated after REUPLOAD_EVERY while an
+        # upload is in flight may send one twice), under exactly the names the record gave.
+        assert set(relay.blobs[alice.cfg.pool]) == named and alice.data.reuploads[rec["id"]] >= 4
         assert dataset_sources(bob.machine.records, rec["id"]) == [rec]  # no repair record: nothing was damaged
 
 
