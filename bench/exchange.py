@@ -8,8 +8,8 @@ the bytes of its own deltas (its ``contrib`` records), and the initial state (th
 ``init_blob`` on the relay's disk). Prints, per peer:
 
 - sent / (its deltas + the initial state if it submitted): target <= 1.1x;
-- received / (the other peers' deltas + the initial state unless it submitted): what a
-  peer must download today (every delta of the others; issue 15's aggregation slices
+- received / (the other peers' deltas that closes used + the initial state unless it
+  submitted): what a peer must download today (every delta of the others; issue 15's aggregation slices
   would cut this to about one reduced model a round), so about 1.0x.
 
 One run per N in ``--peers`` (default 2,4). Compute is not emulated: the charlm's steps are
@@ -55,6 +55,7 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float) -> 
                        if p.parent.name == "blobs"}
         init = relay_blobs.get(rec["init_blob"], 0)
         contribs = [r for r in records if r.kind == "contrib" and r["job"] == job]
+        closed = {c for r in records if r.kind == "close" and r["job"] == job for c in r["contribs"]}
         ckpts = [r for r in records if r.kind == "ckpt" and r["job"] == job]
         rows = []
         for i, home in enumerate(homes):
@@ -62,7 +63,7 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float) -> 
             me = st["node"]["id"]
             j = next(j for j in st["jobs"] if j["id"] == job)
             own = sum(c["size"] for c in contribs if c.author == me)
-            others = sum(c["size"] for c in contribs if c.author != me)
+            others = sum(c["size"] for c in contribs if c.author != me and c.id in closed)  # what closes use
             must_send = own + (init if i == 0 else 0)
             must_get = others + (0 if i == 0 else init)
             rows.append({"peer": home.name, "sent": j["bytes_sent"], "received": j["bytes_received"],
