@@ -1,31 +1,12 @@
-"""Checkpoints on demand (``ckpt_want``) when things go wrong: the peer that would answer
-first is dead, a checkpoint cannot be fetched, an upload keeps failing. Each one failed on
-the first version of the asks (1f07364)."""
+"""Checkpoints on demand (``ckpt_want``) when things go wrong: a checkpoint cannot be
+fetched, an upload keeps failing. Each failed on the first version of the asks (1f07364);
+so did the dead closer's case, now in test_proto_peer (only one other holder uploads)."""
 
 from __future__ import annotations
 
 from ttpeer.proto import Failed, Fetched, FetchState, PublishCheckpoint
 
 from .test_proto_peer import Cluster, check_finished
-
-
-def test_with_the_closer_dead_only_one_other_holder_uploads_the_checkpoint() -> None:
-    """The peers after a dead closer answer in turn: the first of them uploads, the rest see
-    its checkpoint (once they shared one deadline and all uploaded the model)."""
-    c = Cluster(4)
-    late = c.order[3]
-    c.dead.add(late)
-    job = c.submit_job(0, shards=3, rounds=40, lease=10)
-    first = c.machines[c.order[0]]
-    c.run(until=10_000, stop=lambda: first.chain(job).round >= 25)
-    closer = first.chain(job).closes[-1].author
-    c.dead.add(closer)
-    c.run(until=c.now + 1, stop=lambda: False)
-    c.dead.discard(late)
-    c.run(until=10_000)
-    check_finished(c, job)
-    ckpts = c.machines[late].records.of_job(job.id, "ckpt")
-    assert len(ckpts) == 1, [(k.author[:8], k["round"]) for k in ckpts]
 
 
 class FailingFetch(Cluster):

@@ -417,6 +417,8 @@ def test_an_ask_whose_closer_is_gone_is_answered_by_another_holder_after_its_wai
     assert c.now - woke <= 4 * job["lease"] + 5  # its rank's wait, at most as many leases as peers
     c.run(until=10_000)
     check_finished(c, job)
+    # The others wait their turn: the one that answered is the only one that uploaded.
+    assert c.machines[late].records.of_job(job.id, "ckpt") == [ckpt]
     got = [f.state for me, f in c.fetches if me == late]
     assert ckpt["state"] in got  # (the initial state first, perhaps: the job's records came before its closes)
     chain = c.machines[late].chain(job)
