@@ -6,24 +6,29 @@ addresses (``host:port``) and its TLS certificate, self-signed and made once per
 (``HOME/direct-tls``). A fetcher asks the members that serve directly before the relay,
 the dataset's authors first; it trusts exactly the certificate of the record (pinned: the
 record is signed with the member's key, so a server that shows another certificate is
-not that member), and signs each request with its own key, so only members are served.
-A member it cannot reach (behind NAT, a firewall, another LAN) costs one connect of at
-most ``CONNECT_TIMEOUT`` seconds, then is skipped for ``DOWN_FOR``; peers that reach no
-one see no change. Every piece is still checked against the record's hash by the
+not that member), and signs each request with its own key and the pool key, so only
+members holding the pool key are served. A member it cannot reach (behind NAT, a
+firewall, another LAN) costs one connect of at most ``CONNECT_TIMEOUT`` seconds, then is
+skipped for ``DOWN_FOR``; peers that reach no one see no change. A member that answers
+404 lacks the piece (not asked again for that dataset for a while, ``_data.LACKS_FOR``);
+one that sends slower than ``MIN_RATE`` or anything else that goes wrong is skipped like
+an unreachable one. Every piece is still checked against the record's hash by the
 fetcher, so a direct peer is trusted for nothing but the bytes it sends.
 
-The address: ``auto`` advertises the address this machine reaches the relay from (its
-LAN address behind a home router, its own on a cloud box with a public address), on the
-port it listened on last time if that is free (a firewall rule stays right); ``PORT``
+The address: ``auto`` advertises the IPv4 address this machine reaches the relay from
+(its LAN address behind a home router, its own on a cloud box with a public address), on
+the port it listened on last time if that is free (a firewall rule stays right); ``PORT``
 the same on a fixed port; ``HOST:PORT`` that address (a forwarded port), listening on
-``PORT`` on every interface.
+``PORT`` on every IPv4 interface.
 
 The request: ``GET /v1/piece/<dataset id>/<piece index>`` with ``Authorization: ttpeer
-<member>.<unix time>.<signature>``; the signature is the member's Ed25519 signature over
-``AUTH_DOMAIN``, the server's member id, the path and the time, so it names this server
-and this piece and is good for ``AUTH_WINDOW`` seconds. Answers: 200 and the piece's
-bytes; 404 when this peer does not hold it; 401 for a missing, malformed, stale or wrong
-signature or a caller who is no member.
+<member>.<unix time>.<signature>.<mac>``: the member's Ed25519 signature over
+``AUTH_DOMAIN``, the server's member id, the path and the time, and an HMAC of the same
+under a key derived from the pool's newest key. So it names this server and this piece,
+is good for ``AUTH_WINDOW`` seconds, and needs the pool key (a member that joined with an
+expired token never got it). Answers: 200 and the piece's bytes; 404 when this peer does
+not hold it; 401 for a missing, malformed, stale or wrong signature or MAC, or a caller
+who is no member.
 
 What breaks it: nothing of the pool's: a direct fetch that fails falls back to the relay.
 """
