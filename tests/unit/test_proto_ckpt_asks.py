@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ttpeer.proto import Failed, Fetched, FetchState, PublishCheckpoint
 
-from .test_proto_peer import Cluster, check_finished
+from .test_proto_peer import Cluster, check_finished, without_the_last_peer
 
 
 class FailingFetch(Cluster):
@@ -28,11 +28,7 @@ def test_a_late_peer_whose_checkpoint_cannot_be_fetched_still_finishes() -> None
     """A checkpoint that does not fetch or import is not fetched again: the late peer replays
     the deltas instead (once it fetched the same bad checkpoint every RETRY_AFTER, forever)."""
     c = FailingFetch(3)
-    late = c.order[2]
-    c.dead.add(late)
-    job = c.submit_job(0, shards=3, rounds=30, lease=20)
-    first = c.machines[c.order[0]]
-    c.run(until=10_000, stop=lambda: first.chain(job).round >= 25)
+    late, job, _first = without_the_last_peer(c, 25, rounds=30, lease=20)
     c.dead.discard(late)
     c.run(until=c.now + 2_000)
     tries = [f for me, f in c.fetches if me == late and f.state != job["init"]]
@@ -62,11 +58,7 @@ def test_a_holder_whose_upload_keeps_failing_does_not_retry_forever() -> None:
     """An upload that keeps failing is tried ``CKPT_TRIES`` times for an ask, then left: the
     asker replays (once the holder retried every 2 s for the daemon's lifetime)."""
     c = FailingPublish(2)
-    late = c.order[1]
-    c.dead.add(late)
-    job = c.submit_job(0, shards=3, rounds=30, lease=20)
-    first = c.machines[c.order[0]]
-    c.run(until=10_000)
+    late, job, first = without_the_last_peer(c, None, rounds=30, lease=20)
     c.bad = first.chain(job).closes[-1].author  # the one asked first
     c.dead.discard(late)
     c.run(until=c.now + 3_000, stop=lambda: False)

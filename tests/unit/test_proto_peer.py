@@ -360,14 +360,21 @@ def test_a_closer_dead_before_the_round_is_covered_costs_one_lease_not_two() -> 
     assert len({c.machines[me].chain(job).head for me in (y, z)}) == 1
 
 
+def without_the_last_peer(c: Cluster, until_round: int | None, **job: object) -> tuple[str, Record, PeerMachine]:
+    """Run a job (shards 3, ``job``'s fields) with ``c``'s last peer away, until the chain
+    reaches ``until_round`` (None: the job's end): (the peer away, the job, the first peer)."""
+    late = c.order[-1]
+    c.dead.add(late)
+    rec = c.submit_job(0, **{"shards": 3, **job})
+    first = c.machines[c.order[0]]
+    c.run(until=10_000, stop=None if until_round is None else lambda: first.chain(rec).round >= until_round)
+    return late, rec, first
+
+
 @pytest.mark.parametrize("overlap", [0, 1])
 def test_peer_offline_from_the_start_asks_for_a_checkpoint_and_starts_from_it(overlap: int) -> None:
     c = Cluster(3)
-    late = c.order[2]
-    c.dead.add(late)
-    job = c.submit_job(0, shards=3, rounds=30, lease=20, overlap=overlap)
-    first = c.machines[c.order[0]]
-    c.run(until=10_000, stop=lambda: first.chain(job).round >= 20)
+    late, job, first = without_the_last_peer(c, 20, rounds=30, lease=20, overlap=overlap)
     assert not first.records.of_job(job.id, "ckpt"), "nobody asked: no checkpoint"
     c.dead.discard(late)
     c.run(until=10_000)
@@ -400,11 +407,7 @@ def test_a_fused_job_publishes_no_checkpoint_nobody_asks_for() -> None:
 
 def test_an_ask_whose_closer_is_gone_is_answered_by_another_holder_after_its_wait() -> None:
     c = Cluster(4)
-    late = c.order[3]
-    c.dead.add(late)
-    job = c.submit_job(0, shards=3, rounds=40, lease=10)
-    first = c.machines[c.order[0]]
-    c.run(until=10_000, stop=lambda: first.chain(job).round >= 25)
+    late, job, first = without_the_last_peer(c, 25, rounds=40, lease=10)
     closer = first.chain(job).closes[-1].author
     c.dead.add(closer)  # it made the head: the one that would answer at once
     live = [me for me in c.order if me not in c.dead]

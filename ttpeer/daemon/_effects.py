@@ -349,9 +349,9 @@ class Effects:
         with self._node.blobs.work_files(eff.job.id, "checkpoint") as (plain, sealed):
             # A held state is a file in the home, the bytes a checkpoint carries: copied from
             # there, it needs no worker (the job may have finished here long ago: an ask).
-            held = self._node.home.states(eff.job.id) / f"{eff.state.removeprefix('sha256:')}.state"
             try:
-                await trio.to_thread.run_sync(shutil.copyfile, held, plain)
+                await trio.to_thread.run_sync(shutil.copyfile, self._node.home.state_file(eff.job.id, eff.state),
+                                              plain)
             except FileNotFoundError:
                 await self._node.executor.export_state(eff.job, eff.state, plain)
             size = plain.stat().st_size

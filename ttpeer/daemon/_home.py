@@ -84,6 +84,10 @@ class Home:
         p.mkdir(parents=True, exist_ok=True)
         return p
 
+    def state_file(self, job: str, state: str) -> Path:
+        """Where the model state ``state`` (``sha256:HEX``) of ``job`` is kept: ``HEX.state``."""
+        return self.states(job) / f"{state.removeprefix('sha256:')}.state"
+
     def held_states(self, job: str) -> set[str]:
         """The states on disk for ``job``, by hash."""
         folder = self.path / "states" / job

@@ -191,7 +191,7 @@ class Blobs:
         it (the newest ``OWN_DELTAS_KEPT``; ``HOME/work`` is cleared at every start)."""
         path = self._home.path / "work" / "own" / f"{blob}.bin"
         try:
-            await _off_span(len(data), _write_own, path, data)  # inline when small: the simulator stays exact
+            await _off_span(len(data), _write_own, path, data)
         except OSError as exc:  # only a saving: without the copy the delta is downloaded
             log.info("could not keep a copy of this peer's delta (%s); it is downloaded when needed", exc)
             return
@@ -321,7 +321,7 @@ class Blobs:
             for c in contribs:
                 path = folder / f"in-{next(self._fetches)}.bin"
                 own = self._own.get(c["blob"])
-                if own is not None and await _off_size(c["size"], _copy_own, *own, path, c["size"]):
+                if own is not None and await _off_span(c["size"], _copy_own, *own, path, c["size"]):
                     paths.append((path, c["samples"]))  # this peer's own delta: no download
                     continue
                 data = await self.get(c["blob"], max_size=c["size"] + 64)
@@ -362,22 +362,14 @@ def _copy_own(own: Path, digest: str, dest: Path, size: int) -> bool:
     return True
 
 
-async def _off_size(size: int, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` on ``size`` bytes, returning its result: in a thread when large."""
+async def _off_span(size: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` on ``size`` bytes, returning what it returns: in a thread
+    when large (as ``_off_loop``), inline when small (the simulator stays exact)."""
     if size > THREAD_FILE_BYTES:
-        return await trio.to_thread.run_sync(fn, *args)
-    out = fn(*args)
+        return await trio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+    out = fn(*args, **kwargs)
     await trio.lowlevel.checkpoint()
     return out
-
-
-async def _off_span(size: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    """``fn(*args, **kwargs)`` on ``size`` bytes: in a thread when large (as ``_off_loop``)."""
-    if size > THREAD_FILE_BYTES:
-        await trio.to_thread.run_sync(lambda: fn(*args, **kwargs))
-    else:
-        fn(*args, **kwargs)
-        await trio.lowlevel.checkpoint()
 
 
 def _file_sha256(path: Path) -> str:

@@ -282,7 +282,7 @@ class TorchExecutor:
     # -- states ------------------------------------------------------------------------
 
     def _state_file(self, job: str, state: str) -> Path:
-        return self.home.states(job) / f"{state.removeprefix('sha256:')}.state"
+        return self.home.state_file(job, state)
 
     def held_states(self, job: Record) -> set[str]:
         return self.home.held_states(job.id)

@@ -9,7 +9,8 @@ several rounds; holding nothing on the chain, it fetches the newest checkpoint, 
 job's initial state; a close it could not reproduce is fetched as a checkpoint instead.
 
 Checkpoints of a fused job are made only when asked. Before it replays deltas that add
-up to more than a checkpoint (a late joiner, a peer back after a long absence) or after a
+up to more than ``CHECKPOINT_DELTA_RATIO`` checkpoints (a late joiner, a peer back after a
+long absence) or after a
 close it could not reproduce, it signs a ``ckpt_want`` for the chain's head and waits up to
 ``ASK_WAIT`` leases for a holder to publish one (``Closer.answers``); if none comes, it
 replays the deltas after all (or, for a close it cannot reproduce, waits on).
