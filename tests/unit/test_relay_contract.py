@@ -1,6 +1,6 @@
 """One relay contract, two relays. Every test here runs against the in-memory relay (the
-simulator's and most tests') and the real HTTPS relay on loopback (TLS, hypercorn,
-``RelayClient``), through the ``Transport`` each hands a peer: what a peer can observe,
+simulator's and most tests'), the real HTTPS relay on loopback (TLS, hypercorn,
+``RelayClient``) and a pool of one relay through ``MultiRelay``, through the ``Transport`` each hands a peer: what a peer can observe,
 errors and their codes included, must not depend on which relay it talks to.
 
 What only one relay has stays with it: TLS, pinning, raw HTTP, disks and restarts in
@@ -35,6 +35,7 @@ from ttpeer.net import (
     RelayRejected,
     Transport,
 )
+from ttpeer.net._multi import MultiRelay
 from ttpeer.proto import public_hex, sign
 
 from .test_net_memory import make_pool
@@ -64,7 +65,7 @@ class Relay:
 StartRelay = Callable[..., Awaitable[Relay]]
 
 
-@pytest.fixture(params=["memory", "https"])
+@pytest.fixture(params=["memory", "https", "multi"])
 def relay_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -77,6 +78,14 @@ def start(relay_kind: str, nursery: trio.Nursery, tmp_path: Path) -> StartRelay:
     async def start(**limits: int) -> Relay:
         if relay_kind == "memory":
             return Relay("memory", MemoryRelay(**limits).client)
+        if relay_kind == "multi":  # a pool of one relay, through MultiRelay: that relay, error for error
+            memory = MemoryRelay(**limits)
+
+            def one(pool: str, key: Ed25519PrivateKey, proof: Proof) -> Transport:
+                return MultiRelay([("https://relay.example", "sha256:" + "0" * 64)],
+                                  lambda _url, _fp: memory.client(pool, key, proof))
+
+            return Relay("multi", one)
         config = RelayConfig(data=tmp_path / "relay", listen="127.0.0.1:0", **limits)  # type: ignore[arg-type]
         running: RelayRunning = await nursery.start(serve, config)
 

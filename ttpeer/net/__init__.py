@@ -25,13 +25,14 @@ from ._errors import (
 
 if TYPE_CHECKING:
     from ._memory import Faults, MemoryRelay, MemoryTransport
+    from ._multi import MultiRelay
     from ._relay_client import RelayClient
     from ._tls import fetch_certificate, pinned_ssl_context
     from ._transport import Message, Transport
 
 # The rest on first use: httpx (with its own command line's click and rich) costs a
 # client command such as 'ttpeer status' more than everything else it imports.
-_LAZY = {"Faults": "_memory", "MemoryRelay": "_memory", "MemoryTransport": "_memory",
+_LAZY = {"Faults": "_memory", "MemoryRelay": "_memory", "MemoryTransport": "_memory", "MultiRelay": "_multi",
          "RelayClient": "_relay_client", "fetch_certificate": "_tls", "pinned_ssl_context": "_tls",
          "Message": "_transport", "Transport": "_transport"}
 
@@ -53,6 +54,7 @@ __all__ = [
     "MemoryRelay",
     "MemoryTransport",
     "Message",
+    "MultiRelay",
     "NetError",
     "RelayClient",
     "RelayFingerprintMismatch",
