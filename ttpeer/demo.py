@@ -70,10 +70,11 @@ class Cluster:
         self.named[name] = proc
         return proc
 
-    def start_relay(self) -> tuple[str, str]:
-        proc = self.spawn("relay", "relay", "--listen", "127.0.0.1:0", "--data", str(self.root / "relay"))
+    def start_relay(self, name: str = "relay") -> tuple[str, str]:
+        """Start a relay (its process, log and data folder named ``name``); its URL and pin."""
+        proc = self.spawn(name, "relay", "--listen", "127.0.0.1:0", "--data", str(self.root / name))
         deadline = time.monotonic() + READY_TIMEOUT
-        log = self.root / "relay.log"
+        log = self.root / f"{name}.log"
         while time.monotonic() < deadline:
             for line in log.read_text(errors="replace").splitlines():
                 if line.startswith("relay ready "):

@@ -126,8 +126,8 @@ async def test_a_blob_held_only_by_a_dead_relay_is_sent_again_through_another(
         assert pool.id not in relays[1].blobs
         relays[0].available = False
         await alice.send(bob.peer, b"x")  # alice notices the relay is gone ...
-        await until(lambda: set(relays[1].blobs.get(pool.id, ())) == {small, large}, "re-sent")
-        assert alice.resent == 2
+        await until(lambda: alice.resent == 2, "both sent again")
+        assert set(relays[1].blobs[pool.id]) == {small, large}
         # ... and bob, who never uploaded, fetches both from the relay that lives.
         assert await bob.get_blob(small, max_size=10**6) == delta
         out = tmp_path / "fetched"
@@ -191,3 +191,17 @@ async def test_a_relay_with_another_certificate_is_skipped_with_a_warning(
     finally:
         await multi.aclose()
     assert public_hex(key) == multi.peer
+
+
+async def test_a_relay_that_restarted_empty_gets_our_blobs_again(pool: Pool, nursery: trio.Nursery,
+                                                                 autojump_clock: trio.abc.Clock) -> None:
+    relay = MemoryRelay()
+    async with peer([relay], pool, "alice", run=nursery) as alice:
+        blob = await alice.put_blob(b"a delta nobody has fetched yet")
+        relay.available = False  # the relay restarts ...
+        relay.blobs.clear()  # ... with an empty disk
+        with pytest.raises(RelayUnavailable):
+            await alice.send(alice.peer, b"x")
+        relay.available = True
+        await until(lambda: alice.resent == 1, "the blob sent again", 120)
+        assert blob in relay.blobs[pool.id]

@@ -14,7 +14,9 @@ single point:
   primary, then every other live relay. The blobs this peer uploaded are kept (the
   spool: hard links on disk, or bytes in memory for tests) with the relays that hold
   them; when the relay holding one goes down, ``run`` uploads it again to the new
-  primary. So what this peer sent through a dead relay is sent again through another.
+  primary; when a relay comes back after an outage, the ones it lost (it restarted
+  empty) are sent again too. So what this peer sent through a dead relay is sent
+  again through another, or through the same one once it is back.
 - **One cursor.** The daemon sees cursors local to this object. Each relay keeps its
   own, and it moves (acknowledging, so deleting, at the relay) only past messages the
   daemon acknowledged or that were copies: delivery stays at-least-once.
@@ -25,7 +27,8 @@ single point:
   operator may put the right one back). Only when no relay is live does the daemon see
   ``RelayUnavailable`` and stop its protocol clock (``daemon/_link.py``).
 
-With one relay it is that relay, error for error: no spool, no copies to drop.
+With one relay it is that relay, error for error (and no copies to drop); the spool
+still re-sends what a relay that restarted empty lost.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import trio
-from ttpeer_wire import ErrorCode
+from ttpeer_wire import TOUCH_MAX_BLOBS, ErrorCode
 
 from ._errors import (
     BlobCorrupt,
@@ -272,11 +275,28 @@ class MultiRelay:
         try:
             with trio.move_on_after(CONNECT_TIMEOUT) as timer:
                 await self._connect_one(r, {})
+                if r.state == LIVE:
+                    await self._recheck(r)
             if timer.cancelled_caught:
                 self._set_down(r, RelayUnavailable(r.url, f"no answer within {CONNECT_TIMEOUT:g} s"))
         finally:
             reviving.discard(id(r))
             self._wake.set()
+
+    async def _recheck(self, r: _Relay) -> None:
+        """A relay back after an outage may have restarted empty: our blobs it no longer
+        holds are no longer counted as held by it (so ``run`` sends them again)."""
+        names = [name for name, held in self._spool.items() if r.url in held.holders]
+        for i in range(0, len(names), TOUCH_MAX_BLOBS):
+            try:
+                missing = await r.client.touch_blobs(names[i : i + TOUCH_MAX_BLOBS])
+            except NetError as exc:
+                log.info("could not ask relay %s which of our blobs it kept: %s", r.url, exc)
+                return
+            for name in missing:
+                held = self._spool.get(name)
+                if held is not None:
+                    held.holders.discard(r.url)
 
     # -- running one call on several relays --------------------------------------------------
 
@@ -468,9 +488,7 @@ class MultiRelay:
     async def _keep(self, name: str, url: str, size: int, *, data: bytes | None = None,
                     path: Path | None = None) -> None:
         """Remember that ``url`` took our blob ``name`` (its bytes ``data``, or the file at
-        ``path``), to upload it again if that relay goes down. With one relay: nothing."""
-        if not self._several:
-            return
+        ``path``), to upload it again if that relay goes down or comes back without it."""
         held = self._spool.get(name)
         if held is not None:
             held.holders.add(url)

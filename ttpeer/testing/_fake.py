@@ -11,6 +11,7 @@ honours cancellation between batches, like the real trainer; a task named in
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +59,7 @@ class GatedTransport:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
-        if not callable(attr):
+        if not inspect.iscoroutinefunction(attr):  # a value, or a plain method (describe)
             return attr
 
         async def gated(*args: Any, **kwargs: Any) -> Any:

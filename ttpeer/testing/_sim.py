@@ -23,13 +23,19 @@ from typing import Any
 import trio
 
 from ttpeer.daemon import Home, Node, new_invite
-from ttpeer.net import MemoryRelay
+from ttpeer.net import MemoryRelay, MultiRelay, Transport
 from ttpeer.net._entropy import seeded
 from ttpeer.proto import Timing, Token
 
 from ._fake import FakeDisk, FakeExecutor, Gate, GatedTransport
 
 FAKE_RELAY = "https://relay.sim.invalid"
+
+
+def sim_relay_url(i: int) -> str:
+    """The url of the simulation's relay ``i`` (0: ``FAKE_RELAY``)."""
+    return FAKE_RELAY if i == 0 else f"https://relay{i}.sim.invalid"
+
 FAKE_FP = "sha256:" + "0" * 64
 SIM_EPOCH = 1_800_000_000.0  # the calendar time a simulation starts at (2027-01-15)
 
@@ -57,9 +63,12 @@ class SimPeer:
 
 class Simulation:
     def __init__(self, root: Path, relay: MemoryRelay, *, seed: int = 0, timing: Timing | None = None,
-                 step_time: float = 0.05) -> None:
+                 step_time: float = 0.05, more_relays: list[MemoryRelay] | None = None) -> None:
         self.root = root
         self.relay = relay
+        # With more relays, every peer talks to all of them through a ``MultiRelay`` (``relay``
+        # first, the pool's primary), as a daemon with a pool of several relays does.
+        self.relays = [relay, *(more_relays or [])]
         self.seed = seed
         self.timing = timing or Timing(digest_interval=2.0)
         self.step_time = step_time
@@ -112,7 +121,13 @@ class Simulation:
         peer.executor = FakeExecutor(peer.name, peer.disk, speed=peer.speed, step_time=self.step_time, gate=peer.gate,
                                      fails=peer.fails)
         cfg = peer.home.config()
-        transport = GatedTransport(self.relay.client(cfg.pool, peer.home.node_key(), cfg.proof), peer.gate)
+        key = peer.home.node_key()
+        inner: Transport = self.relay.client(cfg.pool, key, cfg.proof)
+        if len(self.relays) > 1:
+            by_url = {sim_relay_url(i): r for i, r in enumerate(self.relays)}
+            inner = MultiRelay([(url, FAKE_FP) for url in by_url],
+                               lambda url, _fp: by_url[url].client(cfg.pool, key, cfg.proof))
+        transport = GatedTransport(inner, peer.gate)
         peer.node = Node(peer.home, transport, peer.executor, timing=self.timing, seed=self.seed * 1000 + i,
                          durable=False, wall=lambda: SIM_EPOCH + trio.current_time())
         peer.lives += 1
