@@ -59,6 +59,10 @@ class PoolConfig:
     invite: str  # hex of this node's invite record
     join: str  # hex of this node's join record
 
+    def relay_pairs(self) -> list[tuple[str, str]]:
+        """Every relay of the pool with its certificate pin, in order."""
+        return [(u, self.fingerprint) for u in self.relays]
+
     @property
     def proof(self) -> list[bytes]:
         return [bytes.fromhex(self.invite), bytes.fromhex(self.join)]

@@ -159,6 +159,9 @@ class Node:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             await self._connect()
+            relays = getattr(self.transport, "run", None)
+            if relays is not None:  # several relays: revive those that go down (net/_multi.py)
+                await nursery.start(relays)
             nursery.start_soon(self.link.receiver, self._on_message, self._settle, self._revoked_by_relay)
             nursery.start_soon(self.link.outbox)
             nursery.start_soon(self.membership.hello_loop)

@@ -32,7 +32,7 @@ import trio
 from ttpeer import _logging
 from ttpeer.config import direct_mode
 from ttpeer.errors import MembershipEnded, TtpeerError
-from ttpeer.net import RelayClient
+from ttpeer.net import MultiRelay, RelayClient
 from ttpeer.proto import Timing, direct_routes
 
 from ._board import FOLDER as BOARD_FOLDER
@@ -110,8 +110,14 @@ async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None
                  data_cache: int | None = None, direct: str = "auto") -> None:
     cfg = home.config()
     _register_secrets(home)
-    client = RelayClient(cfg.relays[0], cfg.fingerprint, pool=cfg.pool, peer_key=home.node_key(),
-                         proof=cfg.proof, proxy=proxy)
+    node_key = home.node_key()
+
+    def relay(url: str, fp: str) -> RelayClient:
+        return RelayClient(url, fp, pool=cfg.pool, peer_key=node_key, proof=cfg.proof, proxy=proxy)
+
+    # Every relay of the pool, each pinned by its own certificate (net/_multi.py); uploads
+    # kept for re-sending are hard links in HOME/work, which every start clears.
+    client = MultiRelay(cfg.relay_pairs(), relay, spool=home.path / "work" / "sent")
     usage = Usage()
     executor = ProcessExecutor(home, device=device, task_options=task_options, memory_limit=memory_limit,
                                workers=workers)
@@ -129,6 +135,8 @@ async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None
         served = node.data.direct_stats or DirectStats()  # direct = off: it serves nothing, still fetches
         out["direct"] = {
             "addrs": served.addrs, "served_pieces": served.served_pieces, "served_bytes": served.served_bytes,
+            "served_blobs": served.served_blobs, "served_blob_bytes": served.served_blob_bytes,
+            "fetched_blob_bytes": node.data.blob_direct_bytes, "refused_blobs": node.data.blob_direct_refused,
             "refused": served.refused,
             # members whose direct record this peer holds: the ones it may fetch from
             "members": len([m for m in direct_routes(node.machine.records) if m != node.me])}
