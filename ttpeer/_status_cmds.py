@@ -35,9 +35,13 @@ def status(args: argparse.Namespace, home: Any) -> int:
           + (f"; metrics at {st['metrics_url']}" if st.get("metrics_url") else ""))
     direct = st.get("direct")
     if direct and direct["addrs"]:
+        blobs = direct.get("served_blobs", 0)
         print(f"direct: serving at {', '.join(direct['addrs'])}, {direct['served_pieces']} pieces "
-              f"({_size(direct['served_bytes'])}) served" + (f", {direct['refused']} requests refused"
-                                                            if direct["refused"] else ""))
+              f"({_size(direct['served_bytes'])}) served"
+              + (f", {blobs} deltas and states ({_size(direct['served_blob_bytes'])})" if blobs else "")
+              + (f", {direct['refused']} requests refused" if direct["refused"] else ""))
+    if direct and direct.get("fetched_blob_bytes"):
+        print(f"direct: {_size(direct['fetched_blob_bytes'])} of deltas and states fetched from members directly")
     for repair in st.get("startup_repairs") or []:
         print(f"repaired at start-up: {repair}")
     print("peers:")

@@ -2,7 +2,8 @@
 real TLS and three `ttpeer` daemons on loopback, where every peer reaches every other.
 
 Alice adds a dataset; bob and carol fetch all of it from members directly, none of it
-through the relay, and the job trains to bit-identical exports. Carol advertises an
+through the relay, and the job trains to bit-identical exports; its initial state and
+deltas, too, come from their uploaders directly where they are reachable. Carol advertises an
 address nobody can reach (``--direct 192.0.2.1:PORT``, a documentation address): peers
 skip her after one connect and are not slowed. A second dataset added by a peer that does
 not serve (``--direct off``) comes through the relay, as before."""
@@ -123,6 +124,17 @@ def test_peers_that_reach_each_other_fetch_pieces_directly_and_the_rest_use_the_
                              for d in ("corpus", "notes") if _ls(homes[n])[d]["here"] == "fetched")
         assert served(homes["carol"])["served_bytes"] == 0
         assert served(homes["alice"])["served_bytes"] + served(homes["bob"])["served_bytes"] == fetched_direct
+
+        # The job's blobs too: the initial state from alice, each delta from its trainer, to
+        # every member that reaches them; carol's and dave's through the relay.
+        for name in ("bob", "carol", "dave"):
+            assert served(homes[name])["fetched_blob_bytes"] > 0, (name, served(homes[name]))
+        assert served(homes["carol"])["served_blobs"] == served(homes["dave"])["served_blobs"] == 0
+        assert (served(homes["alice"])["served_blob_bytes"] + served(homes["bob"])["served_blob_bytes"]
+                == sum(served(h)["fetched_blob_bytes"] for h in homes.values()))
+        line = next(x for x in ttpeer("status", "--home", str(homes["bob"])) if x.startswith("direct: ") and
+                    "fetched from members directly" in x)
+        assert "of deltas and states" in line, line
     finally:
         cluster.close()
 

@@ -5,6 +5,7 @@ unreachable address and a piece not held are each refused or skipped, never serv
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import httpx
@@ -33,6 +34,8 @@ from .proto_helpers import cert_hex
 POOL = "ab" * 16
 POOL_KEY = bytes(range(32))
 PIECE = b"0123456789" * 1000 + b"tail"
+BLOB = b"sealed delta " * 500
+BLOB_NAME = hashlib.sha256(BLOB).hexdigest()
 
 
 def _route(key: Ed25519PrivateKey, cert: Path, addrs: list[str], at: int = 1):
@@ -52,7 +55,11 @@ class _Peer:
         self.file.write_bytes(b"x" * 10 + PIECE + b"y" * 5)
         self.cert, self.tls_key = ensure_certificate(tmp / f"tls-{self.me[:6]}", "127.0.0.1")
         self.members = members
-        self.app = DirectServer(self.me, lambda: self.members, self.source, lambda: POOL_KEY)
+        self.blob = tmp / "sent" / f"{BLOB_NAME}.blob"  # a sealed blob this peer uploaded (its spool)
+        self.blob.parent.mkdir()
+        self.blob.write_bytes(BLOB)
+        self.app = DirectServer(self.me, lambda: self.members, self.source, lambda: POOL_KEY,
+                                blobs=lambda name: self.blob if name == BLOB_NAME else None)
 
     async def source(self, dataset: str, index: int):
         return (self.file, 10, len(PIECE)) if (dataset, index) == ("d" * 64, 0) else None
@@ -93,6 +100,22 @@ async def test_a_member_fetches_a_piece_pinned_to_the_record_certificate(served,
     with pytest.raises(DirectFailed, match="answered 404") as info:
         await fetcher.get(peer.me, _route(peer.key, peer.cert, [f"127.0.0.1:{port}"]), "e" * 64, 0, 5, dest)
     assert info.value.reachable
+
+
+async def test_a_member_fetches_a_blob_its_uploader_serves_and_nothing_else(served, tmp_path):
+    peer, port, key = served
+    fetcher = DirectFetcher(key, public_hex(key), lambda: POOL_KEY)
+    route = _route(peer.key, peer.cert, [f"127.0.0.1:{port}"])
+    dest = tmp_path / "got"
+    await fetcher.get_blob(peer.me, route, BLOB_NAME, len(BLOB) + 64, dest)  # a size cap, not the size
+    assert dest.read_bytes() == BLOB
+    assert (peer.app.stats.served_blobs, peer.app.stats.served_blob_bytes) == (1, len(BLOB))
+    assert peer.app.stats.served_pieces == 0
+    with pytest.raises(DirectFailed, match="404") as info:  # a blob it did not upload
+        await fetcher.get_blob(peer.me, route, "e" * 64, 100, dest)
+    assert info.value.lacks
+    with pytest.raises(DirectFailed, match="more than 100 bytes"):  # over the cap: given up
+        await fetcher.get_blob(peer.me, route, BLOB_NAME, 100, dest)
 
 
 async def test_callers_who_are_no_members_or_sign_for_another_server_are_refused(served, tmp_path):

@@ -111,7 +111,7 @@ from ._datastore import (
 )
 from ._direct import DirectFailed, DirectFetcher, DirectStats
 from ._home import Home, PoolConfig
-from ._keys import Blobs, SealError
+from ._keys import Blobs, SealError, file_sha256, off_span
 from ._urlsource import UrlFailed, UrlSource, host_of, shown
 from ._workfiles import disk_or_job
 
@@ -194,6 +194,8 @@ class Datasets:
         self.direct = DirectFetcher(node.node_key, node.me, lambda: node.pool_key, node.wall)  # the LAN shortcut
         self.direct_stats: DirectStats | None = None  # what this peer served directly (``serve_direct``)
         self._lacks: dict[tuple[str, str], float] = {}  # (member, dataset) -> until when not asked
+        self.blob_direct_bytes = 0  # deltas and states fetched from their uploaders directly
+        self.blob_direct_refused = 0  # ... that did not hash to their names (then the relay served)
 
     # -- add -----------------------------------------------------------------------------
 
@@ -593,6 +595,32 @@ class Datasets:
                 return True
         return False
 
+    async def fetch_blob(self, blob: str, max_size: int, dest: Path, uploaders: list[str]) -> bool:
+        """Fetch the sealed blob ``blob`` into ``dest`` from one of its ``uploaders`` that serves
+        directly (only an uploader holds a delta or a state it sent); False if none did, and
+        the relay serves it. Bytes that do not hash to the blob's name are refused."""
+        rs = self._node.machine.records
+        for member, route in self.direct.routes(rs, uploaders):
+            if member not in uploaders:
+                break  # the others are in order after them, and hold no copy
+            try:
+                await self.direct.get_blob(member, route, blob, max_size, dest)
+            except DirectFailed as exc:
+                log.debug("blob %s not fetched directly: %s", blob[:12], exc)
+                continue
+            size = dest.stat().st_size
+            digest = await off_span(size, file_sha256, dest)
+            if digest != blob:
+                self.blob_direct_refused += 1
+                self._node.blobs.refused("blob")
+                log.warning("refused blob %s from %s directly: its bytes do not hash to its name", blob[:12],
+                            member[:12])
+                continue
+            self.blob_direct_bytes += size
+            return True
+        dest.unlink(missing_ok=True)
+        return False
+
     async def piece_source(self, dataset: str, index: int) -> tuple[Path, int, int] | None:
         """Where piece ``index`` of ``dataset`` lies here, for a member asking directly:
         (file, offset, size), or None when this peer does not hold it."""
@@ -908,3 +936,4 @@ def pin_period(ttl: float | None) -> float:
     """Seconds between touches of pinned pieces, for a relay blob TTL of ``ttl`` (None: the
     relay did not say; its default): three touches a TTL, so one lost request costs nothing."""
     return min(PIN_MAX, max(PIN_MIN, (ttl or BLOB_TTL) / 3))
+

@@ -1,7 +1,10 @@
-"""The LAN shortcut: members that can reach each other fetch dataset pieces directly.
+"""The LAN shortcut: members that can reach each other fetch dataset pieces, deltas and
+states directly.
 
-Theory of operation. Every daemon (unless ``direct = "off"``) serves the pieces it holds
-over HTTPS on a port of its own, and says where in a signed ``direct`` record: the
+Theory of operation. Every daemon (unless ``direct = "off"``) serves the pieces it holds,
+and the sealed blobs it uploaded (its deltas, the initial state it submitted, the
+checkpoints it published: the transport's spool, ``net/_multi.py``), over HTTPS on a port
+of its own, and says where in a signed ``direct`` record: the
 addresses (``host:port``) and its TLS certificate, self-signed and made once per home
 (``HOME/direct-tls``). A fetcher asks the members that serve directly before the relay,
 the dataset's authors first; it trusts exactly the certificate of the record (pinned: the
@@ -21,12 +24,13 @@ the port it listened on last time if that is free (a firewall rule stays right);
 the same on a fixed port; ``HOST:PORT`` that address (a forwarded port), listening on
 ``PORT`` on every IPv4 interface.
 
-The request: ``GET /v1/piece/<dataset id>/<piece index>`` with ``Authorization: ttpeer
+The requests: ``GET /v1/piece/<dataset id>/<piece index>`` and ``GET /v1/blob/<sha256>``
+(asked only of the blob's uploader; the fetcher checks the bytes hash to the name), with ``Authorization: ttpeer
 <member>.<unix time>.<signature>.<mac>``: the member's Ed25519 signature over
 ``AUTH_DOMAIN``, the server's member id, the path and the time, and an HMAC of the same
 under a key derived from the pool's newest key. So it names this server and this piece,
 is good for ``AUTH_WINDOW`` seconds, and needs the pool key (a member that joined with an
-expired token never got it). Answers: 200 and the piece's bytes; 404 when this peer does
+expired token never got it). Answers: 200 and the bytes; 404 when this peer does
 not hold it; 401 for a missing, malformed, stale or wrong signature or MAC, or a caller
 who is no member.
 
@@ -70,6 +74,7 @@ SLACK = 10.0  # seconds a piece may take beyond its connects and MIN_RATE
 DOWN_FOR = 300.0  # a member that could not be reached is not tried again for this long
 _CHUNK = 1 << 20
 _PATH = re.compile(r"^/v1/piece/([0-9a-f]{64})/([0-9]{1,9})$")
+_BLOB_PATH = re.compile(r"^/v1/blob/([0-9a-f]{64})$")
 _AUTH = re.compile(r"^ttpeer ([0-9a-f]{64})\.([0-9]{1,12})\.([0-9a-f]{128})\.([0-9a-f]{64})$")
 
 
@@ -133,12 +138,15 @@ def check_request(header: str, server: str, path: str, now: float, members: Any,
 
 
 PieceSource = Callable[[str, int], Awaitable[tuple[Path, int, int] | None]]
+BlobSource = Callable[[str], Path | None]  # a sealed blob this peer uploaded, by name: its file
 
 
 @dataclass
 class DirectStats:
     served_pieces: int = 0
-    served_bytes: int = 0
+    served_bytes: int = 0  # pieces' bytes
+    served_blobs: int = 0  # sealed blobs (deltas, states) this peer uploaded, served again directly
+    served_blob_bytes: int = 0
     refused: int = 0  # requests answered 401
     addrs: list[str] = field(default_factory=list)
 
@@ -147,11 +155,13 @@ class DirectServer:
     """The ASGI app that serves this peer's pieces to members (hypercorn runs it)."""
 
     def __init__(self, me: str, members: Callable[[], Any], source: PieceSource,
-                 pool_key: Callable[[], bytes | None], wall: Callable[[], float] = time.time) -> None:
+                 pool_key: Callable[[], bytes | None], wall: Callable[[], float] = time.time,
+                 blobs: BlobSource = lambda _name: None) -> None:
         self.me = me
         self._members = members
         self._pool_key = pool_key
         self._source = source
+        self._blobs = blobs
         self._wall = wall
         self.stats = DirectStats()
 
@@ -168,7 +178,8 @@ class DirectServer:
             return
         path = scope.get("path", "")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if scope.get("method") != "GET" or (m := _PATH.fullmatch(path)) is None:
+        piece, blob = _PATH.fullmatch(path), _BLOB_PATH.fullmatch(path)
+        if scope.get("method") != "GET" or (piece is None and blob is None):
             await _answer(send, 404, b"no such route\n")
             return
         who = check_request(headers.get("authorization", ""), self.me, path, self._wall(), self._members(),
@@ -177,18 +188,28 @@ class DirectServer:
             self.stats.refused += 1
             await _answer(send, 401, b"sign the request with a member's key\n")
             return
-        found = await self._source(m.group(1), int(m.group(2)))
+        if blob is not None:
+            file = self._blobs(blob.group(1))
+            found = None if file is None else await trio.to_thread.run_sync(_whole, file)
+        else:
+            assert piece is not None
+            found = await self._source(piece.group(1), int(piece.group(2)))
         if found is None:
-            await _answer(send, 404, b"this peer does not hold that piece\n")
+            await _answer(send, 404, b"this peer does not hold that\n")
             return
         file, offset, size = found
         try:
             fd = await trio.to_thread.run_sync(os.open, file, os.O_RDONLY)
         except OSError:  # evicted, or the assembly became the dataset, since it was found
-            await _answer(send, 404, b"this peer does not hold that piece\n")
+            await _answer(send, 404, b"this peer does not hold that\n")
             return
-        self.stats.served_pieces += 1  # counted as the answer starts (the fetcher may be done first)
-        self.stats.served_bytes += size
+        # Counted as the answer starts (the fetcher may be done first).
+        if blob is not None:
+            self.stats.served_blobs += 1
+            self.stats.served_blob_bytes += size
+        else:
+            self.stats.served_pieces += 1
+            self.stats.served_bytes += size
         try:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"application/octet-stream"),
@@ -204,7 +225,14 @@ class DirectServer:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             os.close(fd)
-        log.debug("served piece %s of dataset %s directly to %s", m.group(2), m.group(1)[:12], who[:12])
+        log.debug("served %s directly to %s", path, who[:12])
+
+
+def _whole(file: Path) -> tuple[Path, int, int] | None:
+    try:
+        return file, 0, file.stat().st_size
+    except OSError:
+        return None
 
 
 async def _answer(send: Any, status: int, body: bytes) -> None:
@@ -241,9 +269,17 @@ class DirectFetcher:
         within ``CONNECT_TIMEOUT`` an address, ``SLACK``, and the piece at ``MIN_RATE``. Raises ``DirectFailed``
         for anything that goes wrong, whatever the member's record or answer says (then the
         member is down for ``DOWN_FOR`` unless it answered and lacks the piece)."""
+        await self._fetch(member, route, f"/v1/piece/{dataset}/{index}", size, dest, exact=True)
+
+    async def get_blob(self, member: str, route: Record, blob: str, max_size: int, dest: Path) -> None:
+        """Write the sealed blob ``blob`` (at most ``max_size`` bytes) that ``member`` uploaded
+        into ``dest``, as ``get`` does a piece; the caller checks its hash. Raises ``DirectFailed``."""
+        await self._fetch(member, route, f"/v1/blob/{blob}", max_size, dest, exact=False)
+
+    async def _fetch(self, member: str, route: Record, path: str, size: int, dest: Path, *, exact: bool) -> None:
         try:
             with trio.fail_after(CONNECT_TIMEOUT * len(route["addrs"]) + SLACK + size / MIN_RATE):
-                await self._get(member, route, dataset, index, size, dest)
+                await self._get(member, route, path, size, dest, exact)
         except DirectFailed as exc:
             if not exc.lacks:
                 self._down[member] = trio.current_time() + DOWN_FOR
@@ -256,7 +292,7 @@ class DirectFetcher:
             raise DirectFailed(f"{member[:12]} could not be asked ({type(exc).__name__}: {exc})",
                                reachable=False) from None
 
-    async def _get(self, member: str, route: Record, dataset: str, index: int, size: int, dest: Path) -> None:
+    async def _get(self, member: str, route: Record, path: str, size: int, dest: Path, exact: bool) -> None:
         pool_key = self._pool_key()
         if pool_key is None:
             raise DirectFailed("this peer holds no pool key yet", reachable=False, lacks=True)
@@ -269,7 +305,6 @@ class DirectFetcher:
         context = self._contexts[cert]
         if context is None:
             raise DirectFailed(f"{member[:12]}'s record names no usable certificate", reachable=False)
-        path = f"/v1/piece/{dataset}/{index}"
         auth = signed_request(self._key, self.me, member, path, self._wall(), pool_key)
         for addr in route["addrs"]:
             async with httpx.AsyncClient(verify=context, trust_env=False,
@@ -277,7 +312,7 @@ class DirectFetcher:
                 try:
                     async with client.stream("GET", f"https://{addr}{path}",
                                              headers={"authorization": auth, "accept-encoding": "identity"}) as r:
-                        await self._receive(member, r, size, dest)
+                        await self._receive(member, r, size, dest, exact)
                         return
                 except (httpx.ConnectError, httpx.ConnectTimeout):
                     continue  # this address is not reachable from here: the next one
@@ -288,9 +323,9 @@ class DirectFetcher:
                            reachable=False)
 
     @staticmethod
-    async def _receive(member: str, r: httpx.Response, size: int, dest: Path) -> None:
+    async def _receive(member: str, r: httpx.Response, size: int, dest: Path, exact: bool) -> None:
         if r.status_code == 404:
-            raise DirectFailed(f"{member[:12]} answered 404 (it lacks the piece)", reachable=True, lacks=True)
+            raise DirectFailed(f"{member[:12]} answered 404 (it lacks it)", reachable=True, lacks=True)
         if r.status_code != 200:
             raise DirectFailed(f"{member[:12]} answered {r.status_code}", reachable=True)
         got = 0
@@ -299,9 +334,9 @@ class DirectFetcher:
             async for chunk in r.aiter_raw(_CHUNK):
                 got += len(chunk)
                 if got > size:
-                    raise DirectFailed(f"{member[:12]} sent more than the piece", reachable=True)
+                    raise DirectFailed(f"{member[:12]} sent more than {size} bytes", reachable=True)
                 await f.write(chunk)
-        if got != size:
+        if got != size and (exact or got == 0):
             raise DirectFailed(f"{member[:12]} sent {got} of {size} bytes", reachable=True)
 
 
@@ -341,8 +376,9 @@ async def _serve_direct(node: Any, mode: tuple[str | None, int], relay_url: str)
     home: Path = node.home.path
     cert, key = await trio.to_thread.run_sync(ensure_certificate, home / "direct-tls", "0.0.0.0")
     der = ssl.PEM_cert_to_DER_cert(await trio.to_thread.run_sync(cert.read_text))
+    spooled = getattr(node.transport, "spooled", None)  # the sealed blobs this peer uploaded (net/_multi.py)
     app = DirectServer(node.me, lambda: node.machine.records.members, node.data.piece_source,
-                       lambda: node.pool_key, node.wall)
+                       lambda: node.pool_key, node.wall, blobs=spooled or (lambda _name: None))
     node.data.direct_stats = app.stats
     choice = port or await trio.to_thread.run_sync(_saved_port, home)
     if choice and not _free(choice):

@@ -339,9 +339,16 @@ class Effects:
         with self._phase(job.id, f"fetching {what}"), self._node.blobs.work_files(job.id, "fetch") as (sealed, plain):
             # The initial state this peer submitted is here already (it is checked all the same).
             if not await self._node.blobs.take_state(state, plain):
-                await self._node.blobs.get_file(eff.blob, sealed, plain)
+                await self._node.blobs.get_file(eff.blob, sealed, plain, uploaders=self._uploaders(job, eff.blob))
             ok = await self._node.executor.import_state(job, state, plain)
         self._report(Fetched(state, ok))
+
+    def _uploaders(self, job: Record, blob: str) -> list[str]:
+        """Who uploaded the state blob ``blob`` of ``job`` (the submitter, or the checkpoints'
+        authors): the members that may serve it directly."""
+        if blob == job.body.get("init_blob"):
+            return [job.author]
+        return sorted({r.author for r in self._node.machine.records.of_job(job.id, "ckpt") if r["blob"] == blob})
 
     async def _publish_checkpoint(self, eff: PublishCheckpoint) -> None:
         # File to file, a piece at a time: a model-sized state is never in the daemon's

@@ -24,7 +24,7 @@ import logging
 import os
 import shutil
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +159,9 @@ class Blobs:
         self._fetches = itertools.count()  # names the work files
         self._own: OrderedDict[str, tuple[Path, str]] = OrderedDict()  # blob -> its delta here, sha256
         self._own_states: dict[str, Path] = {}  # state -> an initial state this peer made (``keep_state``)
+        # The LAN shortcut (``Datasets.fetch_blob``): (blob, max size, dest, its uploaders) ->
+        # whether the blob came from one of them directly, hash checked, into dest.
+        self.direct: Callable[[str, int, Path, list[str]], Awaitable[bool]] | None = None
 
     def keep_state(self, state: str, path: Path) -> None:
         """Keep the state file at ``path`` (moved: an initial state this peer made and
@@ -191,7 +194,7 @@ class Blobs:
         it (the newest ``OWN_DELTAS_KEPT``; ``HOME/work`` is cleared at every start)."""
         path = self._home.path / "work" / "own" / f"{blob}.bin"
         try:
-            await _off_span(len(data), _write_own, path, data)
+            await off_span(len(data), _write_own, path, data)
         except OSError as exc:  # only a saving: without the copy the delta is downloaded
             log.info("could not keep a copy of this peer's delta (%s); it is downloaded when needed", exc)
             return
@@ -217,13 +220,33 @@ class Blobs:
         """The relay's blob TTL in seconds, as it said at login (None: it did not say)."""
         return self._transport.blob_ttl
 
-    async def get(self, blob: str, max_size: int = MAX_BLOB) -> bytes:
+    async def get(self, blob: str, max_size: int = MAX_BLOB, *, uploaders: list[str] | None = None) -> bytes:
+        """The blob ``blob``, opened: from one of its ``uploaders`` directly when one serves
+        (the LAN shortcut), else through the relay."""
         assert self._keys.keys, "opening needs a pool key: callers wait for one"
         try:
-            return self._keys.open(BLOB, await self._transport.get_blob(blob, max_size=max_size))
+            sealed = await self._direct_bytes(blob, max_size, uploaders)
+            if sealed is None:
+                sealed = await self._transport.get_blob(blob, max_size=max_size)
+            return self._keys.open(BLOB, sealed)
         except (BlobCorrupt, SealError):
             self._reject("blob")
             raise
+
+    async def _direct_bytes(self, blob: str, max_size: int, uploaders: list[str] | None) -> bytes | None:
+        if not uploaders or self.direct is None:
+            return None
+        path = self._home.path / "work" / f"direct-{next(self._fetches)}.blob"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not await self.direct(blob, max_size, path, uploaders):
+                return None
+            return await off_span(path.stat().st_size, path.read_bytes)
+        except OSError as exc:
+            log.info("a blob fetched directly could not be read back (%s); fetching it through the relay", exc)
+            return None
+        finally:
+            path.unlink(missing_ok=True)
 
     async def seal_file(self, plain: Path, sealed: Path) -> None:
         key = self._keys.newest
@@ -235,11 +258,12 @@ class Blobs:
         await self.seal_file(plain, sealed)
         return await self._transport.put_blob_file(sealed)
 
-    async def get_file(self, blob: str, sealed: Path, plain: Path) -> None:
+    async def get_file(self, blob: str, sealed: Path, plain: Path, *, uploaders: list[str] | None = None) -> None:
         """``get`` from file to file: the blob into ``sealed``, opened into ``plain``.
         Raises as ``get`` does, and ``OSError``."""
         try:
-            await self._transport.get_blob_file(blob, sealed, max_size=MAX_BLOB)
+            if not (uploaders and self.direct is not None and await self.direct(blob, MAX_BLOB, sealed, uploaders)):
+                await self._transport.get_blob_file(blob, sealed, max_size=MAX_BLOB)
             await _off_loop(sealed, open_sealed_file, list(reversed(self._keys.keys)), BLOB, sealed, plain)
         except (BlobCorrupt, SealError):
             self._reject("blob")
@@ -257,10 +281,10 @@ class Blobs:
         salt = random_bytes(16) if fresh else hashlib.sha256(PIECE_SALT + bytes.fromhex(piece_hash)).digest()[:16]
         for key in reversed(self._keys.keys) if blob is not None else [self._keys.newest]:
             assert key is not None
-            await _off_span(span[1], seal_file, key, BLOB, source, sealed, salt=salt, span=span)
+            await off_span(span[1], seal_file, key, BLOB, source, sealed, salt=salt, span=span)
             if not upload:
-                return await trio.to_thread.run_sync(_file_sha256, sealed)
-            if blob is None or await trio.to_thread.run_sync(_file_sha256, sealed) == blob:
+                return await trio.to_thread.run_sync(file_sha256, sealed)
+            if blob is None or await trio.to_thread.run_sync(file_sha256, sealed) == blob:
                 return await self._transport.put_blob_file(sealed)
         return None
 
@@ -270,7 +294,7 @@ class Blobs:
         refused), ``NetError``, ``OSError``."""
         try:
             await self._transport.get_blob_file(blob, sealed, max_size=size + 4096 + size // 1024)
-            await _off_span(size, open_sealed_file, list(reversed(self._keys.keys)), BLOB, sealed, plain)
+            await off_span(size, open_sealed_file, list(reversed(self._keys.keys)), BLOB, sealed, plain)
         except (BlobCorrupt, SealError):
             self._reject("blob")
             raise
@@ -321,10 +345,10 @@ class Blobs:
             for c in contribs:
                 path = folder / f"in-{next(self._fetches)}.bin"
                 own = self._own.get(c["blob"])
-                if own is not None and await _off_span(c["size"], _copy_own, *own, path, c["size"]):
+                if own is not None and await off_span(c["size"], _copy_own, *own, path, c["size"]):
                     paths.append((path, c["samples"]))  # this peer's own delta: no download
                     continue
-                data = await self.get(c["blob"], max_size=c["size"] + 64)
+                data = await self.get(c["blob"], max_size=c["size"] + 64, uploaders=[c.author])
                 try:
                     paths.append((write_work(path, data), c["samples"]))
                 except OSError as exc:  # a full disk stops the daemon, as for any other write
@@ -354,7 +378,7 @@ def _copy_own(own: Path, digest: str, dest: Path, size: int) -> bool:
             os.link(own, dest)
         except OSError:
             shutil.copyfile(own, dest)
-        if _file_sha256(dest) != digest:
+        if file_sha256(dest) != digest:
             dest.unlink(missing_ok=True)
             return False
     except OSError:
@@ -362,7 +386,7 @@ def _copy_own(own: Path, digest: str, dest: Path, size: int) -> bool:
     return True
 
 
-async def _off_span(size: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+async def off_span(size: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` on ``size`` bytes, returning what it returns: in a thread
     when large (as ``_off_loop``), inline when small (the simulator stays exact)."""
     if size > THREAD_FILE_BYTES:
@@ -372,7 +396,7 @@ async def _off_span(size: int, fn: Callable[..., Any], *args: Any, **kwargs: Any
     return out
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):

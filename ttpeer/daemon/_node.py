@@ -126,6 +126,7 @@ class Node:
         self.is_admin = (home.path / "root.key").exists()
         self.membership = Membership(self)
         self.data = Datasets(self)
+        self.blobs.direct = self.data.fetch_blob  # deltas and states from their uploaders, on a LAN
         if hasattr(executor, "on_missing"):  # a task reading dataset pieces not here yet
             executor.on_missing = self.effects.fetch_missing
         if self.pool_key is not None:

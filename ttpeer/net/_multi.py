@@ -525,6 +525,12 @@ class MultiRelay:
             await trio.to_thread.run_sync(link.write_bytes, data)  # a delta: tens of MB
         return _Spooled(size, {url}, path=link)
 
+    def spooled(self, name: str) -> Path | None:
+        """The file of our blob ``name``, sealed as uploaded, if the spool holds it on disk
+        (what the LAN shortcut serves: ``daemon/_direct.py``)."""
+        held = self._spool.get(name)
+        return held.path if held is not None else None
+
     def _orphans(self) -> list[str]:
         """Blobs of ours that only relays that are down hold (while one is live)."""
         live = {r.url for r in self._live()}
