@@ -1,7 +1,8 @@
-"""One relay contract, two relays. Every test here runs against the in-memory relay (the
+"""One relay contract, three relays. Every test here runs against the in-memory relay (the
 simulator's and most tests'), the real HTTPS relay on loopback (TLS, hypercorn,
-``RelayClient``) and a pool of one relay through ``MultiRelay``, through the ``Transport`` each hands a peer: what a peer can observe,
-errors and their codes included, must not depend on which relay it talks to.
+``RelayClient``) and a pool of one relay through ``MultiRelay``, through the ``Transport``
+each hands a peer: what a peer can observe, errors and their codes included, must not
+depend on which relay it talks to.
 
 What only one relay has stays with it: TLS, pinning, raw HTTP, disks and restarts in
 ``test_relay*.py`` and ``test_security_relay.py``; faults and the ``available`` switch
