@@ -2,7 +2,8 @@
 that reach each other at their own addresses (one network, as two machines on a LAN or
 with public addresses); n sits behind NAT. x adds a dataset; y fetches all of it from x
 directly, none of it through the relay; n cannot reach x (nor x n) and fetches it through
-the relay, as before. The job trains to identical exports on all three. Root only, like the
+the relay, as before. The job trains to identical exports on all three, and its initial
+state and deltas go between x and y directly too, while n's go through the relay. Root only, like the
 rest of ``tests/netns``."""
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import pytest
 
 from tests.integration._helpers import job_finished
 from tests.integration.test_direct_processes import TASK
+from ttpeer.daemon._integrity import scan_log
+from ttpeer.proto import parse
 from ttpeer_harness import status, ttpeer, wait_for
 from ttpeer_harness.netlab import Lab, home_of, start_pool, start_relay, unavailable
 
@@ -67,3 +70,16 @@ def test_the_pair_that_reach_each_other_fetch_directly_and_the_nat_peer_through_
             assert n["direct_bytes"] == 0, n  # behind NAT: no change, all through the relay
         # x served y's copies (y's address is out of n's reach too: n asked nobody successfully).
         assert status(homes["x"])["direct"]["served_bytes"] == 8 * PIECE + 100 + 3 * PIECE
+
+        # The job's blobs: y took every delta of x (and x's initial state) from x directly, and
+        # x took y's from y; n, behind NAT, took everything through the relay.
+        direct = {n: status(homes[n])["direct"] for n in homes}
+        ids = {n: status(homes[n])["node"]["id"] for n in homes}
+        records = [parse(raw) for raw in scan_log((homes["x"] / "records.log").read_bytes()).frames]
+        sizes = {n: sum(r["size"] for r in records if r.kind == "contrib" and r["job"] == job and r.author == ids[n])
+                 for n in homes}
+        assert direct["y"]["fetched_blob_bytes"] > sizes["x"], (direct, sizes)
+        assert direct["x"]["fetched_blob_bytes"] >= sizes["y"], (direct, sizes)
+        assert direct["n"]["fetched_blob_bytes"] == direct["n"]["served_blobs"] == 0, direct
+        assert (direct["x"]["served_blob_bytes"] + direct["y"]["served_blob_bytes"]
+                == direct["x"]["fetched_blob_bytes"] + direct["y"]["fetched_blob_bytes"]), direct
