@@ -68,7 +68,7 @@ CONNECT_TIMEOUT = 30.0  # one attempt at reviving a relay
 SEEN_WINDOW = 120.0  # seconds a delivered message's digest is remembered, to drop copies
 SEEN_MAX = 20_000
 SPOOL_BLOBS = 64  # the newest uploads kept to send again, at most this many ...
-SPOOL_BYTES = 4 * 2**30  # ... and this many bytes
+SPOOL_BYTES = 2 * 2**30  # ... and this many bytes
 
 
 @dataclass
