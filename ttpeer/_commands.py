@@ -229,6 +229,30 @@ def revoke(args: argparse.Namespace, home: Any) -> int:
     return 0
 
 
+# -- relays --------------------------------------------------------------------------------
+
+
+def relays(args: argparse.Namespace, home: Any) -> int:
+    """``relay ls | add | rm`` through the running daemon. Raises ``TtpeerError``."""
+    if args.relay_command == "ls":
+        reply = ask_daemon(home, {"op": "relay_ls"})
+    elif args.relay_command == "add":
+        reply = ask_daemon(home, {"op": "relay_add", "url": args.url, "fingerprint": args.fingerprint})
+    else:
+        reply = ask_daemon(home, {"op": "relay_rm", "url": args.url})
+    if getattr(args, "json", False):
+        print(json.dumps({"relays": reply["relays"]}, indent=2))
+        return 0
+    if reply.get("said"):
+        print(reply["said"])
+    for i, r in enumerate(reply["relays"], 1):
+        state = r["state"] or "not connected"
+        if r["error"] and state != "live":
+            state += f": {r['error']}"
+        print(f"{i}. {r['url']}  {r['fingerprint']}  {state}" + ("  (primary: blobs go here)" if r["primary"] else ""))
+    return 0
+
+
 # -- cancel --------------------------------------------------------------------------------
 
 

@@ -33,6 +33,12 @@ def status(args: argparse.Namespace, home: Any) -> int:
     print(f"node {node['name']} ({node['id'][:12]}) pool {node['pool'][:12]}  relay {relay}")
     print(f"bytes sent {_size(st['bytes_sent'])}, received {_size(st['bytes_received'])}"
           + (f"; metrics at {st['metrics_url']}" if st.get("metrics_url") else ""))
+    relays = st.get("relays") or []
+    if len(relays) > 1:
+        print("relays: " + ", ".join(f"{r['url']} ({r['state'] or 'not connected'}"
+                                      + (", primary" if r["primary"] else "")
+                                      + (f": {r['error']}" if r["error"] and r["state"] != "live" else "") + ")"
+                                      for r in relays))
     direct = st.get("direct")
     if direct and direct["addrs"]:
         blobs = direct.get("served_blobs", 0)

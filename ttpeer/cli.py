@@ -92,11 +92,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    r = sub.add_parser("relay", parents=[common], help="run the HTTPS rendezvous relay")
+    r = sub.add_parser("relay", parents=[common], help="run the HTTPS rendezvous relay; or list or change the "
+                       "pool's relays (relay ls | add | rm)", description=_RELAY_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--listen", default="127.0.0.1:8443", help="HOST:PORT to listen on (port 0: any free port)")
-    r.add_argument("--data", type=Path, required=True, help="directory for the certificate, blobs and rosters")
+    r.add_argument("--data", type=Path, default=None,
+                   help="directory for the certificate, blobs and rosters (required to run a relay)")
     r.add_argument("--cert", type=Path, help="TLS certificate (PEM); default: self-signed, made on first start")
     r.add_argument("--key", type=Path, help="TLS private key (PEM) for --cert")
+    ra = r.add_subparsers(dest="relay_command", metavar="ACTION")
+    ra_ls = ra.add_parser("ls", parents=[common], help="the pool's relays, in order, and how this peer sees each")
+    ra_ls.add_argument("--json", action="store_true", help="one JSON object")
+    ra_add = ra.add_parser("add", parents=[common], help="add a relay to the pool (admin only); every peer uses "
+                           "it from then on, and new tokens name it")
+    ra_add.add_argument("url", help="the relay's URL, e.g. https://203.0.113.9:8443")
+    ra_add.add_argument("--fingerprint", required=True,
+                        help="its certificate fingerprint (sha256:HEX), from its 'relay ready URL sha256:...' line")
+    ra_rm = ra.add_parser("rm", parents=[common], help="remove a relay from the pool (admin only)")
+    ra_rm.add_argument("url", help="the relay's URL, as 'ttpeer relay ls' shows it")
 
     pool = sub.add_parser("pool", parents=[common], help="create a pool").add_subparsers(
         dest="pool_command", metavar="ACTION", required=True)
@@ -289,6 +302,15 @@ def _home(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def _relay(args: argparse.Namespace) -> int:
     from ttpeer_relay.cli import main as relay_main
 
+    if getattr(args, "relay_command", None):
+        from ttpeer import _commands
+
+        if args.relay_command == "add":
+            _check_new_relay(args)
+        return _commands.relays(args, _home(args))
+    if args.data is None:
+        raise UsageError("ttpeer relay needs --data DIR to run a relay (its certificate, blobs and rosters); "
+                         "'ttpeer relay ls' lists the pool's relays")
     argv = ["--listen", args.listen, "--data", str(args.data)]
     if args.cert or args.key:
         if not (args.cert and args.key):
@@ -401,6 +423,26 @@ def _check_relay(url: str, fingerprint: str, proxy: str | None) -> None:
         raise RelayFingerprintMismatch(expected=fingerprint, got=got, url=url)
 
 
+def _check_new_relay(args: argparse.Namespace) -> None:
+    """``relay add``: the URL must be https and answer with the certificate given, before
+    anything is signed."""
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", args.fingerprint):
+        raise UsageError("--fingerprint must look like sha256:<64 hex digits> (the relay prints it)")
+    if not args.url.startswith("https://"):
+        raise UsageError("the relay's URL must be an https:// URL")
+    from ttpeer.net import NetError, RelayFingerprintMismatch
+
+    try:
+        _check_relay(args.url, args.fingerprint, args.settings.proxy or None)
+    except RelayFingerprintMismatch as exc:
+        raise UsageError(f"the relay at {args.url} presents certificate {exc.got}, not the --fingerprint given "
+                         f"({args.fingerprint}): copy it from that relay's 'relay ready URL sha256:...' line; "
+                         "nothing was changed") from None
+    except NetError as exc:
+        raise UsageError(f"cannot reach the relay at {args.url} ({exc}); start it first, or check the URL; "
+                         "nothing was changed") from None
+
+
 def _pool_create(args: argparse.Namespace) -> int:
     from ttpeer.daemon import new_invite
     from ttpeer.proto import make_token
@@ -425,7 +467,7 @@ def _pool_create(args: argparse.Namespace) -> int:
     print(f"pool {cfg.pool} created in {home.path}; this machine ({cfg.name}) is its admin")
     print("start it with 'ttpeer up'; enroll other machines with this token "
           f"(valid {args.ttl / 3600:g} h, {args.uses} use(s)):")
-    print(make_token(cfg.relays, cfg.fingerprint, invite, key.private_bytes_raw()))
+    print(make_token(cfg.relays, cfg.fingerprint, invite, key.private_bytes_raw(), fingerprints=cfg.fingerprints))
     return 0
 
 
@@ -437,7 +479,7 @@ def _invite(args: argparse.Namespace) -> int:
     cfg = home.config()
     invite, key = new_invite(home.root_key(), cfg.pool, ttl=args.ttl, uses=args.uses, role="member",
                              now=time.time())
-    print(make_token(cfg.relays, cfg.fingerprint, invite, key.private_bytes_raw()))
+    print(make_token(cfg.relays, cfg.fingerprint, invite, key.private_bytes_raw(), fingerprints=cfg.fingerprints))
     return 0
 
 
@@ -503,6 +545,19 @@ def _leave_now(code: int) -> NoReturn:
     logging.shutdown()
     os._exit(code)
 
+
+_RELAY_HELP = """Run the HTTPS rendezvous relay (--data DIR), or list and change the pool's relays.
+
+A pool may have up to 8 relays, each pinned by its own certificate. Every peer sends its
+messages through every live relay and its blobs through the first live one, so a relay
+that dies loses nothing: the others carry on, and what only the dead one held is sent
+again by its uploaders.
+
+  ttpeer relay --listen 0.0.0.0:8443 --data /var/lib/ttpeer-relay   run a relay
+  ttpeer relay ls                                                   the pool's relays
+  ttpeer relay add https://203.0.113.9:8443 --fingerprint sha256:... (admin)
+  ttpeer relay rm https://203.0.113.9:8443                           (admin)
+"""
 
 _DIRECT_HELP = ("serve the dataset pieces held here to members that can reach this machine (the same LAN, or a "
                 "public address), over TLS pinned in a signed record; peers that cannot still use the relay. "

@@ -33,6 +33,7 @@ from ._proofs import Member, join_fits_invite, verify_proof, verify_revocation
 from ._records import (
     MAX_KEEP,
     MAX_RECORD_BYTES,
+    MAX_RELAYS,
     PRECISION_CODES,
     Record,
     host_ok,
@@ -88,6 +89,7 @@ __all__ = [
     "MAX_BLOB_BYTES",
     "MAX_JSON_BYTES",
     "MAX_KEEP",
+    "MAX_RELAYS",
     "MAX_MESSAGE_BYTES",
     "MAX_RECORD_BYTES",
     "MAX_WAIT",

@@ -158,6 +158,20 @@ def _direct_addrs(v: Any) -> bool:
     return type(v) is list and 1 <= len(v) <= MAX_DIRECT_ADDRS and all(map(addr, v)) and len(set(v)) == len(v)
 
 
+MAX_RELAYS = 8
+_RELAY_FP = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def _relay_list(v: Any) -> bool:
+    """A pool's relays, in order: 1-8 ``[https url, "sha256:" + 64 hex]``, no url twice."""
+    def relay(r: Any) -> bool:
+        return (type(r) is list and len(r) == 2 and type(r[0]) is str and r[0].startswith("https://")
+                and 8 < len(r[0]) < 256 and type(r[1]) is str and _RELAY_FP.fullmatch(r[1]) is not None)
+
+    return (type(v) is list and 1 <= len(v) <= MAX_RELAYS and all(map(relay, v))
+            and len({r[0] for r in v}) == len(v))
+
+
 def _certificate(v: Any) -> bool:
     """A DER X.509 certificate in hex, at most ``MAX_CERT_BYTES`` bytes."""
     if type(v) is not str or not 2 <= len(v) <= 2 * MAX_CERT_BYTES or not _HEXSTR.fullmatch(v):
@@ -315,6 +329,10 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
     # certificate ``cert`` (hex DER, which the fetcher pins), at any of ``addrs``; peers
     # that cannot reach them fetch through the relay as before. The newest one counts.
     "direct": {"addrs": _direct_addrs, "cert": _certificate, "at": _int()},
+    # Root-signed: the pool's relays, each with its certificate's fingerprint, in the order
+    # peers prefer them (the first live one carries the blobs). The highest ``n`` counts;
+    # ``at`` is the admin's wall time, shown only. Anyone else's is ignored (``proto.pool_relays``).
+    "relays": {"relays": _relay_list, "n": _int(1), "at": _int()},
 }
 
 

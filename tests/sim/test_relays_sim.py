@@ -5,11 +5,14 @@ uploaders send again what only the dead relay held, and I2 and I3 hold."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
+from ttpeer.errors import UsageError
 from ttpeer.net import Faults, MemoryRelay
+from ttpeer.proto import RevokeError
 from ttpeer.testing import Simulation
-from ttpeer.testing._sim import sim_relay_url
+from ttpeer.testing._sim import FAKE_FP, sim_relay_url
 
 from .test_simulator import SPEC, assert_invariants
 
@@ -50,3 +53,50 @@ async def test_ten_peers_lose_their_primary_relay_mid_job(tmp_path, autojump_clo
             assert second.blobs[sim.peers[0].home.config().pool]
             nursery.cancel_scope.cancel()
     assert_invariants(sim, job)
+
+
+async def _until(condition, seconds: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    with trio.fail_after(seconds):
+        while not condition():
+            await trio.sleep(0.05)
+
+
+async def test_the_admin_changes_the_pools_relays_and_every_peer_follows(tmp_path, autojump_clock):
+    url0, url1 = sim_relay_url(0), sim_relay_url(1)
+    async with MemoryRelay() as first, MemoryRelay() as second:
+        sim = Simulation(tmp_path, first, seed=3, more_relays=[second])
+        sim.create(3)
+        async with trio.open_nursery() as nursery:
+            await sim.start_all(nursery)
+            admin, member = sim.peers[0].node, sim.peers[1].node
+            assert admin is not None and member is not None
+            with pytest.raises(RevokeError, match="only the pool admin"):
+                member.relay_change(remove=url1)
+            with pytest.raises(UsageError, match="not one of the pool's relays"):
+                admin.relay_change(remove="https://nowhere.example")
+            # The pool's config names relay 0 only: adding relay 1 signs the first relays record.
+            rec, said = admin.relay_change(add=(url1 + "/", FAKE_FP))
+            assert rec is not None and rec["n"] == 1 and said == f"added {url1}; the pool has 2 relays"
+            again, said = admin.relay_change(add=(url1, FAKE_FP))
+            assert again is None and "already" in said
+            both = [(url0, FAKE_FP), (url1, FAKE_FP)]
+            await _until(lambda: all(p.home.config().relay_pairs() == both for p in sim.peers))
+            rec, _said = admin.relay_change(remove=url0)
+            assert rec is not None and rec["n"] == 2
+
+            def only_second(p) -> bool:  # type: ignore[no-untyped-def]
+                return (p.node is not None and [d["url"] for d in p.node.transport.describe()] == [url1]
+                        and p.home.config().relay_pairs() == [(url1, FAKE_FP)])
+
+            await _until(lambda: all(only_second(p) for p in sim.peers))
+            assert [r["url"] for r in member.relay_list()] == [url1]
+            with pytest.raises(UsageError, match="the pool's only relay"):
+                admin.relay_change(remove=url1)
+            # A peer that restarts uses the newest list from its records before it connects.
+            sim.kill(2)
+            await sim.start(2)
+            await _until(lambda: only_second(sim.peers[2]))
+            job = await sim.submit({**SPEC, "rounds": 2})
+            await sim.wait_done(job, timeout=600)
+            assert not first.blobs  # nothing went through the relay the pool dropped
+            nursery.cancel_scope.cancel()

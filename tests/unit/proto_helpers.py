@@ -135,6 +135,7 @@ def valid_bodies() -> dict[str, dict[str, Any]]:
         "dataset": dataset_body(),
         "dataset_rm": {"dataset": hex64("dataset-record"), "at": 11},
         "direct": {"addrs": ["192.168.1.5:7000"], "cert": cert_hex(), "at": 12},
+        "relays": {"relays": [["https://relay.example:8443", "sha256:" + "ab" * 32]], "n": 1, "at": 14},
         "ckpt_want": {"job": hex64("job"), "state": state("s9")},
     }
 

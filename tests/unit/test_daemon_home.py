@@ -99,3 +99,21 @@ def test_record_log_stops_at_a_corrupt_frame(tmp_path):
     data[8 + len(recs[0].raw) + 8 + 5] ^= 0xFF  # flip a byte inside the second record
     path.write_bytes(bytes(data))
     assert RecordLog(path).load() == [recs[0].raw]
+
+
+def test_the_pools_relays_are_kept_in_pool_json_and_an_older_file_still_loads(tmp_path):
+    import json
+
+    home = Home(tmp_path / "h")
+    home.create_pool(RELAY, FP, "alice", time.time())
+    raw = json.loads((tmp_path / "h" / "pool.json").read_text())
+    raw.pop("fingerprints")  # a pool.json written before a pool could have several relays
+    (tmp_path / "h" / "pool.json").write_text(json.dumps(raw))
+    assert home.config().relay_pairs() == [(RELAY, FP)]
+    other = ("https://relay2.example", "sha256:" + "cd" * 32)
+    home.save_relays([(RELAY, FP), other])
+    assert home.config().relay_pairs() == [(RELAY, FP), other]
+    home.save_relays([other])  # the first relay removed: the first pin follows
+    cfg = home.config()
+    assert (cfg.relays, cfg.fingerprint, cfg.relay_pairs()) == ([other[0]], other[1], [other])
+    assert stat.S_IMODE((tmp_path / "h" / "pool.json").stat().st_mode) == 0o600

@@ -38,11 +38,13 @@ SURFACES: dict[str, set[str]] = {
         'AcceptKeys', 'EXPIRY_GRACE', 'EndMembership', 'HandKeys', 'KeyRing', 'Refuse', 'RejectKeys', 'Renamed',
         'Rotate', 'TellEnded',
         # datasets: which records stand, what a name means
-        'DatasetMissing', 'dataset_sources', 'direct_routes', 'live_datasets', 'may_remove_dataset', 'resolve_dataset'
+        'DatasetMissing', 'dataset_sources', 'direct_routes', 'live_datasets', 'may_remove_dataset', 'resolve_dataset',
+        # the pool's relays: which root record counts
+        'pool_relays', 'relay_pairs',
     },
     'ttpeer.net': {
         'BlobCorrupt', 'BlobMissing', 'ErrorCode', 'Faults', 'MemoryRelay', 'MemoryTransport', 'Message', 'NetError',
-        'RelayClient', 'RelayFingerprintMismatch', 'RelayLimit', 'RelayRejected', 'RelayUnavailable',
+        'MultiRelay', 'RelayClient', 'RelayFingerprintMismatch', 'RelayLimit', 'RelayRejected', 'RelayUnavailable',
         'Transport', 'fetch_certificate', 'fingerprint', 'fingerprint_of', 'login_message',
         'pinned_ssl_context'
     },

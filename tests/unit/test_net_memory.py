@@ -73,7 +73,7 @@ def test_both_transports_satisfy_the_protocol() -> None:
 def test_public_surface() -> None:
     assert sorted(ttpeer.net.__all__) == sorted([
         "BlobCorrupt", "BlobMissing", "ErrorCode", "Faults", "MemoryRelay", "MemoryTransport", "Message",
-        "NetError", "RelayClient", "RelayFingerprintMismatch", "RelayLimit", "RelayRejected",
+        "MultiRelay", "NetError", "RelayClient", "RelayFingerprintMismatch", "RelayLimit", "RelayRejected",
         "RelayUnavailable", "Transport", "fetch_certificate", "fingerprint", "fingerprint_of",
         "login_message", "pinned_ssl_context",
     ])

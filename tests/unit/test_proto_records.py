@@ -64,6 +64,8 @@ OTHER_VALUES: dict[str, dict[str, Any]] = {
     "dataset_rm": {"dataset": hex64("dataset-record2"), "at": 12},
     "direct": {"addrs": ["[2001:db8::5]:7001", "203.0.113.9:7001"], "cert": cert_hex("other"), "at": 13},
     "ckpt_want": {"job": hex64("job2"), "state": state("s10")},
+    "relays": {"relays": [["https://b.example", "sha256:" + "cd" * 32], ["https://c.example", "sha256:" + "ef" * 32]],
+               "n": 2, "at": 15},
 }
 # A dataset's id is the hash of its files and piece size: those three change together.
 FIELD_SWAPS = [(k, f) for k in KINDS for f in SCHEMAS[k]

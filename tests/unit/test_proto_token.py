@@ -199,3 +199,19 @@ def test_fuzz_random_text_raises_only_token_error(text: str) -> None:
                max_size=300))
 def test_fuzz_base64_garbage_raises_only_token_error(payload: str) -> None:
     assert_refused("ttp1." + payload)
+
+
+def test_a_token_carries_each_relays_own_pin_and_an_old_one_shares_one() -> None:
+    other = "sha256:" + "7a" * 32
+    tok = parse_token(make_token(RELAYS, FP, INVITE, SEED, fingerprints=[FP, other]), now=NOW)
+    assert tok.relay_pairs() == [(RELAYS[0], FP), (RELAYS[1], other)]
+    # One pin for all (every token made before there were several): no "fps", as before.
+    same = make_token(RELAYS, FP, INVITE, SEED, fingerprints=[FP, FP])
+    assert "fps" not in unpack(same) and same == make_token(RELAYS, FP, INVITE, SEED)
+    assert parse_token(same, now=NOW).relay_pairs() == [(RELAYS[0], FP), (RELAYS[1], FP)]
+
+
+@pytest.mark.parametrize("fps", [["sha256:" + "7a" * 32], "sha256:x", [FP, "md5:00"],
+                                 ["sha256:" + "7a" * 32, FP]])
+def test_damaged_relay_pins_are_refused(fps: Any) -> None:
+    assert_refused(repack(body(fps=fps)), says="relay fingerprints are damaged")

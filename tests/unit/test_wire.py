@@ -30,7 +30,7 @@ def test_public_surface() -> None:
     assert sorted(ttpeer_wire.__all__) == sorted([
         "API", "BLOB", "BROADCAST", "CHALLENGE", "HEALTH", "LOGIN_DOMAIN", "MAILBOX_BYTES",
         "MAILBOX_MESSAGES", "MAX_BLOB_BYTES", "MAX_JSON_BYTES", "MAX_KEEP", "MAX_MESSAGE_BYTES",
-        "MAX_RECORD_BYTES", "MAX_WAIT", "POOL_QUOTA", "PRECISION_CODES", "RECV", "RECV_MAX_BYTES",
+        "MAX_RECORD_BYTES", "MAX_RELAYS", "MAX_WAIT", "POOL_QUOTA", "PRECISION_CODES", "RECV", "RECV_MAX_BYTES",
         "RECV_MAX_COUNT", "REVOKE", "ROSTER", "SEND", "SESSION", "ErrorCode",
         # blob TTL and touches (the pin of a running job's dataset pieces)
         "BLOB_TTL", "TOUCH", "TOUCH_MAX_BLOBS", "Member", "ProofError",

@@ -10,7 +10,9 @@ One JSON request per connection, one JSON reply:
 ``{"op": "cancel", "job": id|prefix}`` (the job's submitter or the admin),
 ``{"op": "data_add", "path", "name", "piece_size"|null, "format", "urls": [...]|null, "relay": bool}``,
 ``{"op": "data_ls"}``,
-``{"op": "data_rm", "dataset": name|id, "withdraw": bool}``.
+``{"op": "data_rm", "dataset": name|id, "withdraw": bool}``,
+``{"op": "relay_add", "url", "fingerprint"}`` and ``{"op": "relay_rm", "url"}`` (admin only),
+``{"op": "relay_ls"}``.
 Replies are ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
 """
 
@@ -146,4 +148,14 @@ async def _dispatch(node: Node, request: dict[str, Any], status: Callable[[], di
         rec = await node.revoke(peer)
         return {"ok": True, "peer": peer, "name": name, "record": rec.id, "epoch": len(node.pool_keys) - 1,
                 "again": again}
+    if op in ("relay_add", "relay_rm"):
+        if ready is not None:
+            await ready.wait()
+        url = str(request.get("url", ""))
+        rec, said = (node.relay_change(add=(url, str(request.get("fingerprint", "")))) if op == "relay_add"
+                     else node.relay_change(remove=url))
+        return {"ok": True, "record": rec.id if rec is not None else None, "said": said,
+                "relays": node.relay_list()}
+    if op == "relay_ls":
+        return {"ok": True, "relays": node.relay_list()}
     raise ValueError(f"unknown op {op!r}")

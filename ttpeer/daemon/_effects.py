@@ -191,6 +191,11 @@ class Effects:
         except trio.WouldBlock:
             log.warning("outbox full; dropping a gossip payload (anti-entropy resends it)")
 
+    def _persist(self, rec: Record) -> None:
+        self._node.log.append(rec.raw)
+        if rec.kind == "relays":  # the pool's relays moved: this peer follows (``_relays``)
+            self._node.relays.follow(rec)
+
     def _on_cancel(self, eff: Cancel) -> None:
         self.cancelled.add((eff.job, eff.round, eff.shard))
 
@@ -449,7 +454,7 @@ def _describe(eff: Effect) -> str:
 # The handler of each effect: inline ones run at once on the trio thread, task ones in the
 # node's nursery under ``Effects._guarded`` (their failure path), reporting back when done.
 _INLINE: dict[type, Callable[[Effects, Any], None]] = {
-    Persist: lambda fx, eff: fx._node.log.append(eff.record.raw),
+    Persist: lambda fx, eff: fx._persist(eff.record),
     Broadcast: lambda fx, eff: fx._queue(None, eff.payload),
     Send: lambda fx, eff: fx._queue(eff.peer, eff.payload),
     Cancel: Effects._on_cancel,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -58,10 +58,14 @@ class PoolConfig:
     name: str
     invite: str  # hex of this node's invite record
     join: str  # hex of this node's join record
+    # One pin per relay, once the pool has relays with certificates of their own (a
+    # pool.json from before has none: every relay is pinned to ``fingerprint``).
+    fingerprints: list[str] | None = None
 
     def relay_pairs(self) -> list[tuple[str, str]]:
         """Every relay of the pool with its certificate pin, in order."""
-        return [(u, self.fingerprint) for u in self.relays]
+        fps = self.fingerprints or [self.fingerprint] * len(self.relays)
+        return list(zip(self.relays, fps, strict=True))
 
     @property
     def proof(self) -> list[bytes]:
@@ -213,9 +217,19 @@ class Home:
         """Become a member with a verified token: new keys, a join signed by the invite key."""
         join = self._join_record(token.invite, Ed25519PrivateKey.from_private_bytes(token.seed), name, now)
         cfg = PoolConfig(token.pool, list(token.relays), token.fingerprint, name,
-                         token.invite.raw.hex(), join.raw.hex())
+                         token.invite.raw.hex(), join.raw.hex(), list(token.fingerprints) or None)
         self._write_config(cfg)
         return cfg
+
+    def save_relays(self, relays: list[tuple[str, str]]) -> PoolConfig:
+        """Keep the pool's relays (the newest ``relays`` record's) in pool.json, so that a
+        restart and ``ttpeer invite`` use them. Raises ``OSError``."""
+        cfg = self.config()
+        new = replace(cfg, relays=[u for u, _ in relays], fingerprint=relays[0][1],
+                      fingerprints=[fp for _, fp in relays])
+        if new != cfg:
+            self._write_config(new)
+        return new
 
     # -- a membership that ended ---------------------------------------------------------
 

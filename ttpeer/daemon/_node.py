@@ -80,6 +80,8 @@ from ._keys import Blobs, PoolKeys, SealError
 from ._link import Link, revoked_by_relay
 from ._membership import Membership
 from ._recordlog import RecordLog
+from ._relays import Follower, relays_now
+from ._relays import change as change_relays
 from ._replay import ReplayGuard
 
 log = logging.getLogger("ttpeer.daemon")
@@ -125,6 +127,7 @@ class Node:
         self.fatal: TtpeerError | None = None
         self.is_admin = (home.path / "root.key").exists()
         self.membership = Membership(self)
+        self.relays = Follower(self)  # the newest root ``relays`` record, applied (``_relays``)
         self.data = Datasets(self)
         self.blobs.direct = self.data.fetch_blob  # deltas and states from their uploaders, on a LAN
         if hasattr(executor, "on_missing"):  # a task reading dataset pieces not here yet
@@ -154,6 +157,7 @@ class Node:
                 self.log.append(raw)
         self.machine.load(logged + self.cfg.proof, now)
         self.membership.loaded()
+        self.relays.loaded()  # before the first connection: the pool's relays may have moved
         for job in self.machine.records.jobs():
             for state in self.executor.held_states(job):
                 self.machine.held.add(state)
@@ -344,6 +348,20 @@ class Node:
 
     def release_job(self, job: str) -> None:
         self.effects.release(job)
+
+    # -- the pool's relays -------------------------------------------------------------------
+
+    def relay_change(self, *, add: tuple[str, str] | None = None,
+                     remove: str | None = None) -> tuple[Record | None, str]:
+        """``ttpeer relay add/rm`` (admin): see ``_relays.change``."""
+        return change_relays(self, add=add, remove=remove)
+
+    def relay_list(self) -> list[dict[str, Any]]:
+        """The pool's relays, in order, with this peer's view of each when the transport has one."""
+        seen = {d["url"]: d for d in getattr(self.transport, "describe", list)()}
+        return [{"url": url, "fingerprint": fp, "state": seen.get(url, {}).get("state"),
+                 "error": seen.get(url, {}).get("error"), "primary": seen.get(url, {}).get("primary", False)}
+                for url, fp in relays_now(self)]
 
     # -- datasets -------------------------------------------------------------------------
 

@@ -132,6 +132,7 @@ async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None
     def status() -> dict[str, Any]:
         out = extend(node.status(), node, usage, metrics_url=metrics_url, repairs=repairs)
         out["workers"] = executor.workers()  # each job's worker processes and their devices
+        out["relays"] = node.relay_list()  # the pool's relays, and how this peer sees each
         served = node.data.direct_stats or DirectStats()  # direct = off: it serves nothing, still fetches
         out["direct"] = {
             "addrs": served.addrs, "served_pieces": served.served_pieces, "served_bytes": served.served_bytes,

@@ -77,6 +77,7 @@ from ._outcome import (
     standing_declines,
 )
 from ._peer import PeerMachine, Timing
+from ._relays import pool_relays, relay_pairs
 from ._reports import (
     RETRY_AFTER,
     Aggregated,
@@ -161,6 +162,8 @@ __all__ = [
     "Token",
     "TokenError",
     "make_token",
+    "pool_relays",
+    "relay_pairs",
     "parse_token",
     "Train",
     "canonical_chain",

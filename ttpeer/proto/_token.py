@@ -1,7 +1,9 @@
 """Join tokens: everything a new machine needs, and the pins that keep it safe.
 
-A token is ``ttp1.`` + base64url of a canonical object: relay URLs, the relay's
-certificate fingerprint, the pool id (a hash of the root key), the root-signed
+A token is ``ttp1.`` + base64url of a canonical object: relay URLs, the first relay's
+certificate fingerprint (``fp``) and, when the pool has several relays, each one's
+(``fps``: a token made before there were several has none, and all its relays share
+``fp``), the pool id (a hash of the root key), the root-signed
 invite record and the invite key's private seed. ``parse_token`` checks the
 invite against the pinned pool id before anything is used, so a token for a fake
 pool fails here; the relay fingerprint is checked when connecting, before any
@@ -34,16 +36,27 @@ class Token:
     pool: str
     invite: Record
     seed: bytes  # the invite key's Ed25519 private seed: the secret part
+    fingerprints: tuple[str, ...] = ()  # one per relay (empty: all share ``fingerprint``)
+
+    def relay_pairs(self) -> list[tuple[str, str]]:
+        """Every relay with its pin, in the pool's order."""
+        fps = self.fingerprints or (self.fingerprint,) * len(self.relays)
+        return list(zip(self.relays, fps, strict=True))
 
     def __repr__(self) -> str:  # never print the seed
         return f"Token(pool={self.pool}, relays={self.relays}, invite={self.invite.id[:12]})"
 
 
-def make_token(relays: list[str], fingerprint: str, invite: Record, seed: bytes) -> str:
-    body = {
+def make_token(relays: list[str], fingerprint: str, invite: Record, seed: bytes, *,
+               fingerprints: list[str] | None = None) -> str:
+    """A token for ``relays``, the first pinned to ``fingerprint``; ``fingerprints``: one per
+    relay (the first ``fingerprint``), for a pool whose relays have certificates of their own."""
+    body: dict[str, object] = {
         "relays": relays, "fp": fingerprint, "pool": invite.pool,
         "invite": _b64encode(invite.raw), "seed": seed.hex(),
     }
+    if fingerprints is not None and set(fingerprints) != {fingerprint}:
+        body["fps"] = fingerprints
     return PREFIX + _b64encode(encode(body))
 
 
@@ -65,7 +78,7 @@ def parse_token(text: str, *, now: float) -> Token:
         body = decode(raw, max_size=MAX_TOKEN)
     except (binascii.Error, ValueError, RecordError):
         raise TokenError("the join token is damaged (was it copied whole?)") from None
-    if type(body) is not dict or set(body) != {"relays", "fp", "pool", "invite", "seed"}:
+    if type(body) is not dict or set(body) - {"fps"} != {"relays", "fp", "pool", "invite", "seed"}:
         raise TokenError("the join token is damaged (missing fields)")
     relays, fp, pool = body["relays"], body["fp"], body["pool"]
     if (
@@ -75,6 +88,10 @@ def parse_token(text: str, *, now: float) -> Token:
         raise TokenError("the join token names no valid https:// relay")
     if type(fp) is not str or not _FP.fullmatch(fp):
         raise TokenError("the join token has no valid relay fingerprint")
+    fps = body.get("fps", [])
+    if fps and (type(fps) is not list or len(fps) != len(relays) or fps[0] != fp
+                or not all(type(f) is str and _FP.fullmatch(f) for f in fps)):
+        raise TokenError("the join token's relay fingerprints are damaged (one per relay, the first as 'fp')")
     try:
         invite = parse(_b64decode(body["invite"]))
         seed = bytes.fromhex(body["seed"])
@@ -89,4 +106,4 @@ def parse_token(text: str, *, now: float) -> Token:
         raise TokenError("the join token's invite key does not match its invite")
     if now > invite["expires"]:
         raise TokenError("the join token has expired; ask the pool admin for a new one (ttpeer invite)")
-    return Token(tuple(relays), fp, pool, invite, seed)
+    return Token(tuple(relays), fp, pool, invite, seed, tuple(fps))
