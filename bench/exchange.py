@@ -31,13 +31,13 @@ TASK = "charlm:n_layer=4,d_model=256,n_head=4,block_size=64"
 TARGET_SENT = 1.1
 
 
-def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float) -> dict[str, Any]:
+def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, direct: str = "off") -> dict[str, Any]:
     from ttpeer.daemon._integrity import scan_log
     from ttpeer.proto import parse
 
     with temporary_cluster() as cluster:
         url, fp = cluster.start_relay()
-        homes = make_pool(cluster, url, fp, [f"peer{i}" for i in range(peers)])
+        homes = make_pool(cluster, url, fp, [f"peer{i}" for i in range(peers)], extra=("--direct", direct))
         began = time.monotonic()
         job = ttpeer("submit", "--home", str(homes[0]), "--task", task, "--rounds", str(rounds),
                      "--inner-steps", "1", "--shards", str(shards), "--batch-size", "2", "--no-overlap")[-1]
@@ -67,11 +67,13 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float) -> 
             must_send = own + (init if i == 0 else 0)
             must_get = others + (0 if i == 0 else init)
             rows.append({"peer": home.name, "sent": j["bytes_sent"], "received": j["bytes_received"],
+                         "direct": (st.get("direct") or {}).get("fetched_blob_bytes", 0),
                          "own_deltas": own, "others_deltas": others, "must_send": must_send, "must_get": must_get,
                          "sent_ratio": j["bytes_sent"] / must_send if must_send else None,
                          "received_ratio": j["bytes_received"] / must_get if must_get else None})
         return {"peers": peers, "rounds": rounds, "shards": shards, "init": init, "checkpoints": len(ckpts),
-                "wall_s": round(wall, 1), "rows": rows}
+                "wall_s": round(wall, 1), "rows": rows, "direct": direct,
+                "relay_egress": sum(r["received"] for r in rows), "direct_bytes": sum(r["direct"] for r in rows)}
 
 
 def _mb(n: float) -> str:
@@ -79,15 +81,33 @@ def _mb(n: float) -> str:
 
 
 def table(result: dict[str, Any]) -> list[str]:
-    out = [f"N = {result['peers']}: {result['rounds']} rounds x {result['shards']} shards, initial state "
-           f"{_mb(result['init'])}, checkpoints published: {result['checkpoints']}, {result['wall_s']} s",
-           "", "| peer | sent | its deltas (+ init) | sent / that | received | others' deltas (+ init) | "
-           "received / that |", "|---|---|---|---|---|---|---|"]
+    out = [f"N = {result['peers']}, --direct {result['direct']}: {result['rounds']} rounds x {result['shards']} "
+           f"shards, initial state {_mb(result['init'])}, checkpoints published: {result['checkpoints']}, "
+           f"{result['wall_s']} s", "", "| peer | sent | its deltas (+ init) | sent / that | received from the relay "
+           "| directly | others' deltas (+ init) | received / that |", "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         sent = "-" if r["sent_ratio"] is None else f"{r['sent_ratio']:.2f}x"
         got = "-" if r["received_ratio"] is None else f"{r['received_ratio']:.2f}x"
         out.append(f"| {r['peer']} | {_mb(r['sent'])} | {_mb(r['must_send'])} | {sent} | {_mb(r['received'])} | "
-                   f"{_mb(r['must_get'])} | {got} |")
+                   f"{_mb(r['direct'])} | {_mb(r['must_get'])} | {got} |")
+    return out
+
+
+def summary(results: list[dict[str, Any]]) -> list[str]:
+    """Per round, side by side: relay egress and what a peer downloads, against the smallest N
+    of the same ``--direct``."""
+    out = ["| N | --direct | relay egress / round | vs smallest N | a peer downloads / round (relay + direct) "
+           "| vs smallest N | of it directly | s / round |", "|---|---|---|---|---|---|---|---|"]
+    first: dict[str, dict[str, float]] = {}
+    for r in results:
+        rounds, n = r["rounds"], r["peers"]
+        egress = r["relay_egress"] / rounds
+        per_peer = (r["relay_egress"] + r["direct_bytes"]) / rounds / n
+        base = first.setdefault(r["direct"], {"egress": egress, "per_peer": per_peer})
+        got = r["relay_egress"] + r["direct_bytes"]
+        share = r["direct_bytes"] / got if got else 0.0
+        out.append(f"| {n} | {r['direct']} | {_mb(egress)} | {egress / base['egress']:.2f}x | {_mb(per_peer)} | "
+                   f"{per_peer / base['per_peer']:.2f}x | {share:.0%} | {r['wall_s'] / rounds:.1f} |")
     return out
 
 
@@ -98,11 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--shards", type=int, default=0, help="shards a round (default: 2 per peer)")
     p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--direct", default="off",
+                   help="the LAN shortcut for each N: off, auto, or both side by side as off,auto (default off: "
+                        "everything through the relay, the path every pool has)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = p.parse_args(argv)
     results, missed = [], []
-    for n in (int(x) for x in args.peers.split(",")):
-        result = run_one(args.task, n, args.rounds, args.shards or 2 * n, args.timeout)
+    modes = args.direct.split(",")
+    if not all(m in ("off", "auto") for m in modes):
+        p.error("--direct takes off, auto, or off,auto")
+    for n, mode in ((int(x), m) for x in args.peers.split(",") for m in modes):
+        result = run_one(args.task, n, args.rounds, args.shards or 2 * n, args.timeout, mode)
         results.append(result)
         print("\n".join(table(result)) + "\n", flush=True)
         for r in result["rows"]:
@@ -110,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                 missed.append(f"N={n} {r['peer']}: sent {r['sent_ratio']:.2f}x its deltas (+ init)")
         if result["checkpoints"]:
             missed.append(f"N={n}: {result['checkpoints']} checkpoints published that nobody asked for")
+    print("\n".join(summary(results)) + "\n")
     for line in missed or [f"every peer sent <= {TARGET_SENT}x its deltas (+ the initial state it submitted): PASS"]:
         print(("- MISS: " if missed else "- ") + line)
     if args.json:
