@@ -55,6 +55,7 @@ from ._cluster import stop_processes
 PREFIX = "ttpl-"
 RELAY_ADDR = "10.200.0.1"
 RELAY_PORT = 8443
+SECOND_RELAY_PORT = 8444  # a second relay in the relay host (a pool of several relays)
 PROXY_PORT = 8888
 DELAY_PORT = 15001
 READY_TIMEOUT = 60.0
@@ -212,7 +213,8 @@ class Lab:
         if proxied:  # no forwarding, no route out: the proxy is the only way
             conf = self.dir / f"tinyproxy-{name}.conf"
             conf.write_text(f"Port {PROXY_PORT}\nListen {lan_gw}\nTimeout 600\nMaxClients 100\n"
-                            "Allow 10.200.0.0/16\nConnectPort 8443\nLogLevel Info\n")
+                            f"Allow 10.200.0.0/16\nConnectPort {RELAY_PORT}\nConnectPort {SECOND_RELAY_PORT}\n"
+                            "LogLevel Info\n")
             host = Host(self, name, ns, addr, public, gw, (gw, "lan"), env=env)
             self.hosts[name] = host
             self.popen(Host(self, f"proxy-{name}", gw, lan_gw, public), ["tinyproxy", "-d", "-c", str(conf)],
@@ -386,16 +388,24 @@ def ttpeer_cmd(*args: str) -> list[str]:
 
 def start_relay(lab: Lab, *extra: str) -> tuple[str, str]:
     """Run ``ttpeer relay`` in the relay host; returns its URL and certificate fingerprint."""
-    proc = lab.relay.popen(ttpeer_cmd("relay", "--listen", f"{RELAY_ADDR}:{RELAY_PORT}", "--data",
-                                      str(lab.dir / "relay-data"), *extra), "relay")
+    _proc, url, fp = start_relay_process(lab, *extra)
+    return url, fp
+
+
+def start_relay_process(lab: Lab, *extra: str, port: int = RELAY_PORT,
+                        name: str = "relay") -> tuple[subprocess.Popen[bytes], str, str]:
+    """``start_relay`` on ``port`` of the relay host (another port: another relay, its data
+    and log named ``name``); returns its process too, for a test that kills it."""
+    proc = lab.relay.popen(ttpeer_cmd("relay", "--listen", f"{RELAY_ADDR}:{port}", "--data",
+                                      str(lab.dir / f"{name}-data"), *extra), name)
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
-        for line in lab.log("relay").splitlines():
+        for line in lab.log(name).splitlines():
             if line.startswith("relay ready "):
                 _, _, url, fp = line.split()
-                return url, fp
+                return proc, url, fp
         if proc.poll() is not None:
-            raise LabError(f"the relay exited early:\n{lab.log('relay')[-2000:]}")
+            raise LabError(f"the relay exited early:\n{lab.log(name)[-2000:]}")
         time.sleep(0.05)
     raise LabError("the relay did not report ready in time")
 
