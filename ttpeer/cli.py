@@ -439,8 +439,7 @@ def _check_new_relay(args: argparse.Namespace) -> None:
                          f"({args.fingerprint}): copy it from that relay's 'relay ready URL sha256:...' line; "
                          "nothing was changed") from None
     except NetError as exc:
-        raise UsageError(f"cannot reach the relay at {args.url} ({exc}); start it first, or check the URL; "
-                         "nothing was changed") from None
+        raise UsageError(f"{exc}; start that relay first, or check the URL; nothing was changed") from None
 
 
 def _pool_create(args: argparse.Namespace) -> int:
