@@ -306,7 +306,8 @@ def _relay(args: argparse.Namespace) -> int:
         from ttpeer import _commands
 
         if args.relay_command == "add":
-            _check_new_relay(args)
+            _check_typed_relay(args.url, args.fingerprint, args.settings.proxy or None, url_is="the relay's URL",
+                               nothing="nothing was changed")
         return _commands.relays(args, _home(args))
     if args.data is None:
         raise UsageError("ttpeer relay needs --data DIR to run a relay (its certificate, blobs and rosters); "
@@ -423,42 +424,33 @@ def _check_relay(url: str, fingerprint: str, proxy: str | None) -> None:
         raise RelayFingerprintMismatch(expected=fingerprint, got=got, url=url)
 
 
-def _check_new_relay(args: argparse.Namespace) -> None:
-    """``relay add``: the URL must be https and answer with the certificate given, before
-    anything is signed."""
-    if not re.fullmatch(r"sha256:[0-9a-f]{64}", args.fingerprint):
+def _check_typed_relay(url: str, fingerprint: str, proxy: str | None, *, url_is: str, nothing: str) -> None:
+    """A relay the admin typed (``pool create``, ``relay add``): an https URL that answers
+    with the certificate given, before anything is made. ``url_is`` names the URL in errors,
+    ``nothing`` says what was not done."""
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", fingerprint):
         raise UsageError("--fingerprint must look like sha256:<64 hex digits> (the relay prints it)")
-    if not args.url.startswith("https://"):
-        raise UsageError("the relay's URL must be an https:// URL")
+    if not url.startswith("https://"):
+        raise UsageError(f"{url_is} must be an https:// URL")
     from ttpeer.net import NetError, RelayFingerprintMismatch
 
     try:
-        _check_relay(args.url, args.fingerprint, args.settings.proxy or None)
+        _check_relay(url, fingerprint, proxy)
     except RelayFingerprintMismatch as exc:
-        raise UsageError(f"the relay at {args.url} presents certificate {exc.got}, not the --fingerprint given "
-                         f"({args.fingerprint}): copy it from that relay's 'relay ready URL sha256:...' line; "
-                         "nothing was changed") from None
+        # The admin typed this pin, from the relay's own start-up line: no token is involved.
+        raise UsageError(f"the relay at {url} presents certificate {exc.got}, not the --fingerprint given "
+                         f"({fingerprint}): copy it from that relay's 'relay ready URL sha256:...' line, and "
+                         f"check that the URL is that relay's; {nothing}") from None
     except NetError as exc:
-        raise UsageError(f"{exc}; start that relay first, or check the URL; nothing was changed") from None
+        raise UsageError(f"{exc}; start that relay first, or check the URL; {nothing}") from None
 
 
 def _pool_create(args: argparse.Namespace) -> int:
     from ttpeer.daemon import new_invite
     from ttpeer.proto import make_token
 
-    if not re.fullmatch(r"sha256:[0-9a-f]{64}", args.fingerprint):
-        raise UsageError("--fingerprint must look like sha256:<64 hex digits> (the relay prints it)")
-    if not args.relay.startswith("https://"):
-        raise UsageError("--relay must be an https:// URL")
-    from ttpeer.net import RelayFingerprintMismatch
-
-    try:
-        _check_relay(args.relay, args.fingerprint, args.settings.proxy or None)
-    except RelayFingerprintMismatch as exc:
-        # The admin typed this pin, from the relay's own start-up line: no token is involved.
-        raise UsageError(f"the relay at {args.relay} presents certificate {exc.got}, not the --fingerprint "
-                         f"given ({args.fingerprint}): copy it from the relay's 'relay ready URL sha256:...' "
-                         "line, and check that the URL is your relay's; nothing was created") from None
+    _check_typed_relay(args.relay, args.fingerprint, args.settings.proxy or None, url_is="--relay",
+                       nothing="nothing was created")
     home = _home(args)
     now = time.time()
     cfg = home.create_pool(args.relay, args.fingerprint, args.settings.name or _default_name(), now)
