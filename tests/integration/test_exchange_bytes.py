@@ -23,7 +23,7 @@ def test_the_initial_state_goes_up_once_and_each_peer_downloads_only_the_others_
     cluster = Cluster(tmp_path)
     try:
         url, fp = cluster.start_relay()
-        homes = make_pool(cluster, url, fp, ["alice", "bob"], extra=("--slowdown", "2"))
+        homes = make_pool(cluster, url, fp, ["alice", "bob"], extra=("--slowdown", "2", "--direct", "off"))
         alice, bob = homes
         # Enough shards and rounds that bob, who starts by fetching the initial state, trains too.
         spec = {**job_spec(4), "shards": 8, "batches": 30, "steal": False}

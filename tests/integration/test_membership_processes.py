@@ -78,6 +78,9 @@ def test_token_race_names_and_revocation(tmp_path: Path) -> None:
 
         peers = named() or wait_for(named, 30, "the admin to list the winner")
         me = status(homes[winner])["node"]
+        # The winner names itself once it holds the admin's join (gossip, a moment after it got the key).
+        me = wait_for(lambda: (n := status(homes[winner])["node"])["name"] != "alice" and n, 30,
+                      "the winner to learn the admin keeps the name")
         assert peers[me["id"]] == f"alice-{me['id'][:6]}" == me["name"]
         assert sorted(peers.values()) == ["alice", me["name"]]
 
