@@ -77,7 +77,6 @@ def test_token_race_names_and_revocation(tmp_path: Path) -> None:
             return peers if len(peers) == 2 else None
 
         peers = named() or wait_for(named, 30, "the admin to list the winner")
-        me = status(homes[winner])["node"]
         # The winner names itself once it holds the admin's join (gossip, a moment after it got the key).
         me = wait_for(lambda: (n := status(homes[winner])["node"])["name"] != "alice" and n, 30,
                       "the winner to learn the admin keeps the name")
