@@ -216,5 +216,5 @@ def test_a_relay_that_is_down_reads_as_one(tmp_path, capsys):
     said = _one_line_error(capsys, ["pool", "create", "--relay", f"https://127.0.0.1:{port}", "--fingerprint",
                                     "sha256:" + "0" * 64, "--home", str(tmp_path / "h")])
     assert said == (f"error: cannot reach the relay at https://127.0.0.1:{port}: connection refused "
-                    "(is it running, and on that port?)")
+                    "(is it running, and on that port?); start that relay first, or check the URL; nothing was created")
     assert not (tmp_path / "h").exists()
