@@ -8,7 +8,16 @@ outer step, state hash) is deterministic across machines.
 """
 
 from ._bundle import export_ensemble, load_bundle, read_sidecar
-from ._compress import decode_delta, encode_delta, fp32_size, iter_delta
+from ._compress import (
+    ChunkIndex,
+    decode_chunks,
+    decode_delta,
+    encode_delta,
+    fp32_size,
+    head_size,
+    iter_delta,
+    read_index,
+)
 from ._curve import LossCurve
 from ._datasets import DatasetResolver, dataset_path, dataset_samples, held_resolver, resolving
 from ._ensemble import (
@@ -35,6 +44,7 @@ from ._probe import data_fingerprint, probe
 from ._recipe import Recipe, check_job
 from ._samples import Samples, shard_batches
 from ._schedule import piece_shard_indices, shard_indices
+from ._slices import decode_slice, encode_slice, iter_mean, mean_step, reduce_slice
 from ._spec import LoadedTask, TaskSpec
 from ._state import (
     OuterState,
@@ -83,6 +93,15 @@ __all__ = [
     "combine",
     "data_fingerprint",
     "decode_delta",
+    "ChunkIndex",
+    "decode_chunks",
+    "head_size",
+    "read_index",
+    "decode_slice",
+    "encode_slice",
+    "iter_mean",
+    "mean_step",
+    "reduce_slice",
     "iter_delta",
     "iter_state_file",
     "file_state_hash",

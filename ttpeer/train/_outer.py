@@ -38,8 +38,7 @@ class OuterSum:
         if any(s < 0 for s in samples) or total <= 0:
             raise ValueError(f"sample counts must be >= 0 with a positive total, got {list(samples)}")
         self.state = state
-        # Weights are rounded to fp32 once, here, so no device or kernel picks its own precision.
-        self._weights = [_f32(s / total) for s in samples]
+        self._weights = mean_weights(samples)
         self._added = 0
         # ``state`` may be a template (meta tensors, ``train.template``) when ``step`` is
         # given the base tensor by tensor: the sum is fp32 on the CPU either way.
@@ -118,6 +117,14 @@ def outer_step(state: OuterState, deltas: list[tuple[dict[str, Tensor], int]], *
     for delta, _ in deltas:
         total.add(delta)
     return total.step(lr=lr, momentum=momentum, nesterov=nesterov)
+
+
+def mean_weights(samples: Sequence[int]) -> list[Tensor]:
+    """Each contribution's weight in the round's mean, ``samples / total``, rounded to fp32
+    once, here, so no device or kernel picks its own precision (``OuterSum`` and a slice's
+    reduction use the same). The caller checks the counts (``OuterSum`` does)."""
+    total = sum(samples)
+    return [_f32(s / total) for s in samples]
 
 
 def _f32(value: float) -> Tensor:
