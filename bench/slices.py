@@ -10,14 +10,14 @@ contribution's chunks and sent re-quantized (``train.encode_slice``). Per peer p
 
 - ``all deltas``: up its delta, down every other delta (today's path);
 - ``slices``: up its delta and its reduced slice, down its slice's bytes of every other
-  delta and every other reduced slice. Two figures for the slice download: ``exact``,
-  only the chunks' bytes (a sealing whose pieces fall on chunk boundaries), and
-  ``1MiB``, the sealed 1 MiB pieces that cover them (today's sealing, which a range
-  fetch must round out to).
+  delta and every other reduced slice. Two figures for the slice download: ``cut``, the
+  delta sealed in cut pieces (``net._seal.seal_cut``: its head, then one piece per chunk),
+  so a slice fetches the table, the head and exactly its chunks; and ``1MiB``, the sealed
+  1 MiB pieces of today's sealing (``seal_file``) that cover the chunks' bytes (the
+  index then taken to travel in the record).
 
-Every byte is counted sealed (salt, one tag per piece). Relay egress is the sum of the
-downloads (everything goes through the relay). The contribution's chunk index is taken
-to travel in its record (a few hundred bytes); the deltas are synthetic (Gaussian
+Every byte is counted sealed (salt, table, one tag per piece). Relay egress is the sum of
+the downloads (everything goes through the relay). The deltas are synthetic (Gaussian
 pseudo-gradients with per-tensor scales, int8: the compression of real deltas within a
 few percent), since what is measured is bytes, not convergence (``scripts/bench/requantize``
 measures that). Also printed: the CPU time of reducing one slice against reducing the
@@ -33,7 +33,7 @@ import time
 import torch
 
 from ttpeer import train
-from ttpeer.net._seal import PIECE, SALT, TAG
+from ttpeer.net._seal import CUT_HEADER, PIECE, SALT, TAG
 from ttpeer.proto._slices import SLICES_FROM, slice_chunks
 
 _STREAM_HEAD = 4 + SALT  # magic + salt of a sealed file
@@ -51,6 +51,18 @@ def fetched(begin: int, end: int, total: int, *, pieces: bool) -> int:
         return end - begin + max(1, -(-(end - begin) // PIECE)) * TAG
     first, last = begin // PIECE, (end - 1) // PIECE
     return min(total, (last + 1) * PIECE) - first * PIECE + (last - first + 1) * TAG
+
+
+def cut_sealed(index: train.ChunkIndex) -> int:
+    """Bytes of a chunked delta sealed in cut pieces: the table, the head, the chunks."""
+    return CUT_HEADER + 4 * (index.nchunks + 1) + index.size + (index.nchunks + 1) * TAG
+
+
+def cut_fetched(index: train.ChunkIndex, first: int, stop: int) -> int:
+    """Bytes a slice of chunks ``first .. stop-1`` fetches of a delta sealed in cut pieces:
+    the table, the head piece, its chunks' pieces."""
+    return (CUT_HEADER + 4 * (index.nchunks + 1) + index.head_size + TAG
+            + sum(index.lengths[first:stop]) + (stop - first) * TAG)
 
 
 def _delta(params: int, seed: int) -> torch.Tensor:
@@ -85,13 +97,14 @@ def measure(blobs: list[bytes], chunk: int, params: int) -> dict[str, float]:
         ups, downs = [], []
         for p in range(n):
             mine = [s for s in range(len(runs)) if s % n == p]  # slice s goes to the s-th author
-            up = sealed(len(blobs[p])) + sum(sealed(len(reduced[s])) for s in mine)
-            down = sum(fetched(*indexes[q].span(*runs[s]), len(blobs[q]), pieces=pieces)
-                       for s in mine for q in range(n) if q != p)
+            up = (sealed(len(blobs[p])) if pieces else cut_sealed(indexes[p])) + sum(
+                sealed(len(reduced[s])) for s in mine)
+            down = sum(fetched(*indexes[q].span(*runs[s]), len(blobs[q]), pieces=True) if pieces
+                       else cut_fetched(indexes[q], *runs[s]) for s in mine for q in range(n) if q != p)
             down += sum(sealed(len(reduced[s])) for s in range(len(runs)) if s not in mine)
             ups.append(up)
             downs.append(down)
-        key = "pieces" if pieces else "exact"
+        key = "pieces" if pieces else "cut"
         out[f"{key}_up"], out[f"{key}_down"] = sum(ups) / n, sum(downs) / n
         out[f"{key}_egress"] = float(sum(downs))
     out["old_egress"] = float(sum(down_old))
@@ -127,25 +140,25 @@ def main(argv: list[str] | None = None) -> int:
     rows = {n: measure(blobs[:n], args.chunk, args.params) for n in peers}
     print(f"model {args.params} parameters, int8 delta {rows[peers[0]]['delta'] / mb:.2f} MB, "
           f"chunks of {args.chunk} values; MB per peer per round (up + down), relay egress MB per round")
-    print(f"{'N':>3} {'slices':>6} | {'all deltas':>10} {'egress':>8} | {'slices exact':>12} {'egress':>8} | "
+    print(f"{'N':>3} {'slices':>6} | {'all deltas':>10} {'egress':>8} | {'slices cut':>12} {'egress':>8} | "
           f"{'slices 1MiB':>11} {'egress':>8} | {'reduce 1 slice':>14} {'whole mean':>10}")
     for n, r in rows.items():
         print(f"{n:>3} {r['slices']:>6} | {(r['old_up'] + r['old_down']) / mb:>10.1f} {r['old_egress'] / mb:>8.1f} | "
-              f"{(r['exact_up'] + r['exact_down']) / mb:>12.1f} {r['exact_egress'] / mb:>8.1f} | "
+              f"{(r['cut_up'] + r['cut_down']) / mb:>12.1f} {r['cut_egress'] / mb:>8.1f} | "
               f"{(r['pieces_up'] + r['pieces_down']) / mb:>11.1f} {r['pieces_egress'] / mb:>8.1f} | "
               f"{r['reduce_one_s']:>13.2f}s {r['reduce_all_s']:>9.2f}s")
     lo, hi = min(peers), max(peers)
     if lo != hi:
         def per_peer(r: dict[str, float], key: str) -> float:
             return r[f"{key}_up"] + r[f"{key}_down"]
-        chosen_lo = "exact" if lo >= SLICES_FROM else "old"
-        for key, name in (("exact", "slices exact"), ("pieces", "slices 1MiB")):
+        chosen_lo = "cut" if lo >= SLICES_FROM else "old"
+        for key, name in (("cut", "slices cut"), ("pieces", "slices 1MiB")):
             print(f"per-peer bytes N={hi} / N={lo}: {name} {per_peer(rows[hi], key) / per_peer(rows[lo], key):.2f}x "
                   f"against its own N={lo}, {per_peer(rows[hi], key) / per_peer(rows[lo], chosen_lo):.2f}x against "
                   f"the path chosen at N={lo} (target 1.3x); all deltas "
                   f"{per_peer(rows[hi], 'old') / per_peer(rows[lo], 'old'):.2f}x")
         # Linear in N: egress / N bounded. All deltas: N-1 deltas per peer; slices: 2(N-1)/N.
-        for key, name in (("old", "all deltas"), ("exact", "slices exact"), ("pieces", "slices 1MiB")):
+        for key, name in (("old", "all deltas"), ("cut", "slices cut"), ("pieces", "slices 1MiB")):
             per = [rows[n][f"{key}_egress"] / n / rows[n]["delta"] for n in peers]
             print(f"relay egress / N, in deltas ({name}): "
                   + ", ".join(f"N={n} {v:.2f}" for n, v in zip(peers, per, strict=True)))

@@ -33,9 +33,9 @@ def test_the_slice_path_moves_what_the_arithmetic_says(n):
     d = r["delta"]
     assert r["slices"] == n and r["old_up"] + r["old_down"] == pytest.approx(n * d, rel=0.01)
     # Up: a delta and a reduced slice (1 + 1/N); down: its slice of N-1 deltas and N-1 reduced slices.
-    assert r["exact_up"] + r["exact_down"] == pytest.approx(((1 + 1 / n) + 2 * (n - 1) / n) * d, rel=0.05)
-    assert r["pieces_up"] + r["pieces_down"] >= r["exact_up"] + r["exact_down"]
-    assert r["exact_egress"] == pytest.approx(n * r["exact_down"])
+    assert r["cut_up"] + r["cut_down"] == pytest.approx(((1 + 1 / n) + 2 * (n - 1) / n) * d, rel=0.05)
+    assert r["pieces_up"] + r["pieces_down"] >= r["cut_up"] + r["cut_down"]
+    assert r["cut_egress"] == pytest.approx(n * r["cut_down"])
 
 
 def test_a_short_run_prints_the_table_and_bad_arguments_are_usage_errors(capsys):

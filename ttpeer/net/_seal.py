@@ -8,6 +8,12 @@
   then each 1 MiB piece is sealed under it with its index as the nonce and a last-
   piece flag, the STREAM construction: pieces cannot be reordered, dropped or cut
   off at the end, and no piece larger than one MiB is ever in memory.
+- Pool sealing in cut pieces (chunked deltas, for aggregation slices): the same
+  per-blob key and STREAM nonces, but pieces of the lengths the caller chose (a
+  delta's head, then one piece per chunk frame), listed in a table in clear after
+  the salt and bound into every piece as associated data: a run of pieces opens
+  from its own bytes and the table, so a range fetch takes exactly the chunks it
+  needs instead of the 1 MiB pieces around them.
 - Direct sealing (handing the pool key to a new member): an ephemeral X25519 key
   agreement with the recipient's sealing key, HKDF-SHA256, ChaCha20-Poly1305.
 
@@ -17,6 +23,7 @@ the input and keep going.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -36,6 +43,9 @@ T = TypeVar("T")
 _POOL_MAGIC = b"TS1P"
 _DIRECT_MAGIC = b"TS1D"
 _STREAM_MAGIC = b"TS2S"
+_CUT_MAGIC = b"TS3C"
+MAX_CUT_PIECE = 4 << 20  # plaintext bytes of one cut piece, at most
+MAX_CUTS = 1 << 16  # pieces of one cut blob, at most (a 64 G-value model in 1 M-value chunks)
 SALT = 16
 PIECE = 1 << 20  # plaintext bytes per sealed piece
 TAG = 16
@@ -55,7 +65,11 @@ def seal(key: bytes, purpose: bytes, plaintext: bytes) -> bytes:
 
 
 def open_sealed(key: bytes, purpose: bytes, data: bytes) -> bytes:
-    """Opens either pool format: one piece (``seal``) or pieces (``seal_file``)."""
+    """Opens any pool format: one piece (``seal``), pieces (``seal_file``) or cut pieces
+    (``seal_cut``)."""
+    if data[:4] == _CUT_MAGIC:
+        table = cut_table(data)
+        return b"".join(open_cut(key, purpose, table, 0, table.count, data[table.size:]))
     if data[:4] == _STREAM_MAGIC:
         count = _piece_count(len(data))
         aead = ChaCha20Poly1305(_piece_key(key, data[4:4 + SALT], purpose))
@@ -123,6 +137,102 @@ def open_sealed_file(keys: list[bytes], purpose: bytes, source: Path, out: Path)
         except BaseException:
             out.unlink(missing_ok=True)
             raise
+
+
+class CutTable:
+    """The clear head of a ``seal_cut`` blob: its salt and its pieces' plaintext lengths."""
+
+    def __init__(self, raw: bytes, salt: bytes, lengths: tuple[int, ...]) -> None:
+        self.raw, self.salt, self.lengths = raw, salt, lengths
+
+    @property
+    def count(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def size(self) -> int:
+        """Bytes of the head: what to fetch before any piece."""
+        return len(self.raw)
+
+    def span(self, first: int, stop: int) -> tuple[int, int]:
+        """The byte range of the sealed blob that holds pieces ``first .. stop-1``."""
+        if not 0 <= first < stop <= self.count:
+            raise ValueError(f"pieces [{first}, {stop}) are not a run of the blob's {self.count}")
+        begin = self.size + sum(self.lengths[:first]) + first * TAG
+        return begin, begin + sum(self.lengths[first:stop]) + (stop - first) * TAG
+
+
+CUT_HEADER = 4 + SALT + 4  # magic, salt, piece count: what tells the head's size
+
+
+def cut_head_size(prefix: bytes) -> int:
+    """The head's size of a ``seal_cut`` blob from its first ``CUT_HEADER`` bytes.
+    Raises SealError if they are short, not that format or count too many pieces."""
+    if len(prefix) < CUT_HEADER or prefix[:4] != _CUT_MAGIC:
+        raise SealError("not a blob sealed in cut pieces (bad magic or cut short)")
+    count = int.from_bytes(prefix[4 + SALT:CUT_HEADER], "little")
+    if not 1 <= count <= MAX_CUTS:
+        raise SealError(f"cut blob claims {count} pieces; at most {MAX_CUTS}")
+    return CUT_HEADER + 4 * count
+
+
+def cut_table(head: bytes) -> CutTable:
+    """The head of a ``seal_cut`` blob (its first ``cut_head_size`` bytes, or more),
+    checked for shape only: every piece's tag binds the table, so a changed table makes
+    every piece fail to open. Raises SealError if it is short or a length is out of range."""
+    size = cut_head_size(head)
+    if len(head) < size:
+        raise SealError(f"cut blob head is {len(head)} bytes; its table needs {size}")
+    lengths = tuple(int.from_bytes(head[CUT_HEADER + 4 * k:CUT_HEADER + 4 * (k + 1)], "little")
+                    for k in range((size - CUT_HEADER) // 4))
+    if any(n > MAX_CUT_PIECE for n in lengths):
+        raise SealError(f"cut blob has a piece over {MAX_CUT_PIECE} bytes")
+    return CutTable(bytes(head[:size]), bytes(head[4:4 + SALT]), lengths)
+
+
+def seal_cut(key: bytes, purpose: bytes, pieces: list[bytes], *, salt: bytes | None = None) -> bytes:
+    """Seal ``pieces`` (each at most ``MAX_CUT_PIECE`` bytes, at least one) so that any
+    run of them opens on its own (``cut_table``, ``open_cut``). Raises ValueError for
+    no pieces, too many or one too large."""
+    if not 1 <= len(pieces) <= MAX_CUTS or any(len(p) > MAX_CUT_PIECE for p in pieces):
+        raise ValueError(f"seal_cut takes 1 to {MAX_CUTS} pieces of at most {MAX_CUT_PIECE} bytes")
+    if salt is None:
+        salt = random_bytes(SALT)
+    elif len(salt) != SALT:
+        raise ValueError(f"a salt is {SALT} bytes")
+    head = (_CUT_MAGIC + salt + len(pieces).to_bytes(4, "little")
+            + b"".join(len(p).to_bytes(4, "little") for p in pieces))
+    aead, aad = ChaCha20Poly1305(_cut_key(key, salt, purpose)), _cut_aad(purpose, head)
+    last = len(pieces) - 1
+    return head + b"".join(aead.encrypt(_piece_nonce(k, k == last), p, aad) for k, p in enumerate(pieces))
+
+
+def open_cut(key: bytes, purpose: bytes, table: CutTable, first: int, stop: int,
+             data: bytes | memoryview) -> list[bytes]:
+    """Pieces ``first .. stop-1`` of a ``seal_cut`` blob from their sealed bytes (those at
+    ``table.span(first, stop)``). Raises SealError if the bytes are not that long or a
+    piece does not authenticate (tampered, moved, from another blob, another key)."""
+    begin, end = table.span(first, stop)
+    if len(data) != end - begin:
+        raise SealError(f"cut pieces [{first}, {stop}) are {end - begin} sealed bytes; got {len(data)}")
+    aead, aad = ChaCha20Poly1305(_cut_key(key, table.salt, purpose)), _cut_aad(purpose, table.raw)
+    view, offset, out = memoryview(data), 0, []
+    for k in range(first, stop):
+        size = table.lengths[k] + TAG
+        try:
+            out.append(aead.decrypt(_piece_nonce(k, k == table.count - 1), bytes(view[offset:offset + size]), aad))
+        except InvalidTag:
+            raise SealError("sealed piece does not authenticate (tampered, moved, or another pool key)") from None
+        offset += size
+    return out
+
+
+def _cut_key(key: bytes, salt: bytes, purpose: bytes) -> bytes:
+    return HKDF(hashes.SHA256(), 32, salt, b"ttpeer/cut/v1" + purpose).derive(key)
+
+
+def _cut_aad(purpose: bytes, head: bytes) -> bytes:
+    return purpose + hashlib.sha256(head).digest()
 
 
 def _open_any(keys: list[bytes], attempt: Callable[[bytes], T]) -> T:

@@ -10,6 +10,7 @@ outer step, state hash) is deterministic across machines.
 from ._bundle import export_ensemble, load_bundle, read_sidecar
 from ._compress import (
     ChunkIndex,
+    chunk_pieces,
     decode_chunks,
     decode_delta,
     encode_delta,
@@ -94,6 +95,7 @@ __all__ = [
     "data_fingerprint",
     "decode_delta",
     "ChunkIndex",
+    "chunk_pieces",
     "decode_chunks",
     "head_size",
     "read_index",

@@ -52,7 +52,7 @@ ALLOWED_BLOCKS = frozenset(1 << k for k in range(4, 17))  # 16 .. 65536
 _HEAD = struct.Struct("<4sBIQ")
 _CHUNK_HEAD = struct.Struct("<4sBIQI")
 _LENGTH = struct.Struct("<Q")
-ALLOWED_CHUNKS = frozenset(1 << k for k in range(12, 25))  # 4096 .. 16M values
+ALLOWED_CHUNKS = frozenset(1 << k for k in range(12, 22))  # 4096 .. 2M values: a frame fits one cut piece
 _MAX_WINDOW = 1 << 27  # zstd's own default limit, stated so it cannot drift
 _CHUNK_VALUES = 1 << 20  # values quantized at a time: temporaries of a few MB, not of the model
 
@@ -136,7 +136,7 @@ def _check_format(bits: int, block: int, chunk: int | None) -> None:
         raise ValueError(f"bits must be in {sorted(ALLOWED_BITS)} and block a power of two "
                          f"in [16, 65536], got bits={bits}, block={block}")
     if chunk is not None and (chunk not in ALLOWED_CHUNKS or chunk % block):
-        raise ValueError(f"chunk must be a power of two in [4096, 16777216] and a multiple of "
+        raise ValueError(f"chunk must be a power of two in [4096, 2097152] and a multiple of "
                          f"the block ({block}), got {chunk}")
 
 
@@ -241,6 +241,18 @@ class ChunkIndex:
 
 
 CHUNK_HEADER = _CHUNK_HEAD.size  # the bytes of a TTD2 delta that tell ``head_size``
+
+
+def chunk_pieces(data: bytes | bytearray | memoryview) -> list[bytes]:
+    """A ``TTD2`` delta cut where a range fetch wants it: its head, then one piece per
+    chunk frame (what ``net.seal_cut`` seals, so piece ``c + 1`` is chunk ``c``). Raises
+    DeltaError for bytes that are not a whole chunked delta."""
+    head_size(data)  # a chunked delta's header, or DeltaError
+    index = read_index(data, _CHUNK_HEAD.unpack_from(bytes(data[:CHUNK_HEADER]))[3])
+    if len(data) != index.size:
+        raise DeltaError(f"delta is {len(data)} bytes; its index says {index.size}")
+    view = memoryview(data)
+    return [bytes(view[:index.head_size])] + [bytes(view[slice(*index.span(c, c + 1))]) for c in range(index.nchunks)]
 
 
 def head_size(prefix: bytes | bytearray | memoryview) -> int:
