@@ -119,7 +119,14 @@ def encode_delta(delta: dict[str, Tensor], residual: dict[str, Tensor] | None, *
         new_residual[name] = flat[offset:offset + size].view(shapes[name])
         offset += size
 
-    return _frame(q, scales, bits=bits, block=block, level=level, chunk=chunk), new_residual
+    if chunk is not None:
+        return _chunked(q, scales, bits=bits, block=block, level=level, chunk=chunk), new_residual
+    values = _values_bytes(q.numpy(), bits)
+    del q  # the int8 values, the payload and the frame are never all alive at once
+    payload = scales.numpy().astype("<f4").tobytes() + values
+    del values
+    frame = zstandard.ZstdCompressor(level=level, write_content_size=True).compress(payload)
+    return _HEAD.pack(MAGIC, bits, block, numel) + frame, new_residual
 
 
 def quantize(values: Tensor, *, bits: int = 8, block: int = 256, level: int = 3,
@@ -140,12 +147,9 @@ def _check_format(bits: int, block: int, chunk: int | None) -> None:
                          f"the block ({block}), got {chunk}")
 
 
-def _frame(q: Tensor, scales: Tensor, *, bits: int, block: int, level: int, chunk: int | None) -> bytes:
+def _chunked(q: Tensor, scales: Tensor, *, bits: int, block: int, level: int, chunk: int) -> bytes:
     numel = q.numel()
     compressor = zstandard.ZstdCompressor(level=level, write_content_size=True)
-    if chunk is None:
-        payload = scales.numpy().astype("<f4").tobytes() + _values_bytes(q.numpy(), bits)
-        return _HEAD.pack(MAGIC, bits, block, numel) + compressor.compress(payload)
     frames = []
     for begin in range(0, numel, chunk):
         end = min(begin + chunk, numel)
@@ -274,13 +278,13 @@ def read_index(head: bytes | bytearray | memoryview, numel: int) -> ChunkIndex:
     or chunk is not allowed, the count differs from ``numel``, or a chunk's compressed
     length is zero or larger than its payload could ever compress to."""
     size = head_size(head)
-    if len(head) < size:
-        raise DeltaError(f"delta head is {len(head)} bytes; its index needs {size}")
     _magic, bits, block, count, chunk = _CHUNK_HEAD.unpack_from(head)
     if bits not in ALLOWED_BITS or block not in ALLOWED_BLOCKS or chunk % block:
         raise DeltaError(f"delta uses bits={bits}, block={block}, chunk={chunk}; not an allowed combination")
-    if count != numel or count == 0:
+    if count != numel or count == 0:  # before the size: a forged count never asks for a huge index
         raise DeltaError(f"delta has {count} values; the model has {numel}")
+    if len(head) < size:
+        raise DeltaError(f"delta head is {len(head)} bytes; its index needs {size}")
     nchunks = (size - CHUNK_HEADER) // _LENGTH.size
     lengths = tuple(_LENGTH.unpack_from(head, CHUNK_HEADER + _LENGTH.size * c)[0] for c in range(nchunks))
     index = ChunkIndex(bits, block, count, chunk, lengths)
