@@ -113,7 +113,7 @@ def measure(blobs: list[bytes], chunk: int, params: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="scripts/bench/slices", description=__doc__.split("\n\n")[0])
     ap.add_argument("--params", type=int, default=1 << 24,
                     help="parameters of the model (default 16777216: 16 chunks, one slice per peer at N = 16)")
     ap.add_argument("--peers", default="2,4,8,16", help="contributions per round, comma-separated (default 2,4,8,16)")
