@@ -94,13 +94,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("relay", parents=[common], help="run the HTTPS rendezvous relay; or list or change the "
                        "pool's relays (relay ls | add | rm)", description=_RELAY_HELP,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       # Running a relay takes no action word, so the usage shows both forms
+                       # rather than a positional ACTION that looks required.
+                       usage="%(prog)s --data DIR [--listen HOST:PORT] [--cert PEM --key PEM] [options]\n"
+                             "       %(prog)s {ls,add,rm} [options] ...")
     r.add_argument("--listen", default="127.0.0.1:8443", help="HOST:PORT to listen on (port 0: any free port)")
     r.add_argument("--data", type=Path, default=None,
                    help="directory for the certificate, blobs and rosters (required to run a relay)")
     r.add_argument("--cert", type=Path, help="TLS certificate (PEM); default: self-signed, made on first start")
     r.add_argument("--key", type=Path, help="TLS private key (PEM) for --cert")
-    ra = r.add_subparsers(dest="relay_command", metavar="ACTION")
+    ra = r.add_subparsers(dest="relay_command", metavar="{ls,add,rm}")
     ra_ls = ra.add_parser("ls", parents=[common], help="the pool's relays, in order, and how this peer sees each")
     ra_ls.add_argument("--json", action="store_true", help="one JSON object")
     ra_add = ra.add_parser("add", parents=[common], help="add a relay to the pool (admin only); every peer uses "
