@@ -89,6 +89,11 @@ def _sorted_unique(item: Validator, max_len: int, min_len: int = 0) -> Validator
     return check
 
 
+def _hex_list(max_len: int) -> Validator:
+    """A list of record ids in the order given (repeats allowed: one per slot)."""
+    return lambda v: type(v) is list and 1 <= len(v) <= max_len and all(_HEX(x) for x in v)
+
+
 def _metrics(v: Any) -> bool:
     return (
         type(v) is dict
@@ -218,6 +223,11 @@ def _job_consistent(body: dict[str, Any]) -> str | None:
         if body.get("outer_lr_schedule", "constant") != "constant":
             return ("an outer-lr schedule is laid over a fixed number of rounds: give fixed inner steps "
                     "(an auto-cadence job's round count follows its link)")
+    if "chunk" in body:
+        if body["mode"] != "fused":
+            return "only a fused job reduces its rounds in slices (chunk)"
+        if body["chunk"] & (body["chunk"] - 1):
+            return f"chunk ({body['chunk']}) must be a power of two"
     if "samples" in body and not set(body["samples"]) <= set(body.get("datasets") or ()):
         return "samples names a dataset that datasets does not"
     return None
@@ -273,6 +283,12 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # with the hash of the sample index the submitter read them through
         # (``ttpeer_wire.samples_hash``): every peer reads the same index.
         "samples": _datasets,
+        # Fused jobs only (OPTIONAL): deltas are chunked (``TTD2``) in runs of ``chunk``
+        # values, a power of two, and a round of three or more contributors is reduced in
+        # aggregation slices (``proto/_slicer.py``): each peer reduces a slice of the mean,
+        # everyone downloads the reduced slices. Absent: every peer downloads every delta.
+        # A peer of a version without slices drops the record (its field is unknown).
+        "chunk": _int(4096, 2**21),
     },
     # A claim with n > 0 renews the lease of claim n=0; ``done`` batches so far at ``rate``
     # batches/s let others project when it will finish. ``backup``: a copy run by an idle
@@ -285,6 +301,9 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
     "contrib": {
         "job": _HEX, "round": _int(), "base": _STATE_HASH, "shards": _sorted_unique(_int(0, 4095), 4096, 1),
         "samples": _int(1, 2**40), "blob": _HEX, "size": _int(1, 2**40), "metrics": _metrics,
+        # Sliced jobs only (OPTIONAL): the chunks of its ``TTD2`` delta, each sealed as its
+        # own piece (``seal_cut``: the head, then one piece per chunk).
+        "chunks": _int(1, 65536),
     },
     "close": {
         "job": _HEX, "round": _int(), "base": _STATE_HASH, "contribs": _sorted_unique(_HEX, 4096, 1),
@@ -295,7 +314,17 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # Auto-cadence jobs only (OPTIONAL): the inner steps per shard of round ``round`` + 2,
         # picked by this close from its contributions' figures (proto/_cadence.py).
         "next": _int(1, 1_000_000),
+        # Sliced rounds only (OPTIONAL): the ``slice`` records whose reduced slices, in
+        # slice order, make the round's mean (``proto/_slicer.py``).
+        "slices": _hex_list(4096),
     },
+    # One reduced slice of a round's mean: chunks ``first`` .. ``stop``-1 of the mean of the
+    # contributions ``contribs`` (the close's), slice ``slice`` of ``of``, re-quantized; its
+    # plaintext hashes to ``sha256``. ``blob`` holds it sealed; a check that reproduced
+    # another's result names that one's blob.
+    "slice": {"job": _HEX, "round": _int(), "base": _STATE_HASH, "contribs": _sorted_unique(_HEX, 4096, 1),
+              "slice": _int(0, 4095), "of": _int(1, 4096), "first": _int(0, 65535), "stop": _int(1, 65536),
+              "blob": _HEX, "sha256": _HEX, "size": _int(1, 2**40)},
     "ckpt": {"job": _HEX, "round": _int(), "state": _STATE_HASH, "blob": _HEX, "size": _int(1, 2**40)},
     # A member asks for a checkpoint of ``state`` (a state of the job's chain) rather than
     # replay the deltas up to it: a peer that holds it publishes one (``proto/_closer.py``).
@@ -341,13 +370,17 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
 OPTIONAL: dict[str, frozenset[str]] = {
     "job": frozenset({"members", "overlap", "precision", "micro_batch", "checkpointing", "lr_schedule", "warmup",
                       "final_lr_ratio", "data", "step_timeout", "outer_lr_schedule", "outer_warmup",
-                      "outer_final_lr_ratio", "h_min", "h_max", "datasets", "samples"}),
-    "close": frozenset({"tbase", "next"}),
+                      "outer_final_lr_ratio", "h_min", "h_max", "datasets", "samples", "chunk"}),
+    "close": frozenset({"tbase", "next", "slices"}),
+    "contrib": frozenset({"chunks"}),
     "dataset": frozenset({"samples", "urls"}),
     "decline": frozenset({"code"}),
 }
-CHECKS: dict[str, Callable[[dict[str, Any]], str | None]] = {"job": _job_consistent,
-                                                             "dataset": dataset_consistent}
+CHECKS: dict[str, Callable[[dict[str, Any]], str | None]] = {
+    "job": _job_consistent, "dataset": dataset_consistent,
+    "slice": lambda b: None if b["first"] < b["stop"] and b["slice"] < b["of"] else
+    "a slice holds chunks first < stop and is one of 'of' slices",
+}
 
 
 @dataclass(frozen=True, eq=False)

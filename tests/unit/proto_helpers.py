@@ -137,6 +137,9 @@ def valid_bodies() -> dict[str, dict[str, Any]]:
         "direct": {"addrs": ["192.168.1.5:7000"], "cert": cert_hex(), "at": 12},
         "relays": {"relays": [["https://relay.example:8443", "sha256:" + "ab" * 32]], "n": 1, "at": 14},
         "ckpt_want": {"job": hex64("job"), "state": state("s9")},
+        "slice": {"job": hex64("job"), "round": 0, "base": state(0), "contribs": sorted([hex64("c1"), hex64("c2")]),
+                  "slice": 1, "of": 3, "first": 2, "stop": 4, "blob": hex64("sb"), "sha256": hex64("sp"),
+                  "size": 4200},
     }
 
 

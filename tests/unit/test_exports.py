@@ -34,6 +34,8 @@ SURFACES: dict[str, set[str]] = {
         'Aggregated', 'Applied', 'CheckpointPublished', 'Declined', 'DeltaEncoded', 'DeltaPublished', 'Failed',
         'Fetched', 'Holds', 'JobFailed', 'JobSpec', 'Prepared', 'Progress', 'Report', 'StateLost', 'Trained',
         'WorkLost',
+        # aggregation slices: the effect, its reports, and the plan's cut (the executor's slices)
+        'ReduceSlice', 'SliceReduced', 'SliceRefused', 'slice_chunks',
         # the key ring's decisions (who gets the pool key, who is told it ended)
         'AcceptKeys', 'EXPIRY_GRACE', 'EndMembership', 'HandKeys', 'KeyRing', 'Refuse', 'RejectKeys', 'Renamed',
         'Rotate', 'TellEnded',

@@ -66,6 +66,8 @@ OTHER_VALUES: dict[str, dict[str, Any]] = {
     "ckpt_want": {"job": hex64("job2"), "state": state("s10")},
     "relays": {"relays": [["https://b.example", "sha256:" + "cd" * 32], ["https://c.example", "sha256:" + "ef" * 32]],
                "n": 2, "at": 15},
+    "slice": {"job": hex64("job2"), "round": 1, "base": state(9), "contribs": [hex64("c1")], "slice": 2, "of": 4,
+              "first": 0, "stop": 5, "blob": hex64("sb2"), "sha256": hex64("sp2"), "size": 4100},
 }
 # A dataset's id is the hash of its files and piece size: those three change together.
 FIELD_SWAPS = [(k, f) for k in KINDS for f in SCHEMAS[k]
@@ -98,6 +100,10 @@ INVALID: list[tuple[str, str, Any]] = [
     ("revoke", "keep", sorted(hex64(i) for i in range(901))), ("revoke", "at", -1),
     ("decline", "reason", "x" * 1001), ("decline", "reason", None), ("decline", "need", -1),
     ("decline", "have", 1.5), ("decline", "job", "job"),
+    ("slice", "first", 4), ("slice", "slice", 3), ("slice", "of", 0), ("slice", "stop", 0),
+    ("slice", "contribs", []), ("slice", "sha256", "ab"), ("slice", "size", 0),
+    ("close", "slices", []), ("close", "slices", ["ab"]), ("contrib", "chunks", 0),
+    ("job", "chunk", 4095), ("job", "chunk", 6144), ("job", "chunk", 2**22),
 ]
 
 

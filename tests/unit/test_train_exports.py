@@ -15,7 +15,7 @@ EXPECTED = {
     "OuterSum", "iter_delta", "state_chunks", "state_from_file", "template", "file_state_hash", "iter_state_file",
     "DatasetMissing", "DatasetResolver", "dataset_path", "held_resolver", "resolving",
     "dataset_samples", "Samples", "piece_shard_indices", "shard_batches",
-    "ChunkIndex", "chunk_pieces", "decode_chunks", "head_size", "read_index",
+    "CHUNK_HEADER", "ChunkIndex", "chunk_pieces", "decode_chunks", "head_size", "read_index",
     "decode_slice", "encode_slice", "iter_mean", "mean_step", "reduce_slice",
 }
 

@@ -3,8 +3,8 @@
 Theory of operation. The machine decides; the node executes. ``Effects.execute`` runs
 the cheap effects at once on the trio thread (``_INLINE``: persist a record, queue a
 message, mark a shard cancelled, start writing a finished job's files), and the long
-ones (``_TASKS``: prepare, train, publish a delta, aggregate, apply, fetch a state,
-publish a checkpoint) as tasks in the node's nursery, each inside ``_guarded``, the one
+ones (``_TASKS``: prepare, train, publish a delta, reduce a slice, aggregate, apply,
+fetch a state, publish a checkpoint) as tasks in the node's nursery, each inside ``_guarded``, the one
 boundary that judges their errors, and each reporting its result back into the machine.
 
 What it promises: a full disk stops the daemon (retrying would only fail again); a
@@ -16,9 +16,10 @@ when it sees fit; any other exception is a bug that costs its job, never the dae
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import shutil
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,7 +53,10 @@ from ttpeer.proto import (
     PublishCheckpoint,
     PublishDelta,
     Record,
+    ReduceSlice,
     Send,
+    SliceReduced,
+    SliceRefused,
     StateLost,
     TaskSignatureError,
     Train,
@@ -64,13 +68,17 @@ from ttpeer.proto import (
 
 from ._counters import Counters
 from ._data import Datasets
-from ._executor import Decline, Executor
+from ._executor import Decline, Deltas, Executor
 from ._home import Home, PoolConfig
 from ._keys import Blobs, PoolKeys, SealError
 from ._recordlog import RecordLog
 from ._replay import ReplayGuard
 
 log = logging.getLogger("ttpeer.daemon")
+
+
+class SliceMismatch(TtpeerError):
+    """A reduced slice's blob does not hash or size as its record says."""
 
 
 class Host(Protocol):
@@ -319,19 +327,56 @@ class Effects:
         stats = self._node.counters.job(job.id)
         stats.fp32_bytes += int(metrics.pop("fp32_bytes", 0))
         stats.wire_bytes += len(data)
-        self._report(DeltaPublished(job, rnd, base, shards, eff.samples, blob, len(data), metrics))
+        chunks = metrics.pop("chunks", None)
+        self._report(DeltaPublished(job, rnd, base, shards, eff.samples, blob, len(data), metrics,
+                                    None if chunks is None else int(chunks)))
+
+    async def _reduce_slice(self, eff: ReduceSlice) -> None:
+        async with self._node.blobs.deltas(eff.job, eff.contribs) as deltas:
+            data = await self._node.executor.reduce_slice(eff.job, deltas, eff.first, eff.stop, rnd=eff.round)
+        trim()
+        sha = hashlib.sha256(data).hexdigest()
+        blob = None
+        if eff.against is None or eff.against["sha256"] != sha:
+            if eff.against is not None:
+                log.warning("slice %d of round %d (job %s) by %s did not reproduce here; publishing this "
+                            "peer's own", eff.slice, eff.round, eff.job.id[:12], eff.against.author[:12])
+            blob = await self._node.blobs.put(data)
+        self._report(SliceReduced(eff, sha, len(data), blob))
+
+    @contextlib.asynccontextmanager
+    async def _outer_inputs(self, job: Record, contribs: tuple[Record, ...],
+                            slices: tuple[Record, ...]) -> AsyncIterator[Deltas]:
+        """What a close applies: the contributions' deltas, or a sliced close's reduced
+        slices, each checked against its record (a slice that is not is refused)."""
+        if not slices:
+            async with self._node.blobs.deltas(job, contribs) as deltas:
+                yield deltas
+            return
+        out: Deltas = []
+        for rec in slices:
+            data = await self._node.blobs.get(rec["blob"], max_size=rec["size"] + 64, uploaders=[rec.author])
+            if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
+                self._node.blobs.refused("slice")
+                self._report(SliceRefused(rec.id))
+                raise SliceMismatch(f"slice {rec['slice']} of round {rec['round']} by {rec.author[:12]} does not "
+                                    "hash as its record says; it is made again")
+            out.append((data, 1))
+        yield out
 
     async def _aggregate(self, eff: Aggregate) -> None:
-        async with self._node.blobs.deltas(eff.job, eff.contribs) as deltas:
-            state, metrics = await self._node.executor.aggregate(eff.job, eff.base, deltas, rnd=eff.round)
+        async with self._outer_inputs(eff.job, eff.contribs, eff.slices) as deltas:
+            state, metrics = await self._node.executor.aggregate(eff.job, eff.base, deltas, rnd=eff.round,
+                                                                 sliced=bool(eff.slices))
         trim()  # the blobs this close fetched: back to the system
         ids = tuple(c.id for c in eff.contribs)
-        self._report(Aggregated(eff.job, eff.round, eff.base, ids, state, metrics))
+        self._report(Aggregated(eff.job, eff.round, eff.base, ids, state, metrics, tuple(s.id for s in eff.slices)))
 
     async def _apply(self, eff: Apply) -> None:
         job, close = eff.job, eff.close
-        async with self._node.blobs.deltas(job, eff.contribs) as deltas:
-            ok = await self._node.executor.apply(job, close["base"], deltas, close["state"], rnd=close["round"])
+        async with self._outer_inputs(job, eff.contribs, eff.slices) as deltas:
+            ok = await self._node.executor.apply(job, close["base"], deltas, close["state"], rnd=close["round"],
+                                                 sliced=bool(eff.slices))
         trim()
         if not ok:
             log.warning("round %d of job %s did not reproduce state %s here; fetching a checkpoint instead",
@@ -464,6 +509,7 @@ _TASKS: dict[type, Callable[[Effects, Any], Awaitable[None]]] = {
     PrepareJob: Effects._prepare,
     Train: Effects._train,
     PublishDelta: Effects._publish_delta,
+    ReduceSlice: Effects._reduce_slice,
     Aggregate: Effects._aggregate,
     Apply: Effects._apply,
     FetchState: Effects._fetch_state,

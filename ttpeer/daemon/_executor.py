@@ -68,19 +68,29 @@ class Executor(Protocol):
         ...
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
-        """The encoded local delta against ``eff.base`` and metrics (``fp32_bytes``, ``train_loss``)."""
+        """The encoded local delta against ``eff.base`` and metrics (``fp32_bytes``,
+        ``train_loss``; a sliced job's chunked delta: ``chunks``, its chunk count)."""
+        ...
+
+    async def reduce_slice(self, job: Record, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
+        """A sliced job's (``chunk``) reduced slice of round ``rnd``: the sample-weighted
+        mean of chunks ``first`` .. ``stop``-1 of the chunked deltas, in the given order,
+        re-quantized (``train.encode_slice``). The same inputs give the same bytes on every
+        peer. Raises ``JobError`` for deltas that are not chunked alike."""
         ...
 
     async def aggregate(
-        self, job: Record, base: str, deltas: Deltas, *, rnd: int
+        self, job: Record, base: str, deltas: Deltas, *, rnd: int, sliced: bool = False
     ) -> tuple[str, dict[str, float]]:
         """Apply the outer step of round ``rnd`` (its outer lr: the job's outer schedule there)
         to ``base`` with the decoded deltas (in the given order, each ``(DeltaRef,
-        samples)``; read one at a time); hold the result. Returns its state hash and eval
-        metrics."""
+        samples)``; read one at a time); hold the result. ``sliced``: ``deltas`` are the
+        round's reduced slices in order, which together are the mean. Returns its state
+        hash and eval metrics."""
         ...
 
-    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int) -> bool:
+    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
+                    sliced: bool = False) -> bool:
         """Like ``aggregate``, but keep the result only if it hashes to ``expect``."""
         ...
 

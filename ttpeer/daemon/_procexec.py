@@ -714,12 +714,21 @@ class ProcessExecutor:
             for p in mine:
                 p.unlink(missing_ok=True)
 
-    async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int) -> tuple[str, dict[str, float]]:
-        result = await self._with_deltas(job, "aggregate", deltas, {"base": base, "round": rnd})
+    async def reduce_slice(self, job: Record, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
+        out = self._work_dir(job.id) / f"slice-{rnd}-{first}-{stop}.bin"
+        result = await self._with_deltas(job, "reduce_slice", deltas,
+                                         {"first": first, "stop": stop, "round": rnd, "out": str(out)})
+        return read_and_remove(Path(result["file"]))
+
+    async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int,
+                        sliced: bool = False) -> tuple[str, dict[str, float]]:
+        result = await self._with_deltas(job, "aggregate", deltas, {"base": base, "round": rnd, "sliced": sliced})
         return result["state"], result["metrics"]
 
-    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int) -> bool:
-        return bool(await self._with_deltas(job, "apply", deltas, {"base": base, "expect": expect, "round": rnd}))
+    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
+                    sliced: bool = False) -> bool:
+        return bool(await self._with_deltas(job, "apply", deltas, {"base": base, "expect": expect, "round": rnd,
+                                                                   "sliced": sliced}))
 
     async def export_state(self, job: Record, state: str, out: Path) -> None:
         await self._call(job, "export_state", {"state": state, "out": str(out)})

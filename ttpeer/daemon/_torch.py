@@ -47,10 +47,10 @@ import trio
 
 from ttpeer import train
 from ttpeer.errors import DiskError, JobError, StateMissing, TaskFailed, TtpeerError
-from ttpeer.proto import PublishDelta, Record, Train, overlapped
+from ttpeer.proto import PublishDelta, Record, Train, overlapped, slice_chunks
 
 from ._datastore import DataStore
-from ._executor import Decline, Deltas, delta_bytes
+from ._executor import Decline, DeltaRef, Deltas, delta_bytes
 from ._files import write_atomic
 from ._home import Home, shared_data_dir
 from ._workfiles import DISK_ERRNOS
@@ -472,8 +472,11 @@ class TorchExecutor:
             delta = (ctx.trainer.delta(start) if start is not None
                      else ctx.trainer.delta_from(self._params(eff.job, eff.base)))
             ctx.own = (eff.round, delta) if overlapped(eff.job) else None
-            data, ctx.residual = train.encode_delta(delta, ctx.residual, bits=eff.job["bits"])
+            chunk = eff.job.body.get("chunk")
+            data, ctx.residual = train.encode_delta(delta, ctx.residual, bits=eff.job["bits"], chunk=chunk)
             metrics = {"fp32_bytes": float(train.fp32_size(delta)), **ctx.trainer.recipe.metrics(eff.job["batch_size"])}
+            if chunk is not None:
+                metrics["chunks"] = float(-(-_numel(ctx.like) // chunk))
             loss = ctx.trainer.take_train_loss()
             if loss is not None and math.isfinite(loss):  # a record holds finite numbers only
                 metrics["train_loss"] = round(loss, 6)
@@ -521,7 +524,7 @@ class TorchExecutor:
         return train.outer_step(base, [(own[1], 1)], lr=train.outer_lr(job.body, eff.round - 1),
                                 momentum=job["outer_momentum"], nesterov=True)
 
-    def _outer(self, job: Record, base: str, deltas: Deltas, rnd: int) -> train.OuterState:
+    def _outer(self, job: Record, base: str, deltas: Deltas, rnd: int, sliced: bool = False) -> train.OuterState:
         ctx = self._job(job)
         if ctx.ensemble:  # the round's member checkpoints replace their members in ``base``
             try:
@@ -537,17 +540,39 @@ class TorchExecutor:
         # read from its file one tensor at a time as the step goes: it is never whole in
         # memory beside the sum and the new state.
         path = self._state_path(job, base)
+        if sliced:  # the reduced slices, in order, are the round's mean
+            numel, chunk = _numel(ctx.like), job["chunk"]
+            spans = slice_chunks(-(-numel // chunk), len(deltas))
+            if len(spans) != len(deltas):
+                raise JobError(f"{len(deltas)} slices for a model of {-(-numel // chunk)} chunks")
+            means = (train.decode_slice(delta_bytes(ref), min(stop * chunk, numel) - first * chunk)
+                     for (ref, _samples), (first, stop) in zip(deltas, spans, strict=True))
+            return train.mean_step(ctx.like, means, lr=train.outer_lr(job.body, rnd), momentum=job["outer_momentum"],
+                                   nesterov=True, base=train.iter_state_file(path, ctx.like))
         total = train.OuterSum(ctx.like, [samples for _ref, samples in deltas])
         for ref, _samples in deltas:
             total.add_parts(train.iter_delta(delta_bytes(ref), ctx.like))
         return total.step(lr=train.outer_lr(job.body, rnd), momentum=job["outer_momentum"], nesterov=True,
                           base=train.iter_state_file(path, ctx.like))
 
-    async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int) -> tuple[str, dict[str, float]]:
+    async def reduce_slice(self, job: Record, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
+        ctx = self._job(job)
+
+        def run() -> bytes:
+            numel = _numel(ctx.like)
+            parts = [_chunk_run(ref, numel, first, stop) for ref, _samples in deltas]
+            mean = train.reduce_slice(parts, [samples for _ref, samples in deltas], first, stop)
+            return train.encode_slice(mean, block=parts[0][0].block)
+
+        async with self._close_lock:
+            return await _in_thread(run, job["task"])
+
+    async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int,
+                        sliced: bool = False) -> tuple[str, dict[str, float]]:
         ctx = self._job(job)
 
         def run() -> tuple[str, dict[str, float]]:
-            new = self._outer(job, base, deltas, rnd)
+            new = self._outer(job, base, deltas, rnd, sliced)
             # The base is on disk: not kept in memory beside the new state and the model
             # that evaluates it (a training round that uses it holds its own reference).
             ctx.states.pop(base, None)
@@ -568,9 +593,10 @@ class TorchExecutor:
         async with self._close_lock:
             return await _in_thread(run, job["task"])
 
-    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int) -> bool:
+    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
+                    sliced: bool = False) -> bool:
         def run() -> bool:
-            new = self._outer(job, base, deltas, rnd)
+            new = self._outer(job, base, deltas, rnd, sliced)
             if train.state_hash(new) != expect:
                 return False
             self._hold(job, new)
@@ -664,6 +690,35 @@ def _need_pieces(task: train.LoadedTask, pieces: list[int], world: int, device: 
     if missing:
         index = task.train.index
         raise train.DatasetMissing(index.name, dataset=index.dataset, pieces=missing)
+
+
+def _numel(like: train.OuterState) -> int:
+    return sum(t.numel() for t in like.params.values())
+
+
+def _chunk_run(ref: DeltaRef, numel: int, first: int, stop: int) -> tuple[train.ChunkIndex, bytes]:
+    """A chunked delta's checked index and the bytes of its chunks ``first`` .. ``stop``-1:
+    from a file, only those bytes are read (an aggregator holds its slice of each delta,
+    not the deltas). Raises DeltaError for a delta that is not chunked for this model."""
+    def run_of(index: train.ChunkIndex) -> tuple[int, int]:
+        if not 0 <= first < stop <= index.nchunks:
+            raise train.DeltaError(f"delta has {index.nchunks} chunks; the slice wants [{first}, {stop})")
+        return index.span(first, stop)
+
+    if isinstance(ref, bytes):
+        index = train.read_index(ref, numel)
+        begin, end = run_of(index)
+        return index, ref[begin:end]
+    with open(ref, "rb") as f:
+        prefix = f.read(train.CHUNK_HEADER)
+        head = prefix + f.read(train.head_size(prefix) - len(prefix))
+        index = train.read_index(head, numel)
+        begin, end = run_of(index)
+        f.seek(begin)
+        data = f.read(end - begin)
+    if len(data) != end - begin:
+        raise train.DeltaError(f"delta is cut short: chunks [{first}, {stop}) need {end - begin} bytes")
+    return index, data
 
 
 async def _in_thread(fn: Callable[[], T], task: str) -> T:

@@ -48,8 +48,8 @@ log = logging.getLogger("ttpeer.worker")
 
 
 # Calls that allocate model-sized memory: the worker's resident set is trimmed after each.
-_LARGE = frozenset({"new_job", "prepare", "train", "delta", "aggregate", "apply", "export_state", "import_state",
-                    "finish"})
+_LARGE = frozenset({"new_job", "prepare", "train", "delta", "reduce_slice", "aggregate", "apply", "export_state",
+                    "import_state", "finish"})
 
 
 def main() -> None:
@@ -162,12 +162,16 @@ class _Worker:
             if a.get("rank", 0) > 0:  # its copy is the same as the first worker's: keep one
                 return {"file": None, "metrics": metrics}
             return {"file": str(write_work(Path(a["out"]), data)), "metrics": metrics}
-        if op in ("aggregate", "apply"):
+        if op in ("aggregate", "apply", "reduce_slice"):
             # Paths, read one at a time by the outer step; whoever wrote them removes them.
             deltas = [(Path(p), samples) for p, samples in a["deltas"]]
+            sliced = bool(a.get("sliced"))
+            if op == "reduce_slice":
+                data = await ex.reduce_slice(job, deltas, a["first"], a["stop"], rnd=a["round"])
+                return {"file": str(write_work(Path(a["out"]), data))}
             if op == "apply":
-                return await ex.apply(job, a["base"], deltas, a["expect"], rnd=a["round"])
-            state, metrics = await ex.aggregate(job, a["base"], deltas, rnd=a["round"])
+                return await ex.apply(job, a["base"], deltas, a["expect"], rnd=a["round"], sliced=sliced)
+            state, metrics = await ex.aggregate(job, a["base"], deltas, rnd=a["round"], sliced=sliced)
             return {"state": state, "metrics": metrics}
         if op == "export_state":  # file to file: the worker never holds the state's bytes
             await ex.export_state(job, a["state"], Path(a["out"]))

@@ -36,6 +36,7 @@ from ._effects import (
     PrepareJob,
     PublishCheckpoint,
     PublishDelta,
+    ReduceSlice,
     Send,
     Train,
 )
@@ -93,11 +94,14 @@ from ._reports import (
     Prepared,
     Progress,
     Report,
+    SliceReduced,
+    SliceRefused,
     StateLost,
     Trained,
     WorkLost,
 )
 from ._sizing import default_sizing
+from ._slices import slice_chunks
 from ._tasksig import TaskSignatureError, open_task, sign_task
 from ._token import Token, TokenError, make_token, parse_token
 
@@ -140,6 +144,9 @@ __all__ = [
     "DeltaEncoded",
     "DeltaPublished",
     "Aggregated",
+    "SliceReduced",
+    "SliceRefused",
+    "ReduceSlice",
     "Applied",
     "Fetched",
     "CheckpointPublished",
@@ -175,6 +182,7 @@ __all__ = [
     "revocation_keep",
     "revocations",
     "train_base",
+    "slice_chunks",
     "MAX_KEEP",
     "DECLINE_CODES",
     "Ended",

@@ -38,6 +38,7 @@ class Closer:
         self.me = me
         self.digest_interval = digest_interval
         self._covered_at: dict[tuple[str, int, str], float] = {}
+        self._ready_at: dict[tuple[str, int, str], float] = {}  # a sliced round: when its slices were all here
         self._aggregating: tuple[str, int] | None = None
         self._ckpt_done: set[tuple[str, int]] = set()
         self._asks_seen: dict[str, float] = {}  # ask record id -> when this peer first saw it
@@ -48,7 +49,7 @@ class Closer:
 
     def deadlines(self, job: JobSpec, rnd: int) -> list[float]:
         out = []
-        for (jid, r, _base), at in self._covered_at.items():
+        for (jid, r, _base), at in [*self._covered_at.items(), *self._ready_at.items()]:
             if jid == job.id and r == rnd:
                 out += [at + job.lease, at + self.grace(job)]
         return [*out, self.retry_at, *self._ask_deadlines.values()]
@@ -57,15 +58,16 @@ class Closer:
         return list(self._ask_deadlines.values())
 
     def deadline_key(self) -> object:
-        return len(self._covered_at), self.retry_at, tuple(sorted(self._ask_deadlines.values()))
+        return len(self._covered_at), len(self._ready_at), self.retry_at, tuple(sorted(self._ask_deadlines.values()))
 
     def covered_at(self, job: str, rnd: int) -> float | None:
         """When this peer first saw round ``rnd`` covered (on any base), if it did."""
         return min((at for (j, r, _b), at in self._covered_at.items() if j == job and r == rnd), default=None)
 
     def forget_before(self, job: str, rnd: int) -> None:
-        for key in [k for k in self._covered_at if k[0] == job and k[1] < rnd]:
-            del self._covered_at[key]
+        for table in (self._covered_at, self._ready_at):
+            for key in [k for k in table if k[0] == job and k[1] < rnd]:
+                del table[key]
 
     def grace(self, job: JobSpec, closer: str | None = None, now: float = 0.0,
               heard: dict[str, float] | None = None) -> float:
@@ -80,20 +82,29 @@ class Closer:
             return 0.0
         return job.lease + 2 * self.digest_interval
 
+    def covered(self, job: str, rnd: int, base: str, now: float) -> float:
+        """When this peer first saw round ``rnd`` on ``base`` covered (now, if just now)."""
+        return self._covered_at.setdefault((job, rnd, base), now)
+
     def maybe_close(self, job: JobSpec, rnd: int, base: str, cover: list[Record], now: float,
-                    heard: dict[str, float]) -> list[Aggregate]:
-        """The round is covered by ``cover``: aggregate it if it is this peer's turn."""
-        first = self._covered_at.setdefault((job.id, rnd, base), now)
+                    heard: dict[str, float], slices: tuple[Record, ...] = (),
+                    ready: float | None = None) -> list[Aggregate]:
+        """The round is covered by ``cover``: aggregate it if it is this peer's turn. A
+        sliced round closes from its reduced ``slices``, the others' wait counted from
+        ``ready``, when this peer first had them all."""
+        first = self.covered(job.id, rnd, base, now)
+        if ready is not None:
+            first = self._ready_at.setdefault((job.id, rnd, base), max(first, ready))
         if self._aggregating is not None or now < self.retry_at:
             return []
         closer = min(c.author for c in cover)
         if closer != self.me and now < first + self.grace(job, closer, now, heard):
             return []
         self._aggregating = (job.id, rnd)
-        return [Aggregate(job.record, rnd, base, tuple(cover))]
+        return [Aggregate(job.record, rnd, base, tuple(cover), slices)]
 
     def aggregated(self, job: JobSpec, rnd: int, base: str, contribs: tuple[str, ...], state: str,
-                   metrics: dict[str, float], records: RecordSet, chain: Chain) -> dict:
+                   metrics: dict[str, float], records: RecordSet, chain: Chain, slices: tuple[str, ...] = ()) -> dict:
         """An ``Aggregate`` made ``state``: the close's body to sign. An auto-cadence job's
         close also picks round ``rnd + 2``'s size from its contributions' figures."""
         self._aggregating = None
@@ -101,6 +112,8 @@ class Closer:
                 "metrics": metrics}
         if job.overlap:
             body["tbase"] = records.by_id[contribs[0]]["base"]
+        if slices:
+            body["slices"] = list(slices)
         if job.auto:
             assert job.h_min is not None and job.h_max is not None
             mine = [records.by_id[c] for c in sorted(contribs) if c in records.by_id]

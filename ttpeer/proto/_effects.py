@@ -89,14 +89,35 @@ class PublishDelta:
 
 
 @dataclass(frozen=True)
+class ReduceSlice:
+    """Reduce chunks ``first`` .. ``stop``-1 of the mean of ``contribs`` (their slice of
+    every delta, in this order), re-quantized; upload it sealed unless it hashes as
+    ``against`` does (a check of another's result: then nothing is uploaded). Report:
+    ``SliceReduced``."""
+
+    job: Record
+    round: int
+    base: str  # the contributions' base
+    contribs: tuple[Record, ...]
+    slice: int
+    of: int
+    first: int
+    stop: int
+    against: Record | None = None
+
+
+@dataclass(frozen=True)
 class Aggregate:
-    """Fetch the contributions' blobs, apply the outer step to ``base`` and report the
-    resulting state. Report: ``Aggregated``."""
+    """Fetch the contributions' blobs (or, for a sliced round, the reduced ``slices`` in
+    order), apply the outer step to ``base`` and report the resulting state. Report:
+    ``Aggregated``; ``SliceRefused`` first for a slice blob that does not hash as its
+    record says."""
 
     job: Record
     round: int
     base: str
     contribs: tuple[Record, ...]
+    slices: tuple[Record, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,6 +128,7 @@ class Apply:
     job: Record
     close: Record
     contribs: tuple[Record, ...]
+    slices: tuple[Record, ...] = ()  # a sliced close's reduced slices, in order: the mean
 
 
 @dataclass(frozen=True)
@@ -137,7 +159,7 @@ class JobDone:
 
 
 Effect = (
-    Broadcast | Send | Persist | PrepareJob | Train | Cancel | PublishDelta | Aggregate | Apply
+    Broadcast | Send | Persist | PrepareJob | Train | Cancel | PublishDelta | ReduceSlice | Aggregate | Apply
     | FetchState | PublishCheckpoint | JobDone
 )
 

@@ -23,6 +23,10 @@ state held that it does not hold (then ``StateLost`` must follow).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from ttpeer_wire import Record
+
 from ._effects import Apply, Effect, FetchState, Sign
 from ._jobspec import JobSpec
 from ._ledger import Chain, RecordSet, checkpoints
@@ -37,7 +41,10 @@ ASK_ROUNDS = 3
 
 
 class Follower:
-    def __init__(self) -> None:
+    def __init__(self, refutes: Callable[[Record], bool] = lambda close: False) -> None:
+        # Whether this peer knows a close names a reduced slice that does not reproduce
+        # (``Slicer.refutes``): such a close is not applied, as one whose state did not hash.
+        self._refutes = refutes
         self.held: set[str] = set()  # states the driver holds
         self._syncing: str | None = None  # target state of the Apply/Fetch in flight
         self._bad_apply: set[str] = set()  # states our own recomputation did not reproduce
@@ -59,6 +66,8 @@ class Follower:
         held = max((k for k, s in enumerate(states) if s in self.held), default=None)
         ckpt = max((k for k, s in enumerate(states) if k > 0 and s in ckpts and s not in self._bad_ckpt),
                    default=None)
+        if held is not None and held < len(chain.closes) and self._refutes(chain.closes[held]):
+            self._bad_apply.add(states[held + 1])
         bad = held is not None and states[held + 1] in self._bad_apply
         if ckpt is not None and (held is None or ckpt > held + 1 or (bad and ckpt > held)):
             self._syncing = states[ckpt]  # a checkpoint skips rounds (asked for or not)
@@ -70,8 +79,9 @@ class Follower:
         if held is not None and not bad:
             close = chain.closes[held]
             parts = tuple(records.by_id[c] for c in close["contribs"])
+            slices = tuple(records.by_id[s] for s in close.body.get("slices", ()))
             self._syncing = states[held + 1]
-            return [Apply(job.record, close, parts)]
+            return [Apply(job.record, close, parts, slices)]
         if held is None:
             self._syncing = job.init
             return [FetchState(job.record, job.init, job.init_blob)]

@@ -33,6 +33,7 @@ class JobSpec:
     init_blob: str  # and its sealed blob
     h_min: int | None = None  # auto cadence (``_cadence``): each round's batches within h_min..h_max
     h_max: int | None = None
+    chunk: int | None = None  # deltas are chunked in runs of this many values; rounds reduce in slices
 
     @classmethod
     def of(cls, job: Record) -> JobSpec:
@@ -44,7 +45,7 @@ class JobSpec:
             record=job, id=job.id, mode=b["mode"], rounds=b["rounds"], shards=b["shards"],
             batches=b["batches"], lease=b["lease"], steal=b["steal"], bits=b["bits"],
             overlap=bool(b.get("overlap", 0)), init=b["init"], init_blob=b["init_blob"],
-            h_min=b.get("h_min"), h_max=b.get("h_max"),
+            h_min=b.get("h_min"), h_max=b.get("h_max"), chunk=b.get("chunk"),
         )
 
     @property

@@ -29,7 +29,9 @@ from typing import cast
 from ttpeer_wire import Member, Record
 
 from ._cadence import Plan, round_size
+from ._jobspec import JobSpec
 from ._membership import members, revocations
+from ._slices import counts, fits, plan
 
 
 @dataclass
@@ -79,7 +81,7 @@ class RecordSet:
                 self._closed_rounds[job].add(cast(int, rnd))
             # The chain depends on closes, and on contributions only once a close names them.
             if rec.kind in ("close", "ckpt", "job") or (
-                rec.kind == "contrib" and rnd in self._closed_rounds[job]
+                rec.kind in ("contrib", "slice") and rnd in self._closed_rounds[job]
             ):
                 self.versions[job] += 1
         return True
@@ -194,6 +196,30 @@ def train_base(job: Record, chain: Chain, rnd: int) -> str:
     return chain.states[max(0, rnd - 1)]
 
 
+def _slices_fit(job: Record, rnd: int, tbase: str, ids: list[str], parts: list[Record], sliced: list[Record],
+                rs: RecordSet) -> bool | None:
+    """Whether a close's ``slices`` are the round's plan (``plan``) of these contributions,
+    one result per slice in order, each signed by a member; None while a named result does
+    not count yet (``_slices.counts``: a checked slice waits for a second author of its
+    hash, which may still arrive)."""
+    spec = JobSpec.of(job)
+    spans = plan(spec, parts)
+    if spans is None or len(spans) != len(sliced):
+        return False
+    if not all(rs.counts(r) and fits(r, spec, rnd, tbase, ids, s, span, len(spans))
+               for s, (span, r) in enumerate(zip(spans, sliced, strict=True))):
+        return False
+    results = rs.in_round(job.id, "slice", rnd)
+    for s, (span, r) in enumerate(zip(spans, sliced, strict=True)):
+        makers: dict[str, set[str]] = {}
+        for other in results:
+            if fits(other, spec, rnd, tbase, ids, s, span, len(spans)):
+                makers.setdefault(other["sha256"], set()).add(other.author)
+        if not counts(job.id, rnd, s, r["sha256"], makers):
+            return None
+    return True
+
+
 def canonical_chain(rs: RecordSet, job: Record) -> Chain:
     """Longest valid chain of closes from the job's init state (ties: smallest hash).
     With overlap, a close of round r must name as ``tbase`` the base of round r-1 on
@@ -217,9 +243,13 @@ def canonical_chain(rs: RecordSet, job: Record) -> Chain:
         ok = rs._close_ok.get(close.id)
         if ok is None:
             parts = _all_held(by_id, close["contribs"])
-            if parts is None:
-                continue  # may become valid when the missing contributions arrive
-            ok = rs._close_ok[close.id] = not any(
+            sliced = _all_held(by_id, close.body.get("slices", ()))
+            if parts is None or sliced is None:
+                continue  # may become valid when the missing contributions (or slices) arrive
+            fit = True if not sliced else _slices_fit(job, rnd, tbase, close["contribs"], parts, sliced, rs)
+            if fit is None:
+                continue  # a named slice's check may still arrive
+            ok = rs._close_ok[close.id] = fit and not any(
                 p.kind != "contrib" or p["job"] != job.id or p["round"] != rnd
                 or p["base"] != tbase or not rs.counts(p)
                 or p["shards"][-1] >= job["shards"]
@@ -280,6 +310,7 @@ def revocation_keep(rs: RecordSet, node: str) -> list[str]:
             if close.author == node:
                 keep.add(close.id)
             keep.update(c for c in close["contribs"] if rs.by_id[c].author == node)
+            keep.update(s for s in close.body.get("slices", ()) if rs.by_id[s].author == node)
         on_chain = set(chain.states)
         keep.update(ck.id for ck in rs.of_job(job.id, "ckpt") if ck.author == node and ck["state"] in on_chain)
         # A job it cancelled stays cancelled (``_outcome.cancel_of``): ended jobs never revive.

@@ -51,6 +51,7 @@ from ._effects import (
     PrepareJob,
     PublishCheckpoint,
     PublishDelta,
+    ReduceSlice,
     Sign,
     Train,
 )
@@ -64,6 +65,7 @@ from ._local import LocalWorker
 from ._outcome import FOR_GOOD
 from ._reports import RETRY_AFTER, Report
 from ._rounds import Rounds
+from ._slicer import Slicer
 from ._views import Views
 
 __all__ = ["CHECKPOINT_DELTA_RATIO", "CHECKPOINT_EVERY", "RETRY_AFTER", "PeerMachine", "Timing"]
@@ -86,9 +88,10 @@ class PeerMachine:
         self._leases = LeaseTable(self.me)
         self._local = LocalWorker()
         self._closer = Closer(self.me, timing.digest_interval)
-        self._follower = Follower()
+        self._slicer = Slicer(self.me)
+        self._follower = Follower(self._slicer.refutes)
         self._jobs = Lifecycle(self.me)
-        self._rounds = Rounds(self._local, self._leases, self._closer, self._views, self.records,
+        self._rounds = Rounds(self._local, self._leases, self._closer, self._slicer, self._views, self.records,
                               self._follower.held, self._gossip.heard)
         self._specs: dict[str, JobSpec] = {}
         self._now = now
@@ -162,7 +165,7 @@ class PeerMachine:
         # Deadlines move only when records arrive, a part's own deadline state changes, or
         # time passes one of them: cache on exactly that.
         key = (len(self.records), self._local.deadline_key(), self._closer.deadline_key(),
-               self._follower.deadline_key())
+               self._follower.deadline_key(), self._slicer.deadline_key())
         if self._deadline_cache is None or self._deadline_cache[0] != key or self._deadline_cache[1] <= self._now:
             future = [d for d in self._deadlines() if d > self._now]
             self._deadline_cache = (key, min(future, default=float("inf")))
@@ -177,7 +180,7 @@ class PeerMachine:
         expiries = [self._leases.earliest_expiry(job.id, r, job.lease, self._now)
                     for r in ((rnd, rnd + 1) if job.overlap else (rnd,))]
         return [*(e for e in expiries if e is not None), *self._local.deadlines(job.lease),
-                *self._closer.deadlines(job, rnd), *self._follower.deadlines()]
+                *self._closer.deadlines(job, rnd), *self._follower.deadlines(), *self._slicer.deadlines()]
 
     def add_local(self, rec: Record, now: float) -> list[Effect]:
         """A record made on this machine outside the machine (a job, an invite)."""
@@ -219,13 +222,32 @@ class PeerMachine:
                     metrics["work_s"] = round(work_s, 4)
                     if job.id in local.last_sync:
                         metrics["sync_s"] = round(local.last_sync[job.id], 4)
-                return self.add_local(self._signed("contrib", {
-                    "job": job.id, "round": rnd, "base": base, "shards": sorted(shards), "samples": samples,
-                    "blob": report.blob, "size": report.size, "metrics": metrics}), now)
+                body = {"job": job.id, "round": rnd, "base": base, "shards": sorted(shards), "samples": samples,
+                        "blob": report.blob, "size": report.size, "metrics": metrics}
+                if report.chunks is not None:
+                    body["chunks"] = report.chunks
+                return self.add_local(self._signed("contrib", body), now)
             case rp.Failed(effect=PublishDelta(job=job, round=rnd, base=base, shards=shards, samples=samples)):
                 local.published(job.id, rnd, base, shards, samples, now, ok=False)
-            case rp.Aggregated(job=job, round=rnd, base=base, contribs=contribs, state=state, metrics=metrics):
-                return self._aggregated(self._spec(job), rnd, base, contribs, state, metrics, now)
+            case rp.SliceReduced(effect=eff, sha256=sha, size=size, blob=blob):
+                # A check that hashed otherwise publishes its own result: two hashes then
+                # wait for a third author (``_slicer``), who makes one of them count.
+                self._slicer.reduced(eff)
+                if blob is None:  # a check that reproduced ``against``: the same blob
+                    assert eff.against is not None
+                    blob = eff.against["blob"]
+                return self.add_local(self._signed("slice", {
+                    "job": eff.job.id, "round": eff.round, "base": eff.base,
+                    "contribs": sorted(c.id for c in eff.contribs), "slice": eff.slice, "of": eff.of,
+                    "first": eff.first, "stop": eff.stop, "blob": blob, "sha256": sha, "size": size}), now)
+            case rp.Failed(effect=ReduceSlice() as eff):
+                self._slicer.failed(eff, now)
+            case rp.SliceRefused(record=record):
+                self._slicer.refused(record)
+                return []
+            case rp.Aggregated(job=job, round=rnd, base=base, contribs=contribs, state=state, metrics=metrics,
+                               slices=slices):
+                return self._aggregated(self._spec(job), rnd, base, contribs, state, metrics, now, slices)
             case rp.Failed(effect=Aggregate()):
                 closer.aggregate_failed(now)
             case rp.Applied(state=state, ok=ok):
@@ -253,9 +275,9 @@ class PeerMachine:
         return self._step(now)
 
     def _aggregated(self, job: JobSpec, rnd: int, base: str, contribs: tuple[str, ...], state: str,
-                    metrics: dict[str, float], now: float) -> list[Effect]:
+                    metrics: dict[str, float], now: float, slices: tuple[str, ...] = ()) -> list[Effect]:
         body = self._closer.aggregated(job, rnd, base, contribs, state, metrics, self.records,
-                                       self._views.chain(job.record))
+                                       self._views.chain(job.record), slices)
         self.held.add(state)
         out = self.add_local(self._signed("close", body), now)
         if self._closer.checkpoint(job, rnd, contribs, self.records, self._views.chain(job.record)):

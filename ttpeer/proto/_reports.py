@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ttpeer_wire import Record
 
-from ._effects import Effect
+from ._effects import Effect, ReduceSlice
 
 RETRY_AFTER = 2.0  # seconds before an activity retries work whose effect failed
 
@@ -92,6 +92,7 @@ class DeltaPublished:
     blob: str
     size: int
     metrics: dict[str, float] = field(default_factory=dict)
+    chunks: int | None = None  # a sliced job's chunked delta: its chunk count
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,28 @@ class Aggregated:
     contribs: tuple[str, ...]
     state: str
     metrics: dict[str, float] = field(default_factory=dict)
+    slices: tuple[str, ...] = ()  # a sliced round: the slice records it applied, in order
+
+
+@dataclass(frozen=True)
+class SliceReduced:
+    """``ReduceSlice`` made the slice whose plaintext hashes to ``sha256`` (``size``
+    bytes), uploaded as ``blob``; or, a check that reproduced ``against``, uploaded
+    nothing (``blob`` is None)."""
+
+    effect: ReduceSlice
+    sha256: str
+    size: int
+    blob: str | None
+
+
+@dataclass(frozen=True)
+class SliceRefused:
+    """The reduced slice of record ``record`` did not hash or size as the record says
+    (forged, tampered, oversized): this peer ignores it and the slice is made again.
+    ``Failed`` of the effect that fetched it follows."""
+
+    record: str
 
 
 @dataclass(frozen=True)
@@ -178,5 +201,5 @@ class WorkLost:
 
 Report = (
     Prepared | Declined | Progress | Trained | DeltaEncoded | DeltaPublished | Aggregated | Applied | Fetched
-    | CheckpointPublished | Failed | JobFailed | Holds | StateLost | WorkLost
+    | CheckpointPublished | Failed | JobFailed | Holds | StateLost | WorkLost | SliceReduced | SliceRefused
 )

@@ -28,13 +28,15 @@ from ._jobspec import JobSpec
 from ._leases import LeaseTable
 from ._ledger import Chain, RecordSet, train_base
 from ._local import Local, LocalWorker
+from ._slicer import Slicer
+from ._slices import plan
 from ._views import Views
 
 
 class Rounds:
-    def __init__(self, local: LocalWorker, leases: LeaseTable, closer: Closer, views: Views, records: RecordSet,
-                 held: set[str], heard: dict[str, float]) -> None:
-        self.local, self.leases, self.closer, self.views = local, leases, closer, views
+    def __init__(self, local: LocalWorker, leases: LeaseTable, closer: Closer, slicer: Slicer, views: Views,
+                 records: RecordSet, held: set[str], heard: dict[str, float]) -> None:
+        self.local, self.leases, self.closer, self.slicer, self.views = local, leases, closer, slicer, views
         self.records, self.held, self.heard = records, held, heard
 
     def work(self, job: JobSpec, chain: Chain, now: float) -> list[Effect | Sign]:
@@ -95,6 +97,7 @@ class Rounds:
             current = self.views.chain(job.record).round
             self.leases.forget_before(job.id, current)
             self.closer.forget_before(job.id, current)
+            self.slicer.forget_before(job.id, current)
 
     def _train(self, job: JobSpec, rnd: int, base: str, done: set[int], now: float,
                ahead: str | None = None) -> tuple[list, bool]:
@@ -107,4 +110,14 @@ class Rounds:
                                       ahead)
 
     def _maybe_close(self, job: JobSpec, rnd: int, base: str, cover: list[Record], now: float) -> list[Effect | Sign]:
-        return list(self.closer.maybe_close(job, rnd, base, cover, now, self.heard))
+        """Offer the covered round to the closer; a sliced round (``_slicer.plan``) first
+        has its slices reduced and checked, and closes once they all have a result."""
+        slices = plan(job, cover)
+        if slices is None:
+            return list(self.closer.maybe_close(job, rnd, base, cover, now, self.heard))
+        covered_at = self.closer.covered(job.id, rnd, base, now)
+        work, results = self.slicer.step(job, rnd, cover, slices, covered_at, now, self.records)
+        if results is None:
+            return list(work)
+        ready = self.slicer.ready_at(job.id, rnd, cover[0]["base"], cover)
+        return [*work, *self.closer.maybe_close(job, rnd, base, cover, now, self.heard, results, ready)]

@@ -1,6 +1,6 @@
 """Aggregation slices, the pure part: whether a round is reduced in slices, which chunks
-of the parameter vector each slice holds, who reduces a slice when, and which slice a
-peer checks.
+of the parameter vector each slice holds, who reduces a slice when, and which slices are
+checked.
 
 Theory of operation. A fused round's mean is cut into slices, runs of whole chunks of
 the chunked delta format (``TTD2``), so an aggregator downloads only its slice's bytes
@@ -9,8 +9,9 @@ cover (who contributed) and of how long this observer has seen the round covered
 peers agree without a message, as the closer does. Slice ``s`` goes first to the
 ``s``-th author of the cover; a slice without a result a lease later passes to the next
 author in an order drawn from the job, round and slice, so a peer that claims its slice
-by being in the cover and then never publishes costs one lease. Every peer recomputes
-one slice a round (``spot_check``), drawn so that over the peers every slice is checked.
+by being in the cover and then never publishes costs one lease. One slice in
+``CHECK_ONE_IN`` a round is checked (``checked``): its result counts once a second peer
+reproduced its hash (``_slicer``).
 
 What it promises: the same inputs give every peer the same plan (I1 for the close);
 slices cover every chunk exactly once; no author's turn comes twice before every author
@@ -23,6 +24,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from ttpeer_wire import Record
+
+from ._jobspec import JobSpec
+
+CHECK_ONE_IN = 4  # one slice in this many is spot-checked each round (``checked``)
 SLICES_FROM = 3  # contributions: below this, every peer downloads every delta (fewer bytes)
 
 
@@ -79,14 +85,54 @@ def reducer(job: str, rnd: int, authors: Sequence[str], s: int, covered_for: flo
     return order[turn(order, covered_for, lease)]
 
 
-def spot_check(job: str, rnd: int, me: str, authors: Sequence[str], slices: int) -> int:
-    """The slice ``me`` recomputes in round ``rnd`` to check another's result: an
-    author of the cover checks the slice after its own (so the slices are all checked
-    when there are at least as many authors as slices), any other peer one drawn from
-    the job, round and its name."""
-    if slices < 1:
-        raise ValueError(f"need at least one slice, got {slices}")
-    names = sorted(set(authors))
-    if me in names:
-        return (names.index(me) + 1) % slices
-    return int.from_bytes(hashlib.sha256(f"{job}:{rnd}:{me}".encode()).digest()[:8], "big") % slices
+def checked(job: str, rnd: int, s: int, one_in: int | None = None) -> bool:
+    """Whether slice ``s`` of round ``rnd`` is spot-checked: its result counts only once a
+    second peer has recomputed it to the same hash. One slice in ``one_in`` (default
+    ``CHECK_ONE_IN``), drawn from the job, round and slice (so every peer draws the same);
+    one in 1 checks them all."""
+    one_in = CHECK_ONE_IN if one_in is None else one_in
+    if one_in < 1:
+        raise ValueError(f"one_in must be at least 1, got {one_in}")
+    return int.from_bytes(hashlib.sha256(f"{job}:{rnd}:{s}:check".encode()).digest()[:8], "big") % one_in == 0
+
+
+def counts(job: str, rnd: int, s: int, sha: str, makers: dict[str, set[str]]) -> bool:
+    """Whether a result hashing ``sha`` counts for slice ``s``, given who signed each hash
+    the slice has (``makers``: hash -> authors): when two or more authors signed it; or
+    as the slice's only hash, when the slice is not checked this round (``checked``).
+    The ledger (a close's validity) and the slicer (what a close names) share this rule."""
+    authors = makers.get(sha, set())
+    return len(authors) >= 2 or (len(makers) == 1 and bool(authors) and not checked(job, rnd, s))
+
+
+def slice_bound(values: int) -> int:
+    """The most bytes a reduced slice of ``values`` values may take (int8 with 4-byte
+    block scales, zstd's worst case, the header): larger is refused unread."""
+    return values + values // 32 + 4096
+
+
+def plan(job: JobSpec, cover: Sequence[Record]) -> list[tuple[int, int]] | None:
+    """The slices (runs of chunks ``[first, stop)``) of a round covered by ``cover``, or
+    None when it is closed from all deltas: a job without ``chunk``, contributions that do
+    not all name one chunk count, fewer than ``SLICES_FROM`` authors, one chunk."""
+    if job.chunk is None or job.ensemble or not cover:
+        return None
+    counts = {c.body.get("chunks") for c in cover}
+    if len(counts) != 1:
+        return None
+    (chunks,) = counts
+    authors = {c.author for c in cover}
+    if not isinstance(chunks, int) or not sliced(len(authors), chunks):
+        return None
+    return slice_chunks(chunks, len(authors))
+
+
+def fits(rec: Record, job: JobSpec, rnd: int, base: str, ids: list[str], s: int, span: tuple[int, int],
+         of: int) -> bool:
+    """Whether ``rec`` is a result of slice ``s`` (chunks ``span``, one of ``of``) of the
+    round ``rnd`` on ``base`` closed from ``ids``, of a size a slice can have."""
+    b = rec.body
+    assert job.chunk is not None
+    return (rec.kind == "slice" and b["job"] == job.id and b["round"] == rnd and b["base"] == base
+            and b["contribs"] == ids and b["slice"] == s and b["of"] == of and (b["first"], b["stop"]) == span
+            and b["size"] <= slice_bound((span[1] - span[0]) * job.chunk))

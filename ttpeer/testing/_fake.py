@@ -1,7 +1,8 @@
 """A stand-in executor whose "models" are hashes, for the simulator.
 
 A state is a hash; the outer step hashes the base with the contributions' delta
-bytes in the order given, so two peers reach the same state exactly when they
+bytes in the order given (a sliced round: with its reduced slices, themselves the
+contributions' bytes and the slice's chunks), so two peers reach the same state exactly when they
 apply the same contributions to the same base, which is what I3 is about. Training
 takes simulated time (``step_time / speed`` per batch) under trio's MockClock and
 honours cancellation between batches, like the real trainer; a task named in
@@ -22,6 +23,8 @@ import trio
 from ttpeer.daemon import Deltas, delta_bytes
 from ttpeer.errors import TaskFailed
 from ttpeer.proto import PublishDelta, Record, Train
+
+FAKE_CHUNKS = 6  # chunks of a fake model's chunked delta (a sliced job)
 
 
 def _h(*parts: object) -> str:
@@ -82,12 +85,15 @@ class FakeDisk:
 class FakeExecutor:
     def __init__(
         self, name: str, disk: FakeDisk, *, speed: float = 1.0, step_time: float = 0.05, gate: Gate | None = None,
-        fails: dict[str, str | Exception] | None = None,
+        fails: dict[str, str | Exception] | None = None, forge: bool = False, silent: bool = False,
     ) -> None:
         """``fails``: by task name, how training that task fails after its first batch: a
         reason (``TaskFailed``, as a real executor raises it) or an exception to raise as it
         is (a bug that escaped an executor)."""
         self.name = name
+        self.forge = forge  # every slice this peer reduces comes out wrong (a faulty or hostile peer)
+        self.silent = silent  # it never finishes reducing a slice (claims by turn, never publishes)
+        self.reduced: list[tuple[str, int, int]] = []  # (job, round, first chunk) of each slice reduced here
         self.fails = fails if fails is not None else {}
         self.released: set[str] = set()  # jobs the node said ended here (release)
         self.failures = 0  # times a training of a failing task failed here
@@ -129,20 +135,34 @@ class FakeExecutor:
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
         base, shards = self._local.get(eff.job.id, (eff.base, []))
-        return repr((self.name, base, sorted(shards))).encode(), {"fp32_bytes": 4000.0}
+        metrics = {"fp32_bytes": 4000.0}
+        if eff.job.body.get("chunk"):
+            metrics["chunks"] = float(FAKE_CHUNKS)
+        return repr((self.name, base, sorted(shards))).encode(), metrics
 
-    def _outer(self, base: str, deltas: Deltas) -> str:
+    async def reduce_slice(self, job: Record, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
+        if self.silent:
+            await trio.sleep_forever()
+        self.reduced.append((job.id, rnd, first))
+        data = repr(("slice", first, stop, [(delta_bytes(d), s) for d, s in deltas])).encode()
+        return b"forged " + data if self.forge else data
+
+    def _outer(self, base: str, deltas: Deltas, sliced: bool = False) -> str:
+        if sliced:  # the reduced slices, in order: the round's mean
+            return _h(base, "mean", [delta_bytes(d) for d, _s in deltas])
         return _h(base, [(delta_bytes(d), s) for d, s in deltas])
 
-    async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int) -> tuple[str, dict[str, float]]:
-        state = self._outer(base, deltas)
+    async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int,
+                        sliced: bool = False) -> tuple[str, dict[str, float]]:
+        state = self._outer(base, deltas, sliced)
         self.disk.states.setdefault(job.id, set()).add(state)
         return state, {"eval_loss": 1.0, "accuracy": 0.5}
 
-    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int) -> bool:
+    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
+                    sliced: bool = False) -> bool:
         if base not in self.disk.states.get(job.id, set()):
             return False
-        state = self._outer(base, deltas)
+        state = self._outer(base, deltas, sliced)
         if state != expect:
             return False
         self.disk.states.setdefault(job.id, set()).add(state)

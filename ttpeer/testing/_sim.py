@@ -55,6 +55,8 @@ class SimPeer:
     # By task name, how this peer's training of it fails (see FakeExecutor); kept across restarts.
     fails: dict[str, str | Exception] = field(default_factory=dict)
     failures: int = 0  # failed trainings in earlier lives
+    forge: bool = False  # every slice it reduces comes out wrong (see FakeExecutor)
+    silent: bool = False  # it never finishes reducing a slice
 
     @property
     def alive(self) -> bool:
@@ -119,7 +121,8 @@ class Simulation:
         peer = self.peers[i]
         peer.gate = Gate()
         peer.executor = FakeExecutor(peer.name, peer.disk, speed=peer.speed, step_time=self.step_time, gate=peer.gate,
-                                     fails=peer.fails)
+                                     fails=peer.fails, forge=peer.forge,
+                                     silent=peer.silent)
         cfg = peer.home.config()
         key = peer.home.node_key()
         inner: Transport = self.relay.client(cfg.pool, key, cfg.proof)

@@ -9,6 +9,7 @@ outer step, state hash) is deterministic across machines.
 
 from ._bundle import export_ensemble, load_bundle, read_sidecar
 from ._compress import (
+    CHUNK_HEADER,
     ChunkIndex,
     chunk_pieces,
     decode_chunks,
@@ -94,6 +95,7 @@ __all__ = [
     "combine",
     "data_fingerprint",
     "decode_delta",
+    "CHUNK_HEADER",
     "ChunkIndex",
     "chunk_pieces",
     "decode_chunks",

@@ -1,0 +1,109 @@
+"""Aggregation slices in the simulator: real daemons close sliced rounds from reduced
+slices, through a lossy relay, with a peer killed mid-round, an aggregator that never
+publishes, and a peer whose every slice is forged."""
+
+from __future__ import annotations
+
+import trio
+
+from ttpeer.net import Faults, MemoryRelay
+from ttpeer.proto import _slices
+from ttpeer.testing import Simulation
+
+from .test_simulator import SPEC, assert_invariants
+
+SLICED = {**SPEC, "chunk": 4096, "rounds": 4, "shards": 8}
+
+
+def _node_id(peer) -> str:
+    return peer.home.node_key().public_key().public_bytes_raw().hex()
+
+
+def sliced_closes(sim: Simulation, job: str) -> list:
+    node = next(p for p in sim.peers if p.alive).node
+    return [c for c in node.machine.chain(node.machine.records.by_id[job]).closes if "slices" in c.body]
+
+
+async def test_rounds_close_from_reduced_slices_through_loss_and_a_kill(tmp_path, autojump_clock):
+    faults = Faults(seed=5, drop=0.05, duplicate=0.05, delay=0.3, max_delay=0.4)
+    async with MemoryRelay(faults=faults) as relay:
+        sim = Simulation(tmp_path, relay, seed=5)
+        sim.create(6)
+        async with trio.open_nursery() as nursery:
+            await sim.start_all(nursery)
+            job = await sim.submit(SLICED)
+            await sim.wait_round(job, 1, timeout=300)
+            with trio.fail_after(60):  # kill one while it trains: its shard and its slices pass on
+                while not (victim := next((i for i, p in enumerate(sim.peers)
+                                           if i and p.node and p.node.machine.training), None)):
+                    await trio.sleep(0.01)
+            sim.kill(victim)
+            await sim.wait_done(job, timeout=900)
+            assert_invariants(sim, job, SLICED)
+            closes = sliced_closes(sim, job)
+            assert len(closes) >= 3, "rounds of three or more authors are reduced in slices"
+            records = next(p for p in sim.peers if p.alive).node.machine.records
+            for close in closes:
+                named = [records.by_id[s] for s in close["slices"]]
+                authors = {records.by_id[c].author for c in close["contribs"]}
+                assert [r["slice"] for r in named] == list(range(len(authors)))  # one per author, in order
+                assert named[0]["first"] == 0 and all(a["stop"] == b["first"] for a, b in zip(named, named[1:]))
+                assert all(r["contribs"] == close["contribs"] for r in named)
+            # The fake slice bytes hold the chunks and the contributions: every peer that
+            # reduced made real slices, and the mean was never recomputed from all deltas.
+            reduced = sum(len(p.executor.reduced) for p in sim.peers if p.executor)
+            assert reduced >= sum(len(c["slices"]) for c in closes if c["round"] > 0) // 2
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_forged_slice_is_refused_and_made_again(tmp_path, autojump_clock, monkeypatch):
+    monkeypatch.setattr(_slices, "CHECK_ONE_IN", 1)  # every slice checked: a forgery never counts
+    async with MemoryRelay(faults=Faults(seed=7, drop=0.02, delay=0.2, max_delay=0.3)) as relay:
+        sim = Simulation(tmp_path, relay, seed=7)
+        sim.create(4)
+        sim.peers[2].forge = True
+        forger = _node_id(sim.peers[2])
+        async with trio.open_nursery() as nursery:
+            await sim.start_all(nursery)
+            job = await sim.submit(SLICED)
+            await sim.wait_done(job, timeout=1200)
+            assert_invariants(sim, job, SLICED)
+            records = sim.peers[0].node.machine.records
+            closes = sliced_closes(sim, job)
+            assert closes
+            forged = {r["sha256"] for r in records.of_job(job, "slice") if r.author == forger}
+            assert forged, "the forger reduced or checked slices"
+            for close in closes:
+                for rid in close["slices"]:
+                    rec = records.by_id[rid]
+                    assert rec["sha256"] not in forged
+                    assert len({r.author for r in records.of_job(job, "slice") if r["sha256"] == rec["sha256"]}) >= 2
+            nursery.cancel_scope.cancel()
+
+
+async def test_an_aggregator_that_never_publishes_costs_one_lease_a_round(tmp_path, autojump_clock):
+    async with MemoryRelay(faults=Faults(seed=9, drop=0.02, delay=0.2, max_delay=0.3)) as relay:
+        sim = Simulation(tmp_path, relay, seed=9)
+        sim.create(4)
+        sim.peers[1].silent = True
+        silent = _node_id(sim.peers[1])
+        times: list[float] = []
+        async with trio.open_nursery() as nursery:
+            await sim.start_all(nursery)
+            job = await sim.submit(SLICED)
+            nursery.start_soon(sim.watch_rounds, job, times)
+            await sim.wait_done(job, timeout=600)
+            assert_invariants(sim, job, SLICED)
+            records = sim.peers[0].node.machine.records
+            closes = sliced_closes(sim, job)
+            assert closes
+            for close in closes:
+                # Its turn came (it is an author of the cover) and passed to the next.
+                assert silent in {records.by_id[c].author for c in close["contribs"]}
+                assert all(records.by_id[s].author != silent for s in close["slices"])
+            rounds = [b - a for a, b in zip([0.0, *times], times)]
+            lease = SLICED["lease"]
+            sliced_rounds = [rounds[c["round"]] for c in closes]
+            assert max(sliced_rounds) < 2 * lease, (rounds, lease)  # one lease, not two
+            assert min(sliced_rounds) > lease, rounds  # and it did wait that lease
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,152 @@
+"""The slicer: a sliced round's reductions and checks, and the results its close names.
+
+Theory of operation. A fused job with ``chunk`` reduces a round of ``SLICES_FROM`` or
+more authors in slices (``plan``): once the round is covered, slice ``s`` is reduced by
+the author whose turn it is (``_slices.reducer``, one lease each, on this observer's
+clock since it saw the round covered), which signs a ``slice`` record naming the
+contributions, the chunks and the hash of its result. A result counts (``_pick``) when
+this peer made it itself; or, for a slice that is spot-checked this round
+(``_slices.checked``) or whose results disagree, once two authors signed the same hash;
+otherwise as the only hash there is. A result that waits for a check is recomputed by the
+next author in the slice's order that has not made one (again one lease each, from when
+this peer first saw a result): it signs a record of the same hash naming the same blob
+(nothing is uploaded), or its own result when the hashes differ, and the other result is
+refused here. A result whose blob did not hash as its record says (``refused``) is made
+again at once by the peer that found it. The close waits until every slice has a result
+(``step`` returns them, in slice order).
+
+It holds the reductions in flight, this peer's own hash of each slice it made or checked,
+the results it refused, when it first saw each slice's result, and its retry time after a
+reduction that could not run; no record is made here (the machine signs what it reports).
+
+What it promises: a sliced round closes from results that every slice has (I2 holds as
+for deltas: the close still names a covering set of contributions); an aggregator that
+never publishes costs one lease; a result that does not reproduce where it is checked is
+never named by that checker's close nor applied by it (``refutes``). What breaks it: a
+forged result in a slice nobody checks this round; the state hash then still makes every
+peer that follows the close agree (I3), but on the forged mean (members are trusted not to
+forge on purpose: SECURITY.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ttpeer_wire import Record
+
+from ._effects import ReduceSlice
+from ._jobspec import JobSpec
+from ._ledger import RecordSet
+from ._reports import RETRY_AFTER
+from ._slices import aggregators, counts, fits, turn
+
+Key = tuple[str, int, str, tuple[str, ...]]  # job, round, the contributions' base, their ids
+
+
+class Slicer:
+    def __init__(self, me: str) -> None:
+        self.me = me
+        self.bad: set[str] = set()  # slice records refused here: another hash, or a blob that did not open
+        self._busy: set[tuple[Key, int]] = set()
+        self._retry: dict[tuple[Key, int], float] = {}
+        self._seen: dict[tuple[Key, int], float] = {}  # when this peer first saw a result of the slice
+        self._ready: dict[Key, float] = {}  # when every slice first had a result here
+        self._next = math.inf  # the next turn that can ask this peer for work
+
+    def deadlines(self) -> list[float]:
+        return [self._next, *self._retry.values()]
+
+    def deadline_key(self) -> object:
+        return self._next, len(self._busy), len(self._retry)
+
+    def ready_at(self, job: str, rnd: int, base: str, cover: Sequence[Record]) -> float | None:
+        """When this peer first had a result for every slice of the round, if it did."""
+        return self._ready.get((job, rnd, base, tuple(sorted(c.id for c in cover))))
+
+    def step(self, job: JobSpec, rnd: int, cover: Sequence[Record], slices: list[tuple[int, int]],
+             covered_at: float, now: float, records: RecordSet) -> tuple[list[ReduceSlice], tuple[Record, ...] | None]:
+        """The reductions and checks of the covered round this peer makes now, and the
+        results its close names once every slice has one (else None)."""
+        ids = sorted(c.id for c in cover)
+        base = cover[0]["base"]
+        key: Key = (job.id, rnd, base, tuple(ids))
+        authors = sorted({c.author for c in cover})
+        found = [r for r in records.in_round(job.id, "slice", rnd) if r["base"] == base and r["contribs"] == ids]
+        out: list[ReduceSlice] = []
+        chosen: list[Record] = []
+        self._next = math.inf
+        for s, span in enumerate(slices):
+            every = [r for r in found if fits(r, job, rnd, base, ids, s, span, len(slices))]
+            got = [r for r in every if r.id not in self.bad]
+            pick = self._pick(job, rnd, s, every, got)
+            if pick is not None:
+                chosen.append(pick)
+                continue
+            sk = (key, s)
+            if sk in self._busy or now < self._retry.get(sk, 0.0):
+                continue
+            order = aggregators(job.id, rnd, authors, s)
+            if not got:
+                # Nobody's turn but ours once a result here was refused: make it again at once.
+                since = covered_at
+                due = any(r.id in self.bad for r in every) or order[turn(order, now - since, job.lease)] == self.me
+                against = None
+            else:
+                since = self._seen.setdefault(sk, now)
+                makers = {r.author for r in every}
+                order = [a for a in order if a not in makers]
+                if not order:
+                    continue  # every author made one and they disagree: nothing counts
+                due = order[turn(order, now - since, job.lease)] == self.me
+                against = min(got, key=lambda r: r.id)
+            self._next = min(self._next, since + job.lease * (math.floor(max(0.0, now - since) / job.lease) + 1))
+            if due:
+                self._busy.add(sk)
+                out.append(ReduceSlice(job.record, rnd, base, tuple(cover), s, len(slices), span[0], span[1],
+                                       against))
+        if len(chosen) < len(slices):
+            return out, None
+        self._ready.setdefault(key, now)
+        return out, tuple(chosen)
+
+    def _pick(self, job: JobSpec, rnd: int, s: int, every: list[Record], got: list[Record]) -> Record | None:
+        """The result of slice ``s`` a close names: one this peer did not refuse whose hash
+        counts by the ledger's rule (``_slices.counts``, over every result signed), the
+        hash most authors signed first."""
+        makers: dict[str, set[str]] = {}
+        for r in every:
+            makers.setdefault(r["sha256"], set()).add(r.author)
+        ok = [r for r in got if counts(job.id, rnd, s, r["sha256"], makers)]
+        return min(ok, key=lambda r: (-len(makers[r["sha256"]]), r["sha256"], r.id)) if ok else None
+
+    def reduced(self, eff: ReduceSlice) -> None:
+        """This peer's ``ReduceSlice`` ended (its record is signed next)."""
+        self._busy.discard((_key(eff), eff.slice))
+
+    def failed(self, eff: ReduceSlice, now: float) -> None:
+        sk = (_key(eff), eff.slice)
+        self._busy.discard(sk)
+        self._retry[sk] = now + RETRY_AFTER
+
+    def refused(self, record: str) -> None:
+        """The blob of slice record ``record`` did not hash or size as it says."""
+        self.bad.add(record)
+
+    def refutes(self, close: Record) -> bool:
+        """Whether a close names a result whose blob did not open or hash here."""
+        return any(rid in self.bad for rid in close.body.get("slices", ()))
+
+    def forget_before(self, job: str, rnd: int) -> None:
+        def old(k: Key) -> bool:
+            return k[0] == job and k[1] < rnd
+
+        for table in (self._retry, self._seen):
+            for sk in [sk for sk in table if old(sk[0])]:
+                del table[sk]
+        for key in [k for k in self._ready if old(k)]:
+            del self._ready[key]
+
+
+def _key(eff: ReduceSlice) -> Key:
+    return eff.job.id, eff.round, eff.base, tuple(sorted(c.id for c in eff.contribs))
