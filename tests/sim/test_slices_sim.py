@@ -47,7 +47,8 @@ async def test_rounds_close_from_reduced_slices_through_loss_and_a_kill(tmp_path
                 named = [records.by_id[s] for s in close["slices"]]
                 authors = {records.by_id[c].author for c in close["contribs"]}
                 assert [r["slice"] for r in named] == list(range(len(authors)))  # one per author, in order
-                assert named[0]["first"] == 0 and all(a["stop"] == b["first"] for a, b in zip(named, named[1:]))
+                assert named[0]["first"] == 0
+                assert all(a["stop"] == b["first"] for a, b in zip(named, named[1:], strict=False))
                 assert all(r["contribs"] == close["contribs"] for r in named)
             # The fake slice bytes hold the chunks and the contributions: every peer that
             # reduced made real slices, and the mean was never recomputed from all deltas.
@@ -101,7 +102,7 @@ async def test_an_aggregator_that_never_publishes_costs_one_lease_a_round(tmp_pa
                 # Its turn came (it is an author of the cover) and passed to the next.
                 assert silent in {records.by_id[c].author for c in close["contribs"]}
                 assert all(records.by_id[s].author != silent for s in close["slices"])
-            rounds = [b - a for a, b in zip([0.0, *times], times)]
+            rounds = [b - a for a, b in zip([0.0, *times], times, strict=False)]
             lease = SLICED["lease"]
             sliced_rounds = [rounds[c["round"]] for c in closes]
             assert max(sliced_rounds) < 2 * lease, (rounds, lease)  # one lease, not two

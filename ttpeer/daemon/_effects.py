@@ -320,7 +320,7 @@ class Effects:
         data, metrics = await self._node.executor.delta(eff)
         # The local model is free: the next shard trains while this delta uploads.
         self._report(DeltaEncoded(job, rnd, base, shards))
-        blob = await self._node.blobs.upload_delta(data)
+        blob = await self._node.blobs.upload_delta(data, cut=data[:4] == b"TTD2")
         if blob is None:
             self._report(Failed(eff))
             return
@@ -332,16 +332,18 @@ class Effects:
                                     None if chunks is None else int(chunks)))
 
     async def _reduce_slice(self, eff: ReduceSlice) -> None:
-        async with self._node.blobs.deltas(eff.job, eff.contribs) as deltas:
+        async with self._node.blobs.delta_chunks(eff.job, eff.contribs, eff.first, eff.stop) as deltas:
             data = await self._node.executor.reduce_slice(eff.job, deltas, eff.first, eff.stop, rnd=eff.round)
         trim()
         sha = hashlib.sha256(data).hexdigest()
-        blob = None
+        blob: str | None = None
         if eff.against is None or eff.against["sha256"] != sha:
             if eff.against is not None:
                 log.warning("slice %d of round %d (job %s) by %s did not reproduce here; publishing this "
                             "peer's own", eff.slice, eff.round, eff.job.id[:12], eff.against.author[:12])
             blob = await self._node.blobs.put(data)
+        # Kept for the close that uses it: a check that reproduced holds the same bytes.
+        self._node.blobs.keep_slice(blob or (eff.against["blob"] if eff.against is not None else ""), data)
         self._report(SliceReduced(eff, sha, len(data), blob))
 
     @contextlib.asynccontextmanager
@@ -355,7 +357,9 @@ class Effects:
             return
         out: Deltas = []
         for rec in slices:
-            data = await self._node.blobs.get(rec["blob"], max_size=rec["size"] + 64, uploaders=[rec.author])
+            data = self._node.blobs.kept_slice(rec["blob"])
+            if data is None:
+                data = await self._node.blobs.get(rec["blob"], max_size=rec["size"] + 64, uploaders=[rec.author])
             if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
                 self._node.blobs.refused("slice")
                 self._report(SliceRefused(rec.id))

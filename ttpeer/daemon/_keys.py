@@ -33,17 +33,24 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ttpeer import _logging
+from ttpeer._chunked import piece_lengths
 from ttpeer.errors import DiskError
 from ttpeer.net import BlobCorrupt, NetError, Transport
 from ttpeer.net._entropy import random_bytes
 from ttpeer.net._seal import (
     COUNTER,
+    CUT_HEADER,
+    TAG,
+    CutTable,
     SealError,
+    cut_table,
     gossip_ad,
+    open_cut,
     open_direct,
     open_sealed,
     open_sealed_file,
     seal,
+    seal_cut,
     seal_file,
     seal_to,
 )
@@ -61,6 +68,7 @@ PIECE_SALT = b"ttpeer/data-piece/v1\n"  # a dataset piece's salt: from its hash 
 KEY_DOMAIN = b"ttpeer/keyshare/v1\n"
 MAX_BLOB = 8 * 2**30
 THREAD_FILE_BYTES = 4 * 2**20  # a larger state is sealed or opened in a thread
+OWN_SLICES_KEPT = 8  # reduced slices this peer made, kept in memory for the closes that use them
 OWN_DELTAS_KEPT = 32  # this peer's newest deltas kept to aggregate and apply with (no download)
 DELTA_UPLOAD_TRIES = 3  # then the delta is given up and its shards trained again
 MAX_ENDED_RECORDS = 64  # records in one L message: the invite and its winning joins, or revocations
@@ -159,6 +167,7 @@ class Blobs:
         self._fetches = itertools.count()  # names the work files
         self._own: OrderedDict[str, tuple[Path, str]] = OrderedDict()  # blob -> its delta here, sha256
         self._own_states: dict[str, Path] = {}  # state -> an initial state this peer made (``keep_state``)
+        self._slices: OrderedDict[str, bytes] = OrderedDict()  # blob -> a reduced slice made here (``keep_slice``)
         # The LAN shortcut (``Datasets.fetch_blob``): (blob, max size, dest, its uploaders) ->
         # whether the blob came from one of them directly, hash checked, into dest.
         self.direct: Callable[[str, int, Path, list[str]], Awaitable[bool]] | None = None
@@ -202,6 +211,17 @@ class Blobs:
         while len(self._own) > OWN_DELTAS_KEPT:
             _blob, (old, _digest) = self._own.popitem(last=False)
             old.unlink(missing_ok=True)
+
+    def keep_slice(self, blob: str, data: bytes) -> None:
+        """Keep a reduced slice this peer made (or checked: the same bytes), the plaintext of
+        ``blob``, so the close that uses it need not download it back (the newest
+        ``OWN_SLICES_KEPT``: a slice is a fraction of one delta)."""
+        self._slices[blob] = data
+        while len(self._slices) > OWN_SLICES_KEPT:
+            self._slices.popitem(last=False)
+
+    def kept_slice(self, blob: str) -> bytes | None:
+        return self._slices.get(blob)
 
     def refused(self, what: str) -> None:
         """Count an input refused as not authentic (status: ``relay.rejected``)."""
@@ -299,13 +319,16 @@ class Blobs:
             self._reject("blob")
             raise
 
-    async def upload_delta(self, data: bytes) -> str | None:
+    async def upload_delta(self, data: bytes, *, cut: bool = False) -> str | None:
         """Upload a delta, retrying a failed upload a few times (the local model has moved
         on, so a delta given up on is trained again); None if every try failed. A copy is
-        kept here (``deltas`` reads it instead of downloading this peer's own delta)."""
+        kept here (``deltas`` reads it instead of downloading this peer's own delta).
+        ``cut``: a chunked delta, sealed in its pieces (``seal_cut``: the head, then one per
+        chunk) so that an aggregator fetches only its slice's (``delta_chunks``)."""
+        sealed = self._seal_cut(data) if cut else self._keys.seal(BLOB, data)
         for attempt in range(DELTA_UPLOAD_TRIES):
             try:
-                blob = await self.put(data)
+                blob = await self._transport.put_blob(sealed)
                 await self._keep_own(blob, data)
                 return blob
             except NetError as exc:
@@ -315,6 +338,79 @@ class Blobs:
                 if not last:
                     await trio.sleep(RETRY_AFTER)
         return None
+
+    def _seal_cut(self, data: bytes) -> bytes:
+        key = self._keys.newest
+        assert key is not None, "sealing needs a pool key: callers wait for one"
+        pieces, at = [], 0
+        for length in piece_lengths(data):
+            pieces.append(data[at:at + length])
+            at += length
+        return seal_cut(key, BLOB, pieces)
+
+    async def chunk_run(self, contrib: Record, first: int, stop: int, dest: Path) -> None:
+        """Chunks ``first`` .. ``stop``-1 of a contribution's chunked delta (sealed in cut
+        pieces) into ``dest``: its head at the start and those chunks' frames where they lie
+        in the delta, the rest a hole (a sparse file): what ``reduce_slice`` reads. Three
+        range requests: the table, the head, the chunks. Raises ``SealError`` (counted as
+        refused) if a piece does not open, ``NetError``, ``OSError``."""
+        blob, chunks = contrib["blob"], contrib.body.get("chunks")
+        if not isinstance(chunks, int) or not 0 <= first < stop <= chunks:
+            raise SealError(f"contribution {contrib.id[:12]} holds no chunks [{first}, {stop})")
+        try:
+            table = cut_table(await self._transport.get_blob_range(blob, 0, CUT_HEADER + 4 * (chunks + 1)))
+            if table.count != chunks + 1:
+                raise SealError(f"a delta of {chunks} chunks is sealed in {table.count} pieces")
+            head = self._open_cut(table, 0, 1, await self._transport.get_blob_range(blob, *table.span(0, 1)))
+            frames = self._open_cut(table, first + 1, stop + 1,
+                                    await self._transport.get_blob_range(blob, *table.span(first + 1, stop + 1)))
+        except (BlobCorrupt, SealError):
+            self._reject("blob")
+            raise
+        offset = sum(table.lengths[:first + 1])
+
+        def write() -> None:
+            with open(dest, "wb") as f:
+                f.write(head[0])
+                f.seek(offset)
+                for frame in frames:
+                    f.write(frame)
+
+        await off_span(sum(map(len, frames)), write)
+
+    def _open_cut(self, table: CutTable, first: int, stop: int, data: bytes) -> list[bytes]:
+        for key in reversed(self._keys.keys):
+            try:
+                return open_cut(key, BLOB, table, first, stop, data)
+            except SealError:
+                continue
+        raise SealError("a delta's pieces do not authenticate under any pool key held here")
+
+    @contextlib.asynccontextmanager
+    async def delta_chunks(self, job: Record, contribs: tuple[Record, ...], first: int,
+                           stop: int) -> AsyncIterator[Deltas]:
+        """The round's contributions as files holding chunks ``first`` .. ``stop``-1 of each
+        delta (``chunk_run``; this peer's own delta: its copy here), one at a time: an
+        aggregator downloads its slice of every delta, not the deltas. Removed when the
+        block ends."""
+        folder = self._home.path / "work" / job.id
+        folder.mkdir(parents=True, exist_ok=True)
+        paths: Deltas = []
+        try:
+            for c in contribs:
+                path = folder / f"run-{next(self._fetches)}.bin"
+                own = self._own.get(c["blob"])
+                if own is None or not await off_span(c["size"], _copy_own, *own, path, c["size"]):
+                    try:
+                        await self.chunk_run(c, first, stop, path)
+                    except OSError as exc:
+                        raise disk_or_job(folder, exc) from None
+                paths.append((path, c["samples"]))
+            yield paths
+        finally:
+            for ref, _samples in paths:
+                assert isinstance(ref, Path)
+                ref.unlink(missing_ok=True)
 
     @contextlib.contextmanager
     def work_files(self, job: str, what: str) -> Iterator[tuple[Path, Path]]:
@@ -348,7 +444,7 @@ class Blobs:
                 if own is not None and await off_span(c["size"], _copy_own, *own, path, c["size"]):
                     paths.append((path, c["samples"]))  # this peer's own delta: no download
                     continue
-                data = await self.get(c["blob"], max_size=c["size"] + 64, uploaders=[c.author])
+                data = await self.get(c["blob"], max_size=sealed_bound(c), uploaders=[c.author])
                 try:
                     paths.append((write_work(path, data), c["samples"]))
                 except OSError as exc:  # a full disk stops the daemon, as for any other write
@@ -359,6 +455,14 @@ class Blobs:
             for ref, _samples in paths:
                 assert isinstance(ref, Path)
                 ref.unlink(missing_ok=True)
+
+
+def sealed_bound(contrib: Record) -> int:
+    """The most bytes a contribution's sealed blob may take: its delta and the sealing (a
+    chunked delta's: the cut table and one tag per piece)."""
+    chunks = contrib.body.get("chunks")
+    pieces = chunks + 1 if isinstance(chunks, int) else 0
+    return contrib["size"] + 64 + CUT_HEADER + (4 + TAG) * pieces
 
 
 def _write_own(path: Path, data: bytes) -> None:

@@ -135,11 +135,17 @@ class TimedExecutor:
             out["compression"] = round(float(metrics["fp32_bytes"]) / len(data), 3)
         return data, out
 
-    async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int) -> tuple[str, dict[str, float]]:
-        return await self._timed(job.id, "compute_s", self.inner.aggregate(job, base, deltas, rnd=rnd))
+    async def reduce_slice(self, job: Record, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
+        return await self._timed(job.id, "compute_s", self.inner.reduce_slice(job, deltas, first, stop, rnd=rnd))
 
-    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int) -> bool:
-        return await self._timed(job.id, "compute_s", self.inner.apply(job, base, deltas, expect, rnd=rnd))
+    async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int,
+                        sliced: bool = False) -> tuple[str, dict[str, float]]:
+        return await self._timed(job.id, "compute_s", self.inner.aggregate(job, base, deltas, rnd=rnd, sliced=sliced))
+
+    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
+                    sliced: bool = False) -> bool:
+        return await self._timed(job.id, "compute_s",
+                                 self.inner.apply(job, base, deltas, expect, rnd=rnd, sliced=sliced))
 
     async def export_state(self, job: Record, state: str, out: Path) -> None:
         return await self._timed(job.id, "compute_s", self.inner.export_state(job, state, out))
@@ -187,6 +193,13 @@ class TimedTransport:
         job, began = self._usage.current, self._usage.clock()
         try:
             await self._inner.get_blob_file(blob, path, max_size=max_size)
+        finally:
+            self._usage.add(job, "comm_s", self._usage.clock() - began)
+
+    async def get_blob_range(self, blob: str, start: int, stop: int) -> bytes:
+        job, began = self._usage.current, self._usage.clock()
+        try:
+            return await self._inner.get_blob_range(blob, start, stop)
         finally:
             self._usage.add(job, "comm_s", self._usage.clock() - began)
 

@@ -48,7 +48,7 @@ from ttpeer_wire import (
 )
 
 from ._errors import BlobCorrupt, BlobMissing, RelayLimit, RelayRejected, RelayUnavailable
-from ._transport import Message, check_blob_name, check_touch
+from ._transport import Message, check_blob_name, check_range, check_touch
 
 URL = "memory://relay"
 
@@ -365,6 +365,19 @@ class MemoryTransport:
 
     async def get_blob_file(self, blob: str, path: Path, *, max_size: int) -> None:
         path.write_bytes(await self.get_blob(blob, max_size=max_size))
+
+    async def get_blob_range(self, blob: str, start: int, stop: int) -> bytes:
+        check_blob_name(blob)
+        check_range(start, stop)
+        self._ready()
+        await self._transfer()
+        data = self.relay._serve_blob(self.pool, blob)
+        if data is None:
+            raise BlobMissing(blob)
+        if stop > len(data):
+            raise BlobCorrupt(blob, f"range [{start}, {stop}) is past its end ({len(data)} bytes)")
+        self.bytes_received += stop - start
+        return data[start:stop]
 
     async def get_blob(self, blob: str, *, max_size: int) -> bytes:
         check_blob_name(blob)

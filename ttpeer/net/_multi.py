@@ -458,6 +458,9 @@ class MultiRelay:
     async def get_blob(self, blob: str, *, max_size: int) -> bytes:
         return await self._first(lambda r: r.client.get_blob(blob, max_size=max_size), self._fetch_order(blob))
 
+    async def get_blob_range(self, blob: str, start: int, stop: int) -> bytes:
+        return await self._first(lambda r: r.client.get_blob_range(blob, start, stop), self._fetch_order(blob))
+
     async def get_blob_file(self, blob: str, path: Path, *, max_size: int) -> None:
         await self._first(lambda r: r.client.get_blob_file(blob, path, max_size=max_size),
                           self._fetch_order(blob))

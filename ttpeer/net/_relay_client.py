@@ -61,7 +61,7 @@ from ._errors import (
     RelayUnavailable,
 )
 from ._tls import fetch_certificate, host_port, open_tcp, pinned_ssl_context
-from ._transport import Message, check_blob_name, check_touch
+from ._transport import Message, check_blob_name, check_range, check_touch
 
 _FETCH_ATTEMPTS = 3  # a blob download resumes (Range) after a broken connection
 # JSON answers are read raw up to this many bytes, and a Content-Encoding is refused: a
@@ -427,6 +427,26 @@ class RelayClient:
         await self._get_into(body, blob, max_size)
         return b"".join(body.parts)
 
+    async def get_blob_range(self, blob: str, start: int, stop: int) -> bytes:
+        """Bytes ``start`` .. ``stop``-1 of ``blob``: one Range request, resumed after a broken
+        connection. Not hash-checked (a range cannot be): the caller authenticates it
+        (``open_cut``). Raises ``BlobMissing``, ``BlobCorrupt`` (the relay answered other
+        bytes than asked), ``RelayUnavailable``, ValueError for an empty range."""
+        check_blob_name(blob)
+        check_range(start, stop)
+        body = Body()
+        for attempt in range(1, _FETCH_ATTEMPTS + 1):
+            before = body.size
+            try:
+                await self._fetch_into(body, blob, stop - start, span=(start, stop))
+                break
+            except RelayUnavailable:
+                if attempt == _FETCH_ATTEMPTS or body.size == before:
+                    raise
+        if body.size != stop - start:
+            raise BlobCorrupt(blob, f"the relay sent {body.size} bytes for a {stop - start}-byte range")
+        return b"".join(body.parts)
+
     async def _get_into(self, body: Body, blob: str, max_size: int) -> None:
         check_blob_name(blob)
         for attempt in range(1, _FETCH_ATTEMPTS + 1):
@@ -440,10 +460,10 @@ class RelayClient:
         if body.sha256.hexdigest() != blob:
             raise BlobCorrupt(blob, "its bytes do not hash to its name")
 
-    async def _fetch_into(self, body: Body, blob: str, max_size: int) -> None:
+    async def _fetch_into(self, body: Body, blob: str, max_size: int, span: tuple[int, int] | None = None) -> None:
         """Append the rest of ``blob`` to ``body`` (all of it if the relay ignores the
-        Range): one GET, on the spare blob connection or a new one, logging in again
-        once on 401."""
+        Range), or of its bytes ``span``: one GET, on the spare blob connection or a new
+        one, logging in again once on 401."""
         host, port = host_port(self.url)
         target = urlsplit(self.url).path + blob_path(blob)
         authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -451,7 +471,9 @@ class RelayClient:
             if self._blob_context is None:
                 raise RelayUnavailable(self.url, "not connected; call connect() first")
             headers = {"authorization": f"Bearer {self._session}"}
-            if body.size:
+            if span is not None:
+                headers["range"] = f"bytes={span[0] + body.size}-{span[1] - 1}"
+            elif body.size:
                 headers["range"] = f"bytes={body.size}-"
             generation, error = self._generation, Body()
             request = request_head(target, authority, headers)
@@ -462,7 +484,7 @@ class RelayClient:
                         if answer.status >= 300:
                             await answer.read_into(error, MAX_ERROR_BYTES)
                         else:
-                            await self._read_blob(answer, body, blob, max_size)
+                            await self._read_blob(answer, body, blob, max_size, ranged=span is not None)
                     finally:
                         await self._keep_or_close(answer)
                     if answer.status < 300:
@@ -520,8 +542,10 @@ class RelayClient:
             spare, self._spare = self._spare, None
             await trio.aclose_forcefully(spare)
 
-    async def _read_blob(self, answer: Answer, body: Body, blob: str, max_size: int) -> None:
+    async def _read_blob(self, answer: Answer, body: Body, blob: str, max_size: int, *, ranged: bool = False) -> None:
         if answer.status != 206:
+            if ranged:
+                raise BlobCorrupt(blob, "the relay answered a range request with the whole blob")
             body.clear()  # a full answer: start over
         if body.size + answer.length > max_size:  # refused before its body is read
             raise BlobCorrupt(blob, f"it is {body.size + answer.length} bytes, over {max_size}")

@@ -37,6 +37,12 @@ def check_blob_name(blob: str) -> None:
         raise ValueError(f"a blob name is 64 lowercase hex characters, not {blob!r}")
 
 
+def check_range(start: int, stop: int) -> None:
+    """Raise ``ValueError`` unless ``[start, stop)`` is a non-empty byte range."""
+    if not 0 <= start < stop:
+        raise ValueError(f"a byte range [{start}, {stop}) must start at 0 or later and hold a byte")
+
+
 def check_touch(blobs: list[str]) -> None:
     """Raise ``ValueError`` unless ``blobs`` is one touch's worth of blob names."""
     if len(blobs) > TOUCH_MAX_BLOBS:
@@ -85,6 +91,12 @@ class Transport(Protocol):
 
     async def get_blob(self, blob: str, *, max_size: int) -> bytes:
         """Fetch a blob. Raises ``BlobMissing``, ``BlobCorrupt`` (bad hash, over max_size)."""
+
+    async def get_blob_range(self, blob: str, start: int, stop: int) -> bytes:
+        """Bytes ``start`` .. ``stop``-1 of a blob (an HTTP Range). A range cannot be checked
+        against the blob's name: the caller authenticates what it holds (``open_cut``).
+        Raises ``BlobMissing``, ``BlobCorrupt`` (other bytes than asked), ValueError for
+        an empty or negative range."""
 
     async def put_blob_file(self, path: Path) -> str:
         """``put_blob`` of the file at ``path``, streamed: never whole in memory. Raises

@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from ttpeer._chunked import HEAD, LENGTH, MAGIC, chunk_span
 from ttpeer.daemon import Deltas, delta_bytes
 from ttpeer.errors import TaskFailed
 from ttpeer.proto import PublishDelta, Record, Train
@@ -135,16 +136,24 @@ class FakeExecutor:
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
         base, shards = self._local.get(eff.job.id, (eff.base, []))
-        metrics = {"fp32_bytes": 4000.0}
-        if eff.job.body.get("chunk"):
+        data, metrics = repr((self.name, base, sorted(shards))).encode(), {"fp32_bytes": 4000.0}
+        if eff.job.body.get("chunk"):  # the chunked layout, so it is sealed and fetched in pieces
             metrics["chunks"] = float(FAKE_CHUNKS)
-        return repr((self.name, base, sorted(shards))).encode(), metrics
+            frames = [data + b"#%d" % c for c in range(FAKE_CHUNKS)]
+            data = (HEAD.pack(MAGIC, 8, 256, FAKE_CHUNKS * 4096, 4096)
+                    + b"".join(LENGTH.pack(len(f)) for f in frames) + b"".join(frames))
+        return data, metrics
 
     async def reduce_slice(self, job: Record, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
         if self.silent:
             await trio.sleep_forever()
         self.reduced.append((job.id, rnd, first))
-        data = repr(("slice", first, stop, [(delta_bytes(d), s) for d, s in deltas])).encode()
+        runs = []
+        for ref, samples in deltas:  # each a file of the delta's head and this slice's chunks
+            raw = delta_bytes(ref)
+            begin, end = chunk_span(raw, first, stop)
+            runs.append((raw[begin:end], samples))
+        data = repr(("slice", first, stop, runs)).encode()
         return b"forged " + data if self.forge else data
 
     def _outer(self, base: str, deltas: Deltas, sliced: bool = False) -> str:
