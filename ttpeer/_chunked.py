@@ -2,8 +2,9 @@
 
 The daemon seals a sliced job's delta in these pieces (``net.seal_cut``), so an aggregator
 fetches the table, the head and exactly its slice's chunks; ``ttpeer.train`` writes and
-checks the format itself (``train._compress``), and cuts it the same way
-(``chunk_pieces``).
+checks the format itself (``train._compress``; ``chunk_pieces`` cuts it the same way, and
+``tests/unit/test_chunked.py`` holds the two to one layout), a sibling this base module
+may not import.
 """
 
 from __future__ import annotations

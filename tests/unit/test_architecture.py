@@ -31,7 +31,7 @@ SOURCES = {"ttpeer": ROOT / "ttpeer", "ttpeer_relay": ROOT / "bootstrap-relay" /
            "ttpeer_wire": ROOT / "bootstrap-relay" / "ttpeer_wire",
            "ttpeer_harness": ROOT / "ttpeer_harness", "bench": ROOT / "bench"}
 SHIPPED = ("ttpeer", "ttpeer_relay", "ttpeer_wire")  # what the wheel holds (pyproject's packages)
-BASE = ("ttpeer.errors", "ttpeer._logging", "ttpeer.config", "ttpeer._trim")
+BASE = ("ttpeer.errors", "ttpeer._logging", "ttpeer.config", "ttpeer._trim", "ttpeer._chunked")
 LAYERS: list[tuple[str, ...]] = [
     ("ttpeer_wire",),
     ("ttpeer.proto",),

@@ -42,8 +42,6 @@ import torch
 import zstandard
 from torch import Tensor
 
-from ttpeer._chunked import piece_lengths
-
 from ._errors import DeltaError, Diverged
 from ._state import OuterState
 
@@ -257,11 +255,8 @@ def chunk_pieces(data: bytes | bytearray | memoryview) -> list[bytes]:
     index = read_index(data, _CHUNK_HEAD.unpack_from(bytes(data[:CHUNK_HEADER]))[3])
     if len(data) != index.size:
         raise DeltaError(f"delta is {len(data)} bytes; its index says {index.size}")
-    view, out, at = memoryview(data), [], 0
-    for length in piece_lengths(data):
-        out.append(bytes(view[at:at + length]))
-        at += length
-    return out
+    view = memoryview(data)
+    return [bytes(view[:index.head_size])] + [bytes(view[slice(*index.span(c, c + 1))]) for c in range(index.nchunks)]
 
 
 def head_size(prefix: bytes | bytearray | memoryview) -> int:
