@@ -100,3 +100,55 @@ def _check(sim, job, speeds, times, joined_at) -> None:  # type: ignore[no-untyp
     backups = [r for r in node.machine.records if r.kind == "claim" and r["backup"]]
     assert backups, "with 3x speed differences, idle peers should have backed stragglers up"
     assert ratio < 10.0  # a loose guard against a stall; speed targets live in scripts/bench/
+
+
+SLICED_ROUNDS = 8
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_fifty_peers_reduce_in_slices_through_kills_and_a_dead_relay(tmp_path):
+    # Aggregation slices at scale: the same pool and faults, rounds closed from reduced
+    # slices, three peers killed and restarted, and the primary relay gone for good mid-job
+    # (what it held and is still needed is re-sent through the second). I2 and I3 hold.
+    spec = {**SPEC, "rounds": SLICED_ROUNDS, "chunk": 4096}
+    with deterministic(SEED + 1):
+        sim, job = trio.run(_run_sliced, tmp_path, spec, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert_invariants(sim, job, spec)
+    node = next(p.node for p in sim.peers if p.alive)
+    records = node.machine.records
+    chain = node.machine.chain(records.by_id[job])
+    sliced = [c for c in chain.closes if "slices" in c.body]
+    assert len(sliced) == SLICED_ROUNDS, "every round of the fifty has three or more authors"
+    for close in sliced:
+        named = [records.by_id[s] for s in close["slices"]]
+        assert [r["slice"] for r in named] == list(range(len(named)))
+        assert named[0]["first"] == 0 and all(a["stop"] == b["first"] for a, b in zip(named, named[1:], strict=False))
+    print(f"\n{PEERS}-peer sliced simulation: {len(sliced)} sliced rounds, "
+          f"{len(records.of_job(job, 'slice'))} slice records, "
+          f"{sum(n.transport.resent for n in (p.node for p in sim.peers if p.node))} blobs re-sent")
+
+
+async def _run_sliced(tmp_path, spec):  # type: ignore[no-untyped-def]
+    rng = random.Random(SEED)
+    speeds = [rng.choice([1 / 3, 0.5, 1.0, 1.0, 1.5]) for _ in range(PEERS)]
+    faults = [Faults(seed=SEED + k, drop=0.02, duplicate=0.02, delay=0.2, max_delay=0.3) for k in (1, 2)]
+    killed = [5, PEERS // 3, 2 * PEERS // 3]
+    async with MemoryRelay(faults=faults[0]) as first, MemoryRelay(faults=faults[1]) as second:
+        sim = Simulation(tmp_path, first, seed=SEED, step_time=STEP, timing=Timing(digest_interval=5.0),
+                         more_relays=[second])
+        sim.create(PEERS, speeds)
+        async with trio.open_nursery() as nursery:
+            await sim.start_all(nursery)
+            job = await sim.submit(spec)
+            await sim.wait_round(job, 2, timeout=600)
+            for i in killed:
+                sim.kill(i)
+            await sim.wait_round(job, 3, timeout=600)
+            first.available = False  # the primary is gone for good, its blobs with it
+            await sim.wait_round(job, 5, timeout=600)
+            for i in killed:
+                await sim.start(i)
+            await sim.wait_done(job, timeout=3600)
+            nursery.cancel_scope.cancel()
+    return sim, job
