@@ -9,11 +9,14 @@ the bytes of its own deltas (its ``contrib`` records), and the initial state (th
 
 - sent / (its deltas + the initial state if it submitted): target <= 1.1x;
 - received / (the other peers' deltas that closes used + the initial state unless it
-  submitted): what a peer must download today (every delta of the others; issue 15's aggregation slices
-  would cut this to about one reduced model a round), so about 1.0x.
+  submitted): on the all-deltas path what a peer must download (every delta of the others),
+  so about 1.0x; on the slices path (``--slices``) its slice of each other delta and the
+  reduced slices, about one delta and one model a round whatever N.
 
-One run per N in ``--peers`` (default 2,4). Compute is not emulated: the charlm's steps are
-short, and what is measured is bytes, which do not depend on the machine's speed.
+One run per N in ``--peers`` (default 2,4) and path in ``--paths`` (both, side by side).
+Compute is not emulated: the charlm's steps are short, and what is measured is bytes, which
+do not depend on the machine's speed; the round times are loopback's, not a rate-limited
+link's (no netem here).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ TASK = "charlm:n_layer=4,d_model=256,n_head=4,block_size=64"
 TARGET_SENT = 1.1
 
 
-def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, direct: str = "off") -> dict[str, Any]:
+def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, direct: str = "off",
+            chunk: int | None = None) -> dict[str, Any]:
     from ttpeer.daemon._integrity import scan_log
     from ttpeer.proto import parse
 
@@ -40,7 +44,8 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
         homes = make_pool(cluster, url, fp, [f"peer{i}" for i in range(peers)], extra=("--direct", direct))
         began = time.monotonic()
         job = ttpeer("submit", "--home", str(homes[0]), "--task", task, "--rounds", str(rounds),
-                     "--inner-steps", "1", "--shards", str(shards), "--batch-size", "2", "--no-overlap")[-1]
+                     "--inner-steps", "1", "--shards", str(shards), "--batch-size", "2", "--no-overlap",
+                     *(("--slices", str(chunk)) if chunk else ()))[-1]
 
         def done() -> bool:
             jobs = [j for h in homes for j in status(h)["jobs"] if j["id"] == job]
@@ -55,7 +60,8 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
                        if p.parent.name == "blobs"}
         init = relay_blobs.get(rec["init_blob"], 0)
         contribs = [r for r in records if r.kind == "contrib" and r["job"] == job]
-        closed = {c for r in records if r.kind == "close" and r["job"] == job for c in r["contribs"]}
+        closes = [r for r in records if r.kind == "close" and r["job"] == job]
+        closed = {c for r in closes for c in r["contribs"]}
         ckpts = [r for r in records if r.kind == "ckpt" and r["job"] == job]
         rows = []
         for i, home in enumerate(homes):
@@ -72,6 +78,8 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
                          "sent_ratio": j["bytes_sent"] / must_send if must_send else None,
                          "received_ratio": j["bytes_received"] / must_get if must_get else None})
         return {"peers": peers, "rounds": rounds, "shards": shards, "init": init, "checkpoints": len(ckpts),
+                "path": "slices" if chunk else "all deltas",
+                "sliced_rounds": sum(1 for c in closes if "slices" in c.body),
                 "wall_s": round(wall, 1), "rows": rows, "direct": direct,
                 "relay_egress": sum(r["received"] for r in rows), "direct_bytes": sum(r["direct"] for r in rows)}
 
@@ -81,7 +89,8 @@ def _mb(n: float) -> str:
 
 
 def table(result: dict[str, Any]) -> list[str]:
-    out = [f"N = {result['peers']}, --direct {result['direct']}: {result['rounds']} rounds x {result['shards']} "
+    out = [f"N = {result['peers']}, {result['path']} ({result['sliced_rounds']} rounds sliced), --direct "
+           f"{result['direct']}: {result['rounds']} rounds x {result['shards']} "
            f"shards, initial state {_mb(result['init'])}, checkpoints published: {result['checkpoints']}, "
            f"{result['wall_s']} s", "", "| peer | sent | its deltas (+ init) | sent / that | received from the relay "
            "| directly | others' deltas (+ init) | received / that |", "|---|---|---|---|---|---|---|---|"]
@@ -94,20 +103,22 @@ def table(result: dict[str, Any]) -> list[str]:
 
 
 def summary(results: list[dict[str, Any]]) -> list[str]:
-    """Per round, side by side: relay egress and what a peer downloads, against the smallest N
-    of the same ``--direct``."""
-    out = ["| N | --direct | relay egress / round | vs smallest N | a peer downloads / round (relay + direct) "
-           "| vs smallest N | of it directly | s / round |", "|---|---|---|---|---|---|---|---|"]
-    first: dict[str, dict[str, float]] = {}
+    """Per round, side by side: relay egress and what a peer receives (the initial state left
+    out: it is sent once, whatever the path), against the smallest N of the same path and
+    ``--direct``."""
+    out = ["| N | path | --direct | relay egress / round | vs smallest N | a peer receives / round (relay + "
+           "direct) | vs smallest N | of it directly | s / round |", "|---|---|---|---|---|---|---|---|---|"]
+    first: dict[tuple[str, str], dict[str, float]] = {}
     for r in results:
         rounds, n = r["rounds"], r["peers"]
-        egress = r["relay_egress"] / rounds
-        per_peer = (r["relay_egress"] + r["direct_bytes"]) / rounds / n
-        base = first.setdefault(r["direct"], {"egress": egress, "per_peer": per_peer})
-        got = r["relay_egress"] + r["direct_bytes"]
+        got = r["relay_egress"] + r["direct_bytes"] - r["init"] * (n - 1)
+        egress = (r["relay_egress"] - r["init"] * (n - 1)) / rounds
+        per_peer = got / rounds / n
+        base = first.setdefault((r["path"], r["direct"]), {"egress": egress, "per_peer": per_peer})
         share = r["direct_bytes"] / got if got else 0.0
-        out.append(f"| {n} | {r['direct']} | {_mb(egress)} | {egress / base['egress']:.2f}x | {_mb(per_peer)} | "
-                   f"{per_peer / base['per_peer']:.2f}x | {share:.0%} | {r['wall_s'] / rounds:.1f} |")
+        out.append(f"| {n} | {r['path']} | {r['direct']} | {_mb(egress)} | {egress / base['egress']:.2f}x | "
+                   f"{_mb(per_peer)} | {per_peer / base['per_peer']:.2f}x | {share:.0%} | "
+                   f"{r['wall_s'] / rounds:.1f} |")
     return out
 
 
@@ -121,14 +132,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--direct", default="off",
                    help="the LAN shortcut for each N: off, auto, or both side by side as off,auto (default off: "
                         "everything through the relay, the path every pool has)")
+    p.add_argument("--paths", default="deltas,slices",
+                   help="the exchange for each N: deltas (every peer downloads every delta), slices "
+                        "(aggregation slices, --slices on the job), or both side by side (default deltas,slices)")
+    p.add_argument("--chunk", type=int, default=65536, help="values per chunk on the slices path (default 65536)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = p.parse_args(argv)
     results, missed = [], []
     modes = args.direct.split(",")
     if not all(m in ("off", "auto") for m in modes):
         p.error("--direct takes off, auto, or off,auto")
-    for n, mode in ((int(x), m) for x in args.peers.split(",") for m in modes):
-        result = run_one(args.task, n, args.rounds, args.shards or 2 * n, args.timeout, mode)
+    paths = args.paths.split(",")
+    if not all(m in ("deltas", "slices") for m in paths):
+        p.error("--paths takes deltas, slices, or deltas,slices")
+    for n, mode, path in ((int(x), m, q) for x in args.peers.split(",") for m in modes for q in paths):
+        result = run_one(args.task, n, args.rounds, args.shards or 2 * n, args.timeout, mode,
+                         args.chunk if path == "slices" else None)
         results.append(result)
         print("\n".join(table(result)) + "\n", flush=True)
         for r in result["rows"]:

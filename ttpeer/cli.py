@@ -62,6 +62,16 @@ def _duration(text: str) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
+DEFAULT_CHUNK = 1 << 16  # --slices: values per chunk of a chunked delta
+
+
+def _chunk(text: str) -> int:
+    value = _positive_int(text)
+    if value & (value - 1) or not 4096 <= value <= 1 << 21:
+        raise argparse.ArgumentTypeError(f"a chunk is a power of two from 4096 to 2097152 values, got {value}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -189,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fused (on by default): train round r+1 while round r's deltas travel, starting from "
                         "this peer's own estimate of round r's result; --no-overlap: every round waits for "
                         "the one before to close (a little better loss per step, the sync not hidden)")
+    s.add_argument("--slices", type=_chunk, nargs="?", const=DEFAULT_CHUNK, default=None, metavar="VALUES",
+                   help="fused: a round of three or more peers closes from aggregation slices: each peer "
+                        "reduces one slice of the mean and everyone downloads the reduced slices, so a peer "
+                        "receives about one delta and one model a round instead of every other peer's delta. "
+                        f"VALUES per chunk, a power of two (default {DEFAULT_CHUNK}; a slice is whole chunks, "
+                        "so a model needs three chunks for three slices). Off by default: all deltas")
     s.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
                    help="autocast of forward/backward (weights, optimizer, deltas stay fp32); default: each "
                         "peer picks, bf16 on a GPU that has it, fp32 elsewhere (CPU bf16 is slower)")
@@ -598,6 +614,10 @@ def _submit(args: argparse.Namespace) -> int:
         spec["members"] = args.members
     if overlap:
         spec["overlap"] = 1
+    if args.slices is not None:
+        if args.mode != "fused":
+            raise UsageError("--slices goes with a fused job (an ensemble's members are not averaged)")
+        spec["chunk"] = args.slices
     if auto:
         spec["h_min"], spec["h_max"] = args.inner_steps
     spec.update(_recipe_fields(args, home))

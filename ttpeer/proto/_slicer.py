@@ -1,31 +1,30 @@
 """The slicer: a sliced round's reductions and checks, and the results its close names.
 
 Theory of operation. A fused job with ``chunk`` reduces a round of ``SLICES_FROM`` or
-more authors in slices (``plan``): once the round is covered, slice ``s`` is reduced by
-the author whose turn it is (``_slices.reducer``, one lease each, on this observer's
-clock since it saw the round covered), which signs a ``slice`` record naming the
-contributions, the chunks and the hash of its result. A result counts (``_pick``) when
-this peer made it itself; or, for a slice that is spot-checked this round
-(``_slices.checked``) or whose results disagree, once two authors signed the same hash;
-otherwise as the only hash there is. A result that waits for a check is recomputed by the
-next author in the slice's order that has not made one (again one lease each, from when
-this peer first saw a result): it signs a record of the same hash naming the same blob
-(nothing is uploaded), or its own result when the hashes differ, and the other result is
-refused here. A result whose blob did not hash as its record says (``refused``) is made
-again at once by the peer that found it. The close waits until every slice has a result
-(``step`` returns them, in slice order).
+more authors in slices (``_slices.plan``): once the round is covered, slice ``s`` is
+reduced by the author whose turn it is (``_slices.aggregators``, one lease each, on this
+observer's clock since it saw the round covered), which signs a ``slice`` record naming
+the contributions, the chunks, the blob and the hash of its result. A result counts by the
+ledger's own rule (``_slices.counts``): once two authors signed its hash, or as the
+slice's only hash when the slice is not spot-checked this round (``_slices.checked``, one
+in ``CHECK_ONE_IN``). A result that does not count yet (checked, or hashes that disagree)
+is recomputed by the next author in the slice's order that has not signed one (again one
+lease each, from when this peer first saw a result): it signs the same hash naming the
+same blob (nothing is uploaded), or its own result when the hashes differ, and a third
+author then settles it. A result whose blob did not hash as its record says (``refused``)
+is made again at once by the peer that found it. The close waits until every slice has a
+result that counts (``step`` returns them, in slice order).
 
-It holds the reductions in flight, this peer's own hash of each slice it made or checked,
-the results it refused, when it first saw each slice's result, and its retry time after a
-reduction that could not run; no record is made here (the machine signs what it reports).
+It holds the reductions in flight, the results it refused, when it first saw each slice's
+result, its retry time after a reduction that could not run, and the next turn that can
+ask it for work; no record is made here (the machine signs what it reports).
 
-What it promises: a sliced round closes from results that every slice has (I2 holds as
-for deltas: the close still names a covering set of contributions); an aggregator that
-never publishes costs one lease; a result that does not reproduce where it is checked is
-never named by that checker's close nor applied by it (``refutes``). What breaks it: a
-forged result in a slice nobody checks this round; the state hash then still makes every
-peer that follows the close agree (I3), but on the forged mean (members are trusted not to
-forge on purpose: SECURITY.md).
+What it promises: a sliced round closes only from results that count, so its close is
+valid by the ledger's rule (I2 holds as for deltas: the close still names a covering set
+of contributions); an aggregator that never publishes costs one lease; a forged result in
+a checked slice never counts. What breaks it: a forged result in a slice nobody checks
+this round; the state hash then still makes every peer that follows the close agree (I3),
+on the forged mean (members are trusted not to forge on purpose: SECURITY.md).
 """
 
 from __future__ import annotations

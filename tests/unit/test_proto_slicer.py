@@ -1,0 +1,126 @@
+"""The slicer and the ledger on sliced closes, pure: which results a close may name, who
+reduces or checks a slice when, and when a close naming slices is valid."""
+
+from __future__ import annotations
+
+import pytest
+from ttpeer_wire import public_hex
+
+from ttpeer.proto import RecordSet, ReduceSlice, canonical_chain, sign
+from ttpeer.proto import _slices as sl
+from ttpeer.proto._jobspec import JobSpec
+from ttpeer.proto._slicer import Slicer
+
+from .proto_helpers import Pool, hex64, job_body, key, state
+
+P = Pool("slicer")
+KEYS = [key(f"s{i}") for i in range(4)]
+NAMES = [public_hex(k) for k in KEYS]
+JOB = sign("job", P.id, job_body(shards=4, chunk=4096), KEYS[0])
+SPEC = JobSpec.of(JOB)
+BASE = JOB["init"]
+
+
+def _contribs(chunks: int = 8) -> list:
+    return [sign("contrib", P.id, {"job": JOB.id, "round": 0, "base": BASE, "shards": [i], "samples": 8,
+                                   "blob": hex64(("d", i)), "size": 100, "metrics": {}, "chunks": chunks}, k)
+            for i, k in enumerate(KEYS)]
+
+
+def _records(*recs) -> RecordSet:
+    rs = RecordSet(P.id)
+    for r in [*P.admit(KEYS), JOB, *recs]:
+        rs.add(r)
+    return rs
+
+
+def _slice(author, cover, s: int, sha: str = "good", *, size: int = 1000, blob: str | None = None):
+    spans = sl.plan(SPEC, cover)
+    assert spans is not None
+    first, stop = spans[s]
+    return sign("slice", P.id, {"job": JOB.id, "round": 0, "base": BASE, "contribs": sorted(c.id for c in cover),
+                                "slice": s, "of": len(spans), "first": first, "stop": stop,
+                                "blob": blob or hex64(("b", sha, s)), "sha256": hex64((sha, s)), "size": size},
+                author)
+
+
+def test_the_plan_slices_rounds_of_three_or_more_authors_that_agree_on_the_chunks():
+    cover = _contribs()
+    assert sl.plan(SPEC, cover) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert sl.plan(SPEC, cover[:2]) is None  # two authors: all deltas
+    assert sl.plan(SPEC, [*cover[:3], _contribs(chunks=9)[3]]) is None  # the contributions disagree
+    assert sl.plan(JobSpec.of(sign("job", P.id, job_body(shards=4), KEYS[0])), cover) is None  # not a sliced job
+
+
+def test_each_slice_goes_to_its_author_first_then_passes_after_a_lease():
+    cover = _contribs()
+    spans = sl.plan(SPEC, cover)
+    rs = _records(*cover)
+    mine = {}
+    for name in NAMES:
+        work, results = Slicer(name).step(SPEC, 0, cover, spans, 0.0, 0.0, rs)
+        assert results is None
+        mine[name] = [w.slice for w in work]
+    assert sorted(s for v in mine.values() for s in v) == [0, 1, 2, 3]  # each slice once, by one author
+    silent = sorted(NAMES)[1]  # its turn is slice 1, and it never publishes
+    order = sl.aggregators(JOB.id, 0, NAMES, 1)
+    assert order[0] == silent
+    nxt = Slicer(order[1])
+    assert 1 not in [w.slice for w in nxt.step(SPEC, 0, cover, spans, 0.0, SPEC.lease - 0.1, rs)[0]]
+    assert 1 in [w.slice for w in nxt.step(SPEC, 0, cover, spans, 0.0, SPEC.lease, rs)[0]]
+
+
+def test_a_checked_slice_counts_once_a_second_author_signs_its_hash(monkeypatch):
+    monkeypatch.setattr(sl, "CHECK_ONE_IN", 1)
+    cover = _contribs()
+    spans = sl.plan(SPEC, cover)
+    results = [_slice(KEYS[s], cover, s) for s in range(4)]
+    rs = _records(*cover, *results)
+    me = Slicer(NAMES[0])
+    work, chosen = me.step(SPEC, 0, cover, spans, 0.0, 100.0, rs)
+    assert chosen is None
+    checks = [w for w in work if w.against is not None]
+    assert checks and all(isinstance(w, ReduceSlice) and w.against.author != NAMES[0] for w in checks)
+    confirmations = [_slice(KEYS[(s + 1) % 4], cover, s) for s in range(4)]
+    rs = _records(*cover, *results, *confirmations)
+    _work, chosen = Slicer(NAMES[0]).step(SPEC, 0, cover, spans, 0.0, 100.0, rs)
+    assert chosen is not None and [r["slice"] for r in chosen] == [0, 1, 2, 3]
+
+
+def test_a_forged_hash_never_counts_and_the_ledger_refuses_a_close_naming_it(monkeypatch):
+    monkeypatch.setattr(sl, "CHECK_ONE_IN", 1)
+    cover = _contribs()
+    honest = [_slice(KEYS[s], cover, s) for s in range(4)] + [_slice(KEYS[(s + 1) % 4], cover, s) for s in range(4)]
+    forged = _slice(KEYS[3], cover, 0, sha="forged")
+    body = {"job": JOB.id, "round": 0, "base": BASE, "contribs": sorted(c.id for c in cover), "state": state("f"),
+            "metrics": {}, "slices": [forged.id, *(r.id for r in honest[1:4])]}
+    bad_close = sign("close", P.id, body, KEYS[3])
+    rs = _records(*cover, *honest, forged, bad_close)
+    assert canonical_chain(rs, JOB).round == 0  # one author of the forged hash: it does not count
+    good_close = sign("close", P.id, {**body, "state": state("g"), "slices": [r.id for r in honest[:4]]}, KEYS[0])
+    rs.add(good_close)
+    assert canonical_chain(rs, JOB).closes == (good_close,)
+    # A second forger makes the forged hash count twice: what the checks cannot catch.
+    assert sl.counts(JOB.id, 0, 0, hex64(("forged", 0)), {hex64(("forged", 0)): {"a", "b"}})
+
+
+def test_an_oversized_slice_is_no_result_and_a_refused_one_is_made_again_at_once():
+    cover = _contribs()
+    spans = sl.plan(SPEC, cover)
+    huge = _slice(KEYS[0], cover, 0, size=sl.slice_bound(2 * 4096) + 1)
+    assert not sl.fits(huge, SPEC, 0, BASE, sorted(c.id for c in cover), 0, spans[0], 4)
+    ok = _slice(KEYS[0], cover, 0)
+    other = sorted(NAMES)[2]
+    me = Slicer(other)
+    rs = _records(*cover, ok)
+    assert 0 not in [w.slice for w in me.step(SPEC, 0, cover, spans, 0.0, 1.0, rs)[0]]
+    me.refused(ok.id)  # its blob did not hash as it says
+    assert 0 in [w.slice for w in me.step(SPEC, 0, cover, spans, 0.0, 1.0, rs)[0]]
+    assert me.refutes(sign("close", P.id, {"job": JOB.id, "round": 0, "base": BASE, "contribs": [ok["contribs"][0]],
+                                          "state": state("x"), "metrics": {}, "slices": [ok.id]}, KEYS[0]))
+
+
+@pytest.mark.parametrize("one_in", [0, -1])
+def test_a_check_rate_below_one_is_refused(one_in):
+    with pytest.raises(ValueError):
+        sl.checked(JOB.id, 0, 0, one_in)
