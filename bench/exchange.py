@@ -7,7 +7,8 @@ charlm on the CPU, one inner step a shard, so the run is all exchange. Per peer,
 the bytes of its own deltas (its ``contrib`` records), and the initial state (the job's
 ``init_blob`` on the relay's disk). Prints, per peer:
 
-- sent / (its deltas + the initial state if it submitted): target <= 1.1x;
+- sent / (its deltas, and on the slices path the slices it reduced, + the initial state
+  if it submitted): target <= 1.1x;
 - received / (the other peers' deltas that closes used + the initial state unless it
   submitted): on the all-deltas path what a peer must download (every delta of the others),
   so about 1.0x; on the slices path (``--slices``) its slice of each other delta and the
@@ -61,6 +62,11 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
         init = relay_blobs.get(rec["init_blob"], 0)
         contribs = [r for r in records if r.kind == "contrib" and r["job"] == job]
         closes = [r for r in records if r.kind == "close" and r["job"] == job]
+        slices = sorted((r for r in records if r.kind == "slice" and r["job"] == job), key=lambda r: r.id)
+        uploader: dict[str, str] = {}
+        for r in records:  # the first record naming a blob is its uploader's (the log's order)
+            if r.kind == "slice" and r["job"] == job:
+                uploader.setdefault(r["blob"], r.id)
         closed = {c for r in closes for c in r["contribs"]}
         ckpts = [r for r in records if r.kind == "ckpt" and r["job"] == job]
         rows = []
@@ -68,7 +74,10 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
             st = status(home)
             me = st["node"]["id"]
             j = next(j for j in st["jobs"] if j["id"] == job)
-            own = sum(c["size"] for c in contribs if c.author == me)
+            # On the slices path a peer also uploads the slices it reduced (a check that
+            # reproduced another's names that one's blob: nothing uploaded).
+            own = sum(c["size"] for c in contribs if c.author == me) + sum(
+                r["size"] for r in slices if r.author == me and uploader.get(r["blob"]) == r.id)
             others = sum(c["size"] for c in contribs if c.author != me and c.id in closed)  # what closes use
             must_send = own + (init if i == 0 else 0)
             must_get = others + (0 if i == 0 else init)
