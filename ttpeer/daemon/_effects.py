@@ -332,7 +332,7 @@ class Effects:
                                     None if chunks is None else int(chunks)))
 
     async def _reduce_slice(self, eff: ReduceSlice) -> None:
-        async with self._node.blobs.delta_chunks(eff.job, eff.contribs, eff.first, eff.stop) as deltas:
+        async with self._node.blobs.deltas(eff.job, eff.contribs, (eff.first, eff.stop)) as deltas:
             data = await self._node.executor.reduce_slice(eff.job, deltas, eff.first, eff.stop, rnd=eff.round)
         trim()
         sha = hashlib.sha256(data).hexdigest()

@@ -324,7 +324,7 @@ class Blobs:
         on, so a delta given up on is trained again); None if every try failed. A copy is
         kept here (``deltas`` reads it instead of downloading this peer's own delta).
         ``cut``: a chunked delta, sealed in its pieces (``seal_cut``: the head, then one per
-        chunk) so that an aggregator fetches only its slice's (``delta_chunks``)."""
+        chunk) so that an aggregator fetches only its slice's (``deltas`` with a run)."""
         sealed = self._seal_cut(data) if cut else self._keys.seal(BLOB, data)
         for attempt in range(DELTA_UPLOAD_TRIES):
             try:
@@ -386,32 +386,6 @@ class Blobs:
                 continue
         raise SealError("a delta's pieces do not authenticate under any pool key held here")
 
-    @contextlib.asynccontextmanager
-    async def delta_chunks(self, job: Record, contribs: tuple[Record, ...], first: int,
-                           stop: int) -> AsyncIterator[Deltas]:
-        """The round's contributions as files holding chunks ``first`` .. ``stop``-1 of each
-        delta (``chunk_run``; this peer's own delta: its copy here), one at a time: an
-        aggregator downloads its slice of every delta, not the deltas. Removed when the
-        block ends."""
-        folder = self._home.path / "work" / job.id
-        folder.mkdir(parents=True, exist_ok=True)
-        paths: Deltas = []
-        try:
-            for c in contribs:
-                path = folder / f"run-{next(self._fetches)}.bin"
-                own = self._own.get(c["blob"])
-                if own is None or not await off_span(c["size"], _copy_own, *own, path, c["size"]):
-                    try:
-                        await self.chunk_run(c, first, stop, path)
-                    except OSError as exc:
-                        raise disk_or_job(folder, exc) from None
-                paths.append((path, c["samples"]))
-            yield paths
-        finally:
-            for ref, _samples in paths:
-                assert isinstance(ref, Path)
-                ref.unlink(missing_ok=True)
-
     @contextlib.contextmanager
     def work_files(self, job: str, what: str) -> Iterator[tuple[Path, Path]]:
         """Two fresh paths in ``HOME/work/<job>/`` for a state and its sealed copy, removed
@@ -429,11 +403,14 @@ class Blobs:
                 path.unlink(missing_ok=True)
 
     @contextlib.asynccontextmanager
-    async def deltas(self, job: Record, contribs: tuple[Record, ...]) -> AsyncIterator[Deltas]:
+    async def deltas(self, job: Record, contribs: tuple[Record, ...],
+                     run: tuple[int, int] | None = None) -> AsyncIterator[Deltas]:
         """The round's contributions as files in ``HOME/work/<job>/``, fetched and opened one
         blob at a time: the node never holds a round's deltas at once (with 16 shards that
         was 16 compressed deltas in the daemon), and the executor reads each file when its
-        outer step gets to it. The files are removed when the block ends."""
+        outer step gets to it. ``run``: chunks ``[first, stop)`` only, of chunked deltas
+        (``chunk_run``): an aggregator downloads its slice of every delta, not the deltas.
+        This peer's own delta is its copy here. The files are removed when the block ends."""
         folder = self._home.path / "work" / job.id
         folder.mkdir(parents=True, exist_ok=True)
         paths: Deltas = []
@@ -444,12 +421,19 @@ class Blobs:
                 if own is not None and await off_span(c["size"], _copy_own, *own, path, c["size"]):
                     paths.append((path, c["samples"]))  # this peer's own delta: no download
                     continue
-                data = await self.get(c["blob"], max_size=sealed_bound(c), uploaders=[c.author])
-                try:
-                    paths.append((write_work(path, data), c["samples"]))
-                except OSError as exc:  # a full disk stops the daemon, as for any other write
-                    raise DiskError(path, exc) from None
-                del data
+                if run is not None:
+                    try:
+                        await self.chunk_run(c, *run, path)
+                    except OSError as exc:
+                        raise disk_or_job(folder, exc) from None
+                else:
+                    data = await self.get(c["blob"], max_size=sealed_bound(c), uploaders=[c.author])
+                    try:
+                        write_work(path, data)
+                    except OSError as exc:  # a full disk stops the daemon, as for any other write
+                        raise DiskError(path, exc) from None
+                    del data
+                paths.append((path, c["samples"]))
             yield paths
         finally:
             for ref, _samples in paths:
