@@ -62,11 +62,10 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
         init = relay_blobs.get(rec["init_blob"], 0)
         contribs = [r for r in records if r.kind == "contrib" and r["job"] == job]
         closes = [r for r in records if r.kind == "close" and r["job"] == job]
-        slices = sorted((r for r in records if r.kind == "slice" and r["job"] == job), key=lambda r: r.id)
+        slices = [r for r in records if r.kind == "slice" and r["job"] == job]
         uploader: dict[str, str] = {}
-        for r in records:  # the first record naming a blob is its uploader's (the log's order)
-            if r.kind == "slice" and r["job"] == job:
-                uploader.setdefault(r["blob"], r.id)
+        for r in slices:  # the first record naming a blob is its uploader's (the log's order)
+            uploader.setdefault(r["blob"], r.id)
         closed = {c for r in closes for c in r["contribs"]}
         ckpts = [r for r in records if r.kind == "ckpt" and r["job"] == job]
         rows = []

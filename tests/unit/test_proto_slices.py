@@ -50,7 +50,8 @@ def test_every_author_has_a_turn_the_sth_first_and_the_order_is_the_same_for_eve
 def test_the_turn_passes_after_each_lease_and_starts_over_after_the_last():
     order = sl.aggregators("job", 3, ["p1", "p2", "p3"], 1)
     assert order[0] == "p2"
-    seen = [sl.reducer("job", 3, ["p3", "p1", "p2"], 1, t, 5.0) for t in (-1.0, 0.0, 4.99, 5.0, 10.0, 15.0)]
+    again = sl.aggregators("job", 3, ["p3", "p1", "p2"], 1)
+    seen = [again[sl.turn(again, t, 5.0)] for t in (-1.0, 0.0, 4.99, 5.0, 10.0, 15.0)]
     assert seen == [order[0], order[0], order[0], order[1], order[2], order[0]]
 
 

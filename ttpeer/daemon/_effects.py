@@ -342,8 +342,10 @@ class Effects:
                 log.warning("slice %d of round %d (job %s) by %s did not reproduce here; publishing this "
                             "peer's own", eff.slice, eff.round, eff.job.id[:12], eff.against.author[:12])
             blob = await self._node.blobs.put(data)
-        # Kept for the close that uses it: a check that reproduced holds the same bytes.
-        self._node.blobs.keep_slice(blob or (eff.against["blob"] if eff.against is not None else ""), data)
+        # Kept for the close that uses it (a check that reproduced ``against`` holds its bytes).
+        kept = blob if blob is not None or eff.against is None else eff.against["blob"]
+        if kept is not None:
+            self._node.blobs.keep_slice(kept, data)
         self._report(SliceReduced(eff, sha, len(data), blob))
 
     @contextlib.asynccontextmanager

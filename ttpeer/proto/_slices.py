@@ -79,12 +79,6 @@ def turn(order: Sequence[str], covered_for: float, lease: float) -> int:
     return int(max(0.0, covered_for) // lease) % len(order)
 
 
-def reducer(job: str, rnd: int, authors: Sequence[str], s: int, covered_for: float, lease: float) -> str:
-    """The author whose turn it is to reduce slice ``s`` now (``aggregators`` and ``turn``)."""
-    order = aggregators(job, rnd, authors, s)
-    return order[turn(order, covered_for, lease)]
-
-
 def checked(job: str, rnd: int, s: int, one_in: int | None = None) -> bool:
     """Whether slice ``s`` of round ``rnd`` is spot-checked: its result counts only once a
     second peer has recomputed it to the same hash. One slice in ``one_in`` (default
