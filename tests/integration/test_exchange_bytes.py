@@ -48,16 +48,18 @@ def test_the_initial_state_goes_up_once_and_each_peer_downloads_only_the_others_
         cluster.close()
 
 
-def test_a_sliced_job_fetches_its_slice_of_each_delta_by_range_over_real_tls(tmp_path):
+@pytest.mark.parametrize("direct", ["off", "auto"])
+def test_a_sliced_job_fetches_its_slice_of_each_delta_by_range_over_real_tls(tmp_path, direct):
     # Four daemons and a real relay: rounds of three or more authors close from reduced
     # slices. An aggregator fetches the cut table, the head and its chunks of every other
-    # delta (HTTP Range through the relay), then the others' reduced slices: about half
+    # delta (HTTP Range through the relay, or with the LAN shortcut from the delta's
+    # uploader over TLS pinned to its record), then the others' reduced slices: about half
     # of what downloading every other delta costs at N = 4.
     cluster = Cluster(tmp_path)
     try:
         url, fp = cluster.start_relay()
         names = ["alice", "bob", "carol", "dave"]
-        homes = make_pool(cluster, url, fp, names, extra=("--slowdown", "2", "--direct", "off"))
+        homes = make_pool(cluster, url, fp, names, extra=("--slowdown", "2", "--direct", direct))
         spec = {**job_spec(4), "shards": 8, "batches": 30, "steal": False, "chunk": 4096}
         job = call(homes[0] / "control.sock", {"op": "submit", "spec": spec, "task_file": None}, timeout=120)["job"]
         wait_for(lambda: job_finished(homes, job), 180, "all four peers to finish the sliced job", poll=0.25)
@@ -71,10 +73,15 @@ def test_a_sliced_job_fetches_its_slice_of_each_delta_by_range_over_real_tls(tmp
         contribs = [r for r in records if r.kind == "contrib" and r["job"] == job]
         for h in homes[1:]:
             others = sum(c["size"] for c in contribs if c.author != me[h.name])
-            got = job_of(h, job)["bytes_received"] - init
+            fetched = status(h).get("direct", {}).get("fetched_blob_bytes", 0)  # ranges and blobs, directly
+            got = job_of(h, job)["bytes_received"] + fetched - init
             # All deltas would be >= others; whole deltas for the reductions, more again. Here:
             # a quarter of each other delta, the slices it did not make, and the checks.
             assert 0 < got < 0.9 * others, (h.name, got, others)
+            if direct == "off":
+                assert fetched == 0
+            else:  # the ranges and the reduced slices came from their uploaders, not the relay
+                assert fetched > 0.5 * got, (h.name, fetched, got)
         exports = {ttpeer("export", job, str(h / "m.safetensors"), "--home", str(h))[-1] for h in homes}
         assert len(exports) == 1
     finally:

@@ -6,6 +6,7 @@ unreachable address and a piece not held are each refused or skipped, never serv
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import httpx
@@ -118,13 +119,41 @@ async def test_a_member_fetches_a_blob_its_uploader_serves_and_nothing_else(serv
         await fetcher.get_blob(peer.me, route, BLOB_NAME, 100, dest)
 
 
+async def test_a_member_fetches_a_range_of_a_blob_and_a_range_outside_it_is_refused(served, tmp_path):
+    """A slice's aggregator asks the uploader for ranges of a delta (``Blobs.chunk_run``)."""
+    peer, port, key = served
+    fetcher = DirectFetcher(key, public_hex(key), lambda: POOL_KEY)
+    route = _route(peer.key, peer.cert, [f"127.0.0.1:{port}"])
+    dest = tmp_path / "got"
+    for start, stop in ((0, 1), (100, 2100), (len(BLOB) - 7, len(BLOB))):
+        await fetcher.get_range(peer.me, route, BLOB_NAME, start, stop, dest)
+        assert dest.read_bytes() == BLOB[start:stop]
+    assert peer.app.stats.served_blob_bytes == 1 + 2000 + 7
+    with pytest.raises(DirectFailed, match="answered 416") as info:  # past its end: refused, nothing sent
+        await fetcher.get_range(peer.me, route, BLOB_NAME, len(BLOB) - 1, len(BLOB) + 1, dest)
+    assert info.value.reachable and not info.value.lacks
+    assert peer.app.stats.served_blob_bytes == 2008
+    with pytest.raises(DirectFailed, match="404"):  # a blob it did not upload
+        await fetcher.get_range(peer.me, route, "e" * 64, 0, 10, dest)
+
+
+@pytest.mark.parametrize("asked", ["bytes=5-", "bytes=9-3", "bytes=0-1,4-5", "items=0-3", "bytes=-5"])
+async def test_the_server_answers_416_to_a_range_it_does_not_serve(served, asked):
+    peer, port, key = served
+    path = f"/v1/blob/{BLOB_NAME}"
+    auth = signed_request(key, public_hex(key), peer.me, path, time.time(), POOL_KEY)
+    context = pinned_ssl_context(bytes.fromhex(_route(peer.key, peer.cert, ["h:1"])["cert"]))
+    async with httpx.AsyncClient(verify=context, trust_env=False) as client:
+        r = await client.get(f"https://127.0.0.1:{port}{path}", headers={"authorization": auth, "range": asked})
+    assert r.status_code == 416, r.text
+    assert peer.app.stats.served_blob_bytes == 0
+
+
 async def test_callers_who_are_no_members_or_sign_for_another_server_are_refused(served, tmp_path):
     peer, port, key = served
     stranger = Ed25519PrivateKey.generate()
     path = f"/v1/piece/{'d' * 64}/0"
     context = pinned_ssl_context(bytes.fromhex(_route(peer.key, peer.cert, ["h:1"])["cert"]))
-    import time
-
     now = time.time()
     me = public_hex(key)
     cases = {

@@ -621,6 +621,25 @@ class Datasets:
         dest.unlink(missing_ok=True)
         return False
 
+    async def fetch_blob_range(self, blob: str, start: int, stop: int, dest: Path, uploaders: list[str]) -> bool:
+        """Fetch bytes ``start`` .. ``stop``-1 of the sealed blob ``blob`` into ``dest`` from
+        one of its ``uploaders`` that serves directly; False if none did, and the relay serves
+        them. A range has no hash to check: the caller opens its sealed pieces, which only a
+        member could have sealed (and the uploader, a member, could as well have uploaded
+        other bytes)."""
+        for member, route in self.direct.routes(self._node.machine.records, uploaders):
+            if member not in uploaders:
+                break  # the others are in order after them, and hold no copy
+            try:
+                await self.direct.get_range(member, route, blob, start, stop, dest)
+            except DirectFailed as exc:
+                log.debug("a range of blob %s not fetched directly: %s", blob[:12], exc)
+                continue
+            self.blob_direct_bytes += stop - start
+            return True
+        dest.unlink(missing_ok=True)
+        return False
+
     async def piece_source(self, dataset: str, index: int) -> tuple[Path, int, int] | None:
         """Where piece ``index`` of ``dataset`` lies here, for a member asking directly:
         (file, offset, size), or None when this peer does not hold it."""

@@ -75,6 +75,7 @@ DOWN_FOR = 300.0  # a member that could not be reached is not tried again for th
 _CHUNK = 1 << 20
 _PATH = re.compile(r"^/v1/piece/([0-9a-f]{64})/([0-9]{1,9})$")
 _BLOB_PATH = re.compile(r"^/v1/blob/([0-9a-f]{64})$")
+_RANGE = re.compile(r"^bytes=([0-9]{1,15})-([0-9]{1,15})$")  # one closed range, as chunk_run asks
 _AUTH = re.compile(r"^ttpeer ([0-9a-f]{64})\.([0-9]{1,12})\.([0-9a-f]{128})\.([0-9a-f]{64})$")
 
 
@@ -198,6 +199,15 @@ class DirectServer:
             await _answer(send, 404, b"this peer does not hold that\n")
             return
         file, offset, size = found
+        status, extra = 200, []
+        if blob is not None and "range" in headers:  # a slice's chunks of a delta (``DirectFetcher.get_range``)
+            asked = _RANGE.fullmatch(headers["range"].strip())
+            if asked is None or not int(asked.group(1)) <= int(asked.group(2)) < size:
+                await _answer(send, 416, b"ask for one range bytes=FIRST-LAST within the blob\n")
+                return
+            first, last = int(asked.group(1)), int(asked.group(2))
+            status, extra = 206, [(b"content-range", f"bytes {first}-{last}/{size}".encode())]
+            offset, size = first, last - first + 1
         try:
             fd = await trio.to_thread.run_sync(os.open, file, os.O_RDONLY)
         except OSError:  # evicted, or the assembly became the dataset, since it was found
@@ -211,9 +221,9 @@ class DirectServer:
             self.stats.served_pieces += 1
             self.stats.served_bytes += size
         try:
-            await send({"type": "http.response.start", "status": 200,
+            await send({"type": "http.response.start", "status": status,
                         "headers": [(b"content-type", b"application/octet-stream"),
-                                    (b"content-length", str(size).encode())]})
+                                    (b"content-length", str(size).encode()), *extra]})
             sent = 0
             while sent < size:
                 n = min(_CHUNK, size - sent)
@@ -276,10 +286,17 @@ class DirectFetcher:
         into ``dest``, as ``get`` does a piece; the caller checks its hash. Raises ``DirectFailed``."""
         await self._fetch(member, route, f"/v1/blob/{blob}", max_size, dest, exact=False)
 
-    async def _fetch(self, member: str, route: Record, path: str, size: int, dest: Path, *, exact: bool) -> None:
+    async def get_range(self, member: str, route: Record, blob: str, start: int, stop: int, dest: Path) -> None:
+        """Write bytes ``start`` .. ``stop``-1 of the sealed blob ``blob`` that ``member``
+        uploaded into ``dest`` (one Range request), as ``get`` does a piece. Not hash-checked
+        (a range cannot be): the caller opens its sealed pieces. Raises ``DirectFailed``."""
+        await self._fetch(member, route, f"/v1/blob/{blob}", stop - start, dest, exact=True, span=(start, stop))
+
+    async def _fetch(self, member: str, route: Record, path: str, size: int, dest: Path, *, exact: bool,
+                     span: tuple[int, int] | None = None) -> None:
         try:
             with trio.fail_after(CONNECT_TIMEOUT * len(route["addrs"]) + SLACK + size / MIN_RATE):
-                await self._get(member, route, path, size, dest, exact)
+                await self._get(member, route, path, size, dest, exact, span)
         except DirectFailed as exc:
             if not exc.lacks:
                 self._down[member] = trio.current_time() + DOWN_FOR
@@ -292,7 +309,8 @@ class DirectFetcher:
             raise DirectFailed(f"{member[:12]} could not be asked ({type(exc).__name__}: {exc})",
                                reachable=False) from None
 
-    async def _get(self, member: str, route: Record, path: str, size: int, dest: Path, exact: bool) -> None:
+    async def _get(self, member: str, route: Record, path: str, size: int, dest: Path, exact: bool,
+                   span: tuple[int, int] | None) -> None:
         pool_key = self._pool_key()
         if pool_key is None:
             raise DirectFailed("this peer holds no pool key yet", reachable=False, lacks=True)
@@ -306,13 +324,15 @@ class DirectFetcher:
         if context is None:
             raise DirectFailed(f"{member[:12]}'s record names no usable certificate", reachable=False)
         auth = signed_request(self._key, self.me, member, path, self._wall(), pool_key)
+        headers = {"authorization": auth, "accept-encoding": "identity"}
+        if span is not None:
+            headers["range"] = f"bytes={span[0]}-{span[1] - 1}"
         for addr in route["addrs"]:
             async with httpx.AsyncClient(verify=context, trust_env=False,
                                          timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT)) as client:
                 try:
-                    async with client.stream("GET", f"https://{addr}{path}",
-                                             headers={"authorization": auth, "accept-encoding": "identity"}) as r:
-                        await self._receive(member, r, size, dest, exact)
+                    async with client.stream("GET", f"https://{addr}{path}", headers=headers) as r:
+                        await self._receive(member, r, size, dest, exact, 200 if span is None else 206)
                         return
                 except (httpx.ConnectError, httpx.ConnectTimeout):
                     continue  # this address is not reachable from here: the next one
@@ -323,10 +343,10 @@ class DirectFetcher:
                            reachable=False)
 
     @staticmethod
-    async def _receive(member: str, r: httpx.Response, size: int, dest: Path, exact: bool) -> None:
+    async def _receive(member: str, r: httpx.Response, size: int, dest: Path, exact: bool, ok: int) -> None:
         if r.status_code == 404:
             raise DirectFailed(f"{member[:12]} answered 404 (it lacks it)", reachable=True, lacks=True)
-        if r.status_code != 200:
+        if r.status_code != ok:
             raise DirectFailed(f"{member[:12]} answered {r.status_code}", reachable=True)
         got = 0
         f = await trio.open_file(dest, "wb")

@@ -130,6 +130,7 @@ class Node:
         self.relays = Follower(self)  # the newest root ``relays`` record, applied (``_relays``)
         self.data = Datasets(self)
         self.blobs.direct = self.data.fetch_blob  # deltas and states from their uploaders, on a LAN
+        self.blobs.direct_range = self.data.fetch_blob_range  # a slice's chunks of them
         if hasattr(executor, "on_missing"):  # a task reading dataset pieces not here yet
             executor.on_missing = self.effects.fetch_missing
         if self.pool_key is not None:
