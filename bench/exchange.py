@@ -16,16 +16,21 @@ the bytes of its own deltas (its ``contrib`` records), and the initial state (th
 
 One run per N in ``--peers`` (default 2,4) and path in ``--paths`` (both, side by side).
 Compute is not emulated: the charlm's steps are short, and what is measured is bytes, which
-do not depend on the machine's speed; the round times are loopback's, not a rate-limited
-link's (no netem here).
+do not depend on the machine's speed. On loopback the round times are the machine's (every
+peer shares its cores); with ``--rate R`` (root) each peer sits behind its own NAT router in
+the network lab (``ttpeer_harness/netlab.py``) with its access link limited to R each way
+(tbf) and the relay's link not limited, as a relay in a data centre: then a round's time is
+what the exchange costs on that per-peer link.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,29 +40,58 @@ TASK = "charlm:n_layer=4,d_model=256,n_head=4,block_size=64"
 TARGET_SENT = 1.1
 
 
+@contextlib.contextmanager
+def pool(peers: int, direct: str, rate: str | None, slowdown: float = 0.0) -> Iterator[tuple[list[Path], Path]]:
+    """A relay and ``peers`` enrolled peers: their homes and the relay's data directory. On
+    loopback, or (``rate``) in the network lab, each peer behind a NAT router on a link of
+    ``rate`` each way. Every peer's steps last ``1 + slowdown`` times as long (sleeping)."""
+    names = [f"peer{i}" for i in range(peers)]
+    extra = ("--direct", direct, *(("--slowdown", str(slowdown)) if slowdown else ()))
+    if rate is None:
+        with temporary_cluster() as cluster:
+            url, fp = cluster.start_relay()
+            yield make_pool(cluster, url, fp, names, extra=extra), cluster.root / "relay"
+        return
+    from ttpeer_harness.netlab import Lab, start_pool, start_relay
+
+    with Lab(nat=names) as lab:
+        url, fp = start_relay(lab)
+        for name in names:
+            lab.shape(name, rate)
+        homes = start_pool(lab, url, fp, names[0], names[1:], extra=extra)
+        yield [homes[name] for name in names], lab.dir / "relay-data"
+
+
 def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, direct: str = "off",
-            chunk: int | None = None) -> dict[str, Any]:
+            chunk: int | None = None, rate: str | None = None, inner_steps: int = 1,
+            slowdown: float = 0.0) -> dict[str, Any]:
     from ttpeer.daemon._integrity import scan_log
     from ttpeer.proto import parse
 
-    with temporary_cluster() as cluster:
-        url, fp = cluster.start_relay()
-        homes = make_pool(cluster, url, fp, [f"peer{i}" for i in range(peers)], extra=("--direct", direct))
+    with pool(peers, direct, rate, slowdown) as (homes, relay_dir):
         began = time.monotonic()
         job = ttpeer("submit", "--home", str(homes[0]), "--task", task, "--rounds", str(rounds),
-                     "--inner-steps", "1", "--shards", str(shards), "--batch-size", "2", "--no-overlap",
+                     "--inner-steps", str(inner_steps), "--shards", str(shards), "--batch-size", "2", "--no-overlap",
                      *(("--slices", str(chunk)) if chunk else ()))[-1]
+
+        first_close: list[float] = []  # when the submitter saw round 1 closed
 
         def done() -> bool:
             jobs = [j for h in homes for j in status(h)["jobs"] if j["id"] == job]
+            if not first_close and jobs and jobs[0]["round"] >= 1:
+                first_close.append(time.monotonic())
             return len(jobs) == peers and all(j["state"] in ("done", "failed") for j in jobs)
 
         wait_for(done, timeout, f"the {peers}-peer job to finish", poll=0.5)
-        wall = time.monotonic() - began
+        ended = time.monotonic()
+        wall = ended - began
+        # A round's time: from round 1's close to the end, per round after it (the initial
+        # state's download and the first round's start-up left out); one round: the wall time.
+        round_s = (ended - first_close[0]) / (rounds - 1) if rounds > 1 and first_close else wall / rounds
         time.sleep(2.0)  # an upload that follows the last close (there should be none)
         records = [parse(raw) for raw in scan_log((homes[0] / "records.log").read_bytes()).frames]
         [rec] = [r for r in records if r.kind == "job" and r.id == job]
-        relay_blobs = {p.name: p.stat().st_size for p in Path(cluster.root / "relay").rglob("*")
+        relay_blobs = {p.name: p.stat().st_size for p in relay_dir.rglob("*")
                        if p.parent.name == "blobs"}
         init = relay_blobs.get(rec["init_blob"], 0)
         contribs = [r for r in records if r.kind == "contrib" and r["job"] == job]
@@ -86,9 +120,10 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
                          "sent_ratio": j["bytes_sent"] / must_send if must_send else None,
                          "received_ratio": j["bytes_received"] / must_get if must_get else None})
         return {"peers": peers, "rounds": rounds, "shards": shards, "init": init, "checkpoints": len(ckpts),
-                "path": "slices" if chunk else "all deltas",
+                "path": "slices" if chunk else "all deltas", "rate": rate or "loopback",
+                "inner_steps": inner_steps, "slowdown": slowdown,
                 "sliced_rounds": sum(1 for c in closes if "slices" in c.body),
-                "wall_s": round(wall, 1), "rows": rows, "direct": direct,
+                "wall_s": round(wall, 1), "round_s": round(round_s, 2), "rows": rows, "direct": direct,
                 "relay_egress": sum(r["received"] for r in rows), "direct_bytes": sum(r["direct"] for r in rows)}
 
 
@@ -97,9 +132,10 @@ def _mb(n: float) -> str:
 
 
 def table(result: dict[str, Any]) -> list[str]:
-    out = [f"N = {result['peers']}, {result['path']} ({result['sliced_rounds']} rounds sliced), --direct "
+    out = [f"N = {result['peers']}, {result['path']} ({result['sliced_rounds']} rounds sliced), "
+           f"link {result['rate']}, --direct "
            f"{result['direct']}: {result['rounds']} rounds x {result['shards']} "
-           f"shards, initial state {_mb(result['init'])}, checkpoints published: {result['checkpoints']}, "
+           f"shards x {result['inner_steps']} steps (slowdown {result['slowdown']:g}), initial state {_mb(result['init'])}, checkpoints published: {result['checkpoints']}, "
            f"{result['wall_s']} s", "", "| peer | sent | its deltas (+ init) | sent / that | received from the relay "
            "| directly | others' deltas (+ init) | received / that |", "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -111,22 +147,56 @@ def table(result: dict[str, Any]) -> list[str]:
 
 
 def summary(results: list[dict[str, Any]]) -> list[str]:
-    """Per round, side by side: relay egress and what a peer receives (the initial state left
-    out: it is sent once, whatever the path), against the smallest N of the same path and
-    ``--direct``."""
-    out = ["| N | path | --direct | relay egress / round | vs smallest N | a peer receives / round (relay + "
-           "direct) | vs smallest N | of it directly | s / round |", "|---|---|---|---|---|---|---|---|---|"]
-    first: dict[tuple[str, str], dict[str, float]] = {}
+    """Per round, side by side: relay egress, what a peer receives (the initial state left
+    out: it is sent once, whatever the path) and the round's time, against the smallest N of
+    the same path and ``--direct``."""
+    out = ["| N | path | link | --direct | relay egress / round | vs smallest N | a peer receives / round "
+           "(relay + direct) | vs smallest N | of it directly | s / round | vs smallest N |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        rounds, n = r["rounds"], r["peers"]
-        got = r["relay_egress"] + r["direct_bytes"] - r["init"] * (n - 1)
-        egress = (r["relay_egress"] - r["init"] * (n - 1)) / rounds
-        per_peer = got / rounds / n
-        base = first.setdefault((r["path"], r["direct"]), {"egress": egress, "per_peer": per_peer})
-        share = r["direct_bytes"] / got if got else 0.0
-        out.append(f"| {n} | {r['path']} | {r['direct']} | {_mb(egress)} | {egress / base['egress']:.2f}x | "
-                   f"{_mb(per_peer)} | {per_peer / base['per_peer']:.2f}x | {share:.0%} | "
-                   f"{r['wall_s'] / rounds:.1f} |")
+        base = _smallest(results, r)
+        share = r["direct_bytes"] / _received(r) if _received(r) else 0.0
+        out.append(f"| {r['peers']} | {r['path']} | {r['rate']} | {r['direct']} | {_mb(_egress(r))} | "
+                   f"{_egress(r) / _egress(base):.2f}x | {_mb(_per_peer(r))} | {_per_peer(r) / _per_peer(base):.2f}x | "
+                   f"{share:.0%} | {_round_s(r):.1f} | {_round_s(r) / _round_s(base):.2f}x |")
+    return out
+
+
+def _smallest(results: list[dict[str, Any]], r: dict[str, Any]) -> dict[str, Any]:
+    """The run of the smallest N on the same path, link and ``--direct`` as ``r``."""
+    same = [x for x in results if (x["path"], x["rate"], x["direct"]) == (r["path"], r["rate"], r["direct"])]
+    return min(same, key=lambda x: x["peers"])
+
+
+def _received(r: dict[str, Any]) -> float:
+    return r["relay_egress"] + r["direct_bytes"] - r["init"] * (r["peers"] - 1)
+
+
+def _egress(r: dict[str, Any]) -> float:
+    return (r["relay_egress"] - r["init"] * (r["peers"] - 1)) / r["rounds"]
+
+
+def _per_peer(r: dict[str, Any]) -> float:
+    return _received(r) / r["rounds"] / r["peers"]
+
+
+def _round_s(r: dict[str, Any]) -> float:
+    return float(r["round_s"])
+
+
+def scale_targets(results: list[dict[str, Any]]) -> list[str]:
+    """Issue 15's targets for the largest N against the smallest of each path: per-peer
+    bytes a round within 1.3x, round time within 1.5x (meaningful on a limited link, where
+    the link and not the machine's shared cores sets the pace)."""
+    out = []
+    for r in results:
+        base = _smallest(results, r)
+        if r is base or r["peers"] != max(x["peers"] for x in results if _smallest(results, x) is base):
+            continue
+        what = f"{r['path']}, link {r['rate']}, N={r['peers']} against N={base['peers']}"
+        for name, ratio, target in (("a peer's bytes a round", _per_peer(r) / _per_peer(base), 1.3),
+                                    ("the round's time", _round_s(r) / _round_s(base), 1.5)):
+            out.append(f"{'PASS' if ratio <= target else 'MISS'} {what}: {name} {ratio:.2f}x (target <= {target}x)")
     return out
 
 
@@ -134,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="scripts/bench/exchange", description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default=TASK, help=f"a built-in task (default {TASK})")
     p.add_argument("--peers", default="2,4", help="peer counts, one run each (default 2,4)")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds a job (default 3; a round's time is measured over the rounds after the first)")
     p.add_argument("--shards", type=int, default=0, help="shards a round (default: 2 per peer)")
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--direct", default="off",
@@ -144,6 +215,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="the exchange for each N: deltas (every peer downloads every delta), slices "
                         "(aggregation slices, --slices on the job), or both side by side (default deltas,slices)")
     p.add_argument("--chunk", type=int, default=65536, help="values per chunk on the slices path (default 65536)")
+    p.add_argument("--rate", default=None,
+                   help="run in the network lab (root) with each peer's link limited to RATE each way, tc "
+                        "syntax such as 20mbit (default: loopback, no limit)")
+    p.add_argument("--inner-steps", type=int, default=1, help="inner steps a shard (default 1: all exchange)")
+    p.add_argument("--slowdown", type=float, default=0.0,
+                   help="emulated compute: every peer's steps last 1 + S times their real time, sleeping, so "
+                        "that many peers on few cores still train at a peer's pace (default 0)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = p.parse_args(argv)
     results, missed = [], []
@@ -155,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--paths takes deltas, slices, or deltas,slices")
     for n, mode, path in ((int(x), m, q) for x in args.peers.split(",") for m in modes for q in paths):
         result = run_one(args.task, n, args.rounds, args.shards or 2 * n, args.timeout, mode,
-                         args.chunk if path == "slices" else None)
+                         args.chunk if path == "slices" else None, args.rate, args.inner_steps, args.slowdown)
         results.append(result)
         print("\n".join(table(result)) + "\n", flush=True)
         for r in result["rows"]:
@@ -164,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         if result["checkpoints"]:
             missed.append(f"N={n}: {result['checkpoints']} checkpoints published that nobody asked for")
     print("\n".join(summary(results)) + "\n")
+    for line in scale_targets(results):
+        print(f"- {line}")
     for line in missed or [f"every peer sent <= {TARGET_SENT}x its deltas (+ the initial state it submitted): PASS"]:
         print(("- MISS: " if missed else "- ") + line)
     if args.json:
