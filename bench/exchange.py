@@ -135,7 +135,8 @@ def table(result: dict[str, Any]) -> list[str]:
     out = [f"N = {result['peers']}, {result['path']} ({result['sliced_rounds']} rounds sliced), "
            f"link {result['rate']}, --direct "
            f"{result['direct']}: {result['rounds']} rounds x {result['shards']} "
-           f"shards x {result['inner_steps']} steps (slowdown {result['slowdown']:g}), initial state {_mb(result['init'])}, checkpoints published: {result['checkpoints']}, "
+           f"shards x {result['inner_steps']} steps (slowdown {result['slowdown']:g}), "
+           f"initial state {_mb(result['init'])}, checkpoints published: {result['checkpoints']}, "
            f"{result['wall_s']} s", "", "| peer | sent | its deltas (+ init) | sent / that | received from the relay "
            "| directly | others' deltas (+ init) | received / that |", "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:

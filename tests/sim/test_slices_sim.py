@@ -4,6 +4,7 @@ publishes, and a peer whose every slice is forged."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from ttpeer.net import Faults, MemoryRelay
@@ -24,14 +25,17 @@ def sliced_closes(sim: Simulation, job: str) -> list:
     return [c for c in node.machine.chain(node.machine.records.by_id[job]).closes if "slices" in c.body]
 
 
-async def test_rounds_close_from_reduced_slices_through_loss_and_a_kill(tmp_path, autojump_clock):
+@pytest.mark.parametrize("overlap", [0, 1])
+async def test_rounds_close_from_reduced_slices_through_loss_and_a_kill(tmp_path, autojump_clock, overlap):
+    # With overlap (the CLI's default) round r+1 trains while round r's slices are reduced.
+    spec = {**SLICED, "overlap": overlap}
     faults = Faults(seed=5, drop=0.05, duplicate=0.05, delay=0.3, max_delay=0.4)
     async with MemoryRelay(faults=faults) as relay:
         sim = Simulation(tmp_path, relay, seed=5)
         sim.create(6)
         async with trio.open_nursery() as nursery:
             await sim.start_all(nursery)
-            job = await sim.submit(SLICED)
+            job = await sim.submit(spec)
             await sim.wait_round(job, 1, timeout=300)
             with trio.fail_after(60):  # kill one while it trains: its shard and its slices pass on
                 while not (victim := next((i for i, p in enumerate(sim.peers)
@@ -39,7 +43,7 @@ async def test_rounds_close_from_reduced_slices_through_loss_and_a_kill(tmp_path
                     await trio.sleep(0.01)
             sim.kill(victim)
             await sim.wait_done(job, timeout=900)
-            assert_invariants(sim, job, SLICED)
+            assert_invariants(sim, job, spec)
             closes = sliced_closes(sim, job)
             assert len(closes) >= 3, "rounds of three or more authors are reduced in slices"
             records = next(p for p in sim.peers if p.alive).node.machine.records
