@@ -82,6 +82,10 @@ def test_a_sliced_job_fetches_its_slice_of_each_delta_by_range_over_real_tls(tmp
                 assert fetched == 0
             else:  # the ranges and the reduced slices came from their uploaders, not the relay
                 assert fetched > 0.5 * got, (h.name, fetched, got)
+        # Uploaders answered the ranges themselves: three (table, head, chunks) for each
+        # other delta an aggregator reduced, at least one aggregator's worth a sliced round.
+        ranges = sum(status(h)["direct"]["served_ranges"] for h in homes)
+        assert (ranges == 0) if direct == "off" else (ranges >= 3 * 3 * len(closes)), (direct, ranges)
         exports = {ttpeer("export", job, str(h / "m.safetensors"), "--home", str(h))[-1] for h in homes}
         assert len(exports) == 1
     finally:

@@ -129,6 +129,7 @@ async def test_a_member_fetches_a_range_of_a_blob_and_a_range_outside_it_is_refu
         await fetcher.get_range(peer.me, route, BLOB_NAME, start, stop, dest)
         assert dest.read_bytes() == BLOB[start:stop]
     assert peer.app.stats.served_blob_bytes == 1 + 2000 + 7
+    assert (peer.app.stats.served_ranges, peer.app.stats.served_blobs) == (3, 3)
     with pytest.raises(DirectFailed, match="answered 416") as info:  # past its end: refused, nothing sent
         await fetcher.get_range(peer.me, route, BLOB_NAME, len(BLOB) - 1, len(BLOB) + 1, dest)
     assert info.value.reachable and not info.value.lacks

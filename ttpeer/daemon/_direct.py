@@ -148,6 +148,7 @@ class DirectStats:
     served_bytes: int = 0  # pieces' bytes
     served_blobs: int = 0  # sealed blobs (deltas, states) this peer uploaded, served again directly
     served_blob_bytes: int = 0
+    served_ranges: int = 0  # of those blobs, answers with a range (a slice's chunks of a delta)
     refused: int = 0  # requests answered 401
     addrs: list[str] = field(default_factory=list)
 
@@ -217,6 +218,7 @@ class DirectServer:
         if blob is not None:
             self.stats.served_blobs += 1
             self.stats.served_blob_bytes += size
+            self.stats.served_ranges += 1 if status == 206 else 0
         else:
             self.stats.served_pieces += 1
             self.stats.served_bytes += size

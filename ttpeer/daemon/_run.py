@@ -137,6 +137,7 @@ async def _serve(home: Home, *, device: str, task_options: dict[str, Any] | None
         out["direct"] = {
             "addrs": served.addrs, "served_pieces": served.served_pieces, "served_bytes": served.served_bytes,
             "served_blobs": served.served_blobs, "served_blob_bytes": served.served_blob_bytes,
+            "served_ranges": served.served_ranges,
             "fetched_blob_bytes": node.data.blob_direct_bytes, "refused_blobs": node.data.blob_direct_refused,
             "refused": served.refused,
             # members whose direct record this peer holds: the ones it may fetch from
