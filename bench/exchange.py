@@ -232,6 +232,15 @@ def main(argv: list[str] | None = None) -> int:
     paths = args.paths.split(",")
     if not all(m in ("deltas", "slices") for m in paths):
         p.error("--paths takes deltas, slices, or deltas,slices")
+    if args.rate is not None:  # before any run: a lab that cannot be built, or a rate tc would refuse
+        from ttpeer_harness.netlab import LabError, _rate_bits, unavailable
+
+        try:
+            _rate_bits(args.rate)
+        except LabError as exc:
+            p.error(f"--rate: {exc}")
+        if (why := unavailable()) is not None:
+            p.error(f"--rate runs in the network lab, which {why}")
     for n, mode, path in ((int(x), m, q) for x in args.peers.split(",") for m in modes for q in paths):
         result = run_one(args.task, n, args.rounds, args.shards or 2 * n, args.timeout, mode,
                          args.chunk if path == "slices" else None, args.rate, args.inner_steps, args.slowdown)
