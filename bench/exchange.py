@@ -41,10 +41,12 @@ TARGET_SENT = 1.1
 
 
 @contextlib.contextmanager
-def pool(peers: int, direct: str, rate: str | None, slowdown: float = 0.0) -> Iterator[tuple[list[Path], Path]]:
+def pool(peers: int, direct: str, rate: str | None, slowdown: float = 0.0,
+         slow_rate: str | None = None) -> Iterator[tuple[list[Path], Path]]:
     """A relay and ``peers`` enrolled peers: their homes and the relay's data directory. On
     loopback, or (``rate``) in the network lab, each peer behind a NAT router on a link of
-    ``rate`` each way. Every peer's steps last ``1 + slowdown`` times as long (sleeping)."""
+    ``rate`` each way, the last one's ``slow_rate`` when given (a laptop on home Wi-Fi in a
+    pool of wired machines). Every peer's steps last ``1 + slowdown`` times as long."""
     names = [f"peer{i}" for i in range(peers)]
     extra = ("--direct", direct, *(("--slowdown", str(slowdown)) if slowdown else ()))
     if rate is None:
@@ -57,18 +59,18 @@ def pool(peers: int, direct: str, rate: str | None, slowdown: float = 0.0) -> It
     with Lab(nat=names) as lab:
         url, fp = start_relay(lab)
         for name in names:
-            lab.shape(name, rate)
+            lab.shape(name, slow_rate if slow_rate and name == names[-1] else rate)
         homes = start_pool(lab, url, fp, names[0], names[1:], extra=extra)
         yield [homes[name] for name in names], lab.dir / "relay-data"
 
 
 def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, direct: str = "off",
             chunk: int | None = None, rate: str | None = None, inner_steps: int = 1,
-            slowdown: float = 0.0) -> dict[str, Any]:
+            slowdown: float = 0.0, slow_rate: str | None = None) -> dict[str, Any]:
     from ttpeer.daemon._integrity import scan_log
     from ttpeer.proto import parse
 
-    with pool(peers, direct, rate, slowdown) as (homes, relay_dir):
+    with pool(peers, direct, rate, slowdown, slow_rate) as (homes, relay_dir):
         began = time.monotonic()
         job = ttpeer("submit", "--home", str(homes[0]), "--task", task, "--rounds", str(rounds),
                      "--inner-steps", str(inner_steps), "--shards", str(shards), "--batch-size", "2", "--no-overlap",
@@ -109,6 +111,9 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
             j = next(j for j in st["jobs"] if j["id"] == job)
             # On the slices path a peer also uploads the slices it reduced (a check that
             # reproduced another's names that one's blob: nothing uploaded).
+            claims = {(r["round"], r["shard"]) for r in records if r.kind == "claim" and r["job"] == job
+                      and r.author == me}
+            trained = sum(len(c["shards"]) for c in contribs if c.author == me and c.id in closed)
             own = sum(c["size"] for c in contribs if c.author == me) + sum(
                 r["size"] for r in slices if r.author == me and uploader.get(r["blob"]) == r.id)
             others = sum(c["size"] for c in contribs if c.author != me and c.id in closed)  # what closes use
@@ -116,15 +121,23 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
             must_get = others + (0 if i == 0 else init)
             rows.append({"peer": home.name, "sent": j["bytes_sent"], "received": j["bytes_received"],
                          "direct": (st.get("direct") or {}).get("fetched_blob_bytes", 0),
+                         "claims": len(claims), "shards": trained,
                          "own_deltas": own, "others_deltas": others, "must_send": must_send, "must_get": must_get,
                          "sent_ratio": j["bytes_sent"] / must_send if must_send else None,
                          "received_ratio": j["bytes_received"] / must_get if must_get else None})
         return {"peers": peers, "rounds": rounds, "shards": shards, "init": init, "checkpoints": len(ckpts),
-                "path": "slices" if chunk else "all deltas", "rate": rate or "loopback",
+                "path": "slices" if chunk else "all deltas", "rate": _link(rate, slow_rate),
                 "inner_steps": inner_steps, "slowdown": slowdown,
                 "sliced_rounds": sum(1 for c in closes if "slices" in c.body),
                 "wall_s": round(wall, 1), "round_s": round(round_s, 2), "rows": rows, "direct": direct,
                 "relay_egress": sum(r["received"] for r in rows), "direct_bytes": sum(r["direct"] for r in rows)}
+
+
+def _link(rate: str | None, slow_rate: str | None) -> str:
+    """The links of a run, as the tables name them (and as runs of one N compare)."""
+    if rate is None:
+        return "loopback"
+    return f"{rate} (last peer {slow_rate})" if slow_rate else rate
 
 
 def _mb(n: float) -> str:
@@ -138,12 +151,13 @@ def table(result: dict[str, Any]) -> list[str]:
            f"shards x {result['inner_steps']} steps (slowdown {result['slowdown']:g}), "
            f"initial state {_mb(result['init'])}, checkpoints published: {result['checkpoints']}, "
            f"{result['wall_s']} s", "", "| peer | sent | its deltas (+ init) | sent / that | received from the relay "
-           "| directly | others' deltas (+ init) | received / that |", "|---|---|---|---|---|---|---|---|"]
+           "| directly | others' deltas (+ init) | received / that | shards claimed | shards in closes |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         sent = "-" if r["sent_ratio"] is None else f"{r['sent_ratio']:.2f}x"
         got = "-" if r["received_ratio"] is None else f"{r['received_ratio']:.2f}x"
         out.append(f"| {r['peer']} | {_mb(r['sent'])} | {_mb(r['must_send'])} | {sent} | {_mb(r['received'])} | "
-                   f"{_mb(r['direct'])} | {_mb(r['must_get'])} | {got} |")
+                   f"{_mb(r['direct'])} | {_mb(r['must_get'])} | {got} | {r['claims']} | {r['shards']} |")
     return out
 
 
@@ -219,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", default=None,
                    help="run in the network lab (root) with each peer's link limited to RATE each way, tc "
                         "syntax such as 20mbit (default: loopback, no limit)")
+    p.add_argument("--slow-rate", default=None,
+                   help="with --rate: the last peer's link is limited to this instead (a laptop on home Wi-Fi "
+                        "among wired machines; default: every link at --rate)")
     p.add_argument("--inner-steps", type=int, default=1, help="inner steps a shard (default 1: all exchange)")
     p.add_argument("--slowdown", type=float, default=0.0,
                    help="emulated compute: every peer's steps last 1 + S times their real time, sleeping, so "
@@ -232,18 +249,23 @@ def main(argv: list[str] | None = None) -> int:
     paths = args.paths.split(",")
     if not all(m in ("deltas", "slices") for m in paths):
         p.error("--paths takes deltas, slices, or deltas,slices")
+    if args.slow_rate is not None and args.rate is None:
+        p.error("--slow-rate needs --rate (the other peers' links)")
     if args.rate is not None:  # before any run: a lab that cannot be built, or a rate tc would refuse
         from ttpeer_harness.netlab import LabError, _rate_bits, unavailable
 
-        try:
-            _rate_bits(args.rate)
-        except LabError as exc:
-            p.error(f"--rate: {exc}")
+        for name, value in (("--rate", args.rate), ("--slow-rate", args.slow_rate)):
+            try:
+                if value is not None:
+                    _rate_bits(value)
+            except LabError as exc:
+                p.error(f"{name}: {exc}")
         if (why := unavailable()) is not None:
             p.error(f"--rate runs in the network lab, which {why}")
     for n, mode, path in ((int(x), m, q) for x in args.peers.split(",") for m in modes for q in paths):
         result = run_one(args.task, n, args.rounds, args.shards or 2 * n, args.timeout, mode,
-                         args.chunk if path == "slices" else None, args.rate, args.inner_steps, args.slowdown)
+                         args.chunk if path == "slices" else None, args.rate, args.inner_steps, args.slowdown,
+                         args.slow_rate)
         results.append(result)
         print("\n".join(table(result)) + "\n", flush=True)
         for r in result["rows"]:
