@@ -74,7 +74,7 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
         began = time.monotonic()
         job = ttpeer("submit", "--home", str(homes[0]), "--task", task, "--rounds", str(rounds),
                      "--inner-steps", str(inner_steps), "--shards", str(shards), "--batch-size", "2", "--no-overlap",
-                     *(("--slices", str(chunk)) if chunk else ()))[-1]
+                     *(("--slices", str(chunk)) if chunk else ("--no-slices",)))[-1]
 
         first_close: list[float] = []  # when the submitter saw round 1 closed
 

@@ -115,3 +115,22 @@ def test_step_timeout_takes_seconds_or_a_duration_and_is_checked(tmp_path, capsy
     assert "--step-timeout must be between 1 s and 7 days, got 0 s" in capsys.readouterr().err
     assert main(["submit", "--task", "mnist1d", "--step-timeout", "8d", "--home", str(tmp_path)]) == 1
     assert "--step-timeout must be between" in capsys.readouterr().err
+
+
+def test_fused_jobs_slice_by_default_and_no_slices_turns_it_off():
+    # scripts/bench/exchange: slices were faster from 4 peers up, with equal links and with
+    # one slow one; two peers close from all deltas whatever the job says (the proto's rule).
+    from ttpeer.cli import DEFAULT_CHUNK, _slices_chunk, build_parser
+    from ttpeer.errors import UsageError
+
+    def chunk(*extra: str) -> int | None:
+        return _slices_chunk(build_parser().parse_args(["submit", "--task", "charlm", *extra]))
+
+    assert chunk() == DEFAULT_CHUNK and chunk("--slices") == DEFAULT_CHUNK
+    assert chunk("--slices", "8192") == 8192
+    assert chunk("--no-slices") is None
+    assert chunk("--mode", "ensemble", "--members", "2") is None
+    with pytest.raises(UsageError, match="pick one"):
+        chunk("--slices", "--no-slices")
+    with pytest.raises(UsageError, match="fused"):
+        chunk("--mode", "ensemble", "--members", "2", "--slices")
