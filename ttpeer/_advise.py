@@ -7,14 +7,34 @@ figure of the verdict can be checked by hand and by the tests.
 The model, for a fused job over ``n`` peers, each with the same link and device:
 
 - one peer alone is plain local training: ``S1`` steps of ``step_s`` each, no sync;
-- a sync (``sync_seconds``): each peer uploads its delta of ``D`` wire bytes and downloads
-  the other ``n - 1``, one after another (an upper bound: the relay serves them in
-  parallel), plus ``3n`` round trips (the blob PUT, its record out, the record in, and for
-  every other peer its record's arrival, the closer's GET and this peer's GET of its delta),
-  plus ``ROUND_FIXED_S`` for the close itself (aggregate, evaluate, sign, apply)::
+- a sync, by the path the pool itself picks for the round (``proto.sliced``: slices from
+  ``SLICES_FROM`` = 3 peers when the model has two chunks or more, else all deltas):
 
-      sync_s(n) = D / up + (n - 1) * D / down + 3n * rtt + ROUND_FIXED_S
+  - all deltas (``sync_seconds``): each peer uploads its delta of ``D`` wire bytes and
+    downloads the other ``n - 1``, one after another (an upper bound: the relay serves
+    them in parallel), plus ``3n`` round trips (the blob PUT, its record out, the record
+    in, and for every other peer its record's arrival, the closer's GET and this peer's
+    GET of its delta), plus ``ROUND_FIXED_S`` for the close itself (aggregate, evaluate,
+    sign, apply)::
 
+        sync_s(n) = D / up + (n - 1) * D / down + 3n * rtt + ROUND_FIXED_S
+
+  - slices (``sliced_sync_seconds``), ``s = min(n, chunks)`` of them: each peer uploads
+    its delta, reduces its slice from the other ``n - 1`` deltas' ``1/s`` (three range
+    requests each, one after another, as the daemon fetches them), uploads its reduced
+    slice (``R / s``: the reduced model ``R`` is int8 without error feedback, and the
+    mean of many deltas hardly compresses: ``scripts/bench/exchange`` measured R at 1.3x
+    a delta for 4 peers and 2x for 16) and downloads the other ``s - 1`` slices. One slice
+    in ``CHECK_ONE_IN`` is recomputed by a second peer before it counts, after the first
+    result: a round has one with probability ``p = 1 - (1 - 1/CHECK_ONE_IN)^s``, and it
+    adds one more reduction::
+
+        reduce(n)  = (n - 1) * D / (s * down) + 3 (n - 1) * rtt
+        sync_s(n)  = D / up + reduce(n) + R / (s * up) + (s - 1) * R / (s * down)
+                     + p * (reduce(n) + 2 rtt) + (3n + (n - 1) + s + 4) * rtt + ROUND_FIXED_S
+
+    the round trips: the delta's 3 and every other peer's record (as above), the slice's
+    PUT (2), its record out and in (2), the other slices' GETs and the close's record;
 - ``H(n)``: the inner steps a round runs, by the pool's own rule for ``--inner-steps
   auto`` (``proto/_cadence.steps_for``): the smallest round whose compute hides the sync;
 - a round takes ``max(H * step_s, sync_s)`` with overlap (the deltas travel while the
@@ -49,7 +69,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN, steps_for
+from ttpeer.proto import CHECK_ONE_IN, DEFAULT_H_MAX, DEFAULT_H_MIN, sliced, steps_for
 
 H_HALF = 57.0  # e(H_HALF, 2) = 1/2; from the WAN bench, see the module's docstring
 ROUND_TRIPS_PER_PEER = 3  # a sync's round trips per peer of the pool (see the docstring)
@@ -117,12 +137,20 @@ class Job:
     overlap: bool
     h_min: int = DEFAULT_H_MIN
     h_max: int = DEFAULT_H_MAX
+    chunks: int = 1  # of a chunked delta (ceil(values / chunk)); 1: closed from all deltas (--no-slices)
+    reduced_bytes: int = 0  # the reduced model on the wire, all its slices together
+
+    def slices(self, peers: int) -> int:
+        """How many slices a round of ``peers`` contributions is reduced in; 0: all deltas."""
+        return min(peers, self.chunks) if sliced(peers, self.chunks) else 0
 
 
 @dataclass(frozen=True)
 class Row:
     peers: int
     sync_s: float
+    slices: int  # 0: the round closes from all deltas
+    received: float  # wire bytes a peer downloads a round
     h: int | None  # None: one peer, no rounds to size
     utilization: float
     gain: float  # g(n): synchronous data parallelism's
@@ -140,6 +168,31 @@ def sync_seconds(peers: int, delta_bytes: int, link: Link, fixed: float = ROUND_
             + ROUND_TRIPS_PER_PEER * peers * link.rtt + fixed)
 
 
+def sliced_sync_seconds(peers: int, slices: int, delta_bytes: int, reduced_bytes: int, link: Link,
+                        fixed: float = ROUND_FIXED_S) -> float:
+    """One round's sync for each of ``peers`` peers reduced in ``slices`` slices: upload
+    one delta, reduce a slice from the others' ranges, upload it, download the other
+    slices, and the expected cost of a spot check (the formula in the module's docstring)."""
+    n, s, d, r = peers, slices, delta_bytes, reduced_bytes
+    reduce = (n - 1) * d / (s * link.down) + 3 * (n - 1) * link.rtt
+    check = 1.0 - (1.0 - 1.0 / CHECK_ONE_IN) ** s
+    trips = 3 * n + (n - 1) + s + 4
+    return (d / link.up + reduce + r / (s * link.up) + (s - 1) * r / (s * link.down)
+            + check * (reduce + 2 * link.rtt) + trips * link.rtt + fixed)
+
+
+def received(peers: int, slices: int, delta_bytes: int, reduced_bytes: int) -> float:
+    """Wire bytes one peer downloads a round: the other deltas, or with slices its slice of
+    them, the other reduced slices, and its expected share of the spot checks."""
+    if peers <= 1:
+        return 0.0
+    if not slices:
+        return float((peers - 1) * delta_bytes)
+    mine = (peers - 1) * delta_bytes / slices
+    checks = slices / CHECK_ONE_IN  # slices checked a round, each one more reduction by some peer
+    return mine * (1.0 + checks / peers) + (slices - 1) * reduced_bytes / slices
+
+
 def kept(h: int, peers: int = 2) -> float:
     """e(H, n): the share of synchronous data parallelism's gain that ``peers`` peers
     averaging every H steps keep."""
@@ -155,16 +208,19 @@ def predict(job: Job, link: Link, peers: int, gain: Callable[[int], float],
             fixed: float = ROUND_FIXED_S) -> list[Row]:
     """One row per peer count 1..``peers``; ``gain(k)`` is g(k) (g(1) = 1); ``fixed``: a
     close's own seconds (0 asks what a sync that costs nothing would give)."""
-    rows = [Row(1, 0.0, None, 1.0, 1.0, 1.0, 1.0)]
+    rows = [Row(1, 0.0, 0, 0.0, None, 1.0, 1.0, 1.0, 1.0)]
     for n in range(2, peers + 1):
-        sync = sync_seconds(n, job.delta_bytes, link, fixed)
+        s = job.slices(n)
+        sync = (sliced_sync_seconds(n, s, job.delta_bytes, job.reduced_bytes, link, fixed) if s
+                else sync_seconds(n, job.delta_bytes, link, fixed))
         h = steps_for(job.step_s, sync, overlap=job.overlap, lo=job.h_min, hi=job.h_max)
         compute = h * job.step_s
         round_s = max(compute, sync) if job.overlap else compute + sync
         u = compute / round_s if round_s > 0 else 1.0
         g = max(1.0, gain(n))
         g_eff = 1.0 + (g - 1.0) * kept(h, n)
-        rows.append(Row(n, sync, h, u, g, g_eff, 1.0 / (g_eff * u)))
+        rows.append(Row(n, sync, s, received(n, s, job.delta_bytes, job.reduced_bytes), h, u, g, g_eff,
+                        1.0 / (g_eff * u)))
     return rows
 
 
@@ -202,14 +258,27 @@ def verdict(rows: Sequence[Row], job: Job, link: Link) -> str:
 
 def table(rows: Sequence[Row]) -> list[str]:
     """The rows as aligned text lines, a header first."""
-    head = f"{'peers':>5}  {'sync s':>7}  {'H':>5}  {'utilization':>11}  {'gain kept':>11}  {'time vs one peer':>16}"
+    head = (f"{'peers':>5}  {'path':>9}  {'receives':>9}  {'sync s':>7}  {'H':>5}  {'utilization':>11}  "
+            f"{'gain kept':>11}  {'time vs one peer':>16}")
     lines = [head]
     for r in rows:
-        sync = "-" if r.h is None else f"{r.sync_s:.2f}"
-        h = "-" if r.h is None else str(r.h)
-        gain = "-" if r.h is None else f"{r.kept:.2f}/{r.gain:.2f}"
-        lines.append(f"{r.peers:>5}  {sync:>7}  {h:>5}  {r.utilization:>11.0%}  {gain:>11}  {r.time:>15.2f}x")
+        one = r.h is None
+        path = "-" if one else (f"{r.slices} slices" if r.slices else "deltas")
+        got = "-" if one else size_words(r.received)
+        sync = "-" if one else f"{r.sync_s:.2f}"
+        h = "-" if one else str(r.h)
+        gain = "-" if one else f"{r.kept:.2f}/{r.gain:.2f}"
+        lines.append(f"{r.peers:>5}  {path:>9}  {got:>9}  {sync:>7}  {h:>5}  {r.utilization:>11.0%}  {gain:>11}  "
+                     f"{r.time:>15.2f}x")
     return lines
+
+
+def size_words(n: float) -> str:
+    """``3.4 MiB``: a byte count the way the rest of advise writes them."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
 
 
 def steps_to(curve: Sequence[tuple[int, float]], loss: float) -> float | None:

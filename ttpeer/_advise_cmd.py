@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ttpeer import _advise
+from ttpeer.cli import DEFAULT_CHUNK, _chunk, chunk_of
 from ttpeer.errors import UsageError
 
 PROBE_BYTES = 1 << 20  # the blob timed to and from the relay
@@ -32,6 +33,7 @@ LINK_TIMEOUT = 20.0  # seconds for the whole link measurement
 MAX_PEERS = 64
 FIRST_BLOCK, MAX_PROBE_STEPS = 10, 2000  # the probe's steps at batch B: its first block, at most
 PROBE_LR, PROBE_WEIGHT_DECAY = 1e-3, 0.01  # the job defaults (submit --inner-lr, --weight-decay)
+REDUCED_SAMPLE = 1 << 20  # values encoded to size a reduced model (``reduced_size``)
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -44,7 +46,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                     "auto sizes rounds) and the time to the same loss against one machine, and say in one\n"
                     "sentence whether N machines help. Every figure it did not measure, it says it assumed.",
         epilog="examples:\n  ttpeer advise --task mnist1d --peers 3\n"
-               "  ttpeer advise --task charlm --peers 2 --link 20mbit --rtt 50 --quick\n"
+               "  ttpeer advise --task charlm --peers 8 --link 20mbit --rtt 50 --quick\n"
+               "  ttpeer advise --task charlm --peers 8 --link 20mbit --rtt 50 --quick --no-slices\n"
                "  ttpeer advise --task my_task.py --peers 4 --overlap --bits 4")
     a.add_argument("--task", required=True,
                    help="as for submit: 'mnist1d[:samples=N]', 'charlm[:key=int,...]' or a task file path/to/task.py")
@@ -64,6 +67,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     a.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="rounds train while the last one's deltas travel, as submit's default (--no-overlap: "
                         "every round waits, as 'submit --no-overlap')")
+    a.add_argument("--slices", type=_chunk, nargs="?", const=DEFAULT_CHUNK, default=None, metavar="VALUES",
+                   help="as submit's default: a round of three or more peers closes from aggregation slices "
+                        f"of chunks of VALUES values (default {DEFAULT_CHUNK}); the table's path column "
+                        "says which rows slice")
+    a.add_argument("--no-slices", action="store_true",
+                   help="predict 'submit --no-slices': every round closes from all deltas")
     a.add_argument("--device", default=None,
                    help="torch device to measure on (default: the device setting, cuda if present, else cpu)")
     a.add_argument("--probe-seconds", type=_arg(_within(1, 3600, float)), default=60.0, metavar="S",
@@ -100,11 +109,19 @@ class StepFigures:
     params: int
     fp32_bytes: int
     delta_bytes: int
+    reduced_bytes: int  # the reduced model on the wire: int8 of values as little compressible as a mean
     precision: str
+
+    def job(self, overlap: bool, chunk: int | None) -> _advise.Job:
+        """The prediction's job: these figures, with ``chunk`` values a chunk (None: all deltas)."""
+        chunks = 1 if chunk is None else -(-self.params // chunk)
+        return _advise.Job(step_s=self.step_s, delta_bytes=self.delta_bytes, overlap=overlap, chunks=chunks,
+                           reduced_bytes=self.reduced_bytes)
 
 
 def advise(args: argparse.Namespace, settings: Any) -> int:
     _check_task_name(args.task)
+    chunk = chunk_of(args.slices, args.no_slices)
     home = Path(settings.home)
     link, link_line = resolve_link(args.link, args.rtt, home, settings.proxy or None)
     device = _device(args.device or settings.device)
@@ -116,27 +133,31 @@ def advise(args: argparse.Namespace, settings: Any) -> int:
     lines(f"step: {fig.step_s * 1000:.3g} ms (AdamW, {fig.precision}, median of {fig.steps_timed} timed after "
           f"warm-up); {fig.params:,} parameters, {_size(fig.fp32_bytes)} fp32; a delta is "
           f"{_size(fig.delta_bytes)} on the wire ({args.bits}-bit, {fig.fp32_bytes / fig.delta_bytes:.1f}x smaller)")
+    job = fig.job(args.overlap, chunk)
+    lines(_slices_line(job, fig, chunk))
     lines(link_line)
     gain, gain_line = _gain(args, task, device)
     lines(gain_line)
-    job = _advise.Job(step_s=fig.step_s, delta_bytes=fig.delta_bytes, overlap=args.overlap)
     rows = _advise.predict(job, link, args.peers, gain)
     lines("")
     for line in _advise.table(rows):
         lines(line)
     lines("")
     lines(_advise.verdict(rows, job, link))
-    lines(f"(model: sync = delta/up + (n-1) deltas/down + {_advise.ROUND_TRIPS_PER_PEER}n round trips + "
-          f"{_advise.ROUND_FIXED_S:g} s for the close; H as --inner-steps auto sizes rounds; gain kept = "
+    lines(f"(model: sync with all deltas = delta/up + (n-1) deltas/down + {_advise.ROUND_TRIPS_PER_PEER}n round "
+          f"trips + {_advise.ROUND_FIXED_S:g} s for the close; with s slices = delta/up + (n-1) deltas/(s down) + "
+          "reduced model/(s up) + (s-1) reduced slices/(s down) + the spot checks + their round trips; "
+          "H as --inner-steps auto sizes rounds; gain kept = "
           f"1 + (g-1)/(1 + (n-1)H/{_advise.H_HALF:g}), calibrated on the WAN and speedup benches; time = "
           "1/(gain kept x utilization); see the README, 'Will more machines help?')")
     return 0
 
 
 def quick_advice(task_name: str, home: Path, *, peers: int, batch: int, bits: int, overlap: bool,
-                 device: str = "cpu", threads: int | None = None) -> list[str]:
+                 chunk: int | None = DEFAULT_CHUNK, device: str = "cpu", threads: int | None = None) -> list[str]:
     """Two lines of ``ttpeer advise --quick`` for a job (the demo's): the figures, measured
-    here and to the relay of ``home``'s pool, and the verdict for ``peers`` machines.
+    here and to the relay of ``home``'s pool, and the verdict for ``peers`` machines
+    (``chunk``: the job's, None for all deltas).
     ``threads``: torch's threads for the step, as the job's peers have them (for good:
     torch has no way back)."""
     import torch
@@ -146,10 +167,22 @@ def quick_advice(task_name: str, home: Path, *, peers: int, batch: int, bits: in
     link, link_line = resolve_link(None, None, home, None)
     task = _load(task_name, home)
     fig = measure_step(task, batch, device, bits, budget_s=1.0)
-    job = _advise.Job(step_s=fig.step_s, delta_bytes=fig.delta_bytes, overlap=overlap)
+    job = fig.job(overlap, chunk)
     rows = _advise.predict(job, link, peers, _advise.sqrt_gain)
     return [f"step {fig.step_s * 1000:.3g} ms, delta {_size(fig.delta_bytes)}; {link_line}; gain assumed sqrt(k)",
             _advise.verdict(rows, job, link)]
+
+
+def _slices_line(job: _advise.Job, fig: StepFigures, chunk: int | None) -> str:
+    """What the pool's rounds close from, in words: the chunks, and the reduced model's size."""
+    if chunk is None:
+        return "slices: off (--no-slices): every round closes from all deltas, n-1 downloaded a round"
+    if job.chunks < 2:
+        return (f"slices: the model is one chunk of {chunk:,} values, so every round closes from all deltas "
+                "(--slices VALUES: a smaller chunk)")
+    return (f"slices: {job.chunks} chunks of {chunk:,} values; from 3 peers a round closes from min(n, "
+            f"{job.chunks}) slices; the reduced model is {_size(fig.reduced_bytes)} on the wire (int8 with no "
+            "error feedback, measured on values as little compressible as a mean of many deltas)")
 
 
 def _load_words() -> str:
@@ -229,9 +262,24 @@ def measure_step(task: Any, batch: int, device: str, bits: int, *, budget_s: flo
         trainer.train_shard(work)  # ends with a read of the loss: the device has finished
         per_step.append((time.perf_counter() - began) / chunk)
     wire, _residual = train.encode_delta(trainer.delta(base), None, bits=bits)
-    return StepFigures(step_s=statistics.median(per_step), steps_timed=5 * chunk,
-                       params=sum(t.numel() for t in base.params.values()), fp32_bytes=train.fp32_size(base),
-                       delta_bytes=len(wire), precision=recipe.precision)
+    params = sum(t.numel() for t in base.params.values())
+    return StepFigures(step_s=statistics.median(per_step), steps_timed=5 * chunk, params=params,
+                       fp32_bytes=train.fp32_size(base), delta_bytes=len(wire), reduced_bytes=reduced_size(params),
+                       precision=recipe.precision)
+
+
+def reduced_size(values: int, *, sample: int = REDUCED_SAMPLE) -> int:
+    """Wire bytes of a reduced model of ``values`` values: ``encode_slice`` of Gaussian
+    values (at most ``sample`` of them, scaled up), which zstd cannot squeeze, as it
+    hardly squeezes the mean of many deltas: an upper bound for few peers."""
+    import torch
+
+    from ttpeer import train
+
+    n = min(values, sample)
+    gen = torch.Generator().manual_seed(0)
+    data = train.encode_slice(torch.randn(n, generator=gen) * 1e-3)
+    return math.ceil(len(data) * values / n)
 
 
 # -- the link ----------------------------------------------------------------------------
@@ -393,8 +441,4 @@ def probe_gain(task: Any, batch: int, peers: int, device: str, budget_s: float) 
     return measured, note
 
 
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
+_size = _advise.size_words

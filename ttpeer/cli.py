@@ -78,13 +78,19 @@ def _slices_chunk(args: argparse.Namespace) -> int | None:
     took 15.6 s against 21.9 s with all deltas, and with one of 4 peers on 4 Mbit/s,
     16.8 s against 33.9 s (scripts/bench/exchange); below 3 peers the proto closes from all
     deltas anyway, and a chunked delta decodes to the same values as an unchunked one."""
-    if args.slices is not None and args.no_slices:
-        raise UsageError("--slices and --no-slices: pick one")
     if args.mode != "fused":
         if args.slices is not None:
             raise UsageError("--slices goes with a fused job (an ensemble's members are not averaged)")
         return None
-    return None if args.no_slices else args.slices or DEFAULT_CHUNK
+    return chunk_of(args.slices, args.no_slices)
+
+
+def chunk_of(slices: int | None, no_slices: bool) -> int | None:
+    """A fused job's chunk from ``--slices [VALUES]`` and ``--no-slices`` (submit's and
+    advise's): the default chunk, the one given, or None. Raises UsageError for both."""
+    if slices is not None and no_slices:
+        raise UsageError("--slices and --no-slices: pick one")
+    return None if no_slices else slices or DEFAULT_CHUNK
 
 
 def _positive_int(text: str) -> int:

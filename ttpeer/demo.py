@@ -253,7 +253,7 @@ def _advice(home: Path) -> list[str]:
     spec = job_spec(1)
     try:
         figures, said = quick_advice(spec["task"], home, peers=3, batch=spec["batch_size"], bits=spec["bits"],
-                                     overlap=False, threads=PEER_THREADS)
+                                     overlap=False, chunk=spec.get("chunk"), threads=PEER_THREADS)
     except TtpeerError as exc:
         return [f"(ttpeer advise could not run here: {exc})"]
     return [f"why: 'ttpeer advise --quick' for this job on 3 separate machines like this one: {said}",

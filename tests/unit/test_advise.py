@@ -48,6 +48,60 @@ def test_sync_is_one_upload_the_others_downloads_3n_round_trips_and_the_close():
     assert sync_seconds(3, 1_000_000, link) == pytest.approx(1.0 + 2 * 0.5 + 9 * 0.01 + fixed)
 
 
+def test_a_pool_slices_from_three_peers_when_the_model_has_two_chunks_as_the_proto_decides():
+    rows = predict(Job(0.01, 1000, overlap=True, chunks=5, reduced_bytes=1000), Link(1e6, 1e6, 0.01), 8,
+                   _advise.sqrt_gain)
+    assert [r.slices for r in rows] == [0, 0, 3, 4, 5, 5, 5, 5]  # min(n, chunks) from SLICES_FROM peers
+    one_chunk = predict(Job(0.01, 1000, overlap=True, chunks=1), Link(1e6, 1e6, 0.01), 8, _advise.sqrt_gain)
+    assert {r.slices for r in one_chunk} == {0}
+    assert one_chunk[-1].sync_s == pytest.approx(sync_seconds(8, 1000, Link(1e6, 1e6, 0.01)))
+
+
+def test_a_sliced_sync_is_one_delta_up_a_slice_of_the_others_and_the_reduced_slices():
+    link = Link(up=1e6, down=2e6, rtt=0.01)
+    d, r, fixed = 1_200_000, 2_400_000, _advise.ROUND_FIXED_S
+    reduce = 3 * d / (4 * 2e6) + 3 * 3 * 0.01  # 3 other deltas' quarter, 3 ranges each
+    check = 1 - 0.75 ** 4  # one slice in 4 is checked: a round has one with this probability
+    trips = 3 * 4 + 3 + 4 + 4  # the delta's and the records', the slice's, 3 other slices, the close
+    want = d / 1e6 + reduce + r / 4 / 1e6 + 3 * r / 4 / 2e6 + check * (reduce + 2 * 0.01) + trips * 0.01 + fixed
+    assert _advise.sliced_sync_seconds(4, 4, d, r, link) == pytest.approx(want)
+    row = predict(Job(0.05, d, overlap=True, chunks=8, reduced_bytes=r), link, 4, _advise.sqrt_gain)[-1]
+    assert row.slices == 4 and row.sync_s == pytest.approx(want)
+
+
+def test_with_slices_a_peer_receives_about_one_delta_and_one_model_whatever_n():
+    d = r = 1_000_000
+    for n in (4, 8, 16):
+        assert _advise.received(n, 0, d, r) == (n - 1) * d  # all deltas: every other one
+        assert d * (n - 1) / n + r * (n - 1) / n <= _advise.received(n, n, d, r) < 2.3 * d
+    assert _advise.received(16, 16, d, r) < _advise.received(4, 0, d, r)
+    # On 20 Mbit/s links with near-zero round trips, 16 peers of a 3 MB delta (R = 2 deltas,
+    # as measured) sync in less than half the time on slices; the bench's rounds, compute
+    # included, took 42.3 against 94.3 s at N = 16.
+    fast = Link(20e6 / 8, 20e6 / 8, 0.001)
+    assert _advise.sliced_sync_seconds(16, 16, 3_000_000, 6_000_000, fast) < 0.5 * sync_seconds(16, 3_000_000, fast)
+
+
+def test_slices_cost_more_than_all_deltas_for_a_small_model_over_long_round_trips():
+    # A 135 KiB delta: each slice range is 1-2 round trips of bytes, and the daemon fetches
+    # them one after another; on a 50 ms path the round trips outweigh the bytes saved.
+    link = Link(20e6 / 8, 20e6 / 8, 0.05)
+    assert _advise.sliced_sync_seconds(8, 3, 138_000, 130_000, link) > sync_seconds(8, 138_000, link)
+    # A 57 MB delta: the bytes decide, and slices win by far.
+    assert _advise.sliced_sync_seconds(8, 8, 57_000_000, 60_000_000, link) < 0.5 * sync_seconds(8, 57_000_000, link)
+
+
+def test_a_reduced_model_is_sized_as_gaussian_int8_with_block_scales():
+    from ttpeer._advise_cmd import reduced_size
+
+    # Gaussian int8 squeezes a little (its entropy is under 8 bits), never below 0.8 byte a value
+    # and never above int8 plus the 4-byte scale of each block of 256 and a header.
+    for values in (70_000, 3_000_000):
+        size = reduced_size(values, sample=1 << 16)
+        assert values * 0.8 <= size <= values * (1 + 4 / 256) + 4096
+    assert reduced_size(3_000_000, sample=1 << 16) == pytest.approx(reduced_size(3_000_000, sample=1 << 18), rel=0.01)
+
+
 def test_the_sync_matches_the_speedup_bench():
     # mnist1d's 8-bit delta over 20 Mbit/s with 100 ms round trips: the contributions'
     # median sync_s was 0.70-0.85 s for 2 peers and 1.50-1.53 s for 4 (docs/benchmarks.md).
@@ -133,9 +187,14 @@ def test_the_verdict_of_a_task_that_gains_little_blames_the_task_whatever_the_ne
 def test_the_table_has_a_row_per_peer_count():
     rows = predict(Job(0.01, 10_000, overlap=False), Link(1e6, 1e6, 0.01), 3, _advise.sqrt_gain)
     lines = _advise.table(rows)
-    assert lines[0].split() == ["peers", "sync", "s", "H", "utilization", "gain", "kept", "time", "vs", "one", "peer"]
+    assert lines[0].split() == ["peers", "path", "receives", "sync", "s", "H", "utilization", "gain", "kept", "time",
+                                "vs", "one", "peer"]
     assert [line.split()[0] for line in lines[1:]] == ["1", "2", "3"]
     assert lines[1].split()[-1] == "1.00x"
+    assert lines[2].split()[1:3] == ["deltas", "9.8"]  # one chunk: all deltas; one other delta of 10,000 bytes
+    sliced = _advise.table(predict(Job(0.01, 10_000, overlap=False, chunks=4, reduced_bytes=20_000),
+                                   Link(1e6, 1e6, 0.01), 3, _advise.sqrt_gain))
+    assert sliced[2].split()[1] == "deltas" and sliced[3].split()[1:3] == ["3", "slices"]
 
 
 def test_the_gain_is_read_where_both_curves_share_their_losses():
@@ -177,6 +236,22 @@ def test_link_fast_is_refused_as_a_usage_error(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--link" in err and "'fast'" in err and "20mbit" in err and "2.5MB/s" in err
+
+
+def test_slices_and_no_slices_together_is_a_usage_error(capsys):
+    assert main(["advise", "--task", "mnist1d", "--slices", "--no-slices"]) == 1  # a UsageError, as submit's
+    assert "--slices and --no-slices: pick one" in capsys.readouterr().err
+
+
+def test_the_slices_line_says_what_the_rounds_close_from():
+    from ttpeer._advise_cmd import StepFigures, _slices_line
+
+    fig = StepFigures(0.01, 10, 200_000, 800_000, 200_000, 203_200, "fp32")
+    assert _slices_line(fig.job(True, 65536), fig, 65536).startswith(
+        "slices: 4 chunks of 65,536 values; from 3 peers a round closes from min(n, 4) slices; the reduced "
+        "model is 198.4 KiB on the wire")
+    assert _slices_line(fig.job(True, None), fig, None).startswith("slices: off (--no-slices)")
+    assert "is one chunk of 262,144 values" in _slices_line(fig.job(True, 262144), fig, 262144)
 
 
 def test_peers_out_of_range_is_a_usage_error(capsys):

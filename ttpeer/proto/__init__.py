@@ -101,7 +101,7 @@ from ._reports import (
     WorkLost,
 )
 from ._sizing import default_sizing
-from ._slices import slice_chunks
+from ._slices import CHECK_ONE_IN, slice_chunks, sliced
 from ._tasksig import TaskSignatureError, open_task, sign_task
 from ._token import Token, TokenError, make_token, parse_token
 
@@ -183,6 +183,8 @@ __all__ = [
     "revocations",
     "train_base",
     "slice_chunks",
+    "sliced",
+    "CHECK_ONE_IN",
     "MAX_KEEP",
     "DECLINE_CODES",
     "Ended",
