@@ -42,11 +42,12 @@ TARGET_SENT = 1.1
 
 @contextlib.contextmanager
 def pool(peers: int, direct: str, rate: str | None, slowdown: float = 0.0,
-         slow_rate: str | None = None) -> Iterator[tuple[list[Path], Path]]:
+         slow_rate: str | None = None, delay: float = 0.0) -> Iterator[tuple[list[Path], Path]]:
     """A relay and ``peers`` enrolled peers: their homes and the relay's data directory. On
     loopback, or (``rate``) in the network lab, each peer behind a NAT router on a link of
     ``rate`` each way, the last one's ``slow_rate`` when given (a laptop on home Wi-Fi in a
-    pool of wired machines). Every peer's steps last ``1 + slowdown`` times as long."""
+    pool of wired machines), ``delay`` seconds added to each direction of its connections.
+    Every peer's steps last ``1 + slowdown`` times as long."""
     names = [f"peer{i}" for i in range(peers)]
     extra = ("--direct", direct, *(("--slowdown", str(slowdown)) if slowdown else ()))
     if rate is None:
@@ -59,18 +60,18 @@ def pool(peers: int, direct: str, rate: str | None, slowdown: float = 0.0,
     with Lab(nat=names) as lab:
         url, fp = start_relay(lab)
         for name in names:
-            lab.shape(name, slow_rate if slow_rate and name == names[-1] else rate)
+            lab.shape(name, slow_rate if slow_rate and name == names[-1] else rate, delay)
         homes = start_pool(lab, url, fp, names[0], names[1:], extra=extra)
         yield [homes[name] for name in names], lab.dir / "relay-data"
 
 
 def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, direct: str = "off",
             chunk: int | None = None, rate: str | None = None, inner_steps: int = 1,
-            slowdown: float = 0.0, slow_rate: str | None = None) -> dict[str, Any]:
+            slowdown: float = 0.0, slow_rate: str | None = None, delay: float = 0.0) -> dict[str, Any]:
     from ttpeer.daemon._integrity import scan_log
     from ttpeer.proto import parse
 
-    with pool(peers, direct, rate, slowdown, slow_rate) as (homes, relay_dir):
+    with pool(peers, direct, rate, slowdown, slow_rate, delay) as (homes, relay_dir):
         began = time.monotonic()
         job = ttpeer("submit", "--home", str(homes[0]), "--task", task, "--rounds", str(rounds),
                      "--inner-steps", str(inner_steps), "--shards", str(shards), "--batch-size", "2", "--no-overlap",
@@ -126,18 +127,19 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
                          "sent_ratio": j["bytes_sent"] / must_send if must_send else None,
                          "received_ratio": j["bytes_received"] / must_get if must_get else None})
         return {"peers": peers, "rounds": rounds, "shards": shards, "init": init, "checkpoints": len(ckpts),
-                "path": "slices" if chunk else "all deltas", "rate": _link(rate, slow_rate),
+                "path": "slices" if chunk else "all deltas", "rate": _link(rate, slow_rate, delay),
                 "inner_steps": inner_steps, "slowdown": slowdown,
                 "sliced_rounds": sum(1 for c in closes if "slices" in c.body),
                 "wall_s": round(wall, 1), "round_s": round(round_s, 2), "rows": rows, "direct": direct,
                 "relay_egress": sum(r["received"] for r in rows), "direct_bytes": sum(r["direct"] for r in rows)}
 
 
-def _link(rate: str | None, slow_rate: str | None) -> str:
+def _link(rate: str | None, slow_rate: str | None, delay: float = 0.0) -> str:
     """The links of a run, as the tables name them (and as runs of one N compare)."""
     if rate is None:
         return "loopback"
-    return f"{rate} (last peer {slow_rate})" if slow_rate else rate
+    trip = f" + {2 * delay * 1000:g} ms round trip" if delay else ""
+    return (f"{rate} (last peer {slow_rate})" if slow_rate else rate) + trip
 
 
 def _mb(n: float) -> str:
@@ -236,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-rate", default=None,
                    help="with --rate: the last peer's link is limited to this instead (a laptop on home Wi-Fi "
                         "among wired machines; default: every link at --rate)")
+    p.add_argument("--delay", type=float, default=0.0, metavar="SECONDS",
+                   help="with --rate: seconds added to each direction of every peer's connections (0.025: a "
+                        "50 ms round trip to the relay; default 0)")
     p.add_argument("--inner-steps", type=int, default=1, help="inner steps a shard (default 1: all exchange)")
     p.add_argument("--slowdown", type=float, default=0.0,
                    help="emulated compute: every peer's steps last 1 + S times their real time, sleeping, so "
@@ -251,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--paths takes deltas, slices, or deltas,slices")
     if args.slow_rate is not None and args.rate is None:
         p.error("--slow-rate needs --rate (the other peers' links)")
+    if args.delay and args.rate is None:
+        p.error("--delay needs --rate (it lives in the network lab's routers)")
+    if not 0 <= args.delay <= 1:
+        p.error(f"--delay is seconds each way, from 0 to 1, got {args.delay:g}")
     if args.rate is not None:  # before any run: a lab that cannot be built, or a rate tc would refuse
         from ttpeer_harness.netlab import LabError, _rate_bits, unavailable
 
@@ -265,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     for n, mode, path in ((int(x), m, q) for x in args.peers.split(",") for m in modes for q in paths):
         result = run_one(args.task, n, args.rounds, args.shards or 2 * n, args.timeout, mode,
                          args.chunk if path == "slices" else None, args.rate, args.inner_steps, args.slowdown,
-                         args.slow_rate)
+                         args.slow_rate, args.delay)
         results.append(result)
         print("\n".join(table(result)) + "\n", flush=True)
         for r in result["rows"]:
