@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ttpeer import _advise
-from ttpeer.cli import DEFAULT_CHUNK, _chunk, chunk_of
+from ttpeer._parser import DEFAULT_CHUNK, chunk_of, chunk_values
 from ttpeer.errors import UsageError
 
 PROBE_BYTES = 1 << 20  # the blob timed to and from the relay
@@ -67,7 +67,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     a.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="rounds train while the last one's deltas travel, as submit's default (--no-overlap: "
                         "every round waits, as 'submit --no-overlap')")
-    a.add_argument("--slices", type=_chunk, nargs="?", const=DEFAULT_CHUNK, default=None, metavar="VALUES",
+    a.add_argument("--slices", type=chunk_values, nargs="?", const=DEFAULT_CHUNK, default=None, metavar="VALUES",
                    help="as submit's default: a round of three or more peers closes from aggregation slices "
                         f"of chunks of VALUES values (default {DEFAULT_CHUNK}); the table's path column "
                         "says which rows slice")

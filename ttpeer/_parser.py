@@ -17,6 +17,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from ttpeer.errors import UsageError
+
+DEFAULT_CHUNK = 1 << 16  # --slices: values per chunk of a chunked delta
+
 
 class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -86,3 +90,22 @@ def _innermost(parser: Parser, parsed: argparse.Namespace) -> Parser:
                 return _innermost(sub, parsed)
     return parser
 
+
+
+def chunk_values(text: str) -> int:
+    """``--slices VALUES`` (submit's and advise's): a power of two from 4096 to 2^21."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1 or value & (value - 1) or not 4096 <= value <= 1 << 21:
+        raise argparse.ArgumentTypeError(f"a chunk is a power of two from 4096 to 2097152 values, got {value}")
+    return value
+
+
+def chunk_of(slices: int | None, no_slices: bool) -> int | None:
+    """A fused job's chunk from ``--slices [VALUES]`` and ``--no-slices`` (submit's and
+    advise's): the default chunk, the one given, or None. Raises UsageError for both."""
+    if slices is not None and no_slices:
+        raise UsageError("--slices and --no-slices: pick one")
+    return None if no_slices else slices or DEFAULT_CHUNK

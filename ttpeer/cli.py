@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ttpeer._parser import Parser
+from ttpeer._parser import DEFAULT_CHUNK, Parser, chunk_of, chunk_values
 from ttpeer.errors import TtpeerError, UsageError
 from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN
 
@@ -62,16 +62,6 @@ def _duration(text: str) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
-DEFAULT_CHUNK = 1 << 16  # --slices: values per chunk of a chunked delta
-
-
-def _chunk(text: str) -> int:
-    value = _positive_int(text)
-    if value & (value - 1) or not 4096 <= value <= 1 << 21:
-        raise argparse.ArgumentTypeError(f"a chunk is a power of two from 4096 to 2097152 values, got {value}")
-    return value
-
-
 def _slices_chunk(args: argparse.Namespace) -> int | None:
     """The values per chunk of a submitted job's deltas, or None (all deltas, unchunked).
     Fused jobs slice by default: with equal peers on 20 Mbit/s links a round of 4 peers
@@ -83,14 +73,6 @@ def _slices_chunk(args: argparse.Namespace) -> int | None:
             raise UsageError("--slices goes with a fused job (an ensemble's members are not averaged)")
         return None
     return chunk_of(args.slices, args.no_slices)
-
-
-def chunk_of(slices: int | None, no_slices: bool) -> int | None:
-    """A fused job's chunk from ``--slices [VALUES]`` and ``--no-slices`` (submit's and
-    advise's): the default chunk, the one given, or None. Raises UsageError for both."""
-    if slices is not None and no_slices:
-        raise UsageError("--slices and --no-slices: pick one")
-    return None if no_slices else slices or DEFAULT_CHUNK
 
 
 def _positive_int(text: str) -> int:
@@ -220,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fused (on by default): train round r+1 while round r's deltas travel, starting from "
                         "this peer's own estimate of round r's result; --no-overlap: every round waits for "
                         "the one before to close (a little better loss per step, the sync not hidden)")
-    s.add_argument("--slices", type=_chunk, nargs="?", const=DEFAULT_CHUNK, default=None, metavar="VALUES",
+    s.add_argument("--slices", type=chunk_values, nargs="?", const=DEFAULT_CHUNK, default=None, metavar="VALUES",
                    help="fused (on by default): a round of three or more peers closes from aggregation slices: "
                         "each peer reduces one slice of the mean and everyone downloads the reduced slices, so "
                         "a peer receives about one delta and one model a round instead of every other peer's "
