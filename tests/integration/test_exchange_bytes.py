@@ -48,6 +48,12 @@ def test_the_initial_state_goes_up_once_and_each_peer_downloads_only_the_others_
         cluster.close()
 
 
+def _direct_authors(home: Path) -> int:
+    """Members whose ``direct`` record (where they serve blobs) ``home`` holds."""
+    frames = scan_log((home / "records.log").read_bytes()).frames
+    return len({r.author for r in map(parse, frames) if r.kind == "direct"})
+
+
 @pytest.mark.parametrize("direct", ["off", "auto"])
 def test_a_sliced_job_fetches_its_slice_of_each_delta_by_range_over_real_tls(tmp_path, direct):
     # Four daemons and a real relay: rounds of three or more authors close from reduced
@@ -60,6 +66,9 @@ def test_a_sliced_job_fetches_its_slice_of_each_delta_by_range_over_real_tls(tmp
         url, fp = cluster.start_relay()
         names = ["alice", "bob", "carol", "dave"]
         homes = make_pool(cluster, url, fp, names, extra=("--slowdown", "2", "--direct", direct))
+        if direct != "off":  # every peer knows where the others serve before the job starts
+            wait_for(lambda: all(_direct_authors(h) == len(homes) for h in homes), 60,
+                     "every peer to hold the others' direct records", poll=0.25)
         spec = {**job_spec(4), "shards": 8, "batches": 30, "steal": False, "chunk": 4096}
         job = call(homes[0] / "control.sock", {"op": "submit", "spec": spec, "task_file": None}, timeout=120)["job"]
         wait_for(lambda: job_finished(homes, job), 180, "all four peers to finish the sliced job", poll=0.25)
