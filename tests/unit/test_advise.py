@@ -60,9 +60,9 @@ def test_a_pool_slices_from_three_peers_when_the_model_has_two_chunks_as_the_pro
 def test_a_sliced_sync_is_one_delta_up_a_slice_of_the_others_and_the_reduced_slices():
     link = Link(up=1e6, down=2e6, rtt=0.01)
     d, r, fixed = 1_200_000, 2_400_000, _advise.ROUND_FIXED_S
-    reduce = 3 * d / (4 * 2e6) + 3 * 3 * 0.01  # 3 other deltas' quarter, 3 ranges each
+    reduce = 3 * d / (4 * 2e6) + 2 * 0.01  # 3 other deltas' quarter, at once: the tables, then the rest
     check = 1 - 0.75 ** 4  # one slice in 4 is checked: a round has one with this probability
-    trips = 3 * 4 + 3 + 4 + 4  # the delta's and the records', the slice's, 3 other slices, the close
+    trips = 3 * 4 + 3 + 4 + 1 + 1  # the delta's and the records', the slice's, 3 other slices at once, the close
     want = d / 1e6 + reduce + r / 4 / 1e6 + 3 * r / 4 / 2e6 + check * (reduce + 2 * 0.01) + trips * 0.01 + fixed
     assert _advise.sliced_sync_seconds(4, 4, d, r, link) == pytest.approx(want)
     row = predict(Job(0.05, d, overlap=True, chunks=8, reduced_bytes=r), link, 4, _advise.sqrt_gain)[-1]
@@ -89,6 +89,12 @@ def test_slices_cost_more_than_all_deltas_for_a_small_model_over_long_round_trip
     assert _advise.sliced_sync_seconds(8, 3, 138_000, 130_000, link) > sync_seconds(8, 138_000, link)
     # A 57 MB delta: the bytes decide, and slices win by far.
     assert _advise.sliced_sync_seconds(8, 8, 57_000_000, 60_000_000, link) < 0.5 * sync_seconds(8, 57_000_000, link)
+
+
+def test_advise_fetches_as_many_at_once_as_the_daemon():
+    from ttpeer.daemon._keys import RANGES_AT_ONCE
+
+    assert _advise.FETCHES_AT_ONCE == RANGES_AT_ONCE
 
 
 def test_a_reduced_model_is_sized_as_gaussian_int8_with_block_scales():

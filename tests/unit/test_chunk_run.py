@@ -1,16 +1,20 @@
 """An aggregator's fetch of its slice of one delta (``Blobs.chunk_run``): a chunked delta
 sealed in cut pieces is read back by three range requests, its head and exactly its
 chunks, as a sparse file whose bytes at their places are the delta's; a flipped piece on
-the relay is refused (``SealError``, counted) and nothing is written from it."""
+the relay is refused (``SealError``, counted) and nothing is written from it. An
+aggregator fetches its slice of many contributions at once, in their order."""
 
+import functools
 import time
+from types import SimpleNamespace
 
 import pytest
+import trio
 from ttpeer_wire import sign
 
 from ttpeer._chunked import HEAD, LENGTH, MAGIC, chunk_span
 from ttpeer.daemon import Home
-from ttpeer.daemon._keys import Blobs, PoolKeys, sealed_bound
+from ttpeer.daemon._keys import RANGES_AT_ONCE, Blobs, PoolKeys, in_order, sealed_bound
 from ttpeer.net import MemoryRelay
 from ttpeer.net._seal import SealError
 
@@ -18,8 +22,8 @@ RELAY, FP = "https://relay.test.invalid", "sha256:" + "0" * 64
 CHUNKS = 6
 
 
-def _delta() -> bytes:
-    frames = [bytes([c]) * (3000 + 500 * c) for c in range(CHUNKS)]
+def _delta(seed: int = 0) -> bytes:
+    frames = [bytes([(c + seed) % 256]) * (3000 + 500 * c + seed) for c in range(CHUNKS)]
     return (HEAD.pack(MAGIC, 8, 256, CHUNKS * 4096, 4096) + b"".join(LENGTH.pack(len(f)) for f in frames)
             + b"".join(frames))
 
@@ -76,3 +80,92 @@ async def test_a_flipped_piece_is_refused(tmp_path):
         assert refused == ["blob"] and not (tmp_path / "bad.bin").exists()
         with pytest.raises(SealError, match="holds no chunks"):
             await blobs.chunk_run(_contrib(cfg, home, blob, len(data)), 5, 7, tmp_path / "past.bin")
+
+
+class _Slow:
+    """The transport, with every range request taking a while: counts how many are in flight."""
+
+    def __init__(self, inner):
+        self._inner, self.in_flight, self.most = inner, 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    async def get_blob_range(self, blob, start, stop):
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await trio.sleep(0.01)
+            return await self._inner.get_blob_range(blob, start, stop)
+        finally:
+            self.in_flight -= 1
+
+
+async def _uploaded(tmp_path, relay, n):
+    home, cfg, blobs, transport, _refused = await _setup(tmp_path, relay)
+    deltas = [_delta(seed) for seed in range(n)]
+    contribs = []
+    for data in deltas:
+        blob = await blobs.upload_delta(data, cut=True)
+        contribs.append(_contrib(cfg, home, blob, len(data)))
+    return home, cfg, transport, deltas, contribs
+
+
+async def test_an_aggregator_fetches_its_slice_of_every_contribution_at_once_and_in_order(tmp_path):
+    async with MemoryRelay() as relay:
+        home, cfg, transport, deltas, contribs = await _uploaded(tmp_path, relay, 3 * RANGES_AT_ONCE)
+        slow = _Slow(transport)
+        keys = PoolKeys(home)
+        keys.set([bytes(range(32))])
+        fetcher = Blobs(keys, slow, home, [].append)  # another node's view: none of the deltas is its own
+        job = SimpleNamespace(id="ab" * 32)
+        async with fetcher.deltas(job, tuple(contribs), (1, 3)) as files:
+            assert [samples for _path, samples in files] == [8] * len(contribs)
+            for (path, _samples), data in zip(files, deltas, strict=True):
+                begin, end = chunk_span(data, 1, 3)
+                assert path.read_bytes()[begin:end] == data[begin:end]
+        # the table, then the head and the chunks, of up to RANGES_AT_ONCE contributions
+        assert 2 < slow.most <= 2 * RANGES_AT_ONCE
+        assert not any((home.path / "work" / job.id).iterdir())
+
+
+async def test_one_forged_slice_among_many_fails_the_fetch_as_itself_and_leaves_no_file(tmp_path):
+    async with MemoryRelay() as relay:
+        home, cfg, transport, _deltas, contribs = await _uploaded(tmp_path, relay, 12)
+        stored = bytearray(relay.blobs[cfg.pool][contribs[7]["blob"]])
+        stored[-100] ^= 1
+        relay.blobs[cfg.pool][contribs[7]["blob"]] = bytes(stored)
+        keys = PoolKeys(home)
+        keys.set([bytes(range(32))])
+        refused: list[str] = []
+        fetcher = Blobs(keys, _Slow(transport), home, refused.append)
+        job = SimpleNamespace(id="ab" * 32)
+        with pytest.raises(SealError):  # itself, not an exception group: callers catch it so
+            async with fetcher.deltas(job, tuple(contribs), (4, 6)):
+                pytest.fail("a forged piece was opened")
+        assert refused == ["blob"]
+        assert not any((home.path / "work" / job.id).iterdir())
+
+
+async def test_in_order_keeps_order_and_limit_and_raises_the_first_failure():
+    running, most, finished = 0, 0, []
+
+    async def work(i):
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        try:
+            await trio.sleep(0.001 * (10 - i))  # later calls finish first
+            if i == 6:
+                raise ValueError("six")
+            finished.append(i)
+            return i * i
+        finally:
+            running -= 1
+
+    assert await in_order([functools.partial(work, i) for i in range(6)], limit=3) == [i * i for i in range(6)]
+    assert most == 3
+    finished.clear()
+    with pytest.raises(ValueError, match="six"):
+        await in_order([functools.partial(work, i) for i in range(10)], limit=10)
+    assert finished == [9, 8, 7] and running == 0  # those still running when 6 failed were cancelled

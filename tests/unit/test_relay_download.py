@@ -155,6 +155,31 @@ async def test_download_through_a_connect_proxy(
     assert all(line == f"CONNECT 127.0.0.1:{running.port} HTTP/1.1".encode() for line in seen)
 
 
+async def test_downloads_at_once_keep_their_connections_for_the_next_ones(
+    start_relay: StartRelay, pool: Pool, nursery: trio.Nursery
+) -> None:
+    """An aggregator fetches its slice of every contribution at once: the connections those
+    GETs opened (up to SPARES) carry the next round's, without a new TLS handshake each."""
+    running = await start_relay()
+    proxy, seen = await start_connect_proxy(nursery)
+    data = os.urandom(4096)
+    async with member(running, pool, "a") as a, member(running, pool, "b", proxy=proxy) as b:
+        blob = await a.put_blob(data)
+        tunnels = len(seen)
+
+        async def four() -> None:
+            async with trio.open_nursery() as inner:
+                for _ in range(4):
+                    inner.start_soon(functools.partial(b.get_blob, blob, max_size=len(data)))
+
+        await four()
+        opened = len(seen) - tunnels
+        assert 1 < opened <= 4  # at once: a connection each (one at a time would share one)
+        await four()
+        await four()
+        assert len(seen) - tunnels == opened  # all kept, all reused
+
+
 async def test_a_download_after_a_relay_restart_reconnects_and_logs_in_again(tmp_path: Path, pool: Pool) -> None:
     stop, stopped = trio.Event(), trio.Event()
     config = RelayConfig(data=tmp_path / "relay", listen="127.0.0.1:0")

@@ -16,6 +16,7 @@ when it sees fit; any other exception is a bug that costs its job, never the dae
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import shutil
@@ -70,7 +71,7 @@ from ._counters import Counters
 from ._data import Datasets
 from ._executor import Decline, Deltas, Executor
 from ._home import Home, PoolConfig
-from ._keys import Blobs, PoolKeys, SealError
+from ._keys import RANGES_AT_ONCE, Blobs, PoolKeys, SealError, in_order
 from ._recordlog import RecordLog
 from ._replay import ReplayGuard
 
@@ -357,8 +358,8 @@ class Effects:
             async with self._node.blobs.deltas(job, contribs) as deltas:
                 yield deltas
             return
-        out: Deltas = []
-        for rec in slices:
+
+        async def fetch(rec: Record) -> tuple[bytes, int]:
             data = self._node.blobs.kept_slice(rec["blob"])
             if data is None:
                 data = await self._node.blobs.get(rec["blob"], max_size=rec["size"] + 64, uploaders=[rec.author])
@@ -367,8 +368,11 @@ class Effects:
                 self._report(SliceRefused(rec.id))
                 raise SliceMismatch(f"slice {rec['slice']} of round {rec['round']} by {rec.author[:12]} does not "
                                     "hash as its record says; it is made again")
-            out.append((data, 1))
-        yield out
+            return data, 1
+
+        # All at once (RANGES_AT_ONCE at a time): together they are one reduced model, held
+        # here whichever way they come, and one at a time each cost a round trip.
+        yield await in_order([functools.partial(fetch, rec) for rec in slices], limit=RANGES_AT_ONCE)
 
     async def _aggregate(self, eff: Aggregate) -> None:
         async with self._outer_inputs(eff.job, eff.contribs, eff.slices) as deltas:
