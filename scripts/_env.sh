@@ -17,6 +17,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   python -m pip install -q --upgrade pip >&2
   python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0" >&2
   # [hf]: the Hugging Face tests need transformers and datasets (about 40 s more CPU on a fresh .venv)
-  python -m pip install -q -e "$ROOT[test,hf]" >&2
+  # PYTHONWARNINGS: setuptools warns of every editable install ("be careful with folders
+  # ... with the same name as your package"), which only worries a newcomer here.
+  PYTHONWARNINGS=ignore python -m pip install -q -e "$ROOT[test,hf]" >&2
   echo "$want" >"$stamp"
 fi
