@@ -33,12 +33,15 @@ The model, for a fused job over ``n`` peers, each with the same link and device:
         reduce(n)  = (n - 1) * D / (s * down) + 2 ceil((n - 1) / F) * rtt
         sync_s(n)  = D / up + reduce(n) + R / (s * up) + (s - 1) * R / (s * down)
                      + p * (reduce(n) + 2 rtt)
-                     + (3n + (n - 1) + ceil((s - 1) / F) + 5) * rtt + ROUND_FIXED_S
+                     + (n + 7 + ceil((s - 1) / F)) * rtt + ROUND_FIXED_S
 
-    the round trips: the delta's 3 and every other peer's record (as above), the slice's
-    PUT (2), its record out and in (2), the other slices' GETs (``F`` at a time) and the
-    close's record. Fetched one at a time (before ``F``), a small model's slices on a 50 ms
-    path took 3.1 s a round against 2.3 s for all deltas;
+    the round trips: the delta's 3 and every other peer's record (as above; its GETs are
+    the ranges in ``reduce``), the slice's PUT (2), its record out and in (2), the other
+    slices' GETs (``F`` at a time) and the close's record. ``scripts/bench/exchange`` with
+    a 137,216-parameter charlm at 20 Mbit/s and 50 ms round trips took 1.8-2.0 s a round
+    on slices and on all deltas with 4 peers, 3.1 against 3.4 s with 8 (this predicts
+    1.15 against 0.96 s of sync, and 1.46 against 1.77 s); fetched one at a time (before
+    ``F``), the slices took 2.3 and 4.6 s;
 - ``H(n)``: the inner steps a round runs, by the pool's own rule for ``--inner-steps
   auto`` (``proto/_cadence.steps_for``): the smallest round whose compute hides the sync;
 - a round takes ``max(H * step_s, sync_s)`` with overlap (the deltas travel while the
@@ -181,7 +184,7 @@ def sliced_sync_seconds(peers: int, slices: int, delta_bytes: int, reduced_bytes
     n, s, d, r = peers, slices, delta_bytes, reduced_bytes
     reduce = (n - 1) * d / (s * link.down) + 2 * math.ceil((n - 1) / FETCHES_AT_ONCE) * link.rtt
     check = 1.0 - (1.0 - 1.0 / CHECK_ONE_IN) ** s
-    trips = 3 * n + (n - 1) + math.ceil((s - 1) / FETCHES_AT_ONCE) + 5
+    trips = n + 7 + math.ceil((s - 1) / FETCHES_AT_ONCE)
     return (d / link.up + reduce + r / (s * link.up) + (s - 1) * r / (s * link.down)
             + check * (reduce + 2 * link.rtt) + trips * link.rtt + fixed)
 
