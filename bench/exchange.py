@@ -42,14 +42,16 @@ TARGET_SENT = 1.1
 
 @contextlib.contextmanager
 def pool(peers: int, direct: str, rate: str | None, slowdown: float = 0.0,
-         slow_rate: str | None = None, delay: float = 0.0) -> Iterator[tuple[list[Path], Path]]:
+         slow_rate: str | None = None, delay: float = 0.0,
+         step_s: float = 0.0) -> Iterator[tuple[list[Path], Path]]:
     """A relay and ``peers`` enrolled peers: their homes and the relay's data directory. On
     loopback, or (``rate``) in the network lab, each peer behind a NAT router on a link of
     ``rate`` each way, the last one's ``slow_rate`` when given (a laptop on home Wi-Fi in a
     pool of wired machines), ``delay`` seconds added to each direction of its connections.
-    Every peer's steps last ``1 + slowdown`` times as long."""
+    Every peer's steps last ``1 + slowdown`` times as long, and at least ``step_s`` seconds."""
     names = [f"peer{i}" for i in range(peers)]
-    extra = ("--direct", direct, *(("--slowdown", str(slowdown)) if slowdown else ()))
+    extra = ("--direct", direct, *(("--slowdown", str(slowdown)) if slowdown else ()),
+             *(("--step-s", str(step_s)) if step_s else ()))
     if rate is None:
         with temporary_cluster() as cluster:
             url, fp = cluster.start_relay()
@@ -67,11 +69,12 @@ def pool(peers: int, direct: str, rate: str | None, slowdown: float = 0.0,
 
 def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, direct: str = "off",
             chunk: int | None = None, rate: str | None = None, inner_steps: int = 1,
-            slowdown: float = 0.0, slow_rate: str | None = None, delay: float = 0.0) -> dict[str, Any]:
+            slowdown: float = 0.0, slow_rate: str | None = None, delay: float = 0.0,
+            step_s: float = 0.0) -> dict[str, Any]:
     from ttpeer.daemon._integrity import scan_log
     from ttpeer.proto import parse
 
-    with pool(peers, direct, rate, slowdown, slow_rate, delay) as (homes, relay_dir):
+    with pool(peers, direct, rate, slowdown, slow_rate, delay, step_s) as (homes, relay_dir):
         began = time.monotonic()
         job = ttpeer("submit", "--home", str(homes[0]), "--task", task, "--rounds", str(rounds),
                      "--inner-steps", str(inner_steps), "--shards", str(shards), "--batch-size", "2", "--no-overlap",
@@ -128,7 +131,7 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
                          "received_ratio": j["bytes_received"] / must_get if must_get else None})
         return {"peers": peers, "rounds": rounds, "shards": shards, "init": init, "checkpoints": len(ckpts),
                 "path": "slices" if chunk else "all deltas", "rate": _link(rate, slow_rate, delay),
-                "inner_steps": inner_steps, "slowdown": slowdown,
+                "inner_steps": inner_steps, "slowdown": slowdown, "step_s": step_s,
                 "sliced_rounds": sum(1 for c in closes if "slices" in c.body),
                 "wall_s": round(wall, 1), "round_s": round(round_s, 2), "rows": rows, "direct": direct,
                 "relay_egress": sum(r["received"] for r in rows), "direct_bytes": sum(r["direct"] for r in rows)}
@@ -150,7 +153,8 @@ def table(result: dict[str, Any]) -> list[str]:
     out = [f"N = {result['peers']}, {result['path']} ({result['sliced_rounds']} rounds sliced), "
            f"link {result['rate']}, --direct "
            f"{result['direct']}: {result['rounds']} rounds x {result['shards']} "
-           f"shards x {result['inner_steps']} steps (slowdown {result['slowdown']:g}), "
+           f"shards x {result['inner_steps']} steps (slowdown {result['slowdown']:g}, "
+           f"steps of at least {result.get('step_s', 0):g} s), "
            f"initial state {_mb(result['init'])}, checkpoints published: {result['checkpoints']}, "
            f"{result['wall_s']} s", "", "| peer | sent | its deltas (+ init) | sent / that | received from the relay "
            "| directly | others' deltas (+ init) | received / that | shards claimed | shards in closes |",
@@ -245,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slowdown", type=float, default=0.0,
                    help="emulated compute: every peer's steps last 1 + S times their real time, sleeping, so "
                         "that many peers on few cores still train at a peer's pace (default 0)")
+    p.add_argument("--step-s", type=float, default=0.0, metavar="SECONDS",
+                   help="emulated compute: every step lasts at least this long, sleeping the rest, whatever "
+                        "else the machine's cores do (what 16 peers on 2 cores need for round times that "
+                        "are the link's, not the cores'; default 0)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = p.parse_args(argv)
     results, missed = [], []
@@ -258,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--slow-rate needs --rate (the other peers' links)")
     if args.delay and args.rate is None:
         p.error("--delay needs --rate (it lives in the network lab's routers)")
+    if not (0 <= args.step_s < 60 and 0 <= args.slowdown < 1000):
+        p.error("--step-s is seconds from 0 to 60, --slowdown a factor from 0 to 1000")
     if not 0 <= args.delay <= 1:
         p.error(f"--delay is seconds each way, from 0 to 1, got {args.delay:g}")
     if args.rate is not None:  # before any run: a lab that cannot be built, or a rate tc would refuse
@@ -274,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     for n, mode, path in ((int(x), m, q) for x in args.peers.split(",") for m in modes for q in paths):
         result = run_one(args.task, n, args.rounds, args.shards or 2 * n, args.timeout, mode,
                          args.chunk if path == "slices" else None, args.rate, args.inner_steps, args.slowdown,
-                         args.slow_rate, args.delay)
+                         args.slow_rate, args.delay, args.step_s)
         results.append(result)
         print("\n".join(table(result)) + "\n", flush=True)
         for r in result["rows"]:

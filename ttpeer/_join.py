@@ -81,6 +81,8 @@ def up_argv(args: argparse.Namespace, home: Path) -> list[str]:
             argv += [flag, value]
     if args.slowdown:
         argv += ["--slowdown", repr(args.slowdown)]
+    if getattr(args, "step_s", 0):
+        argv += ["--step-s", repr(args.step_s)]
     return argv
 
 

@@ -150,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--device", default=None, help="torch device to train on (default: cuda if present, else cpu)")
     j.add_argument("--workers", default=None, help=_WORKERS_HELP)
     j.add_argument("--slowdown", type=float, default=0.0, help=argparse.SUPPRESS)  # benchmarks and tests
+    j.add_argument("--step-s", type=float, default=0.0, help=argparse.SUPPRESS)  # benchmarks: emulated compute
     j.add_argument("--service", action="store_true",
                    help="enroll the service's home, then install and start the systemd service (see 'service')")
     j.add_argument("--user", action="store_true", help="with --service: a service of your own user")
@@ -160,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--device", default=None, help="torch device to train on (default: cuda if present, else cpu)")
     up.add_argument("--workers", default=None, help=_WORKERS_HELP)
     up.add_argument("--slowdown", type=float, default=0.0, help=argparse.SUPPRESS)  # benchmarks and tests
+    up.add_argument("--step-s", type=float, default=0.0, help=argparse.SUPPRESS)  # benchmarks: emulated compute
     up.add_argument("--metrics", default=None,
                     help="serve Prometheus metrics on HOST:PORT, loopback only (e.g. 127.0.0.1:9464)")
     up.add_argument("--direct", default=None, help=_DIRECT_HELP)
@@ -536,7 +538,7 @@ def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
 
     cfg = args.settings
     device = cfg.device  # "auto" is resolved by the worker processes, which load torch: the daemon does not
-    options = {"slowdown": args.slowdown} if getattr(args, "slowdown", 0) else None
+    options = {name: getattr(args, name) for name in ("slowdown", "step_s") if getattr(args, name, 0)} or None
     notifier = Notifier.from_environ(os.environ)  # systemd's protocol, not a setting
     workers = None if cfg.workers == "auto" else cfg.workers
     try:

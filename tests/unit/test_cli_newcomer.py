@@ -199,13 +199,13 @@ def test_the_token_comes_from_stdin_a_file_or_the_environment(tmp_path, monkeypa
 
 
 def test_the_daemon_a_join_becomes_has_the_flags_and_not_the_token(tmp_path):
-    args = _join_args("ttp1.SECRET", "--device", "cpu", "--metrics", "127.0.0.1:9", "--slowdown", "2", "-vv",
-                      "--log-format", "json", "--config", str(tmp_path / "c.toml"))
+    args = _join_args("ttp1.SECRET", "--device", "cpu", "--metrics", "127.0.0.1:9", "--slowdown", "2",
+                      "--step-s", "0.5", "-vv", "--log-format", "json", "--config", str(tmp_path / "c.toml"))
     argv = up_argv(args, tmp_path)
     assert "ttp1.SECRET" not in " ".join(argv)
     assert argv[1:] == ["-P", "-m", "ttpeer", "up", "--home", str(tmp_path), "--config", str(tmp_path / "c.toml"),
                         "-vv", "--log-format", "json", "--device", "cpu", "--metrics", "127.0.0.1:9",
-                        "--slowdown", "2.0"]
+                        "--slowdown", "2.0", "--step-s", "0.5"]
     build_parser().parse_args(argv[4:])  # and 'up' takes them all
 
 

@@ -80,6 +80,26 @@ def test_delta_is_zero_before_training_and_base_minus_local_after(linear):
 
 
 @pytest.mark.slow
+def test_emulated_compute_makes_each_step_last_step_s_and_trains_the_same_bits(linear):
+    # --step-s (benchmarks): a step lasts at least step_s however fast the machine is, and
+    # what it trains is the step's own arithmetic: the same delta as without it.
+    import time
+
+    slow = load_task(str(FIXTURE), Path("/nonexistent"), {"step_s": 0.05})
+    batches = shard_indices(linear.n_train, 0, 0, 0, 1, 3, linear.batch_size)
+    deltas = []
+    for task in (linear, slow):
+        trainer = InnerTrainer(task)
+        base = init_state(task, 0)
+        trainer.start(base)
+        began = time.perf_counter()
+        trainer.train_shard(batches)
+        deltas.append((time.perf_counter() - began, encode_delta(trainer.delta(base), None)[0]))
+    assert deltas[1][0] >= 3 * 0.05
+    assert deltas[0][1] == deltas[1][1]
+
+
+@pytest.mark.slow
 def test_should_stop_ends_the_shard_between_batches(linear):
     trainer = InnerTrainer(linear)
     trainer.start(init_state(linear, 0))

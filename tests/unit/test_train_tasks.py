@@ -51,8 +51,9 @@ def test_dict_and_dataset_tasks_are_accepted(tmp_path):
             return {"model": lambda: nn.Linear(3, 2), "train": Pairs(), "test": (X, Y),
                     "loss": F.cross_entropy, "metric": lambda o, t: 0.5}
     """, name="dict_task.py")
-    task = load_task(str(path), tmp_path, {"slowdown": 0.5})
+    task = load_task(str(path), tmp_path, {"slowdown": 0.5, "step_s": 0.25})
     assert task.n_train == 20 and task.metric_name == "accuracy" and task.slowdown == 0.5
+    assert task.step_s == 0.25
 
 
 @pytest.mark.parametrize("body,message", [
@@ -94,7 +95,8 @@ def test_missing_file_and_unknown_spec(tmp_path):
 
 
 @pytest.mark.parametrize("options", [{"speed": 1}, {"slowdown": -1.0}, {"slowdown": "x"},
-                                     {"slowdown": float("inf")}])
+                                     {"slowdown": float("inf")}, {"step_s": -0.5}, {"step_s": True},
+                                     {"step_s": float("nan")}])
 def test_bad_options_raise_task_error(options):
     with pytest.raises(TaskError, match="option"):
         load_task(str(FIXTURE), Path("/nonexistent"), options)

@@ -102,8 +102,8 @@ class InnerTrainer:
             self._step(batch, first_step + index, losses)
             steps += 1
             samples += len(batch)
-            if task.slowdown > 0:
-                _throttle(self.device, began, task.slowdown)
+            if task.slowdown > 0 or task.step_s > 0:
+                _throttle(self.device, began, task.slowdown, task.step_s)
         self._loss_sum += losses
         self._loss_batches += steps
         if not bool(torch.isfinite(losses)):
@@ -295,8 +295,10 @@ def number(value: object, task_name: str) -> float:
     return result
 
 
-def _throttle(device: torch.device, began: float, slowdown: float) -> None:
-    # Benchmarks only: stretch the batch to (1 + slowdown) x its real duration.
+def _throttle(device: torch.device, began: float, slowdown: float, step_s: float = 0.0) -> None:
+    # Benchmarks only: stretch the batch to (1 + slowdown) x its real duration, and to at
+    # least step_s seconds.
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    time.sleep(slowdown * (time.perf_counter() - began))
+    took = time.perf_counter() - began
+    time.sleep(max(slowdown * took, step_s - took, 0.0))

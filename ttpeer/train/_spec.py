@@ -53,7 +53,8 @@ class LoadedTask:
     spec's ``data_hash`` folded in when it has one (or, for a built-in task, of
     its data and model version); peers compare it
     to make sure they train the same thing. ``slowdown`` makes each training
-    batch take ``1 + slowdown`` times as long, for benchmarks of slow peers.
+    batch take ``1 + slowdown`` times as long, for benchmarks of slow peers;
+    ``step_s`` makes each last at least that many seconds (emulated compute).
     """
 
     name: str
@@ -66,6 +67,7 @@ class LoadedTask:
     metric_name: str
     batch_size: int
     slowdown: float = 0.0
+    step_s: float = 0.0
 
 
 def fetch_batch(dataset: Dataset, indices: Sequence[int]) -> tuple[Tensor, Tensor]:

@@ -34,7 +34,7 @@ from ._spec import LoadedTask, TaskSpec
 
 BUILTIN = "mnist1d"
 CHARLM = "charlm"  # also "charlm:key=int,...", see _charlm.py
-_OPTIONS = frozenset({"slowdown"})
+_OPTIONS = frozenset({"slowdown", "step_s"})
 _SPEC_FIELDS = {f.name for f in fields(TaskSpec)}
 _REQUIRED_FIELDS = {"model", "train", "test", "loss", "metric"}
 _module_ids = itertools.count()
@@ -50,7 +50,9 @@ def load_task(spec: str | os.PathLike[str], data_dir: Path,
     machine-wide copy of it that homes on one machine share (made once, not per home).
     ``options`` may set
     ``slowdown`` (float >= 0): each training batch then takes ``1 + slowdown``
-    times as long, to imitate a slow peer in benchmarks.
+    times as long, to imitate a slow peer in benchmarks; ``step_s`` (float >= 0): each
+    batch then lasts at least that many seconds, whatever else the machine's cores are
+    doing, to emulate a peer's compute when many peers share one machine.
 
     Raises TaskError if the spec names no known task, the file is missing or
     does not import, it has no ``task()`` function, ``task()`` raises or returns
@@ -62,7 +64,7 @@ def load_task(spec: str | os.PathLike[str], data_dir: Path,
     (the daemon passes the user's own file name, not its copy's path in the home),
     so a traceback or a syntax error points at the file the user edits.
     """
-    slowdown = _check_options(options)
+    slowdown, step_s = _check_options(options)
     spec = os.fspath(spec)
     if spec == BUILTIN or spec.startswith(BUILTIN + ":"):
         try:
@@ -82,20 +84,23 @@ def load_task(spec: str | os.PathLike[str], data_dir: Path,
     else:
         raise TaskError(f"unknown task {spec!r}: use {BUILTIN!r}, {CHARLM!r} or the path of a .py task file")
     return _validate(task_spec, name=name, origin=origin, source_hash=source_hash,
-                     slowdown=slowdown)
+                     slowdown=slowdown, step_s=step_s)
 
 
-def _check_options(options: Mapping[str, Any] | None) -> float:
+def _check_options(options: Mapping[str, Any] | None) -> tuple[float, float]:
     options = dict(options or {})
     unknown = set(options) - _OPTIONS
     if unknown:
         raise TaskError(f"unknown task option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
-    slowdown = options.get("slowdown", 0.0)
-    if isinstance(slowdown, bool) or not isinstance(slowdown, int | float):
-        raise TaskError(f"task option slowdown must be a number, got {slowdown!r}")
-    if not math.isfinite(slowdown) or slowdown < 0:
-        raise TaskError(f"task option slowdown must be finite and >= 0, got {slowdown!r}")
-    return float(slowdown)
+    values = []
+    for name in ("slowdown", "step_s"):
+        value = options.get(name, 0.0)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TaskError(f"task option {name} must be a number, got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise TaskError(f"task option {name} must be finite and >= 0, got {value!r}")
+        values.append(float(value))
+    return values[0], values[1]
 
 
 def _run_task_file(path: Path, shown: str) -> tuple[TaskSpec, str]:
@@ -171,7 +176,7 @@ def _as_spec(result: object, where: str) -> TaskSpec:
 
 
 def _validate(spec: TaskSpec, *, name: str, origin: str, source_hash: str,
-              slowdown: float) -> LoadedTask:
+              slowdown: float, step_s: float = 0.0) -> LoadedTask:
     for field in ("model", "loss", "metric"):
         if not callable(getattr(spec, field)):
             raise TaskError(f"{origin}: {field} must be callable, "
@@ -196,7 +201,7 @@ def _validate(spec: TaskSpec, *, name: str, origin: str, source_hash: str,
                       n_test=len(test),  # type: ignore[arg-type]
                       source_hash=source_hash,
                       metric_name=spec.metric_name, batch_size=spec.batch_size,
-                      slowdown=slowdown)
+                      slowdown=slowdown, step_s=step_s)
 
 
 def _as_dataset(source: object, which: str, origin: str) -> Dataset:
