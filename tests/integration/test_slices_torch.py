@@ -18,9 +18,8 @@ import trio
 
 from ttpeer.daemon import Home, Node, new_invite
 from ttpeer.daemon._torch import TorchExecutor
-from ttpeer.proto import Train
 from ttpeer.net import MemoryRelay
-from ttpeer.proto import Timing, Token
+from ttpeer.proto import Timing, Token, Train
 
 RELAY, FP = "https://relay.test.invalid", "sha256:" + "0" * 64
 SPEC = {"task": "mnist1d:samples=2000", "mode": "fused", "batch_size": 32, "inner_lr": 0.003, "weight_decay": 0.0,
