@@ -4,9 +4,11 @@ in-memory relay train a ``chunk`` job of the built-in mnist1d MLP (about 79k par
 bit-identical, and the sliced mean is the all-deltas mean re-quantized.
 
 A shard of this model trains in milliseconds, so one peer could take a whole round before
-the others claim (under CI's load every round once went to two peers and none was sliced).
-``_Gated`` holds each peer's first shard of a round until all three have one: every round
-has three authors, whatever the load, and what they train is unchanged."""
+the others claim (under CI's load all five rounds once went to two peers and none was
+sliced). ``_Gated`` holds each peer's shard of a round until all three have begun one, so
+a round has three authors unless a peer's claim then loses a concurrent claim and the
+others finish the rest first (seen under the full suite's load in 2 of 5 rounds). What
+the peers train is unchanged."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ SPEC = {"task": "mnist1d:samples=2000", "mode": "fused", "batch_size": 32, "inne
 
 class _Gated(TorchExecutor):
     """The real executor, except that a peer's training of round r waits until every
-    peer has begun a shard of round r."""
+    peer has begun a shard of round r, or until its claim is lost (``should_stop``)."""
 
     def __init__(self, home: Home, started: dict[int, set[str]], changed: list[trio.Event], peers: int):
         super().__init__(home)
@@ -39,8 +41,9 @@ class _Gated(TorchExecutor):
         self._started.setdefault(eff.round, set()).add(self._name)
         self._changed[0].set()
         self._changed[0] = trio.Event()
-        while len(self._started[eff.round]) < self._peers:
-            await self._changed[0].wait()
+        while len(self._started[eff.round]) < self._peers and not should_stop():
+            with trio.move_on_after(0.2):  # should_stop is polled, as the real trainer does between batches
+                await self._changed[0].wait()
         return await super().train(eff, should_stop)
 
 
@@ -78,7 +81,10 @@ async def test_three_torch_peers_close_sliced_rounds_and_end_bit_identical(tmp_p
     records = nodes[0].machine.records
     chain = nodes[0].machine.chain(job)
     sliced = [c for c in chain.closes if "slices" in c.body]
-    assert len(sliced) == len(chain.closes) == SPEC["rounds"], "every round has three authors: all sliced"
+    assert len(sliced) >= 2, "rounds of three authors are reduced in slices"
+    for close in chain.closes:  # a round of two authors (above) closes from all deltas
+        authors = {records.by_id[i].author for i in close["contribs"]}
+        assert ("slices" in close.body) == (len(authors) == 3), (len(authors), close.body.get("slices"))
     for close in sliced:
         named = [records.by_id[s] for s in close["slices"]]
         assert [(r["first"], r["stop"]) for r in named] == [(0, 7), (7, 14), (14, 20)]
