@@ -1,8 +1,9 @@
 """An aggregator's fetch of its slice of one delta (``Blobs.chunk_run``): a chunked delta
 sealed in cut pieces is read back by three range requests, its head and exactly its
 chunks, as a sparse file whose bytes at their places are the delta's; a flipped piece on
-the relay is refused (``SealError``, counted) and nothing is written from it. An
-aggregator fetches its slice of many contributions at once, in their order."""
+the relay is refused (``SealError``, counted) and nothing is written from it; pieces from
+the uploader directly (the LAN shortcut) that do not open are fetched again through the
+relay. An aggregator fetches its slice of many contributions at once, in their order."""
 
 import functools
 import time
@@ -80,6 +81,45 @@ async def test_a_flipped_piece_is_refused(tmp_path):
         assert refused == ["blob"] and not (tmp_path / "bad.bin").exists()
         with pytest.raises(SealError, match="holds no chunks"):
             await blobs.chunk_run(_contrib(cfg, home, blob, len(data)), 5, 7, tmp_path / "past.bin")
+
+
+async def test_pieces_from_the_uploader_that_do_not_open_come_again_through_the_relay(tmp_path):
+    async with MemoryRelay() as relay:
+        home, cfg, blobs, transport, refused = await _setup(tmp_path, relay)
+        data = _delta()
+        blob = await blobs.upload_delta(data, cut=True)
+        contrib = _contrib(cfg, home, blob, len(data))
+        served: list[tuple[int, int]] = []
+        flip = [False]
+
+        async def direct_range(blob_, start, stop, path, uploaders):  # the uploader's direct server
+            assert uploaders == [contrib.author]
+            piece = bytearray(relay.blobs[cfg.pool][blob_][start:stop])
+            if flip[0] and stop - start > 1000:  # the chunks' range, not the table
+                piece[-100] ^= 1
+            path.write_bytes(piece)
+            served.append((start, stop))
+            return True
+
+        blobs.direct_range = direct_range
+        begin, end = chunk_span(data, 4, 6)
+        before = transport.bytes_received
+        await blobs.chunk_run(contrib, 4, 6, tmp_path / "direct.bin")
+        assert (tmp_path / "direct.bin").read_bytes()[begin:end] == data[begin:end]
+        assert len(served) == 3 and transport.bytes_received == before and not refused  # all three directly
+
+        flip[0] = True
+        await blobs.chunk_run(contrib, 4, 6, tmp_path / "again.bin")
+        assert (tmp_path / "again.bin").read_bytes()[begin:end] == data[begin:end]
+        assert refused == ["direct range"] and transport.bytes_received > before + (end - begin)
+
+        stored = bytearray(relay.blobs[cfg.pool][blob])  # the relay's copy is bad too: refused
+        stored[-100] ^= 1
+        flip[0] = False  # the uploader serves the same bad bytes
+        relay.blobs[cfg.pool][blob] = bytes(stored)
+        with pytest.raises(SealError):
+            await blobs.chunk_run(contrib, 4, 6, tmp_path / "bad.bin")
+        assert refused == ["direct range", "direct range", "blob"] and not (tmp_path / "bad.bin").exists()
 
 
 class _Slow:

@@ -259,21 +259,26 @@ class Blobs:
             self._reject("blob")
             raise
 
-    async def _range(self, blob: str, start: int, stop: int, uploaders: list[str]) -> bytes:
+    async def _range(self, blob: str, start: int, stop: int, uploaders: list[str], direct: list[bool]) -> bytes:
         """Bytes ``start`` .. ``stop``-1 of the sealed blob ``blob``: from its uploader directly
-        when it serves (the LAN shortcut), else one Range request through the relay. Not
-        authenticated: the caller opens its sealed pieces (``_open_cut``)."""
-        if self.direct_range is not None:
+        when it serves (the LAN shortcut), else one Range request through the relay; appends
+        to ``direct`` which it was. Not authenticated: the caller opens its sealed pieces
+        (``_open_cut``)."""
+        if self.direct_range is not None and uploaders:
             path = self._home.path / "work" / f"direct-{next(self._fetches)}.range"
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 if await self.direct_range(blob, start, stop, path, uploaders):
-                    return await off_span(stop - start, path.read_bytes)
+                    data = await off_span(stop - start, path.read_bytes)
+                    direct.append(True)
+                    return data
             except OSError as exc:
                 log.info("a range fetched directly could not be read back (%s); fetching it through the relay", exc)
             finally:
                 path.unlink(missing_ok=True)
-        return await self._transport.get_blob_range(blob, start, stop)
+        data = await self._transport.get_blob_range(blob, start, stop)
+        direct.append(False)
+        return data
 
     async def _direct_bytes(self, blob: str, max_size: int, uploaders: list[str] | None) -> bytes | None:
         if not uploaders or self.direct is None:
@@ -374,21 +379,26 @@ class Blobs:
         """Chunks ``first`` .. ``stop``-1 of a contribution's chunked delta (sealed in cut
         pieces) into ``dest``: its head at the start and those chunks' frames where they lie
         in the delta, the rest a hole (a sparse file): what ``reduce_slice`` reads. Three
-        range requests in two round trips: the table, then the head and the chunks. Raises ``SealError`` (counted as
-        refused) if a piece does not open, ``NetError``, ``OSError``."""
+        range requests in two round trips: the table, then the head and the chunks, from the
+        uploader directly when it serves; pieces from it that do not open are fetched again
+        through the relay (a range cannot be hash-checked before it is opened, and every
+        aggregator asking the same uploader would otherwise refuse the slice for good).
+        Raises ``SealError`` (counted as refused) if a piece from the relay does not open,
+        ``NetError``, ``OSError``."""
         blob, chunks = contrib["blob"], contrib.body.get("chunks")
         if not isinstance(chunks, int) or not 0 <= first < stop <= chunks:
             raise SealError(f"contribution {contrib.id[:12]} holds no chunks [{first}, {stop})")
-        uploaders = [contrib.author]
+        direct: list[bool] = []
         try:
-            table = cut_table(await self._range(blob, 0, CUT_HEADER + 4 * (chunks + 1), uploaders))
-            if table.count != chunks + 1:
-                raise SealError(f"a delta of {chunks} chunks is sealed in {table.count} pieces")
-            head_bytes, frame_bytes = await in_order([  # the two at once: one round trip, not two
-                lambda: self._range(blob, *table.span(0, 1), uploaders),
-                lambda: self._range(blob, *table.span(first + 1, stop + 1), uploaders)], limit=2)
-            head = self._open_cut(table, 0, 1, head_bytes)
-            frames = self._open_cut(table, first + 1, stop + 1, frame_bytes)
+            try:
+                table, head, frames = await self._cut_run(blob, chunks, first, stop, [contrib.author], direct)
+            except (BlobCorrupt, SealError) as exc:
+                if not any(direct):
+                    raise
+                log.warning("chunks of contribution %s fetched from its uploader did not open (%s); "
+                            "fetching them through the relay", contrib.id[:12], exc)
+                self._reject("direct range")
+                table, head, frames = await self._cut_run(blob, chunks, first, stop, [], direct)
         except (BlobCorrupt, SealError):
             self._reject("blob")
             raise
@@ -402,6 +412,19 @@ class Blobs:
                     f.write(frame)
 
         await off_span(sum(map(len, frames)), write)
+
+    async def _cut_run(self, blob: str, chunks: int, first: int, stop: int, uploaders: list[str],
+                       direct: list[bool]) -> tuple[CutTable, list[bytes], list[bytes]]:
+        """The cut table of ``blob``, its head piece and the pieces of chunks ``first`` ..
+        ``stop``-1, opened; from ``uploaders`` directly when one serves, else the relay
+        (``direct`` gets, per range, whether it came directly)."""
+        table = cut_table(await self._range(blob, 0, CUT_HEADER + 4 * (chunks + 1), uploaders, direct))
+        if table.count != chunks + 1:
+            raise SealError(f"a delta of {chunks} chunks is sealed in {table.count} pieces")
+        head_bytes, frame_bytes = await in_order([  # the two at once: one round trip, not two
+            lambda: self._range(blob, *table.span(0, 1), uploaders, direct),
+            lambda: self._range(blob, *table.span(first + 1, stop + 1), uploaders, direct)], limit=2)
+        return table, self._open_cut(table, 0, 1, head_bytes), self._open_cut(table, first + 1, stop + 1, frame_bytes)
 
     def _open_cut(self, table: CutTable, first: int, stop: int, data: bytes) -> list[bytes]:
         for key in reversed(self._keys.keys):
