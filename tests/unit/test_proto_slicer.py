@@ -52,7 +52,8 @@ def test_the_plan_slices_rounds_of_three_or_more_authors_that_agree_on_the_chunk
     assert sl.plan(JobSpec.of(sign("job", P.id, job_body(shards=4), KEYS[0])), cover) is None  # not a sliced job
 
 
-def test_each_slice_goes_to_its_author_first_then_passes_after_a_lease():
+def test_each_slice_goes_to_its_author_first_then_passes_after_a_lease(monkeypatch):
+    monkeypatch.setattr(sl, "CHECK_ONE_IN", 10**9)  # no slice checked (below: checked slices)
     cover = _contribs()
     spans = sl.plan(SPEC, cover)
     rs = _records(*cover)
@@ -68,6 +69,26 @@ def test_each_slice_goes_to_its_author_first_then_passes_after_a_lease():
     nxt = Slicer(order[1])
     assert 1 not in [w.slice for w in nxt.step(SPEC, 0, cover, spans, 0.0, SPEC.lease - 0.1, rs)[0]]
     assert 1 in [w.slice for w in nxt.step(SPEC, 0, cover, spans, 0.0, SPEC.lease, rs)[0]]
+
+
+def test_a_checked_slice_is_reduced_by_the_first_two_in_its_order_at_once(monkeypatch):
+    # The check runs beside the first reduction, not a reduction after it.
+    monkeypatch.setattr(sl, "CHECK_ONE_IN", 1)
+    cover = _contribs()
+    spans = sl.plan(SPEC, cover)
+    rs = _records(*cover)
+    makers: dict[int, set[str]] = {}
+    for name in NAMES:
+        work, _results = Slicer(name).step(SPEC, 0, cover, spans, 0.0, 0.0, rs)
+        for w in work:
+            assert w.against is None
+            makers.setdefault(w.slice, set()).add(name)
+    assert makers == {s: set(sl.aggregators(JOB.id, 0, NAMES, s)[:2]) for s in range(4)}
+    # With no result, the turns go on as for any slice: the second's (it is at work already),
+    # then the third's, two leases from the cover.
+    third = sl.aggregators(JOB.id, 0, NAMES, 2)[2]
+    assert 2 not in [w.slice for w in Slicer(third).step(SPEC, 0, cover, spans, 0.0, 2 * SPEC.lease - 0.1, rs)[0]]
+    assert 2 in [w.slice for w in Slicer(third).step(SPEC, 0, cover, spans, 0.0, 2 * SPEC.lease, rs)[0]]
 
 
 def test_a_checked_slice_counts_once_a_second_author_signs_its_hash(monkeypatch):

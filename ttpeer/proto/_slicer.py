@@ -7,8 +7,9 @@ observer's clock since it saw the round covered), which signs a ``slice`` record
 the contributions, the chunks, the blob and the hash of its result. A result counts by the
 ledger's own rule (``_slices.counts``): once two authors signed its hash, or as the
 slice's only hash when the slice is not spot-checked this round (``_slices.checked``, one
-in ``CHECK_ONE_IN``). A result that does not count yet (checked, or hashes that disagree)
-is recomputed by the next author in the slice's order that has not signed one (again one
+in ``CHECK_ONE_IN``). A checked slice is reduced from the start by the first two in its
+order at once. A result that does not count yet (checked, or hashes that disagree) is
+recomputed by the next author in the slice's order that has not signed one (again one
 lease each, from when this peer first saw a result): it signs the same hash naming the
 same blob (nothing is uploaded), or its own result when the hashes differ, and a third
 author then settles it. A result whose blob did not hash as its record says (``refused``)
@@ -38,7 +39,7 @@ from ._effects import ReduceSlice
 from ._jobspec import JobSpec
 from ._ledger import RecordSet
 from ._reports import RETRY_AFTER
-from ._slices import aggregators, counts, fits, turn
+from ._slices import aggregators, checked, counts, fits, turn
 
 Key = tuple[str, int, str, tuple[str, ...]]  # job, round, the contributions' base, their ids
 
@@ -88,8 +89,15 @@ class Slicer:
             order = aggregators(job.id, rnd, authors, s)
             if not got:
                 # Nobody's turn but ours once a result here was refused: make it again at once.
+                # A checked slice counts only once a second author reproduced it, so the
+                # second in its order reduces it at once too, beside the first, rather than
+                # a reduction later, once it has seen the first's result: a reduction off
+                # the critical path of nearly every round of many peers, for a second upload
+                # of the slice when both finish before seeing each other's record.
                 since = covered_at
-                due = any(r.id in self.bad for r in every) or order[turn(order, now - since, job.lease)] == self.me
+                now_turn = turn(order, now - since, job.lease)
+                due = (any(r.id in self.bad for r in every) or order[now_turn] == self.me
+                       or (now_turn == 0 and order[1:2] == [self.me] and checked(job.id, rnd, s)))
                 against = None
             else:
                 since = self._seen.setdefault(sk, now)
