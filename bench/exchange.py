@@ -129,7 +129,13 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
                          "own_deltas": own, "others_deltas": others, "must_send": must_send, "must_get": must_get,
                          "sent_ratio": j["bytes_sent"] / must_send if must_send else None,
                          "received_ratio": j["bytes_received"] / must_get if must_get else None})
+        # Where a peer's round goes: each contribution's metrics split the time since that
+        # peer's previous one (_usage.py); round 0's hold the start-up, so they are left out.
+        later = [c["metrics"] for c in contribs if c["round"] >= 1 and c.id in closed]
+        split = {k: round(sum(float(m.get(k, 0.0)) for m in later) / len(later), 2) if later else None
+                 for k in ("wall_s", "train_s", "compute_s", "comm_s", "idle_s")}
         return {"peers": peers, "rounds": rounds, "shards": shards, "init": init, "checkpoints": len(ckpts),
+                "split": split,
                 "path": "slices" if chunk else "all deltas", "rate": _link(rate, slow_rate, delay),
                 "inner_steps": inner_steps, "slowdown": slowdown, "step_s": step_s,
                 "sliced_rounds": sum(1 for c in closes if "slices" in c.body),
@@ -164,6 +170,12 @@ def table(result: dict[str, Any]) -> list[str]:
         got = "-" if r["received_ratio"] is None else f"{r['received_ratio']:.2f}x"
         out.append(f"| {r['peer']} | {_mb(r['sent'])} | {_mb(r['must_send'])} | {sent} | {_mb(r['received'])} | "
                    f"{_mb(r['direct'])} | {_mb(r['must_get'])} | {got} | {r['claims']} | {r['shards']} |")
+    split = result.get("split") or {}
+    if split.get("wall_s") is not None:
+        out += ["", f"A contribution after round 0, on average: {split['wall_s']:.1f} s since the peer's previous "
+                f"one = {split['train_s']:.1f} s in inner steps + {split['compute_s']:.1f} s other torch work "
+                f"(delta, reduce, outer step, eval) + {split['comm_s']:.1f} s moving blobs + "
+                f"{split['idle_s']:.1f} s waiting (for the round's close, or nothing left to claim)"]
     return out
 
 
