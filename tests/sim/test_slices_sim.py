@@ -25,6 +25,27 @@ def sliced_closes(sim: Simulation, job: str) -> list:
     return [c for c in node.machine.chain(node.machine.records.by_id[job]).closes if "slices" in c.body]
 
 
+async def test_peers_but_the_closer_fetch_a_rounds_slices_ahead_of_its_close_and_only_once(tmp_path, autojump_clock):
+    # The closer aggregates from the slices; the others fetch them while it does, so
+    # their Apply reads them here: no slice is downloaded twice by one peer.
+    spec = {**SLICED, "overlap": 0}
+    async with MemoryRelay() as relay:
+        sim = Simulation(tmp_path, relay, seed=11)
+        sim.create(5)
+        async with trio.open_nursery() as nursery:
+            await sim.start_all(nursery)
+            job = await sim.submit(spec)
+            await sim.wait_done(job, timeout=600)
+            assert_invariants(sim, job, spec)
+            closes = sliced_closes(sim, job)
+            assert len(closes) >= 2
+            records = sim.peers[0].node.machine.records
+            blobs = {records.by_id[s]["blob"] for c in closes for s in c["slices"]}
+            assert max(n for (_peer, blob), n in relay.blob_gets.items() if blob in blobs) == 1
+            assert sum(p.node.effects.slices_ahead_used for p in sim.peers) >= len(closes)
+            nursery.cancel_scope.cancel()
+
+
 @pytest.mark.parametrize("overlap", [0, 1])
 async def test_rounds_close_from_reduced_slices_through_loss_and_a_kill(tmp_path, autojump_clock, overlap):
     # With overlap (the CLI's default) round r+1 trains while round r's slices are reduced.

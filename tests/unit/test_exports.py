@@ -36,7 +36,7 @@ SURFACES: dict[str, set[str]] = {
         'WorkLost',
         # aggregation slices: the effect, its reports, the plan's cut (the executor's slices), and
         # when slices are used and how often a slice is checked (advise's model)
-        'CHECK_ONE_IN', 'ReduceSlice', 'SliceReduced', 'SliceRefused', 'slice_chunks', 'sliced',
+        'CHECK_ONE_IN', 'FetchSlices', 'ReduceSlice', 'SliceReduced', 'SliceRefused', 'slice_chunks', 'sliced',
         # the key ring's decisions (who gets the pool key, who is told it ended)
         'AcceptKeys', 'EXPIRY_GRACE', 'EndMembership', 'HandKeys', 'KeyRing', 'Refuse', 'RejectKeys', 'Renamed',
         'Rotate', 'TellEnded',

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from ttpeer_wire import public_hex
 
-from ttpeer.proto import RecordSet, ReduceSlice, canonical_chain, sign
+from ttpeer.proto import FetchSlices, RecordSet, ReduceSlice, canonical_chain, sign
 from ttpeer.proto import _slices as sl
 from ttpeer.proto._jobspec import JobSpec
 from ttpeer.proto._slicer import Slicer
@@ -106,6 +106,24 @@ def test_a_checked_slice_counts_once_a_second_author_signs_its_hash(monkeypatch)
     rs = _records(*cover, *results, *confirmations)
     _work, chosen = Slicer(NAMES[0]).step(SPEC, 0, cover, spans, 0.0, 100.0, rs)
     assert chosen is not None and [r["slice"] for r in chosen] == [0, 1, 2, 3]
+
+
+def test_once_every_slice_has_a_result_the_peers_but_the_closer_fetch_them_ahead_once(monkeypatch):
+    monkeypatch.setattr(sl, "CHECK_ONE_IN", 10**9)
+    cover = _contribs()
+    spans = sl.plan(SPEC, cover)
+    results = [_slice(KEYS[s], cover, s) for s in range(4)]
+    closer = min(c.author for c in cover)
+    for name in NAMES:
+        me = Slicer(name)
+        assert not [w for w in me.step(SPEC, 0, cover, spans, 0.0, 1.0, _records(*cover, *results[:3]))[0]
+                    if isinstance(w, FetchSlices)]  # one slice still without a result
+        rs = _records(*cover, *results)
+        work, chosen = me.step(SPEC, 0, cover, spans, 0.0, 2.0, rs)
+        ahead = [w for w in work if isinstance(w, FetchSlices)]
+        assert chosen is not None
+        assert ahead == ([] if name == closer else [FetchSlices(JOB, 0, chosen)])
+        assert not [w for w in me.step(SPEC, 0, cover, spans, 0.0, 3.0, rs)[0] if isinstance(w, FetchSlices)]
 
 
 def test_a_forged_hash_never_counts_and_the_ledger_refuses_a_close_naming_it(monkeypatch):

@@ -20,6 +20,7 @@ Setting ``relay.available = False`` makes every call fail with
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import random
 from collections import deque
@@ -117,6 +118,7 @@ class MemoryRelay:
         # ``blobs`` itself counts from when the relay first looks at it)
         self.blob_times: dict[str, dict[str, float]] = {}
         self.touches = 0  # touch requests answered, for tests measuring what pinning costs
+        self.blob_gets: collections.Counter[tuple[str, str]] = collections.Counter()  # (peer, blob) -> whole GETs
         self._mailboxes: dict[tuple[str, str], _Mailbox] = {}
         self._nursery: trio.Nursery | None = None
         self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None
@@ -391,5 +393,6 @@ class MemoryTransport:
         if hashlib.sha256(data).hexdigest() != blob:
             raise BlobCorrupt(blob, "its bytes do not hash to its name")
         self.bytes_received += len(data)
+        self.relay.blob_gets[(self.peer, blob)] += 1
         return data
 

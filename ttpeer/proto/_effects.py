@@ -107,6 +107,19 @@ class ReduceSlice:
 
 
 @dataclass(frozen=True)
+class FetchSlices:
+    """Download a sliced round's reduced ``slices`` (their records, in slice order) ahead
+    of its close, into memory until a close applies them: a peer that does not close the
+    round fetches them while the closer aggregates, rather than after its close arrives.
+    Nothing is reported: a slice that did not come, or does not hash as its record says,
+    is left to the close's ``Apply`` (which fetches, checks and refuses it as ever)."""
+
+    job: Record
+    round: int
+    slices: tuple[Record, ...]
+
+
+@dataclass(frozen=True)
 class Aggregate:
     """Fetch the contributions' blobs (or, for a sliced round, the reduced ``slices`` in
     order), apply the outer step to ``base`` and report the resulting state. Report:
@@ -159,8 +172,8 @@ class JobDone:
 
 
 Effect = (
-    Broadcast | Send | Persist | PrepareJob | Train | Cancel | PublishDelta | ReduceSlice | Aggregate | Apply
-    | FetchState | PublishCheckpoint | JobDone
+    Broadcast | Send | Persist | PrepareJob | Train | Cancel | PublishDelta | ReduceSlice | FetchSlices | Aggregate
+    | Apply | FetchState | PublishCheckpoint | JobDone
 )
 
 

@@ -14,7 +14,8 @@ lease each, from when this peer first saw a result): it signs the same hash nami
 same blob (nothing is uploaded), or its own result when the hashes differ, and a third
 author then settles it. A result whose blob did not hash as its record says (``refused``)
 is made again at once by the peer that found it. The close waits until every slice has a
-result that counts (``step`` returns them, in slice order).
+result that counts (``step`` returns them, in slice order); from then on, peers other than
+the closer fetch them (``FetchSlices``) while the closer aggregates.
 
 It holds the reductions in flight, the results it refused, when it first saw each slice's
 result, its retry time after a reduction that could not run, and the next turn that can
@@ -35,7 +36,7 @@ from collections.abc import Sequence
 
 from ttpeer_wire import Record
 
-from ._effects import ReduceSlice
+from ._effects import FetchSlices, ReduceSlice
 from ._jobspec import JobSpec
 from ._ledger import RecordSet
 from ._reports import RETRY_AFTER
@@ -65,15 +66,18 @@ class Slicer:
         return self._ready.get((job, rnd, base, tuple(sorted(c.id for c in cover))))
 
     def step(self, job: JobSpec, rnd: int, cover: Sequence[Record], slices: list[tuple[int, int]],
-             covered_at: float, now: float, records: RecordSet) -> tuple[list[ReduceSlice], tuple[Record, ...] | None]:
+             covered_at: float, now: float, records: RecordSet
+             ) -> tuple[list[ReduceSlice | FetchSlices], tuple[Record, ...] | None]:
         """The reductions and checks of the covered round this peer makes now, and the
-        results its close names once every slice has one (else None)."""
+        results its close names once every slice has one (else None). The first time every
+        slice has one, a peer that is not the round's designated closer (the cover's
+        smallest author) fetches them ahead of the close (``FetchSlices``)."""
         ids = sorted(c.id for c in cover)
         base = cover[0]["base"]
         key: Key = (job.id, rnd, base, tuple(ids))
         authors = sorted({c.author for c in cover})
         found = [r for r in records.in_round(job.id, "slice", rnd) if r["base"] == base and r["contribs"] == ids]
-        out: list[ReduceSlice] = []
+        out: list[ReduceSlice | FetchSlices] = []
         chosen: list[Record] = []
         self._next = math.inf
         for s, span in enumerate(slices):
@@ -114,7 +118,10 @@ class Slicer:
                                        against))
         if len(chosen) < len(slices):
             return out, None
-        self._ready.setdefault(key, now)
+        if key not in self._ready:
+            self._ready[key] = now
+            if self.me != min(c.author for c in cover):  # the closer fetches them to aggregate
+                out.append(FetchSlices(job.record, rnd, tuple(chosen)))
         return out, tuple(chosen)
 
     def _pick(self, job: JobSpec, rnd: int, s: int, every: list[Record], got: list[Record]) -> Record | None:
