@@ -2,9 +2,9 @@
 
 Theory of operation. The machine decides; the node executes. ``Effects.execute`` runs
 the cheap effects at once on the trio thread (``_INLINE``: persist a record, queue a
-message, mark a shard cancelled, start writing a finished job's files), and the long
-ones (``_TASKS``: prepare, train, publish a delta, reduce a slice, fetch a round's
-slices ahead of its close, aggregate, apply, fetch a state, publish a checkpoint) as
+message, mark a shard cancelled, start fetching a round's slices ahead of its close,
+start writing a finished job's files), and the long ones (``_TASKS``: prepare, train,
+publish a delta, reduce a slice, aggregate, apply, fetch a state, publish a checkpoint) as
 tasks in the node's nursery, each inside ``_guarded``, the one boundary that judges
 their errors, and each reporting its result back into the machine.
 
@@ -387,33 +387,43 @@ class Effects:
         # here whichever way they come, and one at a time each cost a round trip.
         yield await in_order([functools.partial(fetch, rec) for rec in slices], limit=RANGES_AT_ONCE)
 
-    async def _fetch_slices(self, eff: FetchSlices) -> None:
-        """Fetch a round's reduced slices ahead of its close (those not held already), up to
-        ``RANGES_AT_ONCE`` at a time; what does not come or does not check is left to the
-        close's Apply. Slices of an earlier round still held are dropped: one round's at most."""
+    def _on_fetch_slices(self, eff: FetchSlices) -> None:
+        """Start fetching the slices not held here, ``RANGES_AT_ONCE`` at a time; each is
+        marked pending at once, so an Aggregate or Apply started in the same step waits for
+        it rather than fetch it too. Slices of an earlier round still held are dropped: one
+        round's at most."""
+        assert self._node.nursery is not None
         key = (eff.job.id, eff.round)
         if self._ahead_round != key:
             self._ahead.clear()
             self._ahead_round = key
+        todo = [rec for rec in eff.slices if rec["blob"] not in self._ahead and rec["blob"] not in
+                self._ahead_pending and self._node.blobs.kept_slice(rec["blob"]) is None]
+        for rec in todo:
+            self._ahead_pending[rec["blob"]] = trio.Event()
+        if todo:
+            self._node.nursery.start_soon(self._fetch_ahead, key, todo)
+
+    async def _fetch_ahead(self, key: tuple[str, int], todo: list[Record]) -> None:
+        """What does not come or does not check is left to the Aggregate or Apply that
+        reads the slice (it fetches, checks and refuses it as ever): nothing is reported."""
 
         async def one(rec: Record) -> None:
             blob = rec["blob"]
-            if blob in self._ahead or blob in self._ahead_pending or self._node.blobs.kept_slice(blob) is not None:
-                return
-            done = self._ahead_pending[blob] = trio.Event()
             try:
                 data = await self._node.blobs.get(blob, max_size=rec["size"] + 64, uploaders=[rec.author])
                 if (self._ahead_round == key and len(data) == rec["size"]
                         and hashlib.sha256(data).hexdigest() == rec["sha256"]):
                     self._ahead[blob] = data
             except (NetError, SealError, TtpeerError) as exc:
-                log.info("fetching slice %d of round %d ahead of its close failed (%s); the close fetches it",
-                         rec["slice"], eff.round, exc)
+                log.info("fetching slice %d of round %d ahead of its close failed (%s); it is fetched when "
+                         "needed", rec["slice"], key[1], exc)
+            except Exception:  # a bug here costs only the head start: the close fetches the slice
+                log.exception("fetching slice %d of round %d ahead of its close failed", rec["slice"], key[1])
             finally:
-                del self._ahead_pending[blob]
-                done.set()
+                self._ahead_pending.pop(blob).set()
 
-        await in_order([functools.partial(one, rec) for rec in eff.slices], limit=RANGES_AT_ONCE)
+        await in_order([functools.partial(one, rec) for rec in todo], limit=RANGES_AT_ONCE)
 
     async def _aggregate(self, eff: Aggregate) -> None:
         async with self._outer_inputs(eff.job, eff.contribs, eff.slices) as deltas:
@@ -554,6 +564,7 @@ _INLINE: dict[type, Callable[[Effects, Any], None]] = {
     Broadcast: lambda fx, eff: fx._queue(None, eff.payload),
     Send: lambda fx, eff: fx._queue(eff.peer, eff.payload),
     Cancel: Effects._on_cancel,
+    FetchSlices: Effects._on_fetch_slices,
     JobDone: Effects._on_job_done,
 }
 _TASKS: dict[type, Callable[[Effects, Any], Awaitable[None]]] = {
@@ -561,7 +572,6 @@ _TASKS: dict[type, Callable[[Effects, Any], Awaitable[None]]] = {
     Train: Effects._train,
     PublishDelta: Effects._publish_delta,
     ReduceSlice: Effects._reduce_slice,
-    FetchSlices: Effects._fetch_slices,
     Aggregate: Effects._aggregate,
     Apply: Effects._apply,
     FetchState: Effects._fetch_state,

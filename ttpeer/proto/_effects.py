@@ -108,11 +108,11 @@ class ReduceSlice:
 
 @dataclass(frozen=True)
 class FetchSlices:
-    """Download a sliced round's reduced ``slices`` (their records, in slice order) ahead
-    of its close, into memory until a close applies them: a peer that does not close the
-    round fetches them while the closer aggregates, rather than after its close arrives.
+    """Download reduced ``slices`` of a sliced round (their records) as soon as they count,
+    into memory until the round's ``Aggregate`` or ``Apply`` reads them: the reduced model
+    comes while the round's last slices are still being reduced, not after its close.
     Nothing is reported: a slice that did not come, or does not hash as its record says,
-    is left to the close's ``Apply`` (which fetches, checks and refuses it as ever)."""
+    is left to the ``Aggregate``/``Apply`` (which fetches, checks and refuses it as ever)."""
 
     job: Record
     round: int

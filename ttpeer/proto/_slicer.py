@@ -14,8 +14,9 @@ lease each, from when this peer first saw a result): it signs the same hash nami
 same blob (nothing is uploaded), or its own result when the hashes differ, and a third
 author then settles it. A result whose blob did not hash as its record says (``refused``)
 is made again at once by the peer that found it. The close waits until every slice has a
-result that counts (``step`` returns them, in slice order); from then on, peers other than
-the closer fetch them (``FetchSlices``) while the closer aggregates.
+result that counts (``step`` returns them, in slice order). Every peer fetches each result
+as soon as it counts (``FetchSlices``), while slower slices are still being reduced, so
+neither the closer's aggregate nor the others' apply waits for a reduced model's download.
 
 It holds the reductions in flight, the results it refused, when it first saw each slice's
 result, its retry time after a reduction that could not run, and the next turn that can
@@ -53,6 +54,7 @@ class Slicer:
         self._retry: dict[tuple[Key, int], float] = {}
         self._seen: dict[tuple[Key, int], float] = {}  # when this peer first saw a result of the slice
         self._ready: dict[Key, float] = {}  # when every slice first had a result here
+        self._ahead: dict[Key, set[str]] = {}  # results this peer was told to fetch ahead of the close
         self._next = math.inf  # the next turn that can ask this peer for work
 
     def deadlines(self) -> list[float]:
@@ -69,9 +71,9 @@ class Slicer:
              covered_at: float, now: float, records: RecordSet
              ) -> tuple[list[ReduceSlice | FetchSlices], tuple[Record, ...] | None]:
         """The reductions and checks of the covered round this peer makes now, and the
-        results its close names once every slice has one (else None). The first time every
-        slice has one, a peer that is not the round's designated closer (the cover's
-        smallest author) fetches them ahead of the close (``FetchSlices``)."""
+        results its close names once every slice has one (else None). Each result that
+        counts is fetched once as soon as it does (``FetchSlices``), while other slices are
+        still being reduced: what the close (or, on the closer, the aggregate) then reads."""
         ids = sorted(c.id for c in cover)
         base = cover[0]["base"]
         key: Key = (job.id, rnd, base, tuple(ids))
@@ -116,12 +118,14 @@ class Slicer:
                 self._busy.add(sk)
                 out.append(ReduceSlice(job.record, rnd, base, tuple(cover), s, len(slices), span[0], span[1],
                                        against))
+        ahead = self._ahead.setdefault(key, set())
+        new = tuple(r for r in chosen if r.id not in ahead)
+        if new:
+            ahead.update(r.id for r in new)
+            out.append(FetchSlices(job.record, rnd, new))
         if len(chosen) < len(slices):
             return out, None
-        if key not in self._ready:
-            self._ready[key] = now
-            if self.me != min(c.author for c in cover):  # the closer fetches them to aggregate
-                out.append(FetchSlices(job.record, rnd, tuple(chosen)))
+        self._ready.setdefault(key, now)
         return out, tuple(chosen)
 
     def _pick(self, job: JobSpec, rnd: int, s: int, every: list[Record], got: list[Record]) -> Record | None:
@@ -158,8 +162,9 @@ class Slicer:
         for table in (self._retry, self._seen):
             for sk in [sk for sk in table if old(sk[0])]:
                 del table[sk]
-        for key in [k for k in self._ready if old(k)]:
-            del self._ready[key]
+        for done in (self._ready, self._ahead):
+            for key in [k for k in done if old(k)]:
+                del done[key]
 
 
 def _key(eff: ReduceSlice) -> Key:
