@@ -218,6 +218,8 @@ class Effects:
 
     def _on_job_done(self, eff: JobDone) -> None:
         assert self._node.nursery is not None
+        if self._ahead_round is not None and self._ahead_round[0] == eff.job.id:
+            self._ahead.clear()  # slices of its last round that no close read: not needed now
         self._node.nursery.start_soon(self._finish, eff.job, eff.state)
 
     async def _prepare(self, eff: PrepareJob) -> None:
