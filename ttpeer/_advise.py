@@ -26,13 +26,13 @@ The model, for a fused job over ``n`` peers, each with the same link and device:
     slice (``R / s``: the reduced model ``R`` is int8 without error feedback, and the
     mean of many deltas hardly compresses: ``scripts/bench/exchange`` measured R at 1.3x
     a delta for 4 peers and 2x for 16) and downloads the other ``s - 1`` slices. One slice
-    in ``CHECK_ONE_IN`` is recomputed by a second peer before it counts, after the first
-    result: a round has one with probability ``p = 1 - (1 - 1/CHECK_ONE_IN)^s``, and it
-    adds one more reduction::
+    in ``CHECK_ONE_IN`` is reduced by a second peer too, beside the first: a round has one
+    with probability ``p = 1 - (1 - 1/CHECK_ONE_IN)^s``, and its checker downloads the
+    ranges of two slices on its link at once::
 
         reduce(n)  = (n - 1) * D / (s * down) + 2 ceil((n - 1) / F) * rtt
-        sync_s(n)  = D / up + reduce(n) + R / (s * up) + (s - 1) * R / (s * down)
-                     + p * (reduce(n) + 2 rtt)
+        sync_s(n)  = D / up + reduce(n) + p * (n - 1) * D / (s * down)
+                     + R / (s * up) + (s - 1) * R / (s * down)
                      + (n + 7 + ceil((s - 1) / F)) * rtt + ROUND_FIXED_S
 
     the round trips: the delta's 3 and every other peer's record (as above; its GETs are
@@ -182,11 +182,12 @@ def sliced_sync_seconds(peers: int, slices: int, delta_bytes: int, reduced_bytes
     one delta, reduce a slice from the others' ranges, upload it, download the other
     slices, and the expected cost of a spot check (the formula in the module's docstring)."""
     n, s, d, r = peers, slices, delta_bytes, reduced_bytes
-    reduce = (n - 1) * d / (s * link.down) + 2 * math.ceil((n - 1) / FETCHES_AT_ONCE) * link.rtt
+    ranges = (n - 1) * d / (s * link.down)
+    reduce = ranges + 2 * math.ceil((n - 1) / FETCHES_AT_ONCE) * link.rtt
     check = 1.0 - (1.0 - 1.0 / CHECK_ONE_IN) ** s
     trips = n + 7 + math.ceil((s - 1) / FETCHES_AT_ONCE)
-    return (d / link.up + reduce + r / (s * link.up) + (s - 1) * r / (s * link.down)
-            + check * (reduce + 2 * link.rtt) + trips * link.rtt + fixed)
+    return (d / link.up + reduce + check * ranges + r / (s * link.up) + (s - 1) * r / (s * link.down)
+            + trips * link.rtt + fixed)
 
 
 def received(peers: int, slices: int, delta_bytes: int, reduced_bytes: int) -> float:
