@@ -32,3 +32,44 @@ def test_declines_of_members_are_listed_by_name_until_they_train_after_all():
     assert shown == {"peer": nodes[2].public_key().public_bytes_raw().hex(), "name": "n2", "reason": "too small",
                      "need_bytes": 2**31, "have_bytes": 2**30, "code": None}
     assert [d["reason"] for d in declines(rs, other_job)] == ["another job"]
+
+
+def test_a_peer_behind_the_pool_or_not_training_is_told_so():
+    # held_round and rounds_trained from the records, then the lines `ttpeer status` prints.
+    from ttpeer._status_cmds import _behind
+    from ttpeer.daemon._status import held_round, rounds_trained
+    from ttpeer.proto import Chain
+
+    from .proto_helpers import close
+
+    pool = Pool("behind")
+    fast, slow = key("fast"), key("slow")
+    rs = RecordSet(pool.id)
+    for rec in pool.admit([fast, slow]):
+        rs.add(rec)
+    job = sign("job", pool.id, job_body(shards=1), fast)
+    rs.add(job)
+    states, closes = [state("s0")], []
+    for r in range(4):  # the fast peer trains every round; the slow one only round 0
+        work = [contrib(pool.id, fast, job, r, states[r], [0])]
+        if r == 0:
+            work.append(contrib(pool.id, slow, job, r, states[r], [0]))
+        for rec in work:
+            rs.add(rec)
+        closes.append(close(pool.id, fast, job, r, states[r], work, state(f"s{r + 1}")))
+        states.append(state(f"s{r + 1}"))
+    chain = Chain(tuple(states), tuple(closes))
+    slow_id = slow.public_key().public_bytes_raw().hex()
+    fast_id = fast.public_key().public_bytes_raw().hex()
+    assert rounds_trained(rs, chain, fast_id) == 3 and rounds_trained(rs, chain, slow_id) == 0
+    assert rounds_trained(rs, chain, slow_id, last=4) == 1
+    assert held_round(chain, {states[1], "sha256:other"}) == 1 and held_round(chain, set()) is None
+
+    job_row = {"mode": "fused", "state": "running", "declined": None, "round": 4, "training_shard": None,
+               "held_round": 1, "rounds_trained": 0, "rounds_looked_at": 3}
+    lines = _behind(job_row)
+    assert lines[0].startswith("catching up: this peer holds round 1's model, the pool is at round 4")
+    assert "trained none of the last 3 rounds" in lines[1] and "--inner-steps" in lines[1]
+    assert _behind({**job_row, "held_round": 3, "rounds_trained": 3}) == []  # one round behind: every close
+    assert _behind({**job_row, "mode": "ensemble"}) == [] and _behind({**job_row, "state": "done"}) == []
+    assert len(_behind({**job_row, "rounds_looked_at": 2})) == 1  # too early to say it trains nothing

@@ -5,7 +5,8 @@
      "jobs": [{"id", "task", "mode", "state", "round", "rounds", "shards_done",
                "shards_total", "eval_loss", "eval_metric", "metric_name",
                "bytes_sent", "bytes_received", "compression_ratio", "declined",
-               "state_hash", "training_shard", "wasted_batches", "duplicate_fraction",
+               "state_hash", "held_round", "rounds_trained", "rounds_looked_at", "training_shard",
+               "wasted_batches", "duplicate_fraction",
                "declines": [{"peer", "name", "reason", "need_bytes", "have_bytes", "code"}],
                "ended": null | {"how", "by": {"peer", "name"} | null,
                                 "reasons": [{"peer", "name", "reason"}]}, "phase",
@@ -21,6 +22,12 @@ of each this peer holds (``pieces_here``; ``here``: "added", "fetched", "partial
 how many bytes it fetched, and how many pieces it refused as damaged (fetched again).
 ``data_wait``: how often this peer's shards waited for pieces of a dataset read sample by
 sample, the seconds in all, and the first wait's.
+
+``held_round`` (fused jobs) is the newest round whose model this peer holds: below
+``round``, it is catching up. ``rounds_trained`` counts, of the last ``rounds_looked_at``
+closed rounds (``TRAINED_LOOKBACK`` once there are), those whose close used this peer's
+work (0 of 3 on a running peer: it is not training, e.g. its link is too slow to hold
+each round's model before its shards go).
 
 ``declined`` is this peer's own reason for sitting a job out; ``declines`` lists every
 peer whose decline stands (``need_bytes``/``have_bytes`` are 0 unless memory was why);
@@ -122,6 +129,23 @@ def duplicate_fraction(records: RecordSet, job: Record, chain: Chain) -> float |
     return round(wasted / total, 4) if total else None
 
 
+def held_round(chain: Chain, held: set[str]) -> int | None:
+    """The newest round whose model this peer holds (``chain.states[r]``), or None: a peer
+    a round or more behind the chain's head is catching up (downloading the closes since)."""
+    return max((r for r, s in enumerate(chain.states) if s in held), default=None)
+
+
+TRAINED_LOOKBACK = 3  # rounds: ``status`` says when a running peer trained none of the last ones
+
+
+def rounds_trained(records: RecordSet, chain: Chain, me: str, last: int = TRAINED_LOOKBACK) -> int:
+    """Of the chain's last ``last`` closed rounds, those whose close used a contribution of
+    ``me``: a peer at 0 of several rounds is in the pool but not training (a link too slow
+    to reach each round's model before its shards are taken, say)."""
+    return sum(1 for close in chain.closes[-last:] if any(
+        c in records.by_id and records.by_id[c].author == me for c in close["contribs"]))
+
+
 def declines(records: RecordSet, job: Record) -> list[dict[str, Any]]:
     """The members that sit ``job`` out and why, by name: their standing declines
     (``proto.standing_declines``: a peer that contributed after a decline for anything but
@@ -199,6 +223,11 @@ def snapshot(node: NodeView) -> dict[str, Any]:
             "bytes_sent": node.bytes_sent, "bytes_received": node.bytes_received,
             "compression_ratio": ratio, "declined": m.declined.get(job.id),
             "state_hash": chain.head,
+            # Fused: the newest round whose model this peer holds, and how many of the last
+            # TRAINED_LOOKBACK closed rounds used its work (status says when it is behind).
+            "held_round": held_round(chain, m.held) if job["mode"] == "fused" else None,
+            "rounds_trained": rounds_trained(m.records, chain, node.me) if job["mode"] == "fused" else None,
+            "rounds_looked_at": min(TRAINED_LOOKBACK, chain.round),
             "training_shard": m.training[2] if m.training and m.training[0] == job.id else None,
             "wasted_batches": m.wasted_batches if active is not None and active.id == job.id else 0,
             "duplicate_fraction": duplicate_fraction(m.records, job, chain),
