@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import trio
 
+from ttpeer.daemon._status import snapshot
 from ttpeer.net import Faults, MemoryRelay
 from ttpeer.proto import _slices
 from ttpeer.testing import Simulation
@@ -43,6 +44,12 @@ async def test_peers_fetch_a_rounds_slices_ahead_of_its_close_and_only_once(tmp_
             blobs = {records.by_id[s]["blob"] for c in closes for s in c["slices"]}
             assert max(n for (_peer, blob), n in relay.blob_gets.items() if blob in blobs) == 1
             assert sum(p.node.effects.slices_ahead_used for p in sim.peers) >= 2 * len(closes)
+            # What `ttpeer status` shows of each: the final model held, how many rounds it trained.
+            rows = [next(j for j in snapshot(p.node)["jobs"] if j["id"] == job) for p in sim.peers]
+            assert {(r["held_round"], r["rounds_looked_at"]) for r in rows} == {(spec["rounds"], 3)}
+            chain = sim.peers[0].node.machine.chain(records.by_id[job])
+            authors = [{records.by_id[c].author for c in close["contribs"]} for close in chain.closes[-3:]]
+            assert [r["rounds_trained"] for r in rows] == [sum(_node_id(p) in a for a in authors) for p in sim.peers]
             nursery.cancel_scope.cancel()
 
 
