@@ -23,8 +23,9 @@ how many bytes it fetched, and how many pieces it refused as damaged (fetched ag
 ``data_wait``: how often this peer's shards waited for pieces of a dataset read sample by
 sample, the seconds in all, and the first wait's.
 
-``held_round`` (fused jobs) is the newest round whose model this peer holds: below
-``round``, it is catching up. ``rounds_trained`` counts, of the last ``rounds_looked_at``
+``held_round`` (fused jobs) is the newest round whose model this peer holds: one below
+``round`` between a close and its apply, two or more below on a peer that does not keep
+up (``ttpeer status`` says it is catching up). ``rounds_trained`` counts, of the last ``rounds_looked_at``
 closed rounds (``TRAINED_LOOKBACK`` once there are), those whose close used this peer's
 work (0 of 3 on a running peer: it is not training, e.g. its link is too slow to hold
 each round's model before its shards go).
