@@ -59,11 +59,8 @@ async def _run(tmp_path, blob_seconds: float, spec: dict, *, kill: bool = False,
             job = await sim.submit(spec)
             if kill:
                 await sim.wait_round(job, 3, timeout=600)
-                with trio.fail_after(120):  # a peer that holds a claim: its shard must come back
-                    while not (victim := next((i for i, p in enumerate(sim.peers)
-                                               if i and p.node and p.node.machine.training), None)):
-                        await trio.sleep(0.01)
-                sim.kill(victim)
+                # a peer that holds a claim: its shard must come back
+                sim.kill(await sim.wait_training(timeout=120))
             await sim.wait_done(job, timeout=3000)
             nursery.cancel_scope.cancel()
     return sim, job

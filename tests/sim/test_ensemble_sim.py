@@ -52,11 +52,8 @@ async def test_a_crashed_peers_member_is_finished_by_another(tmp_path, autojump_
             await sim.wait_round(job, 1, timeout=300)
             # Kill whichever non-admin peer is training a member now. Waiting for one peer in
             # particular could outlast the job: with drops and delays it may miss every round left.
-            with trio.fail_after(60):
-                while not (found := next(((i, p.node.machine.training) for i, p in enumerate(sim.peers)
-                                          if i and p.node and p.node.machine.training), None)):
-                    await trio.sleep(0.01)
-            index, training = found
+            index = await sim.wait_training(timeout=60)
+            training = sim.peers[index].node.machine.training
             sim.kill(index)
             await sim.wait_done(job, timeout=600)
             assert_invariants(sim, job, {**SPEC, "shards": 4})

@@ -56,11 +56,7 @@ async def test_ten_peers_lossy_network_and_a_crash(tmp_path, autojump_clock, ove
             job = await sim.submit(spec)
             await sim.wait_round(job, 1, timeout=300)
             # Kill a peer while it holds a claim: its shard must come back via the lease.
-            with trio.fail_after(60):
-                while not (victim := next((i for i, p in enumerate(sim.peers)
-                                           if i and p.node and p.node.machine.training), None)):
-                    await trio.sleep(0.01)
-            sim.kill(victim)
+            sim.kill(await sim.wait_training(timeout=60))
             await sim.wait_done(job, timeout=600)
             assert_invariants(sim, job, spec)
             nursery.cancel_scope.cancel()

@@ -65,11 +65,7 @@ async def test_rounds_close_from_reduced_slices_through_loss_and_a_kill(tmp_path
             await sim.start_all(nursery)
             job = await sim.submit(spec)
             await sim.wait_round(job, 1, timeout=300)
-            with trio.fail_after(60):  # kill one while it trains: its shard and its slices pass on
-                while not (victim := next((i for i, p in enumerate(sim.peers)
-                                           if i and p.node and p.node.machine.training), None)):
-                    await trio.sleep(0.01)
-            sim.kill(victim)
+            sim.kill(await sim.wait_training(timeout=60))  # its shard and its slices pass on
             await sim.wait_done(job, timeout=900)
             assert_invariants(sim, job, spec)
             closes = sliced_closes(sim, job)

@@ -183,6 +183,16 @@ class Simulation:
             while not any(p.node and self.round_of(p, job) >= rnd for p in self.peers):
                 await trio.sleep(0.1)
 
+    async def wait_training(self, timeout: float) -> int:
+        """The index of a peer other than the first (the submitter) that is training a
+        shard, once one is: a victim to kill while it holds a claim."""
+        with trio.fail_after(timeout):
+            while True:
+                for i, p in enumerate(self.peers):
+                    if i and p.node and p.node.machine.training:
+                        return i
+                await trio.sleep(0.01)
+
     async def watch_rounds(self, job: str, times: list[float], poll: float = 0.05) -> None:
         """Append the simulated time at which each round first closed anywhere."""
         while True:
