@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from ttpeer._behind import behind_lines
 from ttpeer.errors import JobError, UsageError
 
 
@@ -69,7 +70,7 @@ def status(args: argparse.Namespace, home: Any) -> int:
               f"{of}{size}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
         if job.get("phase"):
             print(f"    preparing here: {job['phase']}")
-        for line in _behind(job):
+        for line in behind_lines(job):
             print(f"    {line}")
         for d in job.get("data") or []:
             how = {"added": "added here", "no": "none fetched yet"}.get(
@@ -110,25 +111,6 @@ def status(args: argparse.Namespace, home: Any) -> int:
             restarts = f", restarted {w['deaths']}x" if w["deaths"] else ""
             print(f"    worker {w['rank']}: pid {w['pid']} on {w['device']}{restarts}")
     return 0
-
-
-def _behind(job: dict[str, Any]) -> list[str]:
-    """What a running fused job's status says of a peer that is behind the pool or not
-    training: a laptop on home Wi-Fi among wired machines can spend a job catching up."""
-    if job["mode"] != "fused" or job["state"] != "running" or job.get("declined"):
-        return []
-    out = []
-    held, trained, looked = job.get("held_round"), job.get("rounds_trained"), job.get("rounds_looked_at", 0)
-    # One round behind is every peer between a close and its apply (and, with overlap,
-    # while it trains ahead): two or more is a peer that does not keep up.
-    if held is not None and held <= job["round"] - 2:
-        out.append(f"catching up: this peer holds round {held}'s model, the pool is at round {job['round']} "
-                   "(downloading the closes since)")
-    if trained == 0 and looked >= 3 and job.get("training_shard") is None:
-        out.append(f"this peer trained none of the last {looked} rounds: their shards were taken "
-                   "before it held each round's model (a slower link than the others'?); longer rounds "
-                   "('ttpeer submit --inner-steps N') give it time to join in")
-    return out
 
 
 def _size(n: int) -> str:

@@ -14,6 +14,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from ttpeer._behind import behind_lines
+
 HISTORY_ROWS = 8
 
 
@@ -94,6 +96,7 @@ def _job(job: dict[str, Any]) -> RenderableType:
     parts: list[RenderableType] = [head, Text("  ".join(facts))]
     if job.get("advice"):
         parts.append(Text(job["advice"], style="yellow"))
+    parts += [Text(line, style="yellow") for line in behind_lines(job)]
     peers = job.get("peers") or []
     if peers:
         t = Table(title=f"per peer (round {min(job['round'] + 1, job['rounds'])} now)", title_justify="left")

@@ -51,6 +51,17 @@ def test_a_running_job_reports_its_figures_so_far():
     assert "so far (round 0)" in page and "final" not in page.lower().replace("finally", "")
 
 
+def test_status_watch_says_when_this_peer_is_behind_the_pool():
+    st = json.loads((Path(__file__).parent / "fixtures" / "status.json").read_text())
+    st["jobs"][0].update(mode="fused", state="running", declined=None, round=5, training_shard=None,
+                         held_round=2, rounds_trained=0, rounds_looked_at=3)
+    console = Console(width=200, record=True)
+    console.print(render(st))
+    text = console.export_text()
+    assert "catching up: this peer holds round 2's model, the pool is at round 5" in text
+    assert "trained none of the last 3 rounds" in text
+
+
 def test_status_watch_speaks_of_members_for_an_ensemble():
     st = json.loads((Path(__file__).parent / "fixtures" / "status.json").read_text())
     st["jobs"][0].update(mode="ensemble", compression_ratio=1.1)

@@ -36,7 +36,7 @@ def test_declines_of_members_are_listed_by_name_until_they_train_after_all():
 
 def test_a_peer_behind_the_pool_or_not_training_is_told_so():
     # held_round and rounds_trained from the records, then the lines `ttpeer status` prints.
-    from ttpeer._status_cmds import _behind
+    from ttpeer._behind import behind_lines
     from ttpeer.daemon._status import held_round, rounds_trained
     from ttpeer.proto import Chain
 
@@ -67,9 +67,9 @@ def test_a_peer_behind_the_pool_or_not_training_is_told_so():
 
     job_row = {"mode": "fused", "state": "running", "declined": None, "round": 4, "training_shard": None,
                "held_round": 1, "rounds_trained": 0, "rounds_looked_at": 3}
-    lines = _behind(job_row)
+    lines = behind_lines(job_row)
     assert lines[0].startswith("catching up: this peer holds round 1's model, the pool is at round 4")
     assert "trained none of the last 3 rounds" in lines[1] and "--inner-steps" in lines[1]
-    assert _behind({**job_row, "held_round": 3, "rounds_trained": 3}) == []  # one round behind: every close
-    assert _behind({**job_row, "mode": "ensemble"}) == [] and _behind({**job_row, "state": "done"}) == []
-    assert len(_behind({**job_row, "rounds_looked_at": 2})) == 1  # too early to say it trains nothing
+    assert behind_lines({**job_row, "held_round": 3, "rounds_trained": 3}) == []  # one round behind: every close
+    assert behind_lines({**job_row, "mode": "ensemble"}) == [] and behind_lines({**job_row, "state": "done"}) == []
+    assert len(behind_lines({**job_row, "rounds_looked_at": 2})) == 1  # too early to say it trains nothing

@@ -1,0 +1,26 @@
+"""What ``ttpeer status`` and ``ttpeer watch`` say of a peer that is behind its pool or not
+training, from a job's row of the status snapshot (``daemon/_status.py``). Imports
+nothing heavy: both commands answer at once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def behind_lines(job: dict[str, Any]) -> list[str]:
+    """What a running fused job's status says of a peer that is behind the pool or not
+    training: a laptop on home Wi-Fi among wired machines can spend a job catching up."""
+    if job["mode"] != "fused" or job["state"] != "running" or job.get("declined"):
+        return []
+    out = []
+    held, trained, looked = job.get("held_round"), job.get("rounds_trained"), job.get("rounds_looked_at", 0)
+    # One round behind is every peer between a close and its apply (and, with overlap,
+    # while it trains ahead): two or more is a peer that does not keep up.
+    if held is not None and held <= job["round"] - 2:
+        out.append(f"catching up: this peer holds round {held}'s model, the pool is at round {job['round']} "
+                   "(downloading the closes since)")
+    if trained == 0 and looked >= 3 and job.get("training_shard") is None:
+        out.append(f"this peer trained none of the last {looked} rounds: their shards were taken "
+                   "before it held each round's model (a slower link than the others'?); longer rounds "
+                   "('ttpeer submit --inner-steps N') give it time to join in")
+    return out
