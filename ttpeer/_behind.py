@@ -13,7 +13,7 @@ def behind_lines(job: dict[str, Any]) -> list[str]:
     if job["mode"] != "fused" or job["state"] != "running" or job.get("declined"):
         return []
     out = []
-    held, trained, looked = job.get("held_round"), job.get("rounds_trained"), job.get("rounds_looked_at", 0)
+    held, trained, looked = job.get("held_round"), job.get("rounds_trained"), job.get("rounds_looked_at") or 0
     # One round behind is every peer between a close and its apply (and, with overlap,
     # while it trains ahead): two or more is a peer that does not keep up.
     if held is not None and held <= job["round"] - 2:

@@ -162,19 +162,9 @@ async def test_status_says_done_only_once_the_final_model_is_written(tmp_path, a
             nursery.cancel_scope.cancel()
 
 
-async def test_no_peer_downloads_its_own_delta(tmp_path, autojump_clock, monkeypatch):
+async def test_no_peer_downloads_its_own_delta(tmp_path, autojump_clock):
     """A peer aggregates and applies its own contributions from the copy it kept when it
     uploaded them: the relay serves each peer only the others' deltas."""
-    from ttpeer.net._memory import MemoryTransport
-
-    fetched: list[tuple[str, str]] = []
-    get_blob = MemoryTransport.get_blob
-
-    async def spying(self: MemoryTransport, blob: str, *, max_size: int) -> bytes:
-        fetched.append((self.peer, blob))
-        return await get_blob(self, blob, max_size=max_size)
-
-    monkeypatch.setattr(MemoryTransport, "get_blob", spying)
     async with MemoryRelay() as relay:
         sim = Simulation(tmp_path, relay, seed=13)
         sim.create(3)
@@ -185,7 +175,8 @@ async def test_no_peer_downloads_its_own_delta(tmp_path, autojump_clock, monkeyp
             assert_invariants(sim, job)
             records = sim.peers[0].node.machine.records
             own = {(c.author, c["blob"]) for c in records.of_job(job, "contrib")}
+            fetched = set(relay.blob_gets)  # (peer, blob) of every whole-blob GET
             others = {(p, b) for p, b in fetched if any(b == blob for _a, blob in own)}
             assert others, "the peers fetched each other's deltas"
-            assert not own & set(fetched), "a peer downloaded a delta it had uploaded"
+            assert not own & fetched, "a peer downloaded a delta it had uploaded"
             nursery.cancel_scope.cancel()

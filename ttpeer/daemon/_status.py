@@ -228,7 +228,7 @@ def snapshot(node: NodeView) -> dict[str, Any]:
             # TRAINED_LOOKBACK closed rounds used its work (status says when it is behind).
             "held_round": held_round(chain, m.held) if job["mode"] == "fused" else None,
             "rounds_trained": rounds_trained(m.records, chain, node.me) if job["mode"] == "fused" else None,
-            "rounds_looked_at": min(TRAINED_LOOKBACK, chain.round),
+            "rounds_looked_at": min(TRAINED_LOOKBACK, chain.round) if job["mode"] == "fused" else None,
             "training_shard": m.training[2] if m.training and m.training[0] == job.id else None,
             "wasted_batches": m.wasted_batches if active is not None and active.id == job.id else 0,
             "duplicate_fraction": duplicate_fraction(m.records, job, chain),
