@@ -23,9 +23,10 @@ The model, for a fused job over ``n`` peers, each with the same link and device:
     its delta, reduces its slice from the other ``n - 1`` deltas' ``1/s`` (three range
     requests each in two round trips, the table and then the head and the chunks, for
     ``F = FETCHES_AT_ONCE`` deltas at a time, as the daemon fetches them), uploads its reduced
-    slice (``R / s``: the reduced model ``R`` is int8 without error feedback, and the
-    mean of many deltas hardly compresses: ``scripts/bench/exchange`` measured R at 1.3x
-    a delta for 4 peers and 2x for 16) and downloads the other ``s - 1`` slices. One slice
+    slice (``R / s``: the reduced model ``R`` is at the job's ``slice_bits`` without error
+    feedback, and the mean of many deltas hardly compresses: ``scripts/bench/exchange``
+    measured R at 1.3x a delta for 4 peers and 2x for 16 at 8 bits, about 0.6x at 16 at
+    4 bits) and downloads the other ``s - 1`` slices. One slice
     in ``CHECK_ONE_IN`` is reduced by a second peer too, beside the first: a round has one
     with probability ``p = 1 - (1 - 1/CHECK_ONE_IN)^s``, and its checker downloads the
     ranges of two slices on its link at once::

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ttpeer import _advise
-from ttpeer._parser import DEFAULT_CHUNK, chunk_of, chunk_values
+from ttpeer._parser import DEFAULT_CHUNK, DEFAULT_SLICE_BITS, chunk_of, chunk_values
 from ttpeer.errors import UsageError
 
 PROBE_BYTES = 1 << 20  # the blob timed to and from the relay
@@ -73,6 +73,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                         "says which rows slice")
     a.add_argument("--no-slices", action="store_true",
                    help="predict 'submit --no-slices': every round closes from all deltas")
+    a.add_argument("--slice-bits", type=int, choices=[4, 8], default=None,
+                   help=f"with slices: the reduced slices' bits (default {DEFAULT_SLICE_BITS}, as submit's)")
     a.add_argument("--device", default=None,
                    help="torch device to measure on (default: the device setting, cuda if present, else cpu)")
     a.add_argument("--probe-seconds", type=_arg(_within(1, 3600, float)), default=60.0, metavar="S",
@@ -109,7 +111,7 @@ class StepFigures:
     params: int
     fp32_bytes: int
     delta_bytes: int
-    reduced_bytes: int  # the reduced model on the wire: int8 of values as little compressible as a mean
+    reduced_bytes: int  # the reduced model on the wire: values as little compressible as a mean
     precision: str
 
     def job(self, overlap: bool, chunk: int | None) -> _advise.Job:
@@ -122,6 +124,9 @@ class StepFigures:
 def advise(args: argparse.Namespace, settings: Any) -> int:
     _check_task_name(args.task)
     chunk = chunk_of(args.slices, args.no_slices)
+    if chunk is None and args.slice_bits is not None:
+        raise UsageError("--slice-bits goes with slices: leave out --no-slices, or --slice-bits")
+    slice_bits = args.slice_bits or DEFAULT_SLICE_BITS
     home = Path(settings.home)
     link, link_line = resolve_link(args.link, args.rtt, home, settings.proxy or None)
     device = _device(args.device or settings.device)
@@ -129,12 +134,12 @@ def advise(args: argparse.Namespace, settings: Any) -> int:
     lines = print_flush
     lines(f"ttpeer advise: {task.name}, batch {args.batch_size}, {args.bits}-bit deltas, overlap "
           f"{'on' if args.overlap else 'off'}, measured on {device} ({_load_words()})")
-    fig = measure_step(task, args.batch_size, device, args.bits)
+    fig = measure_step(task, args.batch_size, device, args.bits, slice_bits=slice_bits)
     lines(f"step: {fig.step_s * 1000:.3g} ms (AdamW, {fig.precision}, median of {fig.steps_timed} timed after "
           f"warm-up); {fig.params:,} parameters, {_size(fig.fp32_bytes)} fp32; a delta is "
           f"{_size(fig.delta_bytes)} on the wire ({args.bits}-bit, {fig.fp32_bytes / fig.delta_bytes:.1f}x smaller)")
     job = fig.job(args.overlap, chunk)
-    lines(_slices_line(job, fig, chunk))
+    lines(_slices_line(job, fig, chunk, slice_bits))
     lines(link_line)
     gain, gain_line = _gain(args, task, device)
     lines(gain_line)
@@ -154,7 +159,8 @@ def advise(args: argparse.Namespace, settings: Any) -> int:
 
 
 def quick_advice(task_name: str, home: Path, *, peers: int, batch: int, bits: int, overlap: bool,
-                 chunk: int | None = DEFAULT_CHUNK, device: str = "cpu", threads: int | None = None) -> list[str]:
+                 chunk: int | None = DEFAULT_CHUNK, slice_bits: int = DEFAULT_SLICE_BITS, device: str = "cpu",
+                 threads: int | None = None) -> list[str]:
     """Two lines of ``ttpeer advise --quick`` for a job (the demo's): the figures, measured
     here and to the relay of ``home``'s pool, and the verdict for ``peers`` machines
     (``chunk``: the job's, None for all deltas).
@@ -166,14 +172,14 @@ def quick_advice(task_name: str, home: Path, *, peers: int, batch: int, bits: in
         torch.set_num_threads(threads)
     link, link_line = resolve_link(None, None, home, None)
     task = _load(task_name, home)
-    fig = measure_step(task, batch, device, bits, budget_s=1.0)
+    fig = measure_step(task, batch, device, bits, slice_bits=slice_bits, budget_s=1.0)
     job = fig.job(overlap, chunk)
     rows = _advise.predict(job, link, peers, _advise.sqrt_gain)
     return [f"step {fig.step_s * 1000:.3g} ms, delta {_size(fig.delta_bytes)}; {link_line}; gain assumed sqrt(k)",
             _advise.verdict(rows, job, link)]
 
 
-def _slices_line(job: _advise.Job, fig: StepFigures, chunk: int | None) -> str:
+def _slices_line(job: _advise.Job, fig: StepFigures, chunk: int | None, slice_bits: int) -> str:
     """What the pool's rounds close from, in words: the chunks, and the reduced model's size."""
     if chunk is None:
         return "slices: off (--no-slices): every round closes from all deltas, n-1 downloaded a round"
@@ -181,8 +187,9 @@ def _slices_line(job: _advise.Job, fig: StepFigures, chunk: int | None) -> str:
         return (f"slices: the model is one chunk of {chunk:,} values, so every round closes from all deltas "
                 "(--slices VALUES: a smaller chunk)")
     return (f"slices: {job.chunks} chunks of {chunk:,} values; from 3 peers a round closes from min(n, "
-            f"{job.chunks}) slices; the reduced model is {_size(fig.reduced_bytes)} on the wire (int8 with no "
-            "error feedback, measured on values as little compressible as a mean of many deltas)")
+            f"{job.chunks}) slices; the reduced model is {_size(fig.reduced_bytes)} on the wire "
+            f"({slice_bits}-bit with no error feedback, measured on values as little compressible as a mean of "
+            "many deltas)")
 
 
 def _load_words() -> str:
@@ -235,7 +242,8 @@ def _load(name: str, home: Path) -> Any:
 # -- the step ----------------------------------------------------------------------------
 
 
-def measure_step(task: Any, batch: int, device: str, bits: int, *, budget_s: float = 3.0) -> StepFigures:
+def measure_step(task: Any, batch: int, device: str, bits: int, *, slice_bits: int = DEFAULT_SLICE_BITS,
+                 budget_s: float = 3.0) -> StepFigures:
     """Time the job's inner step (warm-up first, then chunks of steps, their median) and
     encode the delta the steps made. Raises what training raises (``TrainError``s)."""
     import torch
@@ -264,12 +272,12 @@ def measure_step(task: Any, batch: int, device: str, bits: int, *, budget_s: flo
     wire, _residual = train.encode_delta(trainer.delta(base), None, bits=bits)
     params = sum(t.numel() for t in base.params.values())
     return StepFigures(step_s=statistics.median(per_step), steps_timed=5 * chunk, params=params,
-                       fp32_bytes=train.fp32_size(base), delta_bytes=len(wire), reduced_bytes=reduced_size(params),
-                       precision=recipe.precision)
+                       fp32_bytes=train.fp32_size(base), delta_bytes=len(wire),
+                       reduced_bytes=reduced_size(params, bits=slice_bits), precision=recipe.precision)
 
 
-def reduced_size(values: int, *, sample: int = REDUCED_SAMPLE) -> int:
-    """Wire bytes of a reduced model of ``values`` values: ``encode_slice`` of Gaussian
+def reduced_size(values: int, *, bits: int = DEFAULT_SLICE_BITS, sample: int = REDUCED_SAMPLE) -> int:
+    """Wire bytes of a reduced model of ``values`` values in ``bits``: ``encode_slice`` of Gaussian
     values (at most ``sample`` of them, scaled up), which zstd cannot squeeze, as it
     hardly squeezes the mean of many deltas: an upper bound for few peers."""
     import torch
@@ -278,7 +286,7 @@ def reduced_size(values: int, *, sample: int = REDUCED_SAMPLE) -> int:
 
     n = min(values, sample)
     gen = torch.Generator().manual_seed(0)
-    data = train.encode_slice(torch.randn(n, generator=gen) * 1e-3)
+    data = train.encode_slice(torch.randn(n, generator=gen) * 1e-3, bits=bits)
     return math.ceil(len(data) * values / n)
 
 

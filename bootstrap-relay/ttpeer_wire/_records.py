@@ -228,6 +228,8 @@ def _job_consistent(body: dict[str, Any]) -> str | None:
             return "only a fused job reduces its rounds in slices (chunk)"
         if body["chunk"] & (body["chunk"] - 1):
             return f"chunk ({body['chunk']}) must be a power of two"
+    elif "slice_bits" in body:
+        return "slice_bits goes with chunk (a job that reduces its rounds in slices)"
     if "samples" in body and not set(body["samples"]) <= set(body.get("datasets") or ()):
         return "samples names a dataset that datasets does not"
     return None
@@ -289,6 +291,10 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # everyone downloads the reduced slices. Absent: every peer downloads every delta.
         # A peer of a version without slices drops the record (its field is unknown).
         "chunk": _int(4096, 2**21),
+        # With chunk (OPTIONAL, default 8): the bits a reduced slice is re-quantized to
+        # (``train.encode_slice``). Every reducer and checker encodes with it, so a slice's
+        # bytes, and its hash, are the same everywhere.
+        "slice_bits": _choice(4, 8),
     },
     # A claim with n > 0 renews the lease of claim n=0; ``done`` batches so far at ``rate``
     # batches/s let others project when it will finish. ``backup``: a copy run by an idle
@@ -370,7 +376,8 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
 OPTIONAL: dict[str, frozenset[str]] = {
     "job": frozenset({"members", "overlap", "precision", "micro_batch", "checkpointing", "lr_schedule", "warmup",
                       "final_lr_ratio", "data", "step_timeout", "outer_lr_schedule", "outer_warmup",
-                      "outer_final_lr_ratio", "h_min", "h_max", "datasets", "samples", "chunk"}),
+                      "outer_final_lr_ratio", "h_min", "h_max", "datasets", "samples", "chunk",
+                      "slice_bits"}),
     "close": frozenset({"tbase", "next", "slices"}),
     "contrib": frozenset({"chunks"}),
     "dataset": frozenset({"samples", "urls"}),

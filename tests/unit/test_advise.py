@@ -103,15 +103,18 @@ def test_advise_fetches_as_many_at_once_as_the_daemon():
     assert _advise.FETCHES_AT_ONCE == RANGES_AT_ONCE
 
 
-def test_a_reduced_model_is_sized_as_gaussian_int8_with_block_scales():
+@pytest.mark.parametrize(("bits", "least"), [(8, 0.8), (4, 0.3)])
+def test_a_reduced_model_is_sized_as_gaussian_values_with_block_scales(bits, least):
     from ttpeer._advise_cmd import reduced_size
 
-    # Gaussian int8 squeezes a little (its entropy is under 8 bits), never below 0.8 byte a value
-    # and never above int8 plus the 4-byte scale of each block of 256 and a header.
+    # Gaussian values squeeze a little (the entropy of 255 levels is under 8 bits, of 15 levels
+    # about 3), never below ``least`` byte a value and never above the packed values plus the
+    # 4-byte scale of each block of 256 and a header.
     for values in (70_000, 3_000_000):
-        size = reduced_size(values, sample=1 << 16)
-        assert values * 0.8 <= size <= values * (1 + 4 / 256) + 4096
-    assert reduced_size(3_000_000, sample=1 << 16) == pytest.approx(reduced_size(3_000_000, sample=1 << 18), rel=0.01)
+        size = reduced_size(values, bits=bits, sample=1 << 16)
+        assert values * least <= size <= values * (bits / 8 + 4 / 256) + 4096
+    assert reduced_size(3_000_000, bits=bits, sample=1 << 16) == pytest.approx(
+        reduced_size(3_000_000, bits=bits, sample=1 << 18), rel=0.01)
 
 
 def test_the_sync_matches_the_speedup_bench():
@@ -259,11 +262,16 @@ def test_the_slices_line_says_what_the_rounds_close_from():
     from ttpeer._advise_cmd import StepFigures, _slices_line
 
     fig = StepFigures(0.01, 10, 200_000, 800_000, 200_000, 203_200, "fp32")
-    assert _slices_line(fig.job(True, 65536), fig, 65536).startswith(
+    assert _slices_line(fig.job(True, 65536), fig, 65536, 4).startswith(
         "slices: 4 chunks of 65,536 values; from 3 peers a round closes from min(n, 4) slices; the reduced "
-        "model is 198.4 KiB on the wire")
-    assert _slices_line(fig.job(True, None), fig, None).startswith("slices: off (--no-slices)")
-    assert "is one chunk of 262,144 values" in _slices_line(fig.job(True, 262144), fig, 262144)
+        "model is 198.4 KiB on the wire (4-bit with no error feedback")
+    assert _slices_line(fig.job(True, None), fig, None, 4).startswith("slices: off (--no-slices)")
+    assert "is one chunk of 262,144 values" in _slices_line(fig.job(True, 262144), fig, 262144, 8)
+
+
+def test_slice_bits_without_slices_is_a_usage_error(capsys):
+    assert main(["advise", "--task", "mnist1d", "--quick", "--no-slices", "--slice-bits", "8"]) == 1  # as submit's
+    assert "--slice-bits goes with slices" in capsys.readouterr().err
 
 
 def test_peers_out_of_range_is_a_usage_error(capsys):

@@ -120,17 +120,22 @@ def test_step_timeout_takes_seconds_or_a_duration_and_is_checked(tmp_path, capsy
 def test_fused_jobs_slice_by_default_and_no_slices_turns_it_off():
     # scripts/bench/exchange: slices were faster from 4 peers up, with equal links and with
     # one slow one; two peers close from all deltas whatever the job says (the proto's rule).
-    from ttpeer.cli import DEFAULT_CHUNK, _slices_chunk, build_parser
+    # scripts/bench/requantize: 4-bit reduced slices cost no loss, so they are the default.
+    from ttpeer.cli import DEFAULT_CHUNK, _slices_fields, build_parser
     from ttpeer.errors import UsageError
 
-    def chunk(*extra: str) -> int | None:
-        return _slices_chunk(build_parser().parse_args(["submit", "--task", "charlm", *extra]))
+    def fields(*extra: str) -> dict[str, int]:
+        return _slices_fields(build_parser().parse_args(["submit", "--task", "charlm", *extra]))
 
-    assert chunk() == DEFAULT_CHUNK and chunk("--slices") == DEFAULT_CHUNK
-    assert chunk("--slices", "8192") == 8192
-    assert chunk("--no-slices") is None
-    assert chunk("--mode", "ensemble", "--members", "2") is None
+    assert fields() == fields("--slices") == {"chunk": DEFAULT_CHUNK, "slice_bits": 4}
+    assert fields("--slices", "8192", "--slice-bits", "8") == {"chunk": 8192, "slice_bits": 8}
+    assert fields("--no-slices") == {}
+    assert fields("--mode", "ensemble", "--members", "2") == {}
     with pytest.raises(UsageError, match="pick one"):
-        chunk("--slices", "--no-slices")
-    with pytest.raises(UsageError, match="fused"):
-        chunk("--mode", "ensemble", "--members", "2", "--slices")
+        fields("--slices", "--no-slices")
+    with pytest.raises(UsageError, match="--slice-bits goes with slices"):
+        fields("--no-slices", "--slice-bits", "8")
+    with pytest.raises(UsageError, match="--slices goes with a fused job"):
+        fields("--mode", "ensemble", "--members", "2", "--slices")
+    with pytest.raises(UsageError, match="--slice-bits goes with a fused job"):
+        fields("--mode", "ensemble", "--members", "2", "--slice-bits", "4")

@@ -280,6 +280,23 @@ def test_invalid_field_value_is_rejected_by_sign_and_parse(kind: str, field: str
         parse(forge(kind, body, AUTHOR))
 
 
+def test_a_sliced_job_names_its_slices_bits_and_only_a_sliced_job_does() -> None:
+    for bits in (4, 8):
+        rec = sign("job", POOL.id, dict(BODIES["job"], chunk=65536, slice_bits=bits), AUTHOR)
+        assert parse(rec.raw)["slice_bits"] == bits
+    for bad in (2, 16, "4", True, 4.0):
+        body = dict(BODIES["job"], chunk=65536, slice_bits=bad)
+        with pytest.raises(RecordError, match="slice_bits"):
+            sign("job", POOL.id, body, AUTHOR)
+        with pytest.raises(RecordError, match="slice_bits"):
+            parse(forge("job", body, AUTHOR))
+    body = dict(BODIES["job"], slice_bits=4)  # no chunk: the rounds are not sliced
+    with pytest.raises(RecordError, match="slice_bits goes with chunk"):
+        sign("job", POOL.id, body, AUTHOR)
+    with pytest.raises(RecordError, match="slice_bits goes with chunk"):
+        parse(forge("job", body, AUTHOR))
+
+
 @pytest.mark.parametrize(("kind", "field", "value"), [
     ("contrib", "blob", hex64("b") + "\n"), ("invite", "key", hex64("k") + "\n"),
     ("join", "name", "laptop\n"), ("close", "state", state(1) + "\n"), ("job", "task_blob", hex64("t") + "\n"),

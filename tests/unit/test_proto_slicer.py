@@ -3,6 +3,8 @@ reduces or checks a slice when, and when a close naming slices is valid."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from ttpeer_wire import public_hex
 
@@ -147,6 +149,11 @@ def test_an_oversized_slice_is_no_result_and_a_refused_one_is_made_again_at_once
     spans = sl.plan(SPEC, cover)
     huge = _slice(KEYS[0], cover, 0, size=sl.slice_bound(2 * 4096) + 1)
     assert not sl.fits(huge, SPEC, 0, BASE, sorted(c.id for c in cover), 0, spans[0], 4)
+    # A job of 4-bit slices bounds them at half the values' bytes: an int8-sized one is refused.
+    spec4 = dataclasses.replace(SPEC, slice_bits=4)  # the same job id, so only the bits differ
+    int8_sized = _slice(KEYS[0], cover, 0, size=sl.slice_bound(2 * 4096, 4) + 1)
+    assert sl.fits(int8_sized, SPEC, 0, BASE, sorted(c.id for c in cover), 0, spans[0], 4)
+    assert not sl.fits(int8_sized, spec4, 0, BASE, sorted(c.id for c in cover), 0, spans[0], 4)
     ok = _slice(KEYS[0], cover, 0)
     other = sorted(NAMES)[2]
     me = Slicer(other)

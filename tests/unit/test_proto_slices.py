@@ -71,3 +71,5 @@ def test_one_slice_in_one_in_is_checked_drawn_the_same_for_every_peer():
 def test_a_slice_may_be_as_large_as_its_values_compress_at_worst_and_no_larger():
     assert sl.slice_bound(2**20) >= 2**20 + 4 * 2**20 // 256  # int8 values and their block scales
     assert sl.slice_bound(2**20) < 1.05 * 2**20 + 8192
+    assert sl.slice_bound(2**20, 4) >= 2**19 + 4 * 2**20 // 256  # two 4-bit values a byte
+    assert sl.slice_bound(2**20, 4) < 1.05 * 2**19 + 2**20 // 32 + 8192

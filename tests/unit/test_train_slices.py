@@ -179,20 +179,30 @@ def test_slices_reduced_exactly_give_the_outer_step_of_all_deltas_bit_for_bit(sl
         assert _bits(got.momentum[name]) == _bits(want.momentum[name])
 
 
-def test_re_quantized_slices_are_the_blocks_of_the_whole_mean_and_the_same_bytes_everywhere():
+@pytest.mark.parametrize("bits", [8, 4])
+def test_re_quantized_slices_are_the_blocks_of_the_whole_mean_and_the_same_bytes_everywhere(bits):
     contribs, samples = _contributions(3), [4, 4, 8]
     runs = slice_chunks(3, 2)
     reduced = _reduce(contribs, samples, runs)
-    sent = [train.encode_slice(part, block=256) for part in reduced]
-    assert sent == [train.encode_slice(part.clone(), block=256) for part in _reduce(contribs, samples, runs)]
+    sent = [train.encode_slice(part, bits=bits, block=256) for part in reduced]
+    assert sent == [train.encode_slice(part.clone(), bits=bits, block=256)
+                    for part in _reduce(contribs, samples, runs)]
     received = torch.cat([train.decode_slice(b, part.numel()) for b, part in zip(sent, reduced, strict=True)])
     whole = torch.cat(reduced)
-    once = train.decode_slice(train.encode_slice(whole, block=256), whole.numel())
+    once = train.decode_slice(train.encode_slice(whole, bits=bits, block=256), whole.numel())
     assert _bits(received) == _bits(once)
-    # Re-quantizing costs at most half an int8 step of each block's absmax.
-    assert float((received - whole).abs().max()) <= float(whole.abs().max()) / 127 / 2 * (1 + 1e-5)
+    # Re-quantizing costs at most half a step of each block's absmax (127 steps at 8 bits, 7 at 4).
+    steps = (1 << (bits - 1)) - 1
+    assert float((received - whole).abs().max()) <= float(whole.abs().max()) / steps / 2 * (1 + 1e-5)
     with pytest.raises(DeltaError, match="values; the model has"):
         train.decode_slice(sent[0], reduced[0].numel() + 1)
+
+
+def test_four_bit_slices_are_about_half_the_bytes_of_eight():
+    contribs, samples = _contributions(3), [4, 4, 8]
+    (mean,) = _reduce(contribs, samples, [(0, 3)])
+    eight, four = (len(train.encode_slice(mean, bits=b, block=256)) for b in (8, 4))
+    assert four < 0.6 * eight, (four, eight)
 
 
 def test_slices_that_do_not_hold_the_model_or_contributions_cut_otherwise_are_refused():

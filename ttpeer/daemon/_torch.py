@@ -562,7 +562,7 @@ class TorchExecutor:
             numel = _numel(ctx.like)
             parts = [_chunk_run(ref, numel, first, stop) for ref, _samples in deltas]
             mean = train.reduce_slice(parts, [samples for _ref, samples in deltas], first, stop)
-            return train.encode_slice(mean, block=parts[0][0].block)
+            return train.encode_slice(mean, bits=job.body.get("slice_bits", 8), block=parts[0][0].block)
 
         async with self._close_lock:
             return await _in_thread(run, job["task"])

@@ -34,6 +34,7 @@ class JobSpec:
     h_min: int | None = None  # auto cadence (``_cadence``): each round's batches within h_min..h_max
     h_max: int | None = None
     chunk: int | None = None  # deltas are chunked in runs of this many values; rounds reduce in slices
+    slice_bits: int = 8  # a reduced slice's bits (a sliced job's ``slice_bits``; 8 where it is not named)
 
     @classmethod
     def of(cls, job: Record) -> JobSpec:
@@ -46,6 +47,7 @@ class JobSpec:
             batches=b["batches"], lease=b["lease"], steal=b["steal"], bits=b["bits"],
             overlap=bool(b.get("overlap", 0)), init=b["init"], init_blob=b["init_blob"],
             h_min=b.get("h_min"), h_max=b.get("h_max"), chunk=b.get("chunk"),
+            slice_bits=b.get("slice_bits", 8),
         )
 
     @property

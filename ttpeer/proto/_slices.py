@@ -34,10 +34,12 @@ SLICES_FROM = 3  # contributions: below this, every peer downloads every delta (
 
 def sliced(contribs: int, chunks: int) -> bool:
     """Whether a round with ``contribs`` contributions of ``chunks`` chunks each is
-    reduced in slices. In units of one delta d per peer per round, all deltas cost
-    1 + (N-1); slices sent re-quantized cost (1 + 1/N) + 2(N-1)/N: all deltas are
-    cheaper at N = 2 (2 against 2.5), slices from N = 3 (2.67 against 3). A model of one
-    chunk has nothing to cut."""
+    reduced in slices. In units of one delta d per peer per round, with the reduced
+    model r deltas on the wire, all deltas cost 1 + (N-1); slices cost
+    (1 + r/N) + (N-1)(1 + r)/N. At N = 2 that is 2 against 1.5 + r (r = 1 at 8 bits,
+    about 0.5 at 4): no fewer bytes worth the reduction's extra upload and download on
+    the round's path, so all deltas; from N = 3 slices (3 against 2.67 at 8 bits). A
+    model of one chunk has nothing to cut."""
     return contribs >= SLICES_FROM and chunks >= 2
 
 
@@ -99,10 +101,10 @@ def counts(job: str, rnd: int, s: int, sha: str, makers: dict[str, set[str]]) ->
     return len(authors) >= 2 or (len(makers) == 1 and bool(authors) and not checked(job, rnd, s))
 
 
-def slice_bound(values: int) -> int:
-    """The most bytes a reduced slice of ``values`` values may take (int8 with 4-byte
-    block scales, zstd's worst case, the header): larger is refused unread."""
-    return values + values // 32 + 4096
+def slice_bound(values: int, bits: int = 8) -> int:
+    """The most bytes a reduced slice of ``values`` values in ``bits`` may take (the packed
+    values, 4-byte block scales, zstd's worst case, the header): larger is refused unread."""
+    return -(-values * bits // 8) + values // 32 + 4096
 
 
 def plan(job: JobSpec, cover: Sequence[Record]) -> list[tuple[int, int]] | None:
@@ -129,4 +131,4 @@ def fits(rec: Record, job: JobSpec, rnd: int, base: str, ids: list[str], s: int,
     assert job.chunk is not None
     return (rec.kind == "slice" and b["job"] == job.id and b["round"] == rnd and b["base"] == base
             and b["contribs"] == ids and b["slice"] == s and b["of"] == of and (b["first"], b["stop"]) == span
-            and b["size"] <= slice_bound((span[1] - span[0]) * job.chunk))
+            and b["size"] <= slice_bound((span[1] - span[0]) * job.chunk, job.slice_bits))

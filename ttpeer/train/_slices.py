@@ -6,9 +6,11 @@ A slice is a run of whole chunks of the ``TTD2`` format (``_compress``), so an
 aggregator needs only its slice's bytes of each contribution (``ChunkIndex.span``). The
 reduction is ``OuterSum``'s, position by position: ``((0 + d0*w0) + d1*w1) + ...`` in the
 contributions' order with the same fp32 weights, so a slice of the mean is the same bits
-as that slice of the mean of all deltas. The result is sent re-quantized to int8 with the
-delta's block, without error feedback (``scripts/bench/requantize``: 1.003x test loss on
-mnist1d at 8 peers, and feedback on the mean bought nothing); chunks start on block
+as that slice of the mean of all deltas. The result is sent re-quantized with the delta's
+block to the job's ``slice_bits``, 4 as ``ttpeer submit`` writes it (8 for a job that does
+not say), without error feedback: ``scripts/bench/requantize`` measured 0.996x-1.002x test
+loss at 4 bits and 1.000x-1.003x at 8 (mnist1d at 8 peers, charlm at 16), feedback on the
+mean bought nothing, and 4 bits cost 0.45x the bytes of 8; chunks start on block
 boundaries, so the slices' blocks are the blocks of the whole mean, and every peer that
 reduces a slice gets the same bytes: a result is checked by recomputing it and comparing
 hashes. ``mean_step`` then applies the outer step to the slices' mean, the same
@@ -50,10 +52,11 @@ def reduce_slice(parts: Sequence[tuple[ChunkIndex, bytes | bytearray | memoryvie
     return total
 
 
-def encode_slice(mean: Tensor, *, block: int = 256) -> bytes:
-    """A reduced slice as bytes: int8 with the contributions' block, no error feedback
-    (deterministic: the same slice gives the same bytes everywhere)."""
-    return quantize(mean, bits=8, block=block)
+def encode_slice(mean: Tensor, *, bits: int = 8, block: int = 256) -> bytes:
+    """A reduced slice as bytes: ``bits`` (the job's ``slice_bits``) with the
+    contributions' block, no error feedback (deterministic: the same slice gives the same
+    bytes everywhere). Raises ValueError for bits or a block ``quantize`` refuses."""
+    return quantize(mean, bits=bits, block=block)
 
 
 def decode_slice(data: bytes | bytearray | memoryview, count: int) -> Tensor:
