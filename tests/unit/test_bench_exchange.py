@@ -6,26 +6,34 @@ from __future__ import annotations
 from bench.exchange import scale_targets, summary
 
 
-def _result(peers: int, path: str, egress: float, round_s: float, init: float = 10e6) -> dict:
-    # Two rounds; the relay sent every peer but the submitter the initial state once.
+def _result(peers: int, path: str, egress: float, round_s: float, sent: float, init: float = 10e6) -> dict:
+    # Two rounds; the relay sent every peer but the submitter the initial state once, and the
+    # submitter sent it once. ``sent``: what each peer sends a round.
+    rows = [{"sent": 2 * sent + (init if i == 0 else 0)} for i in range(peers)]
     return {"peers": peers, "path": path, "rate": "20mbit", "direct": "off", "rounds": 2, "init": init,
-            "relay_egress": init * (peers - 1) + 2 * egress, "direct_bytes": 0, "round_s": round_s}
+            "relay_egress": init * (peers - 1) + 2 * egress, "direct_bytes": 0, "round_s": round_s, "rows": rows,
+            "slice_bits": 4 if path == "slices" else None}
 
 
 def test_each_path_is_held_against_its_own_smallest_pool():
-    results = [_result(2, "all deltas", 4e6, 10.0), _result(2, "slices", 4e6, 10.0),
-               _result(16, "all deltas", 16 * 15e6, 80.0), _result(16, "slices", 16 * 2.5e6, 14.0)]
+    results = [_result(2, "all deltas", 4e6, 10.0, 2e6), _result(2, "slices", 4e6, 10.0, 2e6),
+               _result(16, "all deltas", 16 * 15e6, 80.0, 1e6), _result(16, "slices", 16 * 2.5e6, 14.0, 2.2e6)]
     lines = summary(results)
-    assert "| 16 | slices | 20mbit | off | 40.0 MB | 10.00x | 2.5 MB | 1.25x | 0% | 14.0 | 1.40x |" in lines
-    assert "| 2 | all deltas | 20mbit | off | 4.0 MB | 1.00x | 2.0 MB | 1.00x | 0% | 10.0 | 1.00x |" in lines
+    assert ("| 16 | slices, 4-bit | 20mbit | off | 40.0 MB | 10.00x | 2.5 MB | 1.25x | 4.7 MB | 1.18x | 0% | 14.0 "
+            "| 1.40x |") in lines
+    assert ("| 2 | all deltas | 20mbit | off | 4.0 MB | 1.00x | 2.0 MB | 1.00x | 4.0 MB | 1.00x | 0% | 10.0 "
+            "| 1.00x |") in lines
     targets = scale_targets(results)
     assert targets == [
-        "MISS all deltas, link 20mbit, N=16 against N=2: a peer's bytes a round 7.50x (target <= 1.3x)",
+        "MISS all deltas, link 20mbit, N=16 against N=2: a peer's bytes a round, sent + received 4.00x "
+        "(target <= 1.3x)",
+        "MISS all deltas, link 20mbit, N=16 against N=2: a peer's bytes a round, received 7.50x (target <= 1.3x)",
         "MISS all deltas, link 20mbit, N=16 against N=2: the round's time 8.00x (target <= 1.5x)",
-        "PASS slices, link 20mbit, N=16 against N=2: a peer's bytes a round 1.25x (target <= 1.3x)",
+        "PASS slices, link 20mbit, N=16 against N=2: a peer's bytes a round, sent + received 1.18x (target <= 1.3x)",
+        "PASS slices, link 20mbit, N=16 against N=2: a peer's bytes a round, received 1.25x (target <= 1.3x)",
         "PASS slices, link 20mbit, N=16 against N=2: the round's time 1.40x (target <= 1.5x)",
     ]
 
 
 def test_one_pool_size_has_no_target_to_meet():
-    assert scale_targets([_result(4, "slices", 8e6, 12.0)]) == []
+    assert scale_targets([_result(4, "slices", 8e6, 12.0, 2e6)]) == []
