@@ -136,3 +136,30 @@ async def test_an_aggregator_that_never_publishes_costs_one_lease_a_round(tmp_pa
             assert max(sliced_rounds) < 2 * lease, (rounds, lease)  # one lease, not two
             assert min(sliced_rounds) > lease, rounds  # and it did wait that lease
             nursery.cancel_scope.cancel()
+
+
+async def test_an_author_on_a_slow_link_reduces_no_slice(tmp_path, autojump_clock):
+    # One peer's every blob transfer takes 3 s, the others' 0.2 s: its contributions say so
+    # (``up_s``), so the rounds it contributes to are cut for the others alone.
+    async with MemoryRelay(blob_seconds=0.2) as relay:
+        sim = Simulation(tmp_path, relay, seed=13, step_time=0.5)
+        sim.create(5)
+        slow = _node_id(sim.peers[4])
+        relay.peer_blob_seconds[slow] = 3.0
+        async with trio.open_nursery() as nursery:
+            await sim.start_all(nursery)
+            spec = {**SLICED, "rounds": 8}
+            job = await sim.submit(spec)
+            await sim.wait_done(job, timeout=1200)
+            assert_invariants(sim, job, spec)
+            records = sim.peers[0].node.machine.records
+            closes = sliced_closes(sim, job)
+            mine = [c for c in closes if slow in {records.by_id[i].author for i in c["contribs"]}]
+            assert mine, "the slow peer contributed to no sliced round"
+            for close in closes:
+                parts = [records.by_id[i] for i in close["contribs"]]
+                assert all(p["metrics"]["up_s"] > 0 for p in parts)
+                authors = {p.author for p in parts}
+                assert len(close["slices"]) == len(authors - {slow})
+                assert all(records.by_id[s].author != slow for s in close["slices"])
+            nursery.cancel_scope.cancel()

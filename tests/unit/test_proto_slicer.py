@@ -23,9 +23,11 @@ SPEC = JobSpec.of(JOB)
 BASE = JOB["init"]
 
 
-def _contribs(chunks: int = 8) -> list:
+def _contribs(chunks: int = 8, up: list[float] | None = None) -> list:
+    """One contribution per key; ``up``: each one's ``up_s`` (its 100 bytes' upload)."""
     return [sign("contrib", P.id, {"job": JOB.id, "round": 0, "base": BASE, "shards": [i], "samples": 8,
-                                   "blob": hex64(("d", i)), "size": 100, "metrics": {}, "chunks": chunks}, k)
+                                   "blob": hex64(("d", i)), "size": 100, "chunks": chunks,
+                                   "metrics": {} if up is None else {"up_s": up[i]}}, k)
             for i, k in enumerate(KEYS)]
 
 
@@ -52,6 +54,33 @@ def test_the_plan_slices_rounds_of_three_or_more_authors_that_agree_on_the_chunk
     assert sl.plan(SPEC, cover[:2]) is None  # two authors: all deltas
     assert sl.plan(SPEC, [*cover[:3], _contribs(chunks=9)[3]]) is None  # the contributions disagree
     assert sl.plan(JobSpec.of(sign("job", P.id, job_body(shards=4), KEYS[0])), cover) is None  # not a sliced job
+
+
+def test_an_author_on_a_slow_link_reduces_no_slice_first_and_the_ledger_agrees(monkeypatch):
+    monkeypatch.setattr(sl, "CHECK_ONE_IN", 10**9)  # no slice checked
+    # KEYS[3]'s delta went up 5x slower than the median (up_s 2.5 against 0.5): a laptop on
+    # home Wi-Fi among wired machines. Within SLOW_LINK (3x) of the median is not slow.
+    cover = _contribs(up=[0.4, 0.5, 0.6, 2.5])
+    slow = NAMES[3]
+    assert sl.slow_authors(cover) == {slow}
+    assert sl.slow_authors(_contribs(up=[0.4, 0.5, 0.6, 1.4])) == frozenset()
+    assert sl.slow_authors(_contribs()) == frozenset()  # no figures: nobody is slow
+    spans = sl.plan(SPEC, cover)
+    assert spans == [(0, 3), (3, 6), (6, 8)]  # three slices, for the three others
+    firsts = set()
+    for name in NAMES:
+        work, _results = Slicer(name).step(SPEC, 0, cover, spans, 0.0, 0.0, _records(*cover))
+        firsts |= {(name, w.slice) for w in work if isinstance(w, ReduceSlice)}
+    assert {n for n, _s in firsts} == set(NAMES) - {slow} and len(firsts) == 3
+    # A lease later each slice passes on, to the slow author only after every other.
+    for s in range(3):
+        assert sl.aggregators(JOB.id, 0, [c.author for c in cover], s, frozenset({slow}))[-1] == slow
+    # The ledger takes a close of three slices from these contributions, not of four.
+    results = [_slice(KEYS[0], cover, s) for s in range(3)]
+    body = {"job": JOB.id, "round": 0, "base": BASE, "contribs": sorted(c.id for c in cover),
+            "state": state("s3"), "metrics": {}, "slices": [r.id for r in results]}
+    close = sign("close", P.id, body, KEYS[0])
+    assert canonical_chain(_records(*cover, *results, close), JOB).closes == (close,)
 
 
 def test_each_slice_goes_to_its_author_first_then_passes_after_a_lease(monkeypatch):

@@ -47,6 +47,16 @@ def test_every_author_has_a_turn_the_sth_first_and_the_order_is_the_same_for_eve
     assert sl.aggregators("job", rnd, shuffled + shuffled[:1], s) == order  # order and repeats do not matter
 
 
+@given(names, st.data(), st.integers(0, 40))
+def test_slow_authors_come_after_every_other_author_in_each_slices_order(authors, data, s):
+    slow = frozenset(data.draw(st.lists(st.sampled_from(authors), max_size=len(authors) - 1)))
+    order = sl.aggregators("job", 0, authors, s, slow)
+    fast = sorted(set(authors) - slow)
+    assert sorted(order) == sorted(authors)
+    assert order[0] == fast[s % len(fast)] and set(order[:len(fast)]) == set(fast)
+    assert sl.aggregators("job", 0, authors, s, frozenset(authors)) == sl.aggregators("job", 0, authors, s)
+
+
 def test_the_turn_passes_after_each_lease_and_starts_over_after_the_last():
     order = sl.aggregators("job", 3, ["p1", "p2", "p3"], 1)
     assert order[0] == "p2"

@@ -104,6 +104,8 @@ class MemoryRelay:
         # Each blob upload and download takes this long (a link's latency and bandwidth, for
         # simulations of the sync cadence; under trio's MockClock it costs no real time).
         self.blob_seconds = blob_seconds
+        # A peer (its node id) whose blob transfers take this long instead: its slow link.
+        self.peer_blob_seconds: dict[str, float] = {}
         self.max_message_bytes = max_message_bytes
         self.mailbox_messages = mailbox_messages
         self.mailbox_bytes = mailbox_bytes
@@ -357,8 +359,9 @@ class MemoryTransport:
         return blob
 
     async def _transfer(self) -> None:
-        if self.relay.blob_seconds > 0:
-            await trio.sleep(self.relay.blob_seconds)
+        seconds = self.relay.peer_blob_seconds.get(self.peer, self.relay.blob_seconds)
+        if seconds > 0:
+            await trio.sleep(seconds)
         else:
             await trio.lowlevel.checkpoint()
 

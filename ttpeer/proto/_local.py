@@ -104,7 +104,8 @@ class LocalWorker:
         self.sent_at: dict[tuple[str, int], float] = {}
         self.uploaded: dict[tuple[str, int], float] = {}
         self.last_sync: dict[str, float] = {}
-        self.publish_seconds: dict[tuple[str, int, tuple[int, ...]], float] = {}  # compute of each delta out
+        # Of each delta out: the seconds its shards trained, and when its publish began.
+        self.publish_seconds: dict[tuple[str, int, tuple[int, ...]], tuple[float, float]] = {}
 
     def _go(self, event: str) -> None:
         self.state = TRANSITIONS[(self.state, event)]  # a KeyError here is a bug in this file
@@ -208,7 +209,7 @@ class LocalWorker:
         self.publishing = (job.id, rnd, shards)
         self.sent_at.setdefault((job.id, rnd), now)
         self._go("publish")
-        self.publish_seconds[(job.id, rnd, shards)] = self.work.seconds
+        self.publish_seconds[(job.id, rnd, shards)] = (self.work.seconds, now)
         return PublishDelta(job.record, rnd, base, shards, self.work.samples)
 
     def _claim_record(self, t: Training) -> Sign:
@@ -282,26 +283,27 @@ class LocalWorker:
         return True
 
     def published(self, job: str, rnd: int, base: str, shards: tuple[int, ...], samples: int,
-                  now: float, *, ok: bool) -> float:
+                  now: float, *, ok: bool) -> tuple[float, float]:
         """The upload of a delta ended: ``ok``, or given up (those shards train again).
-        Returns the seconds its shards trained (the contribution's ``work_s``)."""
+        Returns the seconds its shards trained (the contribution's ``work_s``) and the
+        seconds since its publish began (``up_s``: encoding, sealing and the upload)."""
         if self.publishing == (job, rnd, tuple(shards)):
             self.publishing = None
             self._go("published")
         self.uploading -= {(job, rnd, s) for s in shards}
-        seconds = self.publish_seconds.pop((job, rnd, tuple(shards)), 0.0)
+        seconds, began = self.publish_seconds.pop((job, rnd, tuple(shards)), (0.0, now))
         if ok:
             self.uploaded[(job, rnd)] = now
         if not ok:
             self.retry_at = now + RETRY_AFTER
-            return 0.0
+            return 0.0, 0.0
         w = self.work
         if (w.job, w.round, w.base) == (job, rnd, base) and set(shards) <= set(w.shards):
             # Not released by ``encoded``: the published shards leave the work now.
             w.shards, w.samples = [x for x in w.shards if x not in shards], max(0, w.samples - samples)
             if not w.shards:
                 w.seconds = 0.0
-        return seconds
+        return seconds, max(0.0, now - began)
 
     def lost(self, job: str) -> None:
         """The driver lost the local model: its unpublished shards are gone."""

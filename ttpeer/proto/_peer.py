@@ -216,8 +216,10 @@ class PeerMachine:
                 if not local.encoded(job.id, rnd, base, shards):
                     return []
             case rp.DeltaPublished(job=job, round=rnd, base=base, shards=shards, samples=samples):
-                work_s = local.published(job.id, rnd, base, shards, samples, now, ok=True)
+                work_s, up_s = local.published(job.id, rnd, base, shards, samples, now, ok=True)
                 metrics = dict(report.metrics)
+                if report.chunks is not None:  # a sliced job's reducers leave out slow links (``_slices``)
+                    metrics["up_s"] = round(up_s, 4)
                 if self._spec(job).auto:  # the cadence's figures (``_cadence``)
                     metrics["work_s"] = round(work_s, 4)
                     if job.id in local.last_sync:

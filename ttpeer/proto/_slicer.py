@@ -41,7 +41,7 @@ from ._effects import FetchSlices, ReduceSlice
 from ._jobspec import JobSpec
 from ._ledger import RecordSet
 from ._reports import RETRY_AFTER
-from ._slices import aggregators, checked, counts, fits, turn
+from ._slices import aggregators, checked, counts, fits, slow_authors, turn
 
 Key = tuple[str, int, str, tuple[str, ...]]  # job, round, the contributions' base, their ids
 
@@ -78,6 +78,7 @@ class Slicer:
         base = cover[0]["base"]
         key: Key = (job.id, rnd, base, tuple(ids))
         authors = sorted({c.author for c in cover})
+        slow = slow_authors(cover)
         found = [r for r in records.in_round(job.id, "slice", rnd) if r["base"] == base and r["contribs"] == ids]
         out: list[ReduceSlice | FetchSlices] = []
         chosen: list[Record] = []
@@ -92,7 +93,7 @@ class Slicer:
             sk = (key, s)
             if sk in self._busy or now < self._retry.get(sk, 0.0):
                 continue
-            order = aggregators(job.id, rnd, authors, s)
+            order = aggregators(job.id, rnd, authors, s, slow)
             if not got:
                 # Nobody's turn but ours once a result here was refused: make it again at once.
                 # A checked slice counts only once a second author reproduced it, so the

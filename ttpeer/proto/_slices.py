@@ -30,6 +30,7 @@ from ._jobspec import JobSpec
 
 CHECK_ONE_IN = 4  # one slice in this many is spot-checked each round (``checked``)
 SLICES_FROM = 3  # contributions: below this, every peer downloads every delta (fewer bytes)
+SLOW_LINK = 3.0  # an author whose delta went up this many times slower than the median reduces last
 
 
 def sliced(contribs: int, chunks: int) -> bool:
@@ -59,17 +60,46 @@ def slice_chunks(chunks: int, slices: int) -> list[tuple[int, int]]:
     return out
 
 
-def aggregators(job: str, rnd: int, authors: Sequence[str], s: int) -> list[str]:
+def aggregators(job: str, rnd: int, authors: Sequence[str], s: int,
+                slow: frozenset[str] = frozenset()) -> list[str]:
     """Who reduces slice ``s`` of round ``rnd``, in turn: the ``s``-th of the cover's
-    authors (sorted, each once; slices beyond the count wrap), then the others in an
-    order drawn from the job, round and slice. Raises ValueError for no authors."""
+    authors not on a ``slow`` link (``slow_authors``; sorted, each once; slices beyond
+    the count wrap), then the other such authors in an order drawn from the job, round and
+    slice, then the slow ones in such an order. Raises ValueError for no authors."""
     names = sorted(set(authors))
     if not names:
         raise ValueError("a slice needs at least one author to reduce it")
-    first = names[s % len(names)]
-    rest = sorted((a for a in names if a != first),
-                  key=lambda a: hashlib.sha256(f"{job}:{rnd}:{s}:{a}".encode()).digest())
-    return [first, *rest]
+    fast = [a for a in names if a not in slow] or names
+    first = fast[s % len(fast)]
+
+    def drawn(group: Sequence[str]) -> list[str]:
+        return sorted((a for a in group if a != first),
+                      key=lambda a: hashlib.sha256(f"{job}:{rnd}:{s}:{a}".encode()).digest())
+
+    return [first, *drawn(fast), *drawn([a for a in names if a not in fast])]
+
+
+def slow_authors(cover: Sequence[Record]) -> frozenset[str]:
+    """The cover's authors whose link is too slow to hold a slice first: those whose
+    contribution went up (``up_s``, its encoding and upload, for ``size`` bytes) more than
+    ``SLOW_LINK`` times slower than the median author's. An author's figure is its fastest
+    contribution's; an author without one is not slow. A reducer downloads its slice of
+    every other delta and uploads the result, on the round's critical path: a laptop on
+    home Wi-Fi among wired machines would gate every round it holds a slice of. At least
+    half the authors with a figure are at or above the median, so three or more authors
+    always leave two or more to reduce. The figures are in the signed records, so every
+    peer finds the same set."""
+    rate: dict[str, float] = {}
+    for c in cover:
+        up = c["metrics"].get("up_s")
+        if isinstance(up, (int, float)) and up > 0:
+            rate[c.author] = max(rate.get(c.author, 0.0), c["size"] / up)
+    if len(rate) < 2:
+        return frozenset()
+    ranked = sorted(rate.values())
+    mid = len(ranked) // 2
+    median = ranked[mid] if len(ranked) % 2 else (ranked[mid - 1] + ranked[mid]) / 2
+    return frozenset(a for a, r in rate.items() if r * SLOW_LINK < median)
 
 
 def turn(order: Sequence[str], covered_for: float, lease: float) -> int:
@@ -120,7 +150,7 @@ def plan(job: JobSpec, cover: Sequence[Record]) -> list[tuple[int, int]] | None:
     authors = {c.author for c in cover}
     if not isinstance(chunks, int) or not sliced(len(authors), chunks):
         return None
-    return slice_chunks(chunks, len(authors))
+    return slice_chunks(chunks, len(authors - slow_authors(cover)))
 
 
 def fits(rec: Record, job: JobSpec, rnd: int, base: str, ids: list[str], s: int, span: tuple[int, int],
