@@ -31,6 +31,7 @@ from ._jobspec import JobSpec
 CHECK_ONE_IN = 4  # one slice in this many is spot-checked each round (``checked``)
 SLICES_FROM = 3  # contributions: below this, every peer downloads every delta (fewer bytes)
 SLOW_LINK = 3.0  # an author whose delta went up this many times slower than the median reduces last
+SLOW_MIN_S = 2.0  # ... if that upload took this long: a short one says little, and costs the round little
 
 
 def sliced(contribs: int, chunks: int) -> bool:
@@ -82,24 +83,28 @@ def aggregators(job: str, rnd: int, authors: Sequence[str], s: int,
 def slow_authors(cover: Sequence[Record]) -> frozenset[str]:
     """The cover's authors whose link is too slow to hold a slice first: those whose
     contribution went up (``up_s``, its encoding and upload, for ``size`` bytes) more than
-    ``SLOW_LINK`` times slower than the median author's. An author's figure is its fastest
-    contribution's; an author without one is not slow. A reducer downloads its slice of
+    ``SLOW_LINK`` times slower than the median author's, and took ``SLOW_MIN_S`` or more.
+    An author's figure is its fastest contribution's; an author without one is not slow.
+    The floor keeps noise out: an upload of a fraction of a second (a small model, a fast
+    link, a loaded machine's scheduling) says little of the link, and a reduction about as
+    short gates nothing. A reducer downloads its slice of
     every other delta and uploads the result, on the round's critical path: a laptop on
     home Wi-Fi among wired machines would gate every round it holds a slice of. At least
     half the authors with a figure are at or above the median, so three or more authors
     always leave two or more to reduce. The figures are in the signed records, so every
     peer finds the same set."""
     rate: dict[str, float] = {}
+    took: dict[str, float] = {}
     for c in cover:
         up = c["metrics"].get("up_s")
-        if isinstance(up, (int, float)) and up > 0:
-            rate[c.author] = max(rate.get(c.author, 0.0), c["size"] / up)
+        if isinstance(up, (int, float)) and up > 0 and c["size"] / up > rate.get(c.author, 0.0):
+            rate[c.author], took[c.author] = c["size"] / up, up
     if len(rate) < 2:
         return frozenset()
     ranked = sorted(rate.values())
     mid = len(ranked) // 2
     median = ranked[mid] if len(ranked) % 2 else (ranked[mid - 1] + ranked[mid]) / 2
-    return frozenset(a for a, r in rate.items() if r * SLOW_LINK < median)
+    return frozenset(a for a, r in rate.items() if r * SLOW_LINK < median and took[a] >= SLOW_MIN_S)
 
 
 def turn(order: Sequence[str], covered_for: float, lease: float) -> int:
