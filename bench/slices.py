@@ -77,7 +77,7 @@ def _delta(params: int, seed: int) -> torch.Tensor:
     return out
 
 
-def measure(blobs: list[bytes], chunk: int, params: int) -> dict[str, float]:
+def measure(blobs: list[bytes], chunk: int, params: int, slice_bits: int = 8) -> dict[str, float]:
     n = len(blobs)
     indexes = [train.read_index(b, params) for b in blobs]
     runs = slice_chunks(indexes[0].nchunks, n)
@@ -86,7 +86,7 @@ def measure(blobs: list[bytes], chunk: int, params: int) -> dict[str, float]:
     reduced = []
     for first, stop in runs:
         parts = [(i, b[slice(*i.span(first, stop))]) for i, b in zip(indexes, blobs, strict=True)]
-        reduced.append(train.encode_slice(train.reduce_slice(parts, samples, first, stop)))
+        reduced.append(train.encode_slice(train.reduce_slice(parts, samples, first, stop), bits=slice_bits))
     reduce_all = time.process_time() - began
     reduce_one = reduce_all / len(runs)
     up_old = [sealed(len(b)) for b in blobs]
@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers", default="2,4,8,16", help="contributions per round, comma-separated (default 2,4,8,16)")
     ap.add_argument("--chunk", type=int, default=1 << 20,
                     help="values per chunk of the TTD2 delta, a power of two (default 1048576)")
+    ap.add_argument("--slice-bits", type=int, choices=[4, 8], default=4,
+                    help="the reduced slices' bits (default 4, as ttpeer submit's)")
     args = ap.parse_args(argv)
     try:
         peers = [int(p) for p in args.peers.split(",")]
@@ -137,9 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         ap.error(f"--chunk: {exc}")
     mb = 1e6
-    rows = {n: measure(blobs[:n], args.chunk, args.params) for n in peers}
+    rows = {n: measure(blobs[:n], args.chunk, args.params, args.slice_bits) for n in peers}
     print(f"model {args.params} parameters, int8 delta {rows[peers[0]]['delta'] / mb:.2f} MB, "
-          f"chunks of {args.chunk} values; MB per peer per round (up + down), relay egress MB per round")
+          f"chunks of {args.chunk} values, reduced slices at {args.slice_bits} bits; MB per peer per round "
+          "(up + down), relay egress MB per round")
     print(f"{'N':>3} {'slices':>6} | {'all deltas':>10} {'egress':>8} | {'slices cut':>12} {'egress':>8} | "
           f"{'slices 1MiB':>11} {'egress':>8} | {'reduce 1 slice':>14} {'whole mean':>10}")
     for n, r in rows.items():
