@@ -148,7 +148,7 @@ async def test_an_author_on_a_slow_link_reduces_no_slice(tmp_path, autojump_cloc
         relay.peer_blob_seconds[slow] = 3.0
         async with trio.open_nursery() as nursery:
             await sim.start_all(nursery)
-            spec = {**SLICED, "rounds": 8}
+            spec = {**SLICED, "rounds": 8, "slice_bits": 4}  # as submit writes it: slow authors reduce last
             job = await sim.submit(spec)
             await sim.wait_done(job, timeout=1200)
             assert_invariants(sim, job, spec)

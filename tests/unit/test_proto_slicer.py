@@ -20,29 +20,31 @@ KEYS = [key(f"s{i}") for i in range(4)]
 NAMES = [public_hex(k) for k in KEYS]
 JOB = sign("job", P.id, job_body(shards=4, chunk=4096), KEYS[0])
 SPEC = JobSpec.of(JOB)
+# A job as this version's submit writes it: it names slice_bits, so slow authors reduce last.
+JOB4 = sign("job", P.id, job_body(shards=4, chunk=4096, slice_bits=4), KEYS[0])
 BASE = JOB["init"]
 
 
-def _contribs(chunks: int = 8, up: list[float] | None = None) -> list:
+def _contribs(chunks: int = 8, up: list[float] | None = None, job=JOB) -> list:
     """One contribution per key; ``up``: each one's ``up_s`` (its 100 bytes' upload)."""
-    return [sign("contrib", P.id, {"job": JOB.id, "round": 0, "base": BASE, "shards": [i], "samples": 8,
+    return [sign("contrib", P.id, {"job": job.id, "round": 0, "base": BASE, "shards": [i], "samples": 8,
                                    "blob": hex64(("d", i)), "size": 100, "chunks": chunks,
                                    "metrics": {} if up is None else {"up_s": up[i]}}, k)
             for i, k in enumerate(KEYS)]
 
 
-def _records(*recs) -> RecordSet:
+def _records(*recs, job=JOB) -> RecordSet:
     rs = RecordSet(P.id)
-    for r in [*P.admit(KEYS), JOB, *recs]:
+    for r in [*P.admit(KEYS), job, *recs]:
         rs.add(r)
     return rs
 
 
-def _slice(author, cover, s: int, sha: str = "good", *, size: int = 1000, blob: str | None = None):
-    spans = sl.plan(SPEC, cover)
+def _slice(author, cover, s: int, sha: str = "good", *, size: int = 1000, blob: str | None = None, job=JOB):
+    spans = sl.plan(JobSpec.of(job), cover)
     assert spans is not None
     first, stop = spans[s]
-    return sign("slice", P.id, {"job": JOB.id, "round": 0, "base": BASE, "contribs": sorted(c.id for c in cover),
+    return sign("slice", P.id, {"job": job.id, "round": 0, "base": BASE, "contribs": sorted(c.id for c in cover),
                                 "slice": s, "of": len(spans), "first": first, "stop": stop,
                                 "blob": blob or hex64(("b", sha, s)), "sha256": hex64((sha, s)), "size": size},
                 author)
@@ -58,31 +60,38 @@ def test_the_plan_slices_rounds_of_three_or_more_authors_that_agree_on_the_chunk
 
 def test_an_author_on_a_slow_link_reduces_no_slice_first_and_the_ledger_agrees(monkeypatch):
     monkeypatch.setattr(sl, "CHECK_ONE_IN", 10**9)  # no slice checked
+    spec = JobSpec.of(JOB4)
     # KEYS[3]'s delta went up 5x slower than the median (up_s 2.5 against 0.5): a laptop on
     # home Wi-Fi among wired machines. Within SLOW_LINK (3x) of the median is not slow.
-    cover = _contribs(up=[0.4, 0.5, 0.6, 2.5])
+    cover = _contribs(up=[0.4, 0.5, 0.6, 2.5], job=JOB4)
     slow = NAMES[3]
     assert sl.slow_authors(cover) == {slow}
     assert sl.slow_authors(_contribs(up=[0.4, 0.5, 0.6, 1.4])) == frozenset()
     # 5x slower but a fraction of a second (loopback, a small model): noise, not a link.
     assert sl.slow_authors(_contribs(up=[0.04, 0.05, 0.06, 0.25])) == frozenset()
     assert sl.slow_authors(_contribs()) == frozenset()  # no figures: nobody is slow
-    spans = sl.plan(SPEC, cover)
+    # An author that claims an absurdly fast upload moves the (lower) median one place at
+    # most: honest uploads of 10, 100 and 100 s (the mean of the middle two would put two
+    # honest authors out) leave nobody slow.
+    assert sl.slow_authors(_contribs(up=[5e-324, 10.0, 100.0, 100.0])) == frozenset()
+    spans = sl.plan(spec, cover)
     assert spans == [(0, 3), (3, 6), (6, 8)]  # three slices, for the three others
+    # A job without slice_bits (an older version's submit) is cut as every version cuts it.
+    assert sl.plan(SPEC, _contribs(up=[0.4, 0.5, 0.6, 2.5])) == [(0, 2), (2, 4), (4, 6), (6, 8)]
     firsts = set()
     for name in NAMES:
-        work, _results = Slicer(name).step(SPEC, 0, cover, spans, 0.0, 0.0, _records(*cover))
+        work, _results = Slicer(name).step(spec, 0, cover, spans, 0.0, 0.0, _records(*cover, job=JOB4))
         firsts |= {(name, w.slice) for w in work if isinstance(w, ReduceSlice)}
     assert {n for n, _s in firsts} == set(NAMES) - {slow} and len(firsts) == 3
     # A lease later each slice passes on, to the slow author only after every other.
     for s in range(3):
-        assert sl.aggregators(JOB.id, 0, [c.author for c in cover], s, frozenset({slow}))[-1] == slow
+        assert sl.aggregators(JOB4.id, 0, [c.author for c in cover], s, frozenset({slow}))[-1] == slow
     # The ledger takes a close of three slices from these contributions, not of four.
-    results = [_slice(KEYS[0], cover, s) for s in range(3)]
-    body = {"job": JOB.id, "round": 0, "base": BASE, "contribs": sorted(c.id for c in cover),
+    results = [_slice(KEYS[0], cover, s, job=JOB4) for s in range(3)]
+    body = {"job": JOB4.id, "round": 0, "base": BASE, "contribs": sorted(c.id for c in cover),
             "state": state("s3"), "metrics": {}, "slices": [r.id for r in results]}
     close = sign("close", P.id, body, KEYS[0])
-    assert canonical_chain(_records(*cover, *results, close), JOB).closes == (close,)
+    assert canonical_chain(_records(*cover, *results, close, job=JOB4), JOB4).closes == (close,)
 
 
 def test_each_slice_goes_to_its_author_first_then_passes_after_a_lease(monkeypatch):

@@ -41,7 +41,7 @@ from ._effects import FetchSlices, ReduceSlice
 from ._jobspec import JobSpec
 from ._ledger import RecordSet
 from ._reports import RETRY_AFTER
-from ._slices import aggregators, checked, counts, fits, slow_authors, turn
+from ._slices import aggregators, checked, counts, fits, slow_of, turn
 
 Key = tuple[str, int, str, tuple[str, ...]]  # job, round, the contributions' base, their ids
 
@@ -78,7 +78,7 @@ class Slicer:
         base = cover[0]["base"]
         key: Key = (job.id, rnd, base, tuple(ids))
         authors = sorted({c.author for c in cover})
-        slow = slow_authors(cover)
+        slow = slow_of(job, cover)
         found = [r for r in records.in_round(job.id, "slice", rnd) if r["base"] == base and r["contribs"] == ids]
         out: list[ReduceSlice | FetchSlices] = []
         chosen: list[Record] = []

@@ -90,9 +90,13 @@ def slow_authors(cover: Sequence[Record]) -> frozenset[str]:
     short gates nothing. A reducer downloads its slice of
     every other delta and uploads the result, on the round's critical path: a laptop on
     home Wi-Fi among wired machines would gate every round it holds a slice of. At least
-    half the authors with a figure are at or above the median, so three or more authors
-    always leave two or more to reduce. The figures are in the signed records, so every
-    peer finds the same set."""
+    half the authors with a figure are at or above the (lower) median, so three or more
+    authors always leave two or more to reduce, and an author that claims an absurdly fast
+    upload moves the median by one place at most. The figures are in the signed records,
+    so every peer finds the same set. Only a job that names ``slice_bits``
+    (``JobSpec.slow_links``) applies it: a peer of a version before it drops such a job
+    (the field is unknown to it), while an older job's rounds are cut as every version
+    cuts them."""
     rate: dict[str, float] = {}
     took: dict[str, float] = {}
     for c in cover:
@@ -101,9 +105,7 @@ def slow_authors(cover: Sequence[Record]) -> frozenset[str]:
             rate[c.author], took[c.author] = c["size"] / up, up
     if len(rate) < 2:
         return frozenset()
-    ranked = sorted(rate.values())
-    mid = len(ranked) // 2
-    median = ranked[mid] if len(ranked) % 2 else (ranked[mid - 1] + ranked[mid]) / 2
+    median = sorted(rate.values())[(len(rate) - 1) // 2]  # the lower one: no single fast claim moves it
     return frozenset(a for a, r in rate.items() if r * SLOW_LINK < median and took[a] >= SLOW_MIN_S)
 
 
@@ -155,7 +157,12 @@ def plan(job: JobSpec, cover: Sequence[Record]) -> list[tuple[int, int]] | None:
     authors = {c.author for c in cover}
     if not isinstance(chunks, int) or not sliced(len(authors), chunks):
         return None
-    return slice_chunks(chunks, len(authors - slow_authors(cover)))
+    return slice_chunks(chunks, len(authors - slow_of(job, cover)))
+
+
+def slow_of(job: JobSpec, cover: Sequence[Record]) -> frozenset[str]:
+    """``slow_authors`` for a job that applies the rule (``JobSpec.slow_links``), else none."""
+    return slow_authors(cover) if job.slow_links else frozenset()
 
 
 def fits(rec: Record, job: JobSpec, rnd: int, base: str, ids: list[str], s: int, span: tuple[int, int],
