@@ -162,4 +162,16 @@ async def test_an_author_on_a_slow_link_reduces_no_slice(tmp_path, autojump_cloc
                 authors = {p.author for p in parts}
                 assert len(close["slices"]) == len(authors - {slow})
                 assert all(records.by_id[s].author != slow for s in close["slices"])
+            # Its status says so, with its rate against the pool's; nobody else's does.
+            for peer in sim.peers:
+                row = next(j for j in snapshot(peer.node)["jobs"] if j["id"] == job)
+                chain = peer.node.machine.chain(records.by_id[job])
+                recent = [c for c in chain.closes[-3:] if "slices" in c.body
+                          and _node_id(peer) in {records.by_id[i].author for i in c["contribs"]}]
+                if _node_id(peer) != slow:
+                    assert row["slow_link"] is None, row["slow_link"]
+                    continue
+                assert recent, "the slow peer trained in none of the last 3 rounds"
+                assert row["slow_link"]["round"] == recent[-1]["round"]
+                assert row["slow_link"]["rate"] * 3 < row["slow_link"]["median_rate"]
             nursery.cancel_scope.cancel()

@@ -5,7 +5,8 @@
      "jobs": [{"id", "task", "mode", "state", "round", "rounds", "shards_done",
                "shards_total", "eval_loss", "eval_metric", "metric_name",
                "bytes_sent", "bytes_received", "compression_ratio", "declined",
-               "state_hash", "held_round", "rounds_trained", "rounds_looked_at", "training_shard",
+               "state_hash", "held_round", "rounds_trained", "rounds_looked_at", "slow_link",
+               "training_shard",
                "wasted_batches", "duplicate_fraction",
                "declines": [{"peer", "name", "reason", "need_bytes", "have_bytes", "code"}],
                "ended": null | {"how", "by": {"peer", "name"} | null,
@@ -28,7 +29,10 @@ sample, the seconds in all, and the first wait's.
 up (``ttpeer status`` says it is catching up). ``rounds_trained`` counts, of the last ``rounds_looked_at``
 closed rounds (``TRAINED_LOOKBACK`` once there are), those whose close used this peer's
 work (0 of 3 on a running peer: it is not training, e.g. its link is too slow to hold
-each round's model before its shards go).
+each round's model before its shards go). ``slow_link`` (sliced fused jobs) is null, or
+``{"round", "rate", "median_rate"}`` when the newest of those rounds that used this peer's
+work judged its link slow (its delta went up at ``rate`` bytes a second against the
+authors' median): the other authors reduce the round's slices first.
 
 ``declined`` is this peer's own reason for sitting a job out; ``declines`` lists every
 peer whose decline stands (``need_bytes``/``have_bytes`` are 0 unless memory was why);
@@ -45,6 +49,7 @@ import trio
 
 from ttpeer.proto import (
     Chain,
+    JobSpec,
     PeerMachine,
     Record,
     RecordSet,
@@ -52,6 +57,7 @@ from ttpeer.proto import (
     covered,
     failed_here,
     job_ended,
+    slow_link_of,
     standing_declines,
     train_base,
 )
@@ -147,6 +153,24 @@ def rounds_trained(records: RecordSet, chain: Chain, me: str, last: int = TRAINE
         c in records.by_id and records.by_id[c].author == me for c in close["contribs"]))
 
 
+def slow_link(records: RecordSet, job: Record, chain: Chain, me: str,
+              last: int = TRAINED_LOOKBACK) -> dict[str, Any] | None:
+    """Whether this peer reduces no slices first because its link was judged slow
+    (``proto.slow_link_of``), in the newest of the chain's last ``last`` sliced closes that
+    used its work: that round, and its upload rate and the pool's median in bytes a second.
+    None when it was not judged slow there, or no such close is recent."""
+    spec = JobSpec.of(job)
+    for close in reversed(chain.closes[-last:]):
+        cover = [records.by_id[c] for c in close["contribs"] if c in records.by_id]
+        if "slices" not in close.body or me not in {c.author for c in cover}:
+            continue
+        found = slow_link_of(spec, cover, me)
+        if found is None:
+            return None
+        return {"round": close["round"], "rate": round(found[0]), "median_rate": round(found[1])}
+    return None
+
+
 def declines(records: RecordSet, job: Record) -> list[dict[str, Any]]:
     """The members that sit ``job`` out and why, by name: their standing declines
     (``proto.standing_declines``: a peer that contributed after a decline for anything but
@@ -229,6 +253,8 @@ def snapshot(node: NodeView) -> dict[str, Any]:
             "held_round": held_round(chain, m.held) if job["mode"] == "fused" else None,
             "rounds_trained": rounds_trained(m.records, chain, node.me) if job["mode"] == "fused" else None,
             "rounds_looked_at": min(TRAINED_LOOKBACK, chain.round) if job["mode"] == "fused" else None,
+            # A sliced job: this peer's link judged slow in a recent round (it reduces last).
+            "slow_link": slow_link(m.records, job, chain, node.me) if job["mode"] == "fused" else None,
             "training_shard": m.training[2] if m.training and m.training[0] == job.id else None,
             "wasted_batches": m.wasted_batches if active is not None and active.id == job.id else 0,
             "duplicate_fraction": duplicate_fraction(m.records, job, chain),

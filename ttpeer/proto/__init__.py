@@ -102,7 +102,7 @@ from ._reports import (
     WorkLost,
 )
 from ._sizing import default_sizing
-from ._slices import CHECK_ONE_IN, slice_chunks, sliced
+from ._slices import CHECK_ONE_IN, slice_chunks, sliced, slow_link_of
 from ._tasksig import TaskSignatureError, open_task, sign_task
 from ._token import Token, TokenError, make_token, parse_token
 
@@ -186,6 +186,7 @@ __all__ = [
     "train_base",
     "slice_chunks",
     "sliced",
+    "slow_link_of",
     "CHECK_ONE_IN",
     "MAX_KEEP",
     "DECLINE_CODES",

@@ -97,16 +97,30 @@ def slow_authors(cover: Sequence[Record]) -> frozenset[str]:
     (``JobSpec.slow_links``) applies it: a peer of a version before it drops such a job
     (the field is unknown to it), while an older job's rounds are cut as every version
     cuts them."""
-    rate: dict[str, float] = {}
-    took: dict[str, float] = {}
+    rates = upload_rates(cover)
+    median = median_rate(rates)
+    if median is None:
+        return frozenset()
+    return frozenset(a for a, (r, took) in rates.items() if r * SLOW_LINK < median and took >= SLOW_MIN_S)
+
+
+def upload_rates(cover: Sequence[Record]) -> dict[str, tuple[float, float]]:
+    """Each author's fastest contribution in ``cover`` by ``up_s``: (bytes a second, the
+    seconds it took). Authors without the figure are left out."""
+    out: dict[str, tuple[float, float]] = {}
     for c in cover:
         up = c["metrics"].get("up_s")
-        if isinstance(up, (int, float)) and up > 0 and c["size"] / up > rate.get(c.author, 0.0):
-            rate[c.author], took[c.author] = c["size"] / up, up
-    if len(rate) < 2:
-        return frozenset()
-    median = sorted(rate.values())[(len(rate) - 1) // 2]  # the lower one: no single fast claim moves it
-    return frozenset(a for a, r in rate.items() if r * SLOW_LINK < median and took[a] >= SLOW_MIN_S)
+        if isinstance(up, (int, float)) and up > 0 and c["size"] / up > out.get(c.author, (0.0, 0.0))[0]:
+            out[c.author] = (c["size"] / up, float(up))
+    return out
+
+
+def median_rate(rates: dict[str, tuple[float, float]]) -> float | None:
+    """The lower median of ``upload_rates``' rates (no single fast claim moves it), or None
+    below two figures."""
+    if len(rates) < 2:
+        return None
+    return sorted(r for r, _took in rates.values())[(len(rates) - 1) // 2]
 
 
 def turn(order: Sequence[str], covered_for: float, lease: float) -> int:
@@ -158,6 +172,18 @@ def plan(job: JobSpec, cover: Sequence[Record]) -> list[tuple[int, int]] | None:
     if not isinstance(chunks, int) or not sliced(len(authors), chunks):
         return None
     return slice_chunks(chunks, len(authors - slow_of(job, cover)))
+
+
+def slow_link_of(job: JobSpec, cover: Sequence[Record], author: str) -> tuple[float, float] | None:
+    """``author``'s upload rate and the cover's (lower) median rate, in bytes a second,
+    when the job's rule (``slow_of``) found it slow in this cover; else None. What
+    ``ttpeer status`` tells the peer that reduces no slices first."""
+    if author not in slow_of(job, cover):
+        return None
+    rates = upload_rates(cover)
+    median = median_rate(rates)
+    assert median is not None  # a slow author was measured against one
+    return rates[author][0], median
 
 
 def slow_of(job: JobSpec, cover: Sequence[Record]) -> frozenset[str]:
