@@ -20,10 +20,10 @@ def behind_lines(job: dict[str, Any]) -> list[str]:
         out.append(f"catching up: this peer holds round {held}'s model, the pool is at round {job['round']} "
                    "(downloading the closes since)")
     if (slow := job.get("slow_link")) is not None:
-        out.append(f"slow link: this peer's delta of round {slow['round']} went up at "
-                   f"{slow['rate'] * 8 / 1e6:.1f} Mbit/s against the pool's {slow['median_rate'] * 8 / 1e6:.1f} "
-                   "(encoding and sealing included), so the other peers reduce the rounds' slices; a round "
-                   "still waits for this peer's own delta when it trains")
+        mine, median = slow["rate"] * 8 / 1e6, slow["median_rate"] * 8 / 1e6
+        out.append(f"slow link: this peer's delta of round {slow['round']} went up at {mine:.1f} Mbit/s against "
+                   f"the pool's median {median:.1f} Mbit/s (encoding and sealing included), so the other peers "
+                   "reduce the rounds' slices; a round still waits for this peer's own delta when it trains")
     if trained == 0 and looked >= 3 and job.get("training_shard") is None:
         out.append(f"this peer trained none of the last {looked} rounds: their shards were taken "
                    "before it held each round's model (a slower link than the others'?); longer rounds "

@@ -75,6 +75,6 @@ def test_a_peer_behind_the_pool_or_not_training_is_told_so():
     assert len(behind_lines({**job_row, "rounds_looked_at": 2})) == 1  # too early to say it trains nothing
     slow = behind_lines({**job_row, "held_round": 3, "rounds_trained": 3,
                          "slow_link": {"round": 2, "rate": 500_000, "median_rate": 2_500_000}})
-    assert slow == ["slow link: this peer's delta of round 2 went up at 4.0 Mbit/s against the pool's 20.0 "
-                    "(encoding and sealing included), so the other peers reduce the rounds' slices; a round "
-                    "still waits for this peer's own delta when it trains"]
+    assert slow == ["slow link: this peer's delta of round 2 went up at 4.0 Mbit/s against the pool's median "
+                    "20.0 Mbit/s (encoding and sealing included), so the other peers reduce the rounds' slices; "
+                    "a round still waits for this peer's own delta when it trains"]
