@@ -64,10 +64,11 @@ def _duration(text: str) -> float:
 
 def _slices_fields(args: argparse.Namespace) -> dict[str, int]:
     """A submitted job's ``chunk`` (values per chunk of its deltas) and ``slice_bits``, or
-    nothing (all deltas, unchunked). Fused jobs slice by default: with equal peers on 20 Mbit/s links a round of 4 peers
-    took 15.6 s against 21.9 s with all deltas, and with one of 4 peers on 4 Mbit/s,
-    16.8 s against 33.9 s (scripts/bench/exchange); below 3 peers the proto closes from all
-    deltas anyway, and a chunked delta decodes to the same values as an unchunked one."""
+    nothing (all deltas, unchunked). Fused jobs slice by default: with equal peers on
+    20 Mbit/s links a round of 4 peers took 15.6 s against 21.9 s with all deltas, and with
+    one of 4 peers on 4 Mbit/s, 16.8 s against 33.9 s (scripts/bench/exchange); below 3
+    peers the proto closes from all deltas anyway, and a chunked delta decodes to the same
+    values as an unchunked one."""
     if args.mode != "fused":
         if args.slices is not None or args.slice_bits is not None:
             raise UsageError(f"{'--slices' if args.slices is not None else '--slice-bits'} goes with a fused job "

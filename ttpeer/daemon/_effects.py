@@ -219,7 +219,10 @@ class Effects:
     def _on_job_done(self, eff: JobDone) -> None:
         assert self._node.nursery is not None
         if self._ahead_round is not None and self._ahead_round[0] == eff.job.id:
-            self._ahead.clear()  # slices of its last round that no close read: not needed now
+            # Slices of its last round that no close read: not needed now, nor those still
+            # on their way (``_fetch_ahead`` keeps only its round's).
+            self._ahead.clear()
+            self._ahead_round = None
         self._node.nursery.start_soon(self._finish, eff.job, eff.state)
 
     async def _prepare(self, eff: PrepareJob) -> None:

@@ -75,8 +75,9 @@ class Executor(Protocol):
     async def reduce_slice(self, job: Record, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
         """A sliced job's (``chunk``) reduced slice of round ``rnd``: the sample-weighted
         mean of chunks ``first`` .. ``stop``-1 of the chunked deltas, in the given order,
-        re-quantized to the job's ``slice_bits`` (``train.encode_slice``). The same inputs give the same bytes on every
-        peer. Raises ``JobError`` for deltas that are not chunked alike."""
+        re-quantized to the job's ``slice_bits`` (``train.encode_slice``). The same inputs
+        give the same bytes on every peer. Raises ``JobError`` for deltas that are not
+        chunked alike."""
         ...
 
     async def aggregate(

@@ -6,8 +6,7 @@
                "shards_total", "eval_loss", "eval_metric", "metric_name",
                "bytes_sent", "bytes_received", "compression_ratio", "declined",
                "state_hash", "held_round", "rounds_trained", "rounds_looked_at", "slow_link",
-               "training_shard",
-               "wasted_batches", "duplicate_fraction",
+               "training_shard", "wasted_batches", "duplicate_fraction",
                "declines": [{"peer", "name", "reason", "need_bytes", "have_bytes", "code"}],
                "ended": null | {"how", "by": {"peer", "name"} | null,
                                 "reasons": [{"peer", "name", "reason"}]}, "phase",
@@ -26,8 +25,8 @@ sample, the seconds in all, and the first wait's.
 
 ``held_round`` (fused jobs) is the newest round whose model this peer holds: one below
 ``round`` between a close and its apply, two or more below on a peer that does not keep
-up (``ttpeer status`` says it is catching up). ``rounds_trained`` counts, of the last ``rounds_looked_at``
-closed rounds (``TRAINED_LOOKBACK`` once there are), those whose close used this peer's
+up (``ttpeer status`` says it is catching up). ``rounds_trained`` counts, of the last
+``rounds_looked_at`` closed rounds (``TRAINED_LOOKBACK`` once there are), those whose close used this peer's
 work (0 of 3 on a running peer: it is not training, e.g. its link is too slow to hold
 each round's model before its shards go). ``slow_link`` (sliced fused jobs) is null, or
 ``{"round", "rate", "median_rate"}`` when the newest of those rounds that used this peer's

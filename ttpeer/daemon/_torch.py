@@ -47,7 +47,7 @@ import trio
 
 from ttpeer import train
 from ttpeer.errors import DiskError, JobError, StateMissing, TaskFailed, TtpeerError
-from ttpeer.proto import PublishDelta, Record, Train, overlapped, slice_chunks
+from ttpeer.proto import JobSpec, PublishDelta, Record, Train, overlapped, slice_chunks
 
 from ._datastore import DataStore
 from ._executor import Decline, DeltaRef, Deltas, delta_bytes
@@ -562,7 +562,7 @@ class TorchExecutor:
             numel = _numel(ctx.like)
             parts = [_chunk_run(ref, numel, first, stop) for ref, _samples in deltas]
             mean = train.reduce_slice(parts, [samples for _ref, samples in deltas], first, stop)
-            return train.encode_slice(mean, bits=job.body.get("slice_bits", 8), block=parts[0][0].block)
+            return train.encode_slice(mean, bits=JobSpec.of(job).slice_bits, block=parts[0][0].block)
 
         async with self._close_lock:
             return await _in_thread(run, job["task"])

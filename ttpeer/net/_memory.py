@@ -20,10 +20,9 @@ Setting ``relay.available = False`` makes every call fail with
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import random
-from collections import deque
+from collections import Counter, deque
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,7 +119,7 @@ class MemoryRelay:
         # ``blobs`` itself counts from when the relay first looks at it)
         self.blob_times: dict[str, dict[str, float]] = {}
         self.touches = 0  # touch requests answered, for tests measuring what pinning costs
-        self.blob_gets: collections.Counter[tuple[str, str]] = collections.Counter()  # (peer, blob) -> whole GETs
+        self.blob_gets: Counter[tuple[str, str]] = Counter()  # (peer, blob) -> whole GETs
         self._mailboxes: dict[tuple[str, str], _Mailbox] = {}
         self._nursery: trio.Nursery | None = None
         self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None

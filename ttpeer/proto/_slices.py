@@ -83,25 +83,29 @@ def aggregators(job: str, rnd: int, authors: Sequence[str], s: int,
 def slow_authors(cover: Sequence[Record]) -> frozenset[str]:
     """The cover's authors whose link is too slow to hold a slice first: those whose
     contribution went up (``up_s``, its encoding and upload, for ``size`` bytes) more than
-    ``SLOW_LINK`` times slower than the median author's, and took ``SLOW_MIN_S`` or more.
-    An author's figure is its fastest contribution's; an author without one is not slow.
-    The floor keeps noise out: an upload of a fraction of a second (a small model, a fast
-    link, a loaded machine's scheduling) says little of the link, and a reduction about as
-    short gates nothing. A reducer downloads its slice of
-    every other delta and uploads the result, on the round's critical path: a laptop on
-    home Wi-Fi among wired machines would gate every round it holds a slice of. At least
-    half the authors with a figure are at or above the (lower) median, so three or more
-    authors always leave two or more to reduce, and an author that claims an absurdly fast
-    upload moves the median by one place at most. The figures are in the signed records,
-    so every peer finds the same set. Only a job that names ``slice_bits``
-    (``JobSpec.slow_links``) applies it: a peer of a version before it drops such a job
-    (the field is unknown to it), while an older job's rounds are cut as every version
-    cuts them."""
+    ``SLOW_LINK`` times slower than the (lower) median author's, and took ``SLOW_MIN_S`` or
+    more. An author's figure is its fastest contribution's; an author without one is not
+    slow.
+
+    A reducer downloads its slice of every other delta and uploads the result on the
+    round's critical path: a laptop on home Wi-Fi among wired machines would gate every
+    round it holds a slice of. The floor keeps noise out: an upload of a fraction of a
+    second (a small model, a fast link, a loaded machine's scheduling) says little of the
+    link, and a reduction about as short gates nothing. At least half the authors with a
+    figure are at or above the lower median, so three or more authors always leave two or
+    more to reduce, and an author that claims an absurdly fast upload moves the median one
+    place at most. The figures are in the signed records, so every peer finds the same set.
+    Only a job that names ``slice_bits`` applies it (``slow_of``): a peer of a version
+    before it drops such a job (the field is unknown to it), while an older job's rounds
+    are cut as every version cuts them."""
     rates = upload_rates(cover)
     median = median_rate(rates)
-    if median is None:
-        return frozenset()
-    return frozenset(a for a, (r, took) in rates.items() if r * SLOW_LINK < median and took >= SLOW_MIN_S)
+    return frozenset(a for a, figure in rates.items() if median is not None and _slow(figure, median))
+
+
+def _slow(figure: tuple[float, float], median: float) -> bool:
+    rate, took = figure
+    return rate * SLOW_LINK < median and took >= SLOW_MIN_S
 
 
 def upload_rates(cover: Sequence[Record]) -> dict[str, tuple[float, float]]:
@@ -178,12 +182,13 @@ def slow_link_of(job: JobSpec, cover: Sequence[Record], author: str) -> tuple[fl
     """``author``'s upload rate and the cover's (lower) median rate, in bytes a second,
     when the job's rule (``slow_of``) found it slow in this cover; else None. What
     ``ttpeer status`` tells the peer that reduces no slices first."""
-    if author not in slow_of(job, cover):
+    if not job.slow_links:
         return None
     rates = upload_rates(cover)
-    median = median_rate(rates)
-    assert median is not None  # a slow author was measured against one
-    return rates[author][0], median
+    median, mine = median_rate(rates), rates.get(author)
+    if median is None or mine is None or not _slow(mine, median):
+        return None
+    return mine[0], median
 
 
 def slow_of(job: JobSpec, cover: Sequence[Record]) -> frozenset[str]:
