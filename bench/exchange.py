@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the exchange for each N: deltas (every peer downloads every delta), slices "
                         "(aggregation slices, --slices on the job), or both side by side (default deltas,slices)")
     p.add_argument("--chunk", type=int, default=65536, help="values per chunk on the slices path (default 65536)")
-    p.add_argument("--slice-bits", type=int, choices=[4, 8], default=None,
+    p.add_argument("--slice-bits", type=int, choices=[3, 4, 8], default=None,
                    help="the reduced slices' bits on the slices path (default: submit's)")
     p.add_argument("--rate", default=None,
                    help="run in the network lab (root) with each peer's link limited to RATE each way, tc "

@@ -9,9 +9,9 @@ AdamW from the round's base, its pseudo-gradient int8-encoded with its own error
 from the same start and the same batches:
 
 - ``exact``: the mean as decoded (what the all-deltas path and exact slices apply);
-- ``int8``, ``int4`` (``--bits``): the mean encoded again with that many bits and decoded,
+- ``int8``, ``int4``, ``int3`` (``--bits``): the mean encoded again with that many bits and decoded,
   no error feedback (what a reduced slice is sent as);
-- ``int8+ef``, ``int4+ef``: the same with an error-feedback residual for the mean (kept by
+- ``int8+ef``, ``int4+ef``, ``int3+ef``: the same with an error-feedback residual for the mean (kept by
   whoever reduces it; in the protocol it would have to move with the slice).
 
 It prints the test loss and metric after each ``--every`` rounds, the last round's ratios
@@ -19,7 +19,7 @@ against ``exact``, and the bytes: a peer's delta and each mode's encoded mean, a
 the rounds (the mean is what every peer downloads once a round in slices, the delta what
 it downloads per other peer in the all-deltas path). Plain torch, no daemon: the protocol
 is not what is measured.
-    scripts/bench/requantize [--task mnist1d] [--peers 8] [--rounds 30] [--steps 20] [--bits 8,4]
+    scripts/bench/requantize [--task mnist1d] [--peers 8] [--rounds 30] [--steps 20] [--bits 8,4,3]
 """
 
 from __future__ import annotations
@@ -73,14 +73,14 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3, help="inner AdamW lr (default 1e-3)")
     ap.add_argument("--every", type=int, default=10, help="print every this many rounds (default 10)")
     ap.add_argument("--seed", type=int, default=0, help="initial weights and batch order (default 0)")
-    ap.add_argument("--bits", default="8,4", help="the mean's bits to compare, from 8 and 4 (default 8,4)")
+    ap.add_argument("--bits", default="8,4,3", help="the mean's bits to compare, from 8, 4 and 3 (default 8,4,3)")
     args = ap.parse_args()
     try:
         bits = [int(b) for b in args.bits.split(",")]
     except ValueError:
         bits = []
-    if not bits or any(b not in (4, 8) for b in bits):
-        ap.error(f"--bits must list 8 and/or 4, got {args.bits!r}")
+    if not bits or any(b not in (3, 4, 8) for b in bits):
+        ap.error(f"--bits must list some of 8, 4 and 3, got {args.bits!r}")
     for name in ("peers", "rounds", "steps", "batch", "every"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
@@ -112,7 +112,7 @@ def main() -> None:
             mean = outer_step(OuterState({n: torch.zeros_like(t) for n, t in base.params.items()},
                                          {n: torch.zeros_like(t) for n, t in base.params.items()}),
                               decoded, lr=-1.0, momentum=0.0, nesterov=False).params  # 0 + 1 * mean
-            data, new_residual = encode_delta(mean, mean_feedback[mode], bits=int(mode[3]))
+            data, new_residual = encode_delta(mean, mean_feedback[mode], bits=int(mode[3:].removesuffix("+ef")))
             if mode.endswith("+ef"):
                 mean_feedback[mode] = new_residual
             sizes[mode].append(len(data))

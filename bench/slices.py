@@ -33,6 +33,7 @@ import time
 import torch
 
 from ttpeer import train
+from ttpeer._parser import DEFAULT_SLICE_BITS
 from ttpeer.net._seal import CUT_HEADER, PIECE, SALT, TAG
 from ttpeer.proto._slices import SLICES_FROM, slice_chunks
 
@@ -119,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers", default="2,4,8,16", help="contributions per round, comma-separated (default 2,4,8,16)")
     ap.add_argument("--chunk", type=int, default=1 << 20,
                     help="values per chunk of the TTD2 delta, a power of two (default 1048576)")
-    ap.add_argument("--slice-bits", type=int, choices=[4, 8], default=4,
-                    help="the reduced slices' bits (default 4, as ttpeer submit's)")
+    ap.add_argument("--slice-bits", type=int, choices=[3, 4, 8], default=DEFAULT_SLICE_BITS,
+                    help=f"the reduced slices' bits (default {DEFAULT_SLICE_BITS}, as ttpeer submit's)")
     args = ap.parse_args(argv)
     try:
         peers = [int(p) for p in args.peers.split(",")]

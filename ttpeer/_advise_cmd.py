@@ -73,7 +73,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                         "says which rows slice")
     a.add_argument("--no-slices", action="store_true",
                    help="predict 'submit --no-slices': every round closes from all deltas")
-    a.add_argument("--slice-bits", type=int, choices=[4, 8], default=None,
+    a.add_argument("--slice-bits", type=int, choices=[3, 4, 8], default=None,
                    help=f"with slices: the reduced slices' bits (default {DEFAULT_SLICE_BITS}, as submit's)")
     a.add_argument("--device", default=None,
                    help="torch device to measure on (default: the device setting, cuda if present, else cpu)")

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from ttpeer.errors import UsageError
 
 DEFAULT_CHUNK = 1 << 16  # --slices: values per chunk of a chunked delta
-DEFAULT_SLICE_BITS = 4  # --slice-bits: a reduced slice's bits (scripts/bench/requantize: no loss at 4)
+DEFAULT_SLICE_BITS = 3  # --slice-bits: a reduced slice's bits (scripts/bench/requantize: no loss at 3)
 
 
 class Parser(argparse.ArgumentParser):

@@ -218,9 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-slices", action="store_true",
                    help="fused: close every round from all deltas: each peer downloads every other peer's "
                         "delta, n-1 a round (what a pool of two does either way)")
-    s.add_argument("--slice-bits", type=int, choices=[4, 8], default=None,
-                   help="with slices: the bits a reduced slice is sent in (default 4: 0.45x the bytes of 8, "
-                        "and no measured loss in scripts/bench/requantize; 8 if your model's loss says otherwise)")
+    s.add_argument("--slice-bits", type=int, choices=[3, 4, 8], default=None,
+                   help="with slices: the bits a reduced slice is sent in (default 3: 0.31x the bytes of 8, "
+                        "0.68x of 4, and no measured loss in scripts/bench/requantize; 4 or 8 if your model's "
+                        "loss says otherwise)")
     s.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
                    help="autocast of forward/backward (weights, optimizer, deltas stay fp32); default: each "
                         "peer picks, bf16 on a GPU that has it, fp32 elsewhere (CPU bf16 is slower)")

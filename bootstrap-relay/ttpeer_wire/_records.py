@@ -294,7 +294,7 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # With chunk (OPTIONAL, default 8): the bits a reduced slice is re-quantized to
         # (``train.encode_slice``). Every reducer and checker encodes with it, so a slice's
         # bytes, and its hash, are the same everywhere.
-        "slice_bits": _choice(4, 8),
+        "slice_bits": _choice(3, 4, 8),
     },
     # A claim with n > 0 renews the lease of claim n=0; ``done`` batches so far at ``rate``
     # batches/s let others project when it will finish. ``backup``: a copy run by an idle

@@ -120,14 +120,14 @@ def test_step_timeout_takes_seconds_or_a_duration_and_is_checked(tmp_path, capsy
 def test_fused_jobs_slice_by_default_and_no_slices_turns_it_off():
     # scripts/bench/exchange: slices were faster from 4 peers up, with equal links and with
     # one slow one; two peers close from all deltas whatever the job says (the proto's rule).
-    # scripts/bench/requantize: 4-bit reduced slices cost no loss, so they are the default.
+    # scripts/bench/requantize: 3-bit reduced slices cost no loss, so they are the default.
     from ttpeer.cli import DEFAULT_CHUNK, _slices_fields, build_parser
     from ttpeer.errors import UsageError
 
     def fields(*extra: str) -> dict[str, int]:
         return _slices_fields(build_parser().parse_args(["submit", "--task", "charlm", *extra]))
 
-    assert fields() == fields("--slices") == {"chunk": DEFAULT_CHUNK, "slice_bits": 4}
+    assert fields() == fields("--slices") == {"chunk": DEFAULT_CHUNK, "slice_bits": 3}
     assert fields("--slices", "8192", "--slice-bits", "8") == {"chunk": 8192, "slice_bits": 8}
     assert fields("--no-slices") == {}
     assert fields("--mode", "ensemble", "--members", "2") == {}

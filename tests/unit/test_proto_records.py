@@ -281,7 +281,7 @@ def test_invalid_field_value_is_rejected_by_sign_and_parse(kind: str, field: str
 
 
 def test_a_sliced_job_names_its_slices_bits_and_only_a_sliced_job_does() -> None:
-    for bits in (4, 8):
+    for bits in (3, 4, 8):
         rec = sign("job", POOL.id, dict(BODIES["job"], chunk=65536, slice_bits=bits), AUTHOR)
         assert parse(rec.raw)["slice_bits"] == bits
     for bad in (2, 16, "4", True, 4.0):

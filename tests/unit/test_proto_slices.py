@@ -83,3 +83,4 @@ def test_a_slice_may_be_as_large_as_its_values_compress_at_worst_and_no_larger()
     assert sl.slice_bound(2**20) < 1.05 * 2**20 + 8192
     assert sl.slice_bound(2**20, 4) >= 2**19 + 4 * 2**20 // 256  # two 4-bit values a byte
     assert sl.slice_bound(2**20, 4) < 1.05 * 2**19 + 2**20 // 32 + 8192
+    assert sl.slice_bound(2**20, 3) == sl.slice_bound(2**20, 4)  # 3-bit values go as nibbles too

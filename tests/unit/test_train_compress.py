@@ -35,7 +35,7 @@ def _block_scales(flat, block, qmax):
     return padded.view(-1, block).abs().amax(dim=1) / qmax
 
 
-@pytest.mark.parametrize("bits,block", [(8, 256), (8, 16), (4, 64), (4, 256)])
+@pytest.mark.parametrize("bits,block", [(8, 256), (8, 16), (4, 64), (4, 256), (3, 256)])
 def test_round_trip_error_is_at_most_half_a_step(bits, block):
     delta = _random_delta(0)
     data, residual = encode_delta(delta, None, bits=bits, block=block)
@@ -107,7 +107,7 @@ def test_encode_refuses_non_finite_and_bad_arguments():
     with pytest.raises(Diverged, match="NaN or inf"):
         encode_delta(delta, None)
     with pytest.raises(ValueError):
-        encode_delta(_random_delta(3), None, bits=3)
+        encode_delta(_random_delta(3), None, bits=2)
     with pytest.raises(ValueError):
         encode_delta(_random_delta(3), None, block=100)
     with pytest.raises(ValueError):
@@ -152,6 +152,23 @@ def test_out_of_range_values_and_bad_scales_are_refused():
         decode_delta(wire([-1.0] * nblocks, b"\x01" * numel), _like())
     with pytest.raises(DeltaError, match="non-finite"):
         decode_delta(wire([3e38] * nblocks, b"\x7f" * numel), _like())
+
+
+@pytest.mark.parametrize(("bits", "nibble", "ok"), [(4, 7, True), (4, 9, True), (4, 8, False), (3, 3, True),
+                                                    (3, 13, True), (3, 4, False), (3, 12, False), (3, 8, False)])
+def test_a_nibble_outside_its_width_is_refused(bits, nibble, ok):
+    # Nibbles are two's complement: 13 is -3, 12 is -4; 3 bits hold [-3, 3], 4 bits [-7, 7].
+    numel = sum(torch.Size(s).numel() for s in SHAPES.values())
+    nblocks = -(-numel // 256)
+    values = bytes([nibble | nibble << 4]) * (numel // 2) + (bytes([nibble]) if numel % 2 else b"")
+    data = _header(bits=bits) + zstandard.ZstdCompressor().compress(struct.pack(f"<{nblocks}f", *[0.5] * nblocks)
+                                                                     + values)
+    if ok:
+        value = decode_delta(data, _like())["layer.bias"][0].item()
+        assert value == 0.5 * (nibble - 16 if nibble >= 8 else nibble)
+    else:
+        with pytest.raises(DeltaError, match=f"{bits}-bit value outside"):
+            decode_delta(data, _like())
 
 
 def test_decompression_bombs_are_refused_without_inflating():

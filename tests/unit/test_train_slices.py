@@ -44,7 +44,8 @@ def _numel(shapes=SHAPES) -> int:
     return sum(torch.zeros(s).numel() for s in shapes.values())
 
 
-@pytest.mark.parametrize("bits,block,chunk", [(8, 256, 4096), (8, 16, 8192), (4, 64, 4096), (4, 4096, 4096)])
+@pytest.mark.parametrize("bits,block,chunk", [(8, 256, 4096), (8, 16, 8192), (4, 64, 4096), (4, 4096, 4096),
+                                              (3, 256, 4096)])
 def test_chunked_deltas_decode_to_the_same_bits_as_one_frame(bits, block, chunk):
     delta = _delta(0)
     one, residual_one = encode_delta(delta, None, bits=bits, block=block)
@@ -179,7 +180,7 @@ def test_slices_reduced_exactly_give_the_outer_step_of_all_deltas_bit_for_bit(sl
         assert _bits(got.momentum[name]) == _bits(want.momentum[name])
 
 
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, 4, 3])
 def test_re_quantized_slices_are_the_blocks_of_the_whole_mean_and_the_same_bytes_everywhere(bits):
     contribs, samples = _contributions(3), [4, 4, 8]
     runs = slice_chunks(3, 2)
@@ -191,18 +192,19 @@ def test_re_quantized_slices_are_the_blocks_of_the_whole_mean_and_the_same_bytes
     whole = torch.cat(reduced)
     once = train.decode_slice(train.encode_slice(whole, bits=bits, block=256), whole.numel())
     assert _bits(received) == _bits(once)
-    # Re-quantizing costs at most half a step of each block's absmax (127 steps at 8 bits, 7 at 4).
+    # Re-quantizing costs at most half a step of each block's absmax (127 steps at 8 bits, 7 at 4, 3 at 3).
     steps = (1 << (bits - 1)) - 1
     assert float((received - whole).abs().max()) <= float(whole.abs().max()) / steps / 2 * (1 + 1e-5)
     with pytest.raises(DeltaError, match="values; the model has"):
         train.decode_slice(sent[0], reduced[0].numel() + 1)
 
 
-def test_four_bit_slices_are_about_half_the_bytes_of_eight():
+def test_four_bit_slices_are_about_half_the_bytes_of_eight_and_three_bit_fewer_still():
     contribs, samples = _contributions(3), [4, 4, 8]
     (mean,) = _reduce(contribs, samples, [(0, 3)])
-    eight, four = (len(train.encode_slice(mean, bits=b, block=256)) for b in (8, 4))
+    eight, four, three = (len(train.encode_slice(mean, bits=b, block=256)) for b in (8, 4, 3))
     assert four < 0.6 * eight, (four, eight)
+    assert three < 0.85 * four, (three, four)  # 3-bit values go as nibbles: zstd takes the unused room
 
 
 def test_slices_that_do_not_hold_the_model_or_contributions_cut_otherwise_are_refused():

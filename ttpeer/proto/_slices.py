@@ -158,8 +158,9 @@ def counts(job: str, rnd: int, s: int, sha: str, makers: dict[str, set[str]]) ->
 
 def slice_bound(values: int, bits: int = 8) -> int:
     """The most bytes a reduced slice of ``values`` values in ``bits`` may take (the packed
-    values, 4-byte block scales, zstd's worst case, the header): larger is refused unread."""
-    return -(-values * bits // 8) + values // 32 + 4096
+    values (two to a byte below 8 bits), 4-byte block scales, zstd's worst case, the
+    header): larger is refused unread."""
+    return -(-values * (8 if bits == 8 else 4) // 8) + values // 32 + 4096
 
 
 def plan(job: JobSpec, cover: Sequence[Record]) -> list[tuple[int, int]] | None:

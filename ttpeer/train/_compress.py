@@ -3,8 +3,9 @@ feedback.
 
 A delta is flattened (tensors in sorted-name order) into one fp32 vector, cut
 into blocks of ``block`` values; each block stores one fp32 scale (absmax /
-qmax) and one signed integer per value, 8-bit in [-127, 127] or 4-bit in [-7, 7]
-(two's-complement nibbles, low nibble first, a zero nibble pads an odd count).
+qmax) and one signed integer per value, 8-bit in [-127, 127], 4-bit in [-7, 7] or
+3-bit in [-3, 3] (both as two's-complement nibbles, low nibble first, a zero nibble pads
+an odd count; zstd then takes the unused nibble values' room back).
 What quantization drops is returned as a residual, to be added to the next
 round's delta, so the error does not accumulate (error feedback).
 
@@ -47,7 +48,7 @@ from ._state import OuterState
 
 MAGIC = b"TTD1"
 MAGIC_CHUNKED = b"TTD2"
-ALLOWED_BITS = frozenset({4, 8})
+ALLOWED_BITS = frozenset({3, 4, 8})
 ALLOWED_BLOCKS = frozenset(1 << k for k in range(4, 17))  # 16 .. 65536
 _HEAD = struct.Struct("<4sBIQ")
 _CHUNK_HEAD = struct.Struct("<4sBIQI")
@@ -332,7 +333,7 @@ def _arrays(payload: bytes, nblocks: int, numel: int, bits: int) -> tuple[np.nda
     if not np.isfinite(scales_np).all() or np.signbit(scales_np).any():
         raise DeltaError("delta has a negative or non-finite block scale")
     raw = np.frombuffer(payload, dtype=np.uint8, offset=4 * nblocks)
-    return scales_np, (_unpack_int8(raw, numel) if bits == 8 else _unpack_nibbles(raw, numel))
+    return scales_np, (_unpack_int8(raw, numel) if bits == 8 else _unpack_nibbles(raw, numel, bits))
 
 
 def _payload(data: bytes | bytearray | memoryview, like: OuterState) -> tuple[list[str], np.ndarray, np.ndarray, int]:
@@ -433,14 +434,16 @@ def _unpack_int8(raw: np.ndarray, numel: int) -> np.ndarray:
     return q.copy()
 
 
-def _unpack_nibbles(raw: np.ndarray, numel: int) -> np.ndarray:
+def _unpack_nibbles(raw: np.ndarray, numel: int, bits: int) -> np.ndarray:
     nibbles = np.empty(2 * raw.size, dtype=np.uint8)
     nibbles[0::2] = raw & 0x0F
     nibbles[1::2] = raw >> 4
     if nibbles.size > numel and nibbles[numel:].any():
         raise DeltaError("delta has a non-zero padding nibble")
     nibbles = nibbles[:numel]
-    if (nibbles == 8).any():
-        raise DeltaError("delta has a 4-bit value of -8; the range is [-7, 7]")
     # Two's complement: nibbles 9..15 stand for -7..-1.
-    return np.where(nibbles >= 8, nibbles.astype(np.int16) - 16, nibbles).astype(np.int8)
+    q = np.where(nibbles >= 8, nibbles.astype(np.int16) - 16, nibbles).astype(np.int8)
+    qmax = (1 << (bits - 1)) - 1
+    if (np.abs(q.astype(np.int16)) > qmax).any():
+        raise DeltaError(f"delta has a {bits}-bit value outside [-{qmax}, {qmax}]")
+    return q

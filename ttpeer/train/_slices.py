@@ -7,10 +7,11 @@ aggregator needs only its slice's bytes of each contribution (``ChunkIndex.span`
 reduction is ``OuterSum``'s, position by position: ``((0 + d0*w0) + d1*w1) + ...`` in the
 contributions' order with the same fp32 weights, so a slice of the mean is the same bits
 as that slice of the mean of all deltas. The result is sent re-quantized with the delta's
-block to the job's ``slice_bits``, 4 as ``ttpeer submit`` writes it (8 for a job that does
-not say), without error feedback: ``scripts/bench/requantize`` measured 0.996x-1.002x test
-loss at 4 bits and 1.000x-1.003x at 8 (mnist1d at 8 peers, charlm at 16), feedback on the
-mean bought nothing, and 4 bits cost 0.45x the bytes of 8; chunks start on block
+block to the job's ``slice_bits``, 3 as ``ttpeer submit`` writes it (8 for a job that does
+not say), without error feedback: ``scripts/bench/requantize`` measured 0.989x-0.994x test
+loss at 3 bits, 0.996x-1.002x at 4 and 1.000x-1.003x at 8 (mnist1d at 8 peers, charlm at
+16), feedback on the mean bought nothing, and 3 bits cost 0.31x the bytes of 8 (4: 0.45x;
+2 bits, measured once outside the bench, lost 3-11%); chunks start on block
 boundaries, so the slices' blocks are the blocks of the whole mean, and every peer that
 reduces a slice gets the same bytes: a result is checked by recomputing it and comparing
 hashes. ``mean_step`` then applies the outer step to the slices' mean, the same
