@@ -37,3 +37,35 @@ def test_each_path_is_held_against_its_own_smallest_pool():
 
 def test_one_pool_size_has_no_target_to_meet():
     assert scale_targets([_result(4, "slices", 8e6, 12.0, 2e6)]) == []
+
+
+class _Rec:
+    """What ``_slice_traffic`` reads of a record: its id, author, body and fields."""
+
+    def __init__(self, id_: str, author: str, **body) -> None:
+        self.id, self.author, self.body = id_, author, body
+
+    def __getitem__(self, key: str):
+        return self.body[key]
+
+
+def test_a_peers_slice_traffic_counts_its_reductions_inputs_and_the_results_it_did_not_make():
+    from bench.exchange import _slice_traffic
+
+    contribs = [_Rec(f"c{a}", a, size=3000, chunks=3) for a in "ABC"]
+    ids = ["cA", "cB", "cC"]
+
+    def piece(id_: str, author: str, s: int, sha: str, size: int = 100) -> _Rec:
+        return _Rec(id_, author, round=0, slice=s, first=s, stop=s + 1, contribs=ids, sha256=sha, size=size)
+
+    # C reduced slice 2 first and B checked it (the same hash); A's slice 0 hashed as B
+    # would not matter: B made only slices 1 and 2.
+    slices = [piece("a0", "A", 0, "h0"), piece("b1", "B", 1, "h1"), piece("c2", "C", 2, "h2", 90),
+              piece("b2", "B", 2, "h2", 90)]
+    closes = [_Rec("close", "A", slices=["a0", "b1", "c2"])]
+    # B: its slice of A's and C's deltas for each of its two reductions (a third of 3000 each);
+    # of the results, only A's slice 0 (its own slice 1, and slice 2 that it made too, are held).
+    assert _slice_traffic("B", contribs, closes, slices) == (4 * 1000, 100, 2, 1)
+    assert _slice_traffic("C", contribs, closes, slices) == (2 * 1000, 200, 1, 0)
+    # The all-deltas path: no slice records, no slice traffic.
+    assert _slice_traffic("A", contribs, [_Rec("close", "A")], []) == (0, 0, 0, 0)
