@@ -441,9 +441,9 @@ def _unpack_nibbles(raw: np.ndarray, numel: int, bits: int) -> np.ndarray:
     if nibbles.size > numel and nibbles[numel:].any():
         raise DeltaError("delta has a non-zero padding nibble")
     nibbles = nibbles[:numel]
-    # Two's complement: nibbles 9..15 stand for -7..-1.
-    q = np.where(nibbles >= 8, nibbles.astype(np.int16) - 16, nibbles).astype(np.int8)
+    # Two's complement: nibbles 9..15 stand for -7..-1, so [-qmax, qmax] leaves out the
+    # nibbles qmax+1 .. 15-qmax (8 at 4 bits; 4..12 at 3), found with one uint8 pass.
     qmax = (1 << (bits - 1)) - 1
-    if (np.abs(q.astype(np.int16)) > qmax).any():
+    if ((nibbles - np.uint8(qmax + 1)) <= np.uint8(14 - 2 * qmax)).any():
         raise DeltaError(f"delta has a {bits}-bit value outside [-{qmax}, {qmax}]")
-    return q
+    return np.where(nibbles >= 8, nibbles.astype(np.int16) - 16, nibbles).astype(np.int8)
