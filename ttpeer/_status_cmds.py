@@ -70,6 +70,8 @@ def status(args: argparse.Namespace, home: Any) -> int:
               f"{of}{size}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
         if job.get("phase"):
             print(f"    preparing here: {job['phase']}")
+        if job.get("exchange"):
+            print(f"    {exchange_line(job['exchange'])}")
         for line in behind_lines(job):
             print(f"    {line}")
         for d in job.get("data") or []:
@@ -111,6 +113,17 @@ def status(args: argparse.Namespace, home: Any) -> int:
             restarts = f", restarted {w['deaths']}x" if w["deaths"] else ""
             print(f"    worker {w['rank']}: pid {w['pid']} on {w['device']}{restarts}")
     return 0
+
+
+def exchange_line(ex: dict[str, Any]) -> str:
+    """What ``ttpeer status`` says of a fused job's exchange (the status JSON's ``exchange``)."""
+    head = f"exchange: {ex['bits']}-bit deltas; "
+    if ex["chunk"] is None:
+        return head + "every round closes from all deltas (--no-slices)"
+    last = {None: "", 0: "; the last round closed from all deltas"}.get(
+        ex["last_slices"], f"; the last round from {ex['last_slices']} slices")
+    return (head + f"rounds of {ex['slices_from']} or more authors close from reduced slices (chunks of "
+            f"{ex['chunk']:,} values, the mean at {ex['slice_bits']} bits){last}")
 
 
 def _size(n: int) -> str:

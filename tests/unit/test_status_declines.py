@@ -78,3 +78,32 @@ def test_a_peer_behind_the_pool_or_not_training_is_told_so():
     assert slow == ["slow link: this peer's delta of round 2 went up at 4.0 Mbit/s against the pool's median "
                     "20.0 Mbit/s (encoding and sealing included), so the other peers reduce the rounds' slices; "
                     "a round still waits for this peer's own delta when it trains"]
+
+
+def test_status_says_how_a_fused_jobs_rounds_move():
+    # From the job record and the newest close, then the line `ttpeer status` prints.
+    from ttpeer._status_cmds import exchange_line
+    from ttpeer.daemon._status import exchange
+    from ttpeer.proto import Chain
+
+    from .proto_helpers import close, hex64
+
+    pool, k = Pool("exchange"), key("exchange")
+    sliced = sign("job", pool.id, job_body(chunk=65536, slice_bits=3), k)
+    work = [contrib(pool.id, k, sliced, 0, state("s0"), [0])]
+    plain = close(pool.id, k, sliced, 0, state("s0"), work, state("s1"))
+    named = sign("close", pool.id, {**plain.body, "slices": [hex64(f"slice{i}") for i in range(4)]}, k)
+
+    assert exchange(sliced, Chain((state("s0"),), ())) == {
+        "bits": 8, "chunk": 65536, "slice_bits": 3, "slices_from": 3, "last_slices": None}
+    ex = exchange(sliced, Chain((state("s0"), state("s1")), (named,)))
+    assert ex["last_slices"] == 4
+    assert exchange_line(ex) == ("exchange: 8-bit deltas; rounds of 3 or more authors close from reduced slices "
+                                 "(chunks of 65,536 values, the mean at 3 bits); the last round from 4 slices")
+    two = exchange(sliced, Chain((state("s0"), state("s1")), (plain,)))  # two authors: all deltas
+    assert exchange_line(two).endswith("the mean at 3 bits); the last round closed from all deltas")
+    older = sign("job", pool.id, job_body(chunk=65536), k)  # a job from before slice_bits: 8
+    assert exchange(older, Chain((state("s0"),), ()))["slice_bits"] == 8
+    off = exchange(sign("job", pool.id, job_body(bits=4), k), Chain((state("s0"),), ()))
+    assert off["chunk"] is None and off["slice_bits"] is None
+    assert exchange_line(off) == "exchange: 4-bit deltas; every round closes from all deltas (--no-slices)"

@@ -5,7 +5,8 @@
      "jobs": [{"id", "task", "mode", "state", "round", "rounds", "shards_done",
                "shards_total", "eval_loss", "eval_metric", "metric_name",
                "bytes_sent", "bytes_received", "compression_ratio", "declined",
-               "state_hash", "held_round", "rounds_trained", "rounds_looked_at", "slow_link",
+               "state_hash", "held_round", "rounds_trained", "rounds_looked_at", "exchange",
+               "slow_link",
                "training_shard", "wasted_batches", "duplicate_fraction",
                "declines": [{"peer", "name", "reason", "need_bytes", "have_bytes", "code"}],
                "ended": null | {"how", "by": {"peer", "name"} | null,
@@ -31,7 +32,8 @@ work (0 of 3 on a running peer: it is not training, e.g. its link is too slow to
 each round's model before its shards go). ``slow_link`` (sliced fused jobs) is null, or
 ``{"round", "rate", "median_rate"}`` when the newest of those rounds that used this peer's
 work judged its link slow (its delta went up at ``rate`` bytes a second against the
-authors' median): the other authors reduce the round's slices first.
+authors' median): the other authors reduce the round's slices first. ``exchange`` (fused
+jobs) is ``{"bits", "chunk", "slice_bits", "slices_from", "last_slices"}`` (``exchange``).
 
 ``declined`` is this peer's own reason for sitting a job out; ``declines`` lists every
 peer whose decline stands (``need_bytes``/``have_bytes`` are 0 unless memory was why);
@@ -47,6 +49,7 @@ from typing import Any, Protocol
 import trio
 
 from ttpeer.proto import (
+    SLICES_FROM,
     Chain,
     JobSpec,
     PeerMachine,
@@ -152,6 +155,17 @@ def rounds_trained(records: RecordSet, chain: Chain, me: str, last: int = TRAINE
         c in records.by_id and records.by_id[c].author == me for c in close["contribs"]))
 
 
+def exchange(job: Record, chain: Chain) -> dict[str, Any]:
+    """How a fused job's rounds move: its deltas' ``bits``; ``chunk`` (values a chunk) and
+    ``slice_bits`` when rounds of ``slices_from`` (``SLICES_FROM``) or more authors close
+    from reduced slices, else null; ``last_slices``: the slices the newest close named (0:
+    it closed from all deltas; null before the first close)."""
+    spec = JobSpec.of(job)
+    last = chain.closes[-1] if chain.closes else None
+    return {"bits": spec.bits, "chunk": spec.chunk, "slice_bits": spec.slice_bits if spec.chunk else None,
+            "slices_from": SLICES_FROM, "last_slices": None if last is None else len(last.body.get("slices", ()))}
+
+
 def slow_link(records: RecordSet, job: Record, chain: Chain, me: str,
               last: int = TRAINED_LOOKBACK) -> dict[str, Any] | None:
     """Whether this peer reduces no slices first because its link was judged slow
@@ -252,6 +266,7 @@ def snapshot(node: NodeView) -> dict[str, Any]:
             "held_round": held_round(chain, m.held) if job["mode"] == "fused" else None,
             "rounds_trained": rounds_trained(m.records, chain, node.me) if job["mode"] == "fused" else None,
             "rounds_looked_at": min(TRAINED_LOOKBACK, chain.round) if job["mode"] == "fused" else None,
+            "exchange": exchange(job, chain) if job["mode"] == "fused" else None,
             # A sliced job: this peer's link judged slow in a recent round (it reduces last).
             "slow_link": slow_link(m.records, job, chain, node.me) if job["mode"] == "fused" else None,
             "training_shard": m.training[2] if m.training and m.training[0] == job.id else None,

@@ -102,7 +102,7 @@ from ._reports import (
     WorkLost,
 )
 from ._sizing import default_sizing
-from ._slices import CHECK_ONE_IN, slice_chunks, sliced, slow_link_of
+from ._slices import CHECK_ONE_IN, SLICES_FROM, slice_chunks, sliced, slow_link_of
 from ._tasksig import TaskSignatureError, open_task, sign_task
 from ._token import Token, TokenError, make_token, parse_token
 
@@ -188,6 +188,7 @@ __all__ = [
     "sliced",
     "slow_link_of",
     "CHECK_ONE_IN",
+    "SLICES_FROM",
     "MAX_KEEP",
     "DECLINE_CODES",
     "Ended",
