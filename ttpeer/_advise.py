@@ -26,7 +26,7 @@ The model, for a fused job over ``n`` peers, each with the same link and device:
     slice (``R / s``: the reduced model ``R`` is at the job's ``slice_bits`` without error
     feedback, and the mean of many deltas hardly compresses: ``scripts/bench/exchange``
     measured R at 1.3x a delta for 4 peers and 2x for 16 at 8 bits, about 0.6x at 16 at
-    4 bits) and downloads the other ``s - 1`` slices. One slice
+    4 bits and 0.3x at 3) and downloads the other ``s - 1`` slices. One slice
     in ``CHECK_ONE_IN`` is reduced by a second peer too, beside the first: a round has one
     with probability ``p = 1 - (1 - 1/CHECK_ONE_IN)^s``, and its checker downloads the
     ranges of two slices on its link at once::

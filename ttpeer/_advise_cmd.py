@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ttpeer import _advise
-from ttpeer._parser import DEFAULT_CHUNK, DEFAULT_SLICE_BITS, chunk_of, chunk_values
+from ttpeer._parser import DEFAULT_CHUNK, DEFAULT_SLICE_BITS, chunk_of, chunk_values, slice_bits_of
 from ttpeer.errors import UsageError
 
 PROBE_BYTES = 1 << 20  # the blob timed to and from the relay
@@ -124,9 +124,7 @@ class StepFigures:
 def advise(args: argparse.Namespace, settings: Any) -> int:
     _check_task_name(args.task)
     chunk = chunk_of(args.slices, args.no_slices)
-    if chunk is None and args.slice_bits is not None:
-        raise UsageError("--slice-bits goes with slices: leave out --no-slices, or --slice-bits")
-    slice_bits = args.slice_bits or DEFAULT_SLICE_BITS
+    slice_bits = slice_bits_of(chunk, args.slice_bits) or DEFAULT_SLICE_BITS  # sizes the "slices" rows
     home = Path(settings.home)
     link, link_line = resolve_link(args.link, args.rtt, home, settings.proxy or None)
     device = _device(args.device or settings.device)

@@ -110,3 +110,14 @@ def chunk_of(slices: int | None, no_slices: bool) -> int | None:
     if slices is not None and no_slices:
         raise UsageError("--slices and --no-slices: pick one")
     return None if no_slices else slices or DEFAULT_CHUNK
+
+
+def slice_bits_of(chunk: int | None, slice_bits: int | None) -> int | None:
+    """A fused job's ``--slice-bits`` (submit's and advise's) once ``chunk_of`` gave its
+    chunk: the bits given or ``DEFAULT_SLICE_BITS``, None without slices. Raises UsageError
+    for bits given with ``--no-slices``."""
+    if chunk is None:
+        if slice_bits is not None:
+            raise UsageError("--slice-bits goes with slices: leave out --no-slices, or --slice-bits")
+        return None
+    return slice_bits or DEFAULT_SLICE_BITS

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ttpeer._parser import DEFAULT_CHUNK, DEFAULT_SLICE_BITS, Parser, chunk_of, chunk_values
+from ttpeer._parser import DEFAULT_CHUNK, Parser, chunk_of, chunk_values, slice_bits_of
 from ttpeer.errors import TtpeerError, UsageError
 from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN
 
@@ -74,10 +74,9 @@ def _slices_fields(args: argparse.Namespace) -> dict[str, int]:
             raise UsageError(f"{'--slices' if args.slices is not None else '--slice-bits'} goes with a fused job "
                              "(an ensemble's members are not averaged)")
         return {}
-    if args.no_slices and args.slice_bits is not None:
-        raise UsageError("--slice-bits goes with slices: leave out --no-slices, or --slice-bits")
     chunk = chunk_of(args.slices, args.no_slices)
-    return {} if chunk is None else {"chunk": chunk, "slice_bits": args.slice_bits or DEFAULT_SLICE_BITS}
+    bits = slice_bits_of(chunk, args.slice_bits)
+    return {} if chunk is None else {"chunk": chunk, "slice_bits": bits}
 
 
 def _positive_int(text: str) -> int:

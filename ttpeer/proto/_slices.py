@@ -39,7 +39,7 @@ def sliced(contribs: int, chunks: int) -> bool:
     reduced in slices. In units of one delta d per peer per round, with the reduced
     model r deltas on the wire, all deltas cost 1 + (N-1); slices cost
     (1 + r/N) + (N-1)(1 + r)/N. At N = 2 that is 2 against 1.5 + r (r = 1 at 8 bits,
-    about 0.5 at 4): no fewer bytes worth the reduction's extra upload and download on
+    about 0.5 at 4, 0.3 at 3): no fewer bytes worth the reduction's extra upload and download on
     the round's path, so all deltas; from N = 3 slices (3 against 2.67 at 8 bits). A
     model of one chunk has nothing to cut."""
     return contribs >= SLICES_FROM and chunks >= 2
