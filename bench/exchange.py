@@ -127,7 +127,7 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
             inputs, results, reductions, seconds = _slice_traffic(me, contribs, closes, slices)
             rows.append({"peer": home.name, "sent": j["bytes_sent"], "received": j["bytes_received"],
                          "slice_inputs": inputs, "slice_results": results, "reductions": reductions,
-                         "second_signatures": seconds,
+                         "second_signatures": seconds, "gossip": st.get("gossip") or {},
                          "direct": (st.get("direct") or {}).get("fetched_blob_bytes", 0),
                          "claims": len(claims), "shards": trained,
                          "own_deltas": own, "others_deltas": others, "must_send": must_send, "must_get": must_get,
@@ -210,6 +210,7 @@ def table(result: dict[str, Any]) -> list[str]:
                 f"result made again), {_mb(results)} of reduced slices it did not make, and "
                 f"{_mb(received - inputs - results)} else (records, deltas of rounds not sliced, results "
                 f"refused or not named)"]
+    out += _gossip_lines(result)
     split = result.get("split") or {}
     if split.get("wall_s") is not None:
         out += ["", f"A contribution after round 0, on average: {split['wall_s']:.1f} s since the peer's previous "
@@ -217,6 +218,23 @@ def table(result: dict[str, Any]) -> list[str]:
                 f"(delta, reduce, outer step, eval) + {split['comm_s']:.1f} s moving blobs + "
                 f"{split['idle_s']:.1f} s waiting (for the round's close, or nothing left to claim)"]
     return out
+
+
+def _gossip_lines(result: dict[str, Any]) -> list[str]:
+    """The control traffic, from each peer's status (``gossip``): payload bytes before
+    sealing, a peer a round on average (each crosses the relay sealed, and base64 in its
+    JSON answers: about 4/3 of these)."""
+    rows = [r["gossip"] for r in result["rows"] if r.get("gossip")]
+    if not rows:
+        return []
+
+    def avg(key: str) -> str:
+        return _mb(sum(g.get(key, 0) for g in rows) / len(rows) / result["rounds"])
+
+    return ["", f"Gossip payloads a peer a round (before sealing): in, {avg('digests_in')} of digests, "
+            f"{avg('records_in_new')} of records new to it and {avg('records_in_held')} of records it held "
+            f"already; out, {avg('digests_out')} of digests, {avg('records_out')} of records it made and "
+            f"{avg('answers_out')} of records in answer to digests"]
 
 
 def summary(results: list[dict[str, Any]]) -> list[str]:

@@ -36,8 +36,10 @@ SURFACES: dict[str, set[str]] = {
         'WorkLost',
         # aggregation slices: the effect, its reports, the plan's cut (the executor's slices),
         # when slices are used and how often a slice is checked (advise's model; from how many
-        # authors: status), and whether a peer's link was judged slow (status)
-        'CHECK_ONE_IN', 'FetchSlices', 'ReduceSlice', 'SLICES_FROM', 'SliceReduced', 'SliceRefused', 'slice_chunks',
+        # authors: status), and whether a peer's link was judged slow (status); what the
+        # gossip carried, by kind (status)
+        'CHECK_ONE_IN', 'GOSSIP_TRAFFIC',
+        'FetchSlices', 'ReduceSlice', 'SLICES_FROM', 'SliceReduced', 'SliceRefused', 'slice_chunks',
         'sliced', 'slow_link_of',
         # the key ring's decisions (who gets the pool key, who is told it ended)
         'AcceptKeys', 'EXPIRY_GRACE', 'EndMembership', 'HandKeys', 'KeyRing', 'Refuse', 'RejectKeys', 'Renamed',

@@ -1,6 +1,8 @@
 """The status snapshot: one JSON object, the schema documented in the README.
 
-    {"version": 1, "node": {...}, "relay": {...},
+    {"version": 1, "node": {...}, "relay": {...}, "bytes_sent", "bytes_received",
+     "gossip": {"digests_out", "digests_in", "records_out", "answers_out", "records_in_new",
+                "records_in_held"},
      "peers": [{"id", "name", "role", "self", "last_seen_s", "liveness", "rate"}],
      "jobs": [{"id", "task", "mode", "state", "round", "rounds", "shards_done",
                "shards_total", "eval_loss", "eval_metric", "metric_name",
@@ -49,6 +51,7 @@ from typing import Any, Protocol
 import trio
 
 from ttpeer.proto import (
+    GOSSIP_TRAFFIC,
     SLICES_FROM,
     Chain,
     JobSpec,
@@ -290,5 +293,6 @@ def snapshot(node: NodeView) -> dict[str, Any]:
                   "last_error": node.counters.last_error or None, "rejected": dict(node.counters.rejected),
                   "touches": dataclasses.asdict(node.counters.touches)},
         "bytes_sent": node.bytes_sent, "bytes_received": node.bytes_received,
+        "gossip": {k: node.machine.gossip_traffic.get(k, 0) for k in GOSSIP_TRAFFIC},
         "peers": peers, "jobs": jobs,
     }

@@ -22,6 +22,7 @@ from ttpeer_wire import (
     verify_revocation,
 )
 
+from ._antientropy import GOSSIP_TRAFFIC
 from ._cadence import DEFAULT_H_MAX, DEFAULT_H_MIN, Plan, steps_for
 from ._datasets import dataset_sources, direct_routes, live_datasets, may_remove_dataset, resolve_dataset
 from ._effects import (
@@ -188,6 +189,7 @@ __all__ = [
     "sliced",
     "slow_link_of",
     "CHECK_ONE_IN",
+    "GOSSIP_TRAFFIC",
     "SLICES_FROM",
     "MAX_KEEP",
     "DECLINE_CODES",

@@ -5,30 +5,62 @@ the claims and releases of each open round (dropped from the index once the roun
 closed: they change nothing any more, and they are most records); when each peer was
 last heard from; and the time of the next digest. Every ``digest_interval`` it
 broadcasts a digest of the index (that is this peer's heartbeat); to a peer's digest it
-answers with the records it holds that the digest lacks.
+answers with the records it holds that the digest lacks, but not every holder at once.
+
+Most records a digest lacks are on their way: made a moment ago, their broadcast has not
+reached the digest's sender yet. If every holder answered, each would arrive up to n - 1
+more times (measured at 16 peers: twice the bytes of the records themselves), and a peer
+that joins late would get the whole history n - 1 times. So each missing record has
+``ANSWERERS`` designated answerers for each sender: the peers that follow a point drawn
+from the record's id and the sender in the sorted ring of live peers (heard from within
+``LIVE_DIGESTS`` digest intervals, this one and not the sender), as this peer sees it.
+They answer at once, and at every digest it is still missing from. Each
+``FALLBACK_DIGESTS`` intervals that it stays missing from that sender's digests, the
+answerers double (the next ones in the ring: the designated ones were dead, lacked it,
+or their answers were lost), until every holder answers; doubling rather than all at
+once, so a late joiner still downloading a long history is not sent it n - 1 times
+after a few seconds. A view of the live peers that differs from another's costs a
+duplicate or a delay, never a record.
 
 What it promises: every record admitted into the index is offered to any peer whose
-digest lacks it, until its round closes, so loss and reordering heal within a digest or
-two (I1). What breaks it: a caller that admits a record to the index that the record
-set refused, or that never passes the jobs' current rounds (the index would only grow).
+digest lacks it, until its round closes: by its designated answerers at once, by more
+holders the longer it stays missing and by all of them within a few digest intervals
+(log2 of the pool's size over two, ``FALLBACK_DIGESTS`` each), so loss and reordering
+heal within a digest or a few (I1).
+What breaks it: a caller that admits a record to the index that the record set refused,
+or that never passes the jobs' current rounds (the index would only grow).
 """
 
 from __future__ import annotations
+
+import hashlib
+from collections import Counter
 
 from ttpeer_wire import Record
 
 from . import _gossip
 from ._effects import Broadcast, Send
 
+ANSWERERS = 2  # holders that answer a digest's lack of a record at once (see above)
+LIVE_DIGESTS = 3  # a peer heard from within this many digest intervals is live, for the ring
+FALLBACK_DIGESTS = 2  # the answerers double each time a record stays missing this many intervals
+
 
 class AntiEntropy:
-    def __init__(self, digest_interval: float, now: float) -> None:
+    def __init__(self, digest_interval: float, now: float, me: str = "") -> None:
         self.interval = digest_interval
+        self.me = me
         self.heard: dict[str, float] = {}  # when each peer last sent us anything
         self.next_digest = now
         self._digests = 0
         self._index: dict[str, Record] = {}  # id prefix -> record, see ``_gossiped``
         self._open_claims: dict[tuple[str, int], list[Record]] = {}  # (job, round) -> claims, releases
+        # Gossip payload bytes by what they carried (``GOSSIP_TRAFFIC``), before sealing: what
+        # ``ttpeer status`` and scripts/bench/exchange show of the control traffic.
+        self.traffic: Counter[str] = Counter()
+        # sender -> id prefix -> when this peer first saw it missing from that sender's
+        # digests (records it holds and did not answer at once)
+        self._missing: dict[str, dict[str, float]] = {}
 
     def admit(self, rec: Record) -> None:
         """A record new to the record set."""
@@ -42,16 +74,49 @@ class AntiEntropy:
             return []
         self.next_digest = now + self.interval
         self._digests += 1
-        return [Broadcast(_gossip.digest_payload(self._gossiped(rounds).keys(), self._digests))]
+        payload = _gossip.digest_payload(self._gossiped(rounds).keys(), self._digests)
+        self.traffic["digests_out"] += len(payload)
+        return [Broadcast(payload)]
 
-    def answer(self, sender: str, digest: tuple[set[str], int, int], rounds: dict[str, int]) -> list[Send]:
-        """The records ``sender``'s digest lacks, in as few payloads as fit."""
+    def answer(self, sender: str, digest: tuple[set[str], int, int], rounds: dict[str, int],
+               now: float = 0.0) -> list[Send]:
+        """The records ``sender``'s digest lacks that this peer answers now (as one of their
+        designated answerers, doubled for each ``FALLBACK_DIGESTS`` intervals a record has
+        been missing), in as few payloads as fit."""
+        if sender == self.me:
+            return []  # its own digest, echoed back by a relay
         prefixes, lo, hi = digest
         held = self._gossiped(rounds)
         missing = held.keys() - prefixes  # set arithmetic in C: digests arrive often
         whole = (lo, hi) == (0, _gossip.WINDOW_SPAN)
-        mine = [held[p].raw for p in missing if whole or _gossip.in_window(p, lo, hi)]
-        return [Send(sender, p) for p in _gossip.records_payloads(mine)]
+        if not whole:
+            missing = {p for p in missing if _gossip.in_window(p, lo, hi)}
+        seen = self._missing.setdefault(sender, {})
+        for p in [p for p in seen if p not in missing and (whole or _gossip.in_window(p, lo, hi))]:
+            del seen[p]  # it came, or left the index
+        ring = self._ring(sender, now)
+        mine = []
+        for p in sorted(missing):
+            waited = int((now - seen.setdefault(p, now)) // (FALLBACK_DIGESTS * self.interval))
+            if self._designated(p, sender, ring, ANSWERERS << min(waited, 20)):
+                mine.append(held[p].raw)
+        out = [Send(sender, p) for p in _gossip.records_payloads(mine)]
+        self.traffic["answers_out"] += sum(len(s.payload) for s in out)
+        return out
+
+    def _ring(self, sender: str, now: float) -> list[str]:
+        """The live peers as this peer sees them, sorted: itself, and those heard from
+        within ``LIVE_DIGESTS`` intervals, less ``sender``."""
+        live = {p for p, t in self.heard.items() if now - t <= LIVE_DIGESTS * self.interval}
+        return sorted((live | {self.me}) - {sender})
+
+    def _designated(self, prefix: str, sender: str, ring: list[str], count: int) -> bool:
+        """Whether this peer is one of the ``count`` peers that follow the point drawn from
+        ``prefix`` and ``sender`` in ``ring``."""
+        if len(ring) <= count:
+            return True
+        start = int.from_bytes(hashlib.sha256(f"{prefix}:{sender}".encode()).digest()[:8], "big") % len(ring)
+        return (ring.index(self.me) - start) % len(ring) < count
 
     def _gossiped(self, rounds: dict[str, int]) -> dict[str, Record]:
         """Records worth comparing, by id prefix: claims and releases of rounds that have
@@ -60,3 +125,9 @@ class AntiEntropy:
             for r in self._open_claims.pop(key):
                 self._index.pop(r.id[: _gossip.ID_PREFIX], None)
         return self._index
+
+
+# What ``AntiEntropy.traffic`` counts, payload bytes: digests sent and received, records
+# broadcast as they were made, records sent in answer to a digest, and records received,
+# new here or already held (a copy that crossed in flight, or one answer of several).
+GOSSIP_TRAFFIC = ("digests_out", "digests_in", "records_out", "answers_out", "records_in_new", "records_in_held")

@@ -84,7 +84,7 @@ class PeerMachine:
         self.records = RecordSet(pool)
         self.timing = timing
         self._views = Views(self.records)
-        self._gossip = AntiEntropy(timing.digest_interval, now)
+        self._gossip = AntiEntropy(timing.digest_interval, now, self.me)
         self._leases = LeaseTable(self.me)
         self._local = LocalWorker()
         self._closer = Closer(self.me, timing.digest_interval)
@@ -101,6 +101,7 @@ class PeerMachine:
         self.done_jobs = self._jobs.done_jobs  # job -> the final state reported
         self.declined = self._jobs.declined
         self.peer_rates = self._leases.peer_rates  # speeds peers published with their claims
+        self.gossip_traffic = self._gossip.traffic  # payload bytes by kind (``_antientropy.GOSSIP_TRAFFIC``)
 
     @property
     def rate(self) -> float:
@@ -138,10 +139,14 @@ class PeerMachine:
         except RecordError:
             return out
         self._gossip.heard[sender] = now
+        traffic = self._gossip.traffic
         if kind == "records":
+            scale = len(payload) / max(1, sum(len(raw) for raw in value))  # the payload's bytes, pro rata
             for raw in value:
                 if hashlib.sha256(raw).hexdigest() in self.records:
+                    traffic["records_in_held"] += round(len(raw) * scale)
                     continue  # already held: skip the signature check
+                traffic["records_in_new"] += round(len(raw) * scale)
                 try:
                     rec = parse(raw)
                 except RecordError:
@@ -149,7 +154,8 @@ class PeerMachine:
                 if self._admit(rec, now):
                     out.append(Persist(rec))
         else:
-            out += self._gossip.answer(sender, value, self._views.rounds())
+            traffic["digests_in"] += len(payload)
+            out += self._gossip.answer(sender, value, self._views.rounds(), now)
         return out + self._step(now) if settle else out
 
     def settle(self, now: float) -> list[Effect]:
@@ -350,7 +356,9 @@ class PeerMachine:
         return True
 
     def _gossip_out(self, rec: Record) -> list[Effect]:
-        return [Broadcast(p) for p in _gossip.records_payloads([rec.raw])]
+        out = [Broadcast(p) for p in _gossip.records_payloads([rec.raw])]
+        self._gossip.traffic["records_out"] += sum(len(b.payload) for b in out)
+        return list[Effect](out)
 
     def _signed(self, kind: str, body: dict) -> Record:
         return sign(kind, self.pool, body, self._key)
