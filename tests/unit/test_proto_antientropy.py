@@ -10,7 +10,7 @@ import pytest
 from ttpeer_wire import public_hex
 
 from ttpeer.proto import sign
-from ttpeer.proto._antientropy import ANSWERERS, FALLBACK_DIGESTS, AntiEntropy
+from ttpeer.proto._antientropy import ANSWERERS, FALLBACK_DIGESTS, LIVE_DIGESTS, AntiEntropy
 from ttpeer.proto._gossip import WINDOW_SPAN, parse_payload
 
 from .proto_helpers import Pool, hex64, key
@@ -110,3 +110,45 @@ def test_its_own_digest_echoed_back_is_not_answered():
     for r in _records(5):
         ae.admit(r)
     assert ae.answer(NAMES[0], (set(), 0, WINDOW_SPAN), {}, 0.0) == []
+
+
+# -- packed payloads: only to peers that showed they read them --------------------------
+
+
+def test_answers_go_packed_only_to_a_peer_that_sent_a_packed_payload():
+    from ttpeer.proto._gossip import PACKED
+
+    recs = _records(5)
+    ae = AntiEntropy(INTERVAL, 0.0, NAMES[1])
+    for r in recs:
+        ae.admit(r)
+    ae.heard[NAMES[0]] = 0.0
+    plain = ae.answer(NAMES[0], (set(), 0, WINDOW_SPAN), {}, 0.0)
+    assert plain and not any(s.payload.startswith(PACKED) for s in plain)
+    ae.packs.add(NAMES[0])
+    packed = ae.answer(NAMES[0], (set(), 0, WINDOW_SPAN), {}, 0.0)
+    assert packed and all(s.payload.startswith(PACKED) for s in packed)
+    assert [parse_payload(s.payload) for s in packed] == [parse_payload(s.payload) for s in plain]
+
+
+def test_broadcasts_go_packed_once_every_live_peer_reads_them_and_every_other_digest_probes():
+    from ttpeer.proto._gossip import PACKED, PROBE_EVERY
+
+    ae = AntiEntropy(INTERVAL, 0.0, NAMES[0])
+    ae.heard.update({NAMES[1]: 0.0, NAMES[2]: 0.0})
+    ae.packs.add(NAMES[1])  # NAMES[2] runs a version that does not read them
+    digests = [ae.tick(i * INTERVAL, {})[0].payload for i in range(8)]
+    for p in (NAMES[1], NAMES[2]):
+        ae.heard[p] = 7 * INTERVAL
+    assert [d.startswith(PACKED) for d in digests] == [i % PROBE_EVERY == 0 for i in range(8)]
+    assert ae.outgoing([b"x"], 7 * INTERVAL) == [b"x"]
+    ae.packs.add(NAMES[2])
+    assert ae.outgoing([b"x"], 7 * INTERVAL)[0].startswith(PACKED)
+    assert ae.tick(8 * INTERVAL, {})[0].payload.startswith(PACKED)
+    # A peer that does not read them and stays silent long enough leaves the live set: it
+    # holds nothing back (it gets what it lacks in answers, unpacked, when it is back).
+    ae.packs.discard(NAMES[2])
+    later = 7 * INTERVAL + (LIVE_DIGESTS + 1) * INTERVAL
+    ae.heard[NAMES[1]] = later
+    assert ae.outgoing([b"x"], later)[0].startswith(PACKED)
+    assert ae.outgoing([b"x"], 7 * INTERVAL) == [b"x"]

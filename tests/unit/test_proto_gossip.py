@@ -139,3 +139,53 @@ def test_fuzz_parse_payload_shaped_objects_raises_only_record_error(obj: dict) -
         assert all(isinstance(v, bytes) for v in value)
     else:
         assert all(isinstance(v, str) and len(v) == ID_PREFIX for v in value)
+
+
+# -- packed payloads ------------------------------------------------------------------
+
+
+def test_a_packed_payload_reads_as_itself_and_takes_about_half_the_bytes() -> None:
+    from ttpeer.proto._gossip import pack, unpack
+
+    ids = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(200)]
+    digest = digest_payload(ids)
+    packed = pack(digest)
+    assert unpack(packed) == (digest, True) and unpack(digest) == (digest, False)
+    assert parse_payload(packed) == parse_payload(digest)
+    assert len(packed) < 0.6 * len(digest)  # hex prefixes: 4 bits a character
+    pool = Pool("pack")
+    recs = [sign(kind, pool.id, body, key("pack")).raw for kind, body in valid_bodies().items()]
+    for payload in records_payloads(recs):
+        assert parse_payload(pack(payload)) == parse_payload(payload)
+        assert len(pack(payload)) < 0.7 * len(payload)
+
+
+def test_a_packed_payload_that_declares_too_much_or_lies_is_refused_before_any_allocation() -> None:
+    import zstandard
+
+    from ttpeer.proto._gossip import PACKED, pack
+
+    big = zstandard.ZstdCompressor(write_content_size=True).compress(b" " * (MAX_PAYLOAD_BYTES + 2048))
+    with pytest.raises(RecordError, match="declares"):
+        parse_payload(big)  # a few bytes on the wire, a quarter megabyte and more unpacked
+    unsized = zstandard.ZstdCompressor(write_content_size=False).compress(digest_payload([]))
+    with pytest.raises(RecordError, match="declares"):
+        parse_payload(unsized)
+    with pytest.raises(RecordError):
+        parse_payload(PACKED + b"\x00" * 20)
+    good = pack(digest_payload(["a" * 64]))
+    with pytest.raises(RecordError):
+        parse_payload(good[:-3])  # cut short
+    with pytest.raises(RecordError):
+        parse_payload(good + b"extra")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzz_packed_garbage_raises_only_record_error(data: bytes) -> None:
+    from ttpeer.proto._gossip import PACKED
+
+    try:
+        parse_payload(PACKED + data)
+    except RecordError:
+        return

@@ -22,6 +22,12 @@ once, so a late joiner still downloading a long history is not sent it n - 1 tim
 after a few seconds. A view of the live peers that differs from another's costs a
 duplicate or a delay, never a record.
 
+It also keeps which peers sent a packed payload (``_gossip.pack``): those read them. An
+answer to such a peer goes packed; a broadcast (a digest, a new record) goes packed once
+every live peer is one of them, and every other digest goes packed anyway: the probe
+from which the others learn that this peer reads them. A peer of a version before
+packing drops what it cannot read and so misses only those probes, and sends none.
+
 What it promises: every record admitted into the index is offered to any peer whose
 digest lacks it, until its round closes: by its designated answerers at once, by more
 holders the longer it stays missing and by all of them within a few digest intervals
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Iterable
 
 from ttpeer_wire import Record
 
@@ -61,6 +68,7 @@ class AntiEntropy:
         # sender -> id prefix -> when this peer first saw it missing from that sender's
         # digests (records it holds and did not answer at once)
         self._missing: dict[str, dict[str, float]] = {}
+        self.packs: set[str] = set()  # peers that sent a packed payload: they read them (``_gossip.pack``)
 
     def admit(self, rec: Record) -> None:
         """A record new to the record set."""
@@ -75,8 +83,18 @@ class AntiEntropy:
         self.next_digest = now + self.interval
         self._digests += 1
         payload = _gossip.digest_payload(self._gossiped(rounds).keys(), self._digests)
+        if self._digests % _gossip.PROBE_EVERY == 1 or self._all_pack(now):
+            payload = _gossip.pack(payload)  # the probe: how the others learn this peer reads them
         self.traffic["digests_out"] += len(payload)
         return [Broadcast(payload)]
+
+    def outgoing(self, payloads: Iterable[bytes], now: float) -> list[bytes]:
+        """Payloads to broadcast, packed when every live peer reads packed payloads."""
+        return [_gossip.pack(p) for p in payloads] if self._all_pack(now) else list(payloads)
+
+    def _all_pack(self, now: float) -> bool:
+        live = self._live(now)
+        return bool(live) and live <= self.packs
 
     def answer(self, sender: str, digest: tuple[set[str], int, int], rounds: dict[str, int],
                now: float = 0.0) -> list[Send]:
@@ -100,15 +118,19 @@ class AntiEntropy:
             waited = int((now - seen.setdefault(p, now)) // (FALLBACK_DIGESTS * self.interval))
             if self._designated(p, sender, ring, ANSWERERS << min(waited, 20)):
                 mine.append(held[p].raw)
-        out = [Send(sender, p) for p in _gossip.records_payloads(mine)]
+        payloads = _gossip.records_payloads(mine)
+        out = [Send(sender, _gossip.pack(p) if sender in self.packs else p) for p in payloads]
         self.traffic["answers_out"] += sum(len(s.payload) for s in out)
         return out
 
     def _ring(self, sender: str, now: float) -> list[str]:
         """The live peers as this peer sees them, sorted: itself, and those heard from
         within ``LIVE_DIGESTS`` intervals, less ``sender``."""
-        live = {p for p, t in self.heard.items() if now - t <= LIVE_DIGESTS * self.interval}
-        return sorted((live | {self.me}) - {sender})
+        return sorted((self._live(now) | {self.me}) - {sender})
+
+    def _live(self, now: float) -> set[str]:
+        """The peers heard from within ``LIVE_DIGESTS`` intervals."""
+        return {p for p, t in self.heard.items() if now - t <= LIVE_DIGESTS * self.interval}
 
     def _designated(self, prefix: str, sender: str, ring: list[str], count: int) -> bool:
         """Whether this peer is one of the ``count`` peers that follow the point drawn from

@@ -6,6 +6,12 @@ records missing from someone's digest sends them to that peer. Loss, duplication
 and reordering of either payload are harmless: records merge by set union, and
 the next digest repairs any gap. Payloads are plain canonical values here; the
 daemon seals them before they reach the relay.
+
+A payload may go packed (``pack``: one zstd frame of it), to a peer known to read packed
+payloads (``_antientropy`` keeps who sent one): digests and records are hex in JSON, and
+packing takes back about half of their bytes. A peer of a version before packing drops a
+packed payload as malformed, so nobody sends one to a peer that has not shown it reads
+them, except one digest in ``PROBE_EVERY`` (how peers find each other out).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import zstandard
 from ttpeer_wire import RecordError, decode, encode
 
 MAX_PAYLOAD_BYTES = 240 * 1024  # under the relay's 256 KiB mailbox message cap
@@ -58,8 +65,42 @@ def in_window(rec_id: str, lo: int, hi: int) -> bool:
     return lo <= int(rec_id[:WINDOW_HEX], 16) < hi
 
 
+PACKED = b"\x28\xb5\x2f\xfd"  # a zstd frame's magic number: a packed payload (JSON opens with "{")
+PACK_LEVEL = 3
+PROBE_EVERY = 2  # one digest in this many goes packed whoever may not read it (the probe)
+
+
+def pack(payload: bytes) -> bytes:
+    """``payload`` as one zstd frame (its size declared): what ``unpack`` reads back."""
+    return zstandard.ZstdCompressor(level=PACK_LEVEL, write_content_size=True).compress(payload)
+
+
+def unpack(data: bytes) -> tuple[bytes, bool]:
+    """A payload as received: unpacked if it came packed, and whether it did. Raises
+    RecordError for a packed payload that declares more than the payload cap, or does not
+    decompress to what it declares (read before any allocation: a small hostile frame must
+    not ask for gigabytes)."""
+    if not data.startswith(PACKED):
+        return data, False
+    cap = MAX_PAYLOAD_BYTES + 1024
+    try:
+        declared = zstandard.frame_content_size(data)
+        if not 0 <= declared <= cap:
+            said = "no size" if declared < 0 else f"{declared} bytes"
+            raise RecordError(f"a packed gossip payload declares {said} (it must declare at most {cap} bytes)")
+        out = zstandard.ZstdDecompressor(max_window_size=1 << 20).decompress(
+            data, max_output_size=declared, allow_extra_data=False)
+    except zstandard.ZstdError as exc:
+        raise RecordError(f"a packed gossip payload does not decompress: {exc}") from None
+    if len(out) != declared:
+        raise RecordError(f"a packed gossip payload is {len(out)} bytes, declared {declared}")
+    return out, True
+
+
 def parse_payload(data: bytes) -> tuple[str, Any]:
-    """Returns ("records", [bytes, ...]) or ("digest", (prefixes, lo, hi)). Raises RecordError."""
+    """Returns ("records", [bytes, ...]) or ("digest", (prefixes, lo, hi)), for a payload
+    packed or not. Raises RecordError."""
+    data, _packed = unpack(data)
     obj = decode(data, max_size=MAX_PAYLOAD_BYTES + 1024, canonical=False)
     if type(obj) is not dict:
         raise RecordError("gossip payload is not an object")

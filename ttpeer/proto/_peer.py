@@ -135,10 +135,13 @@ class PeerMachine:
         has a batch of payloads calls ``settle`` once after the last."""
         out: list[Effect] = []
         try:
-            kind, value = _gossip.parse_payload(payload)
+            data, packed = _gossip.unpack(payload)
+            kind, value = _gossip.parse_payload(data)
         except RecordError:
             return out
         self._gossip.heard[sender] = now
+        if packed:
+            self._gossip.packs.add(sender)
         traffic = self._gossip.traffic
         if kind == "records":
             scale = len(payload) / max(1, sum(len(raw) for raw in value))  # the payload's bytes, pro rata
@@ -356,7 +359,7 @@ class PeerMachine:
         return True
 
     def _gossip_out(self, rec: Record) -> list[Effect]:
-        out = [Broadcast(p) for p in _gossip.records_payloads([rec.raw])]
+        out = [Broadcast(p) for p in self._gossip.outgoing(_gossip.records_payloads([rec.raw]), self._now)]
         self._gossip.traffic["records_out"] += sum(len(b.payload) for b in out)
         return list[Effect](out)
 
