@@ -229,7 +229,7 @@ def _gossip_lines(result: dict[str, Any]) -> list[str]:
         return []
 
     def avg(key: str) -> str:
-        return _mb(sum(g.get(key, 0) for g in rows) / len(rows) / result["rounds"])
+        return f"{sum(g.get(key, 0) for g in rows) / len(rows) / result['rounds'] / 1e3:.0f} kB"
 
     return ["", f"Gossip payloads a peer a round (before sealing): in, {avg('digests_in')} of digests, "
             f"{avg('records_in_new')} of records new to it and {avg('records_in_held')} of records it held "

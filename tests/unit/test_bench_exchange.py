@@ -69,3 +69,15 @@ def test_a_peers_slice_traffic_counts_its_reductions_inputs_and_the_results_it_d
     assert _slice_traffic("C", contribs, closes, slices) == (2 * 1000, 200, 1, 0)
     # The all-deltas path: no slice records, no slice traffic.
     assert _slice_traffic("A", contribs, [_Rec("close", "A")], []) == (0, 0, 0, 0)
+
+
+def test_the_gossip_line_averages_each_peers_counters_a_round_in_kilobytes():
+    from bench.exchange import _gossip_lines
+
+    counters = [{"digests_in": 90_000, "records_in_new": 30_000, "records_in_held": 6_000, "digests_out": 6_000,
+                 "records_out": 3_000, "answers_out": 1_500}, {"digests_in": 30_000}]
+    result = {"rounds": 3, "rows": [{"gossip": c} for c in counters] + [{"gossip": {}}]}
+    [_blank, line] = _gossip_lines(result)
+    assert line.startswith("Gossip payloads a peer a round (before sealing): in, 20 kB of digests, 5 kB of "
+                           "records new to it and 1 kB of records it held already; out, 1 kB of digests")
+    assert _gossip_lines({"rounds": 3, "rows": [{"gossip": {}}]}) == []  # a version without the counters
