@@ -189,3 +189,10 @@ def test_fuzz_packed_garbage_raises_only_record_error(data: bytes) -> None:
         parse_payload(PACKED + data)
     except RecordError:
         return
+
+
+def test_a_packed_payload_inside_a_packed_payload_is_refused() -> None:
+    from ttpeer.proto._gossip import pack
+
+    with pytest.raises(RecordError, match="another packed"):
+        parse_payload(pack(pack(digest_payload([]))))

@@ -54,7 +54,7 @@ FALLBACK_DIGESTS = 2  # the answerers double each time a record stays missing th
 
 
 class AntiEntropy:
-    def __init__(self, digest_interval: float, now: float, me: str = "") -> None:
+    def __init__(self, digest_interval: float, now: float, me: str) -> None:
         self.interval = digest_interval
         self.me = me
         self.heard: dict[str, float] = {}  # when each peer last sent us anything
@@ -113,10 +113,11 @@ class AntiEntropy:
         for p in [p for p in seen if p not in missing and (whole or _gossip.in_window(p, lo, hi))]:
             del seen[p]  # it came, or left the index
         ring = self._ring(sender, now)
+        at = ring.index(self.me)
         mine = []
         for p in sorted(missing):
             waited = int((now - seen.setdefault(p, now)) // (FALLBACK_DIGESTS * self.interval))
-            if self._designated(p, sender, ring, ANSWERERS << min(waited, 20)):
+            if _designated(p, sender, len(ring), at, ANSWERERS << min(waited, 20)):
                 mine.append(held[p].raw)
         payloads = _gossip.records_payloads(mine)
         out = [Send(sender, _gossip.pack(p) if sender in self.packs else p) for p in payloads]
@@ -132,14 +133,6 @@ class AntiEntropy:
         """The peers heard from within ``LIVE_DIGESTS`` intervals."""
         return {p for p, t in self.heard.items() if now - t <= LIVE_DIGESTS * self.interval}
 
-    def _designated(self, prefix: str, sender: str, ring: list[str], count: int) -> bool:
-        """Whether this peer is one of the ``count`` peers that follow the point drawn from
-        ``prefix`` and ``sender`` in ``ring``."""
-        if len(ring) <= count:
-            return True
-        start = int.from_bytes(hashlib.sha256(f"{prefix}:{sender}".encode()).digest()[:8], "big") % len(ring)
-        return (ring.index(self.me) - start) % len(ring) < count
-
     def _gossiped(self, rounds: dict[str, int]) -> dict[str, Record]:
         """Records worth comparing, by id prefix: claims and releases of rounds that have
         closed change nothing any more."""
@@ -147,6 +140,15 @@ class AntiEntropy:
             for r in self._open_claims.pop(key):
                 self._index.pop(r.id[: _gossip.ID_PREFIX], None)
         return self._index
+
+
+def _designated(prefix: str, sender: str, size: int, at: int, count: int) -> bool:
+    """Whether the peer at place ``at`` of a ring of ``size`` is one of the ``count`` that
+    follow the point drawn from ``prefix`` and ``sender``."""
+    if size <= count:
+        return True
+    start = int.from_bytes(hashlib.sha256(f"{prefix}:{sender}".encode()).digest()[:8], "big") % size
+    return (at - start) % size < count
 
 
 # What ``AntiEntropy.traffic`` counts, payload bytes: digests sent and received, records

@@ -94,6 +94,8 @@ def unpack(data: bytes) -> tuple[bytes, bool]:
         raise RecordError(f"a packed gossip payload does not decompress: {exc}") from None
     if len(out) != declared:
         raise RecordError(f"a packed gossip payload is {len(out)} bytes, declared {declared}")
+    if out.startswith(PACKED):
+        raise RecordError("a packed gossip payload holds another packed payload")
     return out, True
 
 
