@@ -11,7 +11,7 @@ import pytest
 
 from ttpeer.daemon import call
 from ttpeer.daemon._integrity import scan_log
-from ttpeer.proto import parse
+from ttpeer.proto import GOSSIP_TRAFFIC, parse
 from ttpeer_harness import Cluster, job_spec, make_pool, status, ttpeer, wait_for
 
 from ._helpers import job_finished, job_of
@@ -95,6 +95,11 @@ def test_a_sliced_job_fetches_its_slice_of_each_delta_by_range_over_real_tls(tmp
         # other delta an aggregator reduced, at least one aggregator's worth a sliced round.
         ranges = sum(status(h)["direct"]["served_ranges"] for h in homes)
         assert (ranges == 0) if direct == "off" else (ranges >= 3 * 3 * len(closes)), (direct, ranges)
+        # The control traffic, as status shows it: every peer took in digests and new records.
+        for h in homes:
+            gossip = status(h)["gossip"]
+            assert set(gossip) == set(GOSSIP_TRAFFIC), gossip
+            assert gossip["digests_in"] > 0 and gossip["records_in_new"] > 0, (h.name, gossip)
         exports = {ttpeer("export", job, str(h / "m.safetensors"), "--home", str(h))[-1] for h in homes}
         assert len(exports) == 1
     finally:
