@@ -48,6 +48,10 @@ from ttpeer_wire import Record
 from . import _gossip
 from ._effects import Broadcast, Send
 
+# What ``AntiEntropy.traffic`` counts, payload bytes: digests sent and received, records
+# broadcast as they were made, records sent in answer to a digest, and records received,
+# new here or already held (a copy that crossed in flight, or one answer of several).
+GOSSIP_TRAFFIC = ("digests_out", "digests_in", "records_out", "answers_out", "records_in_new", "records_in_held")
 ANSWERERS = 2  # holders that answer a digest's lack of a record at once (see above)
 LIVE_DIGESTS = 3  # a peer heard from within this many digest intervals is live, for the ring
 FALLBACK_DIGESTS = 2  # the answerers double each time a record stays missing this many intervals
@@ -88,9 +92,12 @@ class AntiEntropy:
         self.traffic["digests_out"] += len(payload)
         return [Broadcast(payload)]
 
-    def outgoing(self, payloads: Iterable[bytes], now: float) -> list[bytes]:
-        """Payloads to broadcast, packed when every live peer reads packed payloads."""
-        return [_gossip.pack(p) for p in payloads] if self._all_pack(now) else list(payloads)
+    def broadcast(self, raws: Iterable[bytes], now: float) -> list[Broadcast]:
+        """New records to broadcast, packed when every live peer reads packed payloads."""
+        pack = self._all_pack(now)
+        out = [Broadcast(_gossip.pack(p) if pack else p) for p in _gossip.records_payloads(raws)]
+        self.traffic["records_out"] += sum(len(b.payload) for b in out)
+        return out
 
     def _all_pack(self, now: float) -> bool:
         live = self._live(now)
@@ -150,8 +157,3 @@ def _designated(prefix: str, sender: str, size: int, at: int, count: int) -> boo
     start = int.from_bytes(hashlib.sha256(f"{prefix}:{sender}".encode()).digest()[:8], "big") % size
     return (at - start) % size < count
 
-
-# What ``AntiEntropy.traffic`` counts, payload bytes: digests sent and received, records
-# broadcast as they were made, records sent in answer to a digest, and records received,
-# new here or already held (a copy that crossed in flight, or one answer of several).
-GOSSIP_TRAFFIC = ("digests_out", "digests_in", "records_out", "answers_out", "records_in_new", "records_in_held")

@@ -44,7 +44,6 @@ from ._closer import CHECKPOINT_EVERY, Closer
 from ._effects import (
     Aggregate,
     Apply,
-    Broadcast,
     Effect,
     FetchState,
     Persist,
@@ -359,9 +358,7 @@ class PeerMachine:
         return True
 
     def _gossip_out(self, rec: Record) -> list[Effect]:
-        out = [Broadcast(p) for p in self._gossip.outgoing(_gossip.records_payloads([rec.raw]), self._now)]
-        self._gossip.traffic["records_out"] += sum(len(b.payload) for b in out)
-        return list[Effect](out)
+        return list(self._gossip.broadcast([rec.raw], self._now))
 
     def _signed(self, kind: str, body: dict) -> Record:
         return sign(kind, self.pool, body, self._key)

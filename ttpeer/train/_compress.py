@@ -446,4 +446,5 @@ def _unpack_nibbles(raw: np.ndarray, numel: int, bits: int) -> np.ndarray:
     qmax = (1 << (bits - 1)) - 1
     if ((nibbles - np.uint8(qmax + 1)) <= np.uint8(14 - 2 * qmax)).any():
         raise DeltaError(f"delta has a {bits}-bit value outside [-{qmax}, {qmax}]")
-    return np.where(nibbles >= 8, nibbles.astype(np.int16) - 16, nibbles).astype(np.int8)
+    # 8..15 less 16 wraps in uint8 to 248..255, which are -8..-1 read as int8: no wider copy.
+    return np.where(nibbles >= 8, nibbles - np.uint8(16), nibbles).view(np.int8)
