@@ -22,7 +22,7 @@ import trio
 from ttpeer.daemon import Home, Node, new_invite
 from ttpeer.daemon._torch import TorchExecutor
 from ttpeer.net import MemoryRelay
-from ttpeer.proto import Timing, Token, Train
+from ttpeer.proto import Timing, Token, Train, _slices
 
 RELAY, FP = "https://relay.test.invalid", "sha256:" + "0" * 64
 SPEC = {"task": "mnist1d:samples=2000", "mode": "fused", "batch_size": 32, "inner_lr": 0.003, "weight_decay": 0.0,
@@ -60,7 +60,10 @@ def _homes(root: Path, n: int) -> list[Home]:
     return homes
 
 
-async def test_three_torch_peers_close_sliced_rounds_and_end_bit_identical(tmp_path):
+async def test_three_torch_peers_close_sliced_rounds_and_end_bit_identical(tmp_path, monkeypatch):
+    # Every slice checked: each result is reproduced on one chunk (drawn by its checker,
+    # reduced alone with torch) by a second peer before it counts.
+    monkeypatch.setattr(_slices, "CHECK_ONE_IN", 1)
     homes = _homes(tmp_path, 3)
     async with MemoryRelay() as relay:
         started: dict[int, set[str]] = {}
@@ -94,6 +97,11 @@ async def test_three_torch_peers_close_sliced_rounds_and_end_bit_identical(tmp_p
         contrib = records.by_id[close["contribs"][0]]
         assert sum(r["size"] for r in named) < 0.4 * contrib["size"], (sum(r["size"] for r in named), contrib["size"])
         assert all(c.body.get("chunks") == 20 for c in (records.by_id[i] for i in close["contribs"]))
+        for r in named:  # each signed by its reducer and by a checker
+            assert len({x.author for x in records.of_job(job.id, "slice") if x["sha256"] == r["sha256"]}) == 2
+    checks = [n.counters.job(job.id) for n in nodes]
+    assert sum(c.samples for c in checks) >= sum(len(c["slices"]) for c in sliced)
+    assert sum(c.sample_misses for c in checks) == 0
     losses = [c["metrics"]["eval_loss"] for c in chain.closes]
     # The mean is sane: better than chance (ln 10 = 2.30) every round, and the last round
     # well below it. The middle rounds swing with the outer momentum (0.9): 2.0-2.1 in most

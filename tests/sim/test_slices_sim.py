@@ -26,9 +26,13 @@ def sliced_closes(sim: Simulation, job: str) -> list:
     return [c for c in node.machine.chain(node.machine.records.by_id[job]).closes if "slices" in c.body]
 
 
-async def test_peers_fetch_a_rounds_slices_ahead_of_its_close_and_only_once(tmp_path, autojump_clock):
+@pytest.mark.parametrize("one_in", [_slices.CHECK_ONE_IN, 1])
+async def test_peers_fetch_a_rounds_slices_ahead_of_its_close_and_only_once(tmp_path, autojump_clock, monkeypatch,
+                                                                            one_in):
     # Each slice is fetched as soon as it counts, so the closer's aggregate and the others'
-    # apply read them here: no slice is downloaded twice by one peer.
+    # apply read them here: no slice is downloaded twice by one peer. A spot check fetches
+    # the result it checks, and that copy is the one the close reads.
+    monkeypatch.setattr(_slices, "CHECK_ONE_IN", one_in)
     spec = {**SLICED, "overlap": 0}
     async with MemoryRelay() as relay:
         sim = Simulation(tmp_path, relay, seed=11)
@@ -50,6 +54,16 @@ async def test_peers_fetch_a_rounds_slices_ahead_of_its_close_and_only_once(tmp_
             chain = sim.peers[0].node.machine.chain(records.by_id[job])
             authors = [{records.by_id[c].author for c in close["contribs"]} for close in chain.closes[-3:]]
             assert [r["rounds_trained"] for r in rows] == [sum(_node_id(p) in a for a in authors) for p in sim.peers]
+            # Every checked slice was checked on one chunk, and reproduced there (the fake
+            # model's 12 chunks make slices of two or three chunks for these 5 peers).
+            named = [records.by_id[rid] for c in closes for rid in c["slices"]]
+            assert all(r["stop"] - r["first"] > 1 for r in named)
+            seconds = sum(1 for n in named if len(
+                {r.author for r in records.of_job(job, "slice") if r["sha256"] == n["sha256"]}) > 1)
+            assert sum(r["spot_checks"]["reproduced"] for r in rows) == seconds
+            assert sum(r["spot_checks"]["missed"] for r in rows) == 0
+            if one_in == 1:
+                assert seconds == sum(len(c["slices"]) for c in closes)
             nursery.cancel_scope.cancel()
 
 
@@ -102,6 +116,11 @@ async def test_a_forged_slice_is_refused_and_made_again(tmp_path, autojump_clock
             assert closes
             forged = {r["sha256"] for r in records.of_job(job, "slice") if r.author == forger}
             assert forged, "the forger reduced or checked slices"
+            # Honest checkers found its results wrong on the chunk they drew (and it found
+            # theirs wrong on its own), and reproduced one another's.
+            checks = [next(j for j in snapshot(p.node)["jobs"] if j["id"] == job)["spot_checks"] for p in sim.peers]
+            assert checks[2]["reproduced"] == 0
+            assert sum(c["missed"] for c in checks) > 0 and sum(c["reproduced"] for c in checks) > 0
             for close in closes:
                 for rid in close["slices"]:
                     rec = records.by_id[rid]

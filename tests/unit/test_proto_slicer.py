@@ -113,8 +113,9 @@ def test_each_slice_goes_to_its_author_first_then_passes_after_a_lease(monkeypat
     assert 1 in [w.slice for w in nxt.step(SPEC, 0, cover, spans, 0.0, SPEC.lease, rs)[0]]
 
 
-def test_a_checked_slice_is_reduced_by_the_first_two_in_its_order_at_once(monkeypatch):
-    # The check runs beside the first reduction, not a reduction after it.
+def test_a_checked_slice_is_reduced_once_then_checked_on_a_chunk_by_the_next_in_its_order(monkeypatch):
+    # The check waits for the result (it samples one chunk of it): one reduction's
+    # downloads, not two, and the second in the order checks as soon as it sees the result.
     monkeypatch.setattr(sl, "CHECK_ONE_IN", 1)
     cover = _contribs()
     spans = sl.plan(SPEC, cover)
@@ -123,11 +124,41 @@ def test_a_checked_slice_is_reduced_by_the_first_two_in_its_order_at_once(monkey
     for name in NAMES:
         work, _results = Slicer(name).step(SPEC, 0, cover, spans, 0.0, 0.0, rs)
         for w in work:
-            assert w.against is None
+            assert w.against is None and not w.sample
+            makers.setdefault(w.slice, set()).add(name)
+    assert makers == {s: {sl.aggregators(JOB.id, 0, NAMES, s)[0]} for s in range(4)}
+    order = sl.aggregators(JOB.id, 0, NAMES, 2)
+    first = _slice(KEYS[NAMES.index(order[0])], cover, 2)
+    rs = _records(*cover, first)
+    for name in NAMES:
+        checks = [w for w in Slicer(name).step(SPEC, 0, cover, spans, 0.0, 5.0, rs)[0] if w.slice == 2]
+        assert checks == ([ReduceSlice(JOB, 0, BASE, tuple(cover), 2, 4, *spans[2], first, True)]
+                          if name == order[1] else [])
+    # Hashes that disagree are settled by a third author reducing the whole slice.
+    other = _slice(KEYS[NAMES.index(order[1])], cover, 2, sha="other")
+    work, _results = Slicer(order[2]).step(SPEC, 0, cover, spans, 0.0, 5.0, _records(*cover, first, other))
+    assert [(w.slice, w.sample) for w in work if w.against is not None] == [(2, False)]
+    # A result this peer refused is no result to sample: the slice is made again whole.
+    me = Slicer(order[1])
+    me.refused(first.id)
+    assert [(w.slice, w.against, w.sample) for w in me.step(SPEC, 0, cover, spans, 0.0, 5.0, rs)[0]
+            if w.slice == 2] == [(2, None, False)]
+
+
+def test_a_checked_slice_of_one_chunk_is_reduced_by_the_first_two_in_its_order_at_once(monkeypatch):
+    # Its check is a whole reduction either way: beside the first, not after its result.
+    monkeypatch.setattr(sl, "CHECK_ONE_IN", 1)
+    cover = _contribs(chunks=4)
+    spans = sl.plan(SPEC, cover)
+    assert spans == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    rs = _records(*cover)
+    makers: dict[int, set[str]] = {}
+    for name in NAMES:
+        for w in Slicer(name).step(SPEC, 0, cover, spans, 0.0, 0.0, rs)[0]:
+            assert w.against is None and not w.sample
             makers.setdefault(w.slice, set()).add(name)
     assert makers == {s: set(sl.aggregators(JOB.id, 0, NAMES, s)[:2]) for s in range(4)}
-    # With no result, the turns go on as for any slice: the second's (it is at work already),
-    # then the third's, two leases from the cover.
+    # With no result, the turns go on as for any slice: the third's two leases from the cover.
     third = sl.aggregators(JOB.id, 0, NAMES, 2)[2]
     assert 2 not in [w.slice for w in Slicer(third).step(SPEC, 0, cover, spans, 0.0, 2 * SPEC.lease - 0.1, rs)[0]]
     assert 2 in [w.slice for w in Slicer(third).step(SPEC, 0, cover, spans, 0.0, 2 * SPEC.lease, rs)[0]]

@@ -16,6 +16,10 @@ class JobStats:
     data_waits: int = 0
     data_wait_s: float = 0.0
     first_data_wait_s: float | None = None
+    # Spot checks of others' reduced slices on one chunk: reproduced, and not (the whole
+    # slice was then reduced here).
+    samples: int = 0
+    sample_misses: int = 0
 
     def ratio(self) -> float | None:
         """Compression: fp32 bytes per byte on the wire."""

@@ -20,6 +20,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+import secrets
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import Any, Protocol
 
 import trio
 
+from ttpeer._chunked import run_matches
 from ttpeer._trim import trim
 from ttpeer.errors import DiskError, LocalWorkLost, StateMissing, TaskFailed, TtpeerError
 from ttpeer.net import NetError
@@ -49,6 +51,7 @@ from ttpeer.proto import (
     FetchState,
     JobDone,
     JobFailed,
+    JobSpec,
     PeerMachine,
     Persist,
     Prepared,
@@ -73,7 +76,7 @@ from ._counters import Counters
 from ._data import Datasets
 from ._executor import Decline, Deltas, Executor
 from ._home import Home, PoolConfig
-from ._keys import RANGES_AT_ONCE, Blobs, PoolKeys, SealError, in_order
+from ._keys import RANGES_AT_ONCE, Blobs, PoolKeys, SealError, in_order, off_span
 from ._recordlog import RecordLog
 from ._replay import ReplayGuard
 
@@ -346,6 +349,8 @@ class Effects:
                                     None if chunks is None else int(chunks)))
 
     async def _reduce_slice(self, eff: ReduceSlice) -> None:
+        if eff.sample and eff.against is not None and await self._sample_slice(eff, eff.against):
+            return
         async with self._node.blobs.deltas(eff.job, eff.contribs, (eff.first, eff.stop)) as deltas:
             data = await self._node.executor.reduce_slice(eff.job, deltas, eff.first, eff.stop, rnd=eff.round)
         trim()
@@ -361,6 +366,50 @@ class Effects:
         if kept is not None:
             self._node.blobs.keep_slice(kept, data)
         self._report(SliceReduced(eff, sha, len(data), blob))
+
+    async def _sample_slice(self, eff: ReduceSlice, rec: Record) -> bool:
+        """A spot check of the result ``rec`` on one chunk of its slice, drawn here from this
+        peer's own randomness (its author cannot foresee which): that chunk of every
+        contribution is fetched and reduced, and the result downloaded (every peer needs
+        it for the close, so it is kept). True when the chunk is the result's (its hash is
+        signed, nothing uploaded); False when the whole slice is to be reduced. A result
+        that does not hash as ``rec`` says is refused (``SliceRefused``: made again at once)."""
+        chunk = eff.first + secrets.randbelow(eff.stop - eff.first)
+        values = JobSpec.of(eff.job).chunk
+        assert values is not None  # only a sliced job has slices
+
+        async def result() -> bytes:
+            data = self._node.blobs.kept_slice(rec["blob"])
+            if data is None:
+                data = await self._node.blobs.get(rec["blob"], max_size=rec["size"] + 64, uploaders=[rec.author])
+            if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
+                self._node.blobs.refused("slice")
+                self._report(SliceRefused(rec.id))
+                raise SliceMismatch(f"slice {eff.slice} of round {eff.round} by {rec.author[:12]} does not hash as "
+                                    "its record says; it is made again")
+            return data
+
+        async def alone() -> bytes:
+            async with self._node.blobs.deltas(eff.job, eff.contribs, (chunk, chunk + 1)) as deltas:
+                return await self._node.executor.reduce_slice(eff.job, deltas, chunk, chunk + 1, rnd=eff.round)
+
+        data, part = await in_order([result, alone], limit=2)
+        stats = self._node.counters.job(eff.job.id)
+        try:
+            same = await off_span(len(data), run_matches, data, part, (chunk - eff.first) * values)
+        except ValueError as exc:
+            log.warning("slice %d of round %d (job %s) by %s cannot be compared on chunk %d (%s); reducing "
+                        "the whole slice", eff.slice, eff.round, eff.job.id[:12], rec.author[:12], chunk, exc)
+            same = False
+        if not same:
+            stats.sample_misses += 1
+            log.warning("chunk %d of slice %d of round %d (job %s) by %s did not reproduce here; reducing the "
+                        "whole slice", chunk, eff.slice, eff.round, eff.job.id[:12], rec.author[:12])
+            return False
+        stats.samples += 1
+        self._node.blobs.keep_slice(rec["blob"], data)
+        self._report(SliceReduced(eff, rec["sha256"], rec["size"], None))
+        return True
 
     @contextlib.asynccontextmanager
     async def _outer_inputs(self, job: Record, contribs: tuple[Record, ...],

@@ -92,8 +92,11 @@ class PublishDelta:
 class ReduceSlice:
     """Reduce chunks ``first`` .. ``stop``-1 of the mean of ``contribs`` (their slice of
     every delta, in this order), re-quantized; upload it sealed unless it hashes as
-    ``against`` does (a check of another's result: then nothing is uploaded). Report:
-    ``SliceReduced``."""
+    ``against`` does (a check of another's result: then nothing is uploaded). ``sample``
+    (with ``against``): a spot check of one chunk only, drawn by the executing peer where
+    the result's author cannot foresee it; the result is taken (its hash signed, nothing
+    uploaded) when that chunk of it is the chunk reduced here, else the whole slice is
+    reduced as without ``sample``. Report: ``SliceReduced``."""
 
     job: Record
     round: int
@@ -104,6 +107,7 @@ class ReduceSlice:
     first: int
     stop: int
     against: Record | None = None
+    sample: bool = False
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,18 @@ observer's clock since it saw the round covered), which signs a ``slice`` record
 the contributions, the chunks, the blob and the hash of its result. A result counts by the
 ledger's own rule (``_slices.counts``): once two authors signed its hash, or as the
 slice's only hash when the slice is not spot-checked this round (``_slices.checked``, one
-in ``CHECK_ONE_IN``). A checked slice is reduced from the start by the first two in its
-order at once. A result that does not count yet (checked, or hashes that disagree) is
-recomputed by the next author in the slice's order that has not signed one (again one
+in ``CHECK_ONE_IN``). A result that does not count yet (checked, or hashes that disagree)
+is recomputed by the next author in the slice's order that has not signed one (again one
 lease each, from when this peer first saw a result): it signs the same hash naming the
 same blob (nothing is uploaded), or its own result when the hashes differ, and a third
-author then settles it. A result whose blob did not hash as its record says (``refused``)
-is made again at once by the peer that found it. The close waits until every slice has a
-result that counts (``step`` returns them, in slice order). Every peer fetches each result
+author then settles it. A checked slice's one result is recomputed on one chunk only
+(``ReduceSlice.sample``), drawn by the checker once the result is signed: the whole slice
+only when that chunk differs, and when hashes disagree. A checked slice of one chunk is
+reduced from the start by the first two in its order at once (its check is a whole
+reduction either way). A result whose blob did not hash
+as its record says (``refused``) is made again at once by the peer that found it. The
+close waits until every slice has a result that counts (``step`` returns them, in slice
+order). Every peer fetches each result
 as soon as it counts (``FetchSlices``), while slower slices are still being reduced, so
 neither the closer's aggregate nor the others' apply waits for a reduced model's download.
 
@@ -24,9 +28,11 @@ ask it for work; no record is made here (the machine signs what it reports).
 
 What it promises: a sliced round closes only from results that count, so its close is
 valid by the ledger's rule (I2 holds as for deltas: the close still names a covering set
-of contributions); an aggregator that never publishes costs one lease; a forged result in
-a checked slice never counts. What breaks it: a forged result in a slice nobody checks
-this round; the state hash then still makes every peer that follows the close agree (I3),
+of contributions); an aggregator that never publishes costs one lease; a result of a
+checked slice that is wrong in every chunk (another version's arithmetic, a corrupted
+input) never counts, one wrong in c of its k chunks counts with odds (k - c) / k. What
+breaks it: a forged result in a slice nobody checks this round, or forged outside the
+chunk its checker draws; the state hash then still makes every peer that follows the close agree (I3),
 on the forged mean (members are trusted not to forge on purpose: SECURITY.md).
 """
 
@@ -94,17 +100,18 @@ class Slicer:
             if sk in self._busy or now < self._retry.get(sk, 0.0):
                 continue
             order = aggregators(job.id, rnd, authors, s, slow)
+            sample = False
             if not got:
                 # Nobody's turn but ours once a result here was refused: make it again at once.
-                # A checked slice counts only once a second author reproduced it, so the
-                # second in its order reduces it at once too, beside the first, rather than
-                # a reduction later, once it has seen the first's result: a reduction off
-                # the critical path of nearly every round of many peers, for a second upload
-                # of the slice when both finish before seeing each other's record.
+                # A checked slice of one chunk is checked by a whole reduction, so the second
+                # in its order makes it at once too, beside the first, rather than after the
+                # first's result (one chunk of a small model on a long path: the round trips
+                # of a check in sequence cost more than the bytes of one beside).
                 since = covered_at
                 now_turn = turn(order, now - since, job.lease)
                 due = (any(r.id in self.bad for r in every) or order[now_turn] == self.me
-                       or (now_turn == 0 and order[1:2] == [self.me] and checked(job.id, rnd, s)))
+                       or (now_turn == 0 and order[1:2] == [self.me] and span[1] - span[0] == 1
+                           and checked(job.id, rnd, s)))
                 against = None
             else:
                 since = self._seen.setdefault(sk, now)
@@ -114,11 +121,16 @@ class Slicer:
                     continue  # every author made one and they disagree: nothing counts
                 due = order[turn(order, now - since, job.lease)] == self.me
                 against = min(got, key=lambda r: r.id)
+                # A checked slice's one result is checked on one chunk, drawn by the checker
+                # after the result is signed (``ReduceSlice.sample``): a reduction's worth of
+                # downloads becomes a chunk's. Hashes that disagree are settled whole.
+                sample = (span[1] - span[0] > 1 and len({r["sha256"] for r in every}) == 1
+                          and len(got) == len(every))
             self._next = min(self._next, since + job.lease * (math.floor(max(0.0, now - since) / job.lease) + 1))
             if due:
                 self._busy.add(sk)
                 out.append(ReduceSlice(job.record, rnd, base, tuple(cover), s, len(slices), span[0], span[1],
-                                       against))
+                                       against, sample))
         ahead = self._ahead.setdefault(key, set())
         new = tuple(r for r in chosen if r.id not in ahead)
         if new:

@@ -1,8 +1,9 @@
 """A stand-in executor whose "models" are hashes, for the simulator.
 
 A state is a hash; the outer step hashes the base with the contributions' delta
-bytes in the order given (a sliced round: with its reduced slices, themselves the
-contributions' bytes and the slice's chunks), so two peers reach the same state exactly when they
+bytes in the order given (a sliced round: with its reduced slices, whose bytes are drawn
+chunk by chunk from the contributions' bytes, in the real reduced-slice format, for jobs
+of ``chunk`` = ``FAKE_CHUNK``), so two peers reach the same state exactly when they
 apply the same contributions to the same base, which is what I3 is about. Training
 takes simulated time (``step_time / speed`` per batch) under trio's MockClock and
 honours cancellation between batches, like the real trainer; a task named in
@@ -19,13 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import zstandard
 
-from ttpeer._chunked import HEAD, LENGTH, MAGIC, chunk_span
+from ttpeer._chunked import HEAD, LENGTH, MAGIC, PLAIN_HEAD, PLAIN_MAGIC, chunk_span
 from ttpeer.daemon import Deltas, delta_bytes
 from ttpeer.errors import TaskFailed
-from ttpeer.proto import PublishDelta, Record, Train
+from ttpeer.proto import JobSpec, PublishDelta, Record, Train
 
-FAKE_CHUNKS = 6  # chunks of a fake model's chunked delta (a sliced job)
+FAKE_CHUNKS = 12  # chunks of a fake model's chunked delta (a sliced job): slices of several up to 6 peers
+FAKE_CHUNK = 4096  # values a chunk (the job's ``chunk``)
+FAKE_BLOCKS = 16  # quantization blocks a chunk
 
 
 def _h(*parts: object) -> str:
@@ -140,7 +144,7 @@ class FakeExecutor:
         if eff.job.body.get("chunk"):  # the chunked layout, so it is sealed and fetched in pieces
             metrics["chunks"] = float(FAKE_CHUNKS)
             frames = [data + b"#%d" % c for c in range(FAKE_CHUNKS)]
-            data = (HEAD.pack(MAGIC, 8, 256, FAKE_CHUNKS * 4096, 4096)
+            data = (HEAD.pack(MAGIC, 8, FAKE_CHUNK // FAKE_BLOCKS, FAKE_CHUNKS * FAKE_CHUNK, FAKE_CHUNK)
                     + b"".join(LENGTH.pack(len(f)) for f in frames) + b"".join(frames))
         return data, metrics
 
@@ -148,13 +152,22 @@ class FakeExecutor:
         if self.silent:
             await trio.sleep_forever()
         self.reduced.append((job.id, rnd, first))
-        runs = []
-        for ref, samples in deltas:  # each a file of the delta's head and this slice's chunks
-            raw = delta_bytes(ref)
-            begin, end = chunk_span(raw, first, stop)
-            runs.append((raw[begin:end], samples))
-        data = repr(("slice", first, stop, runs)).encode()
-        return b"forged " + data if self.forge else data
+        raws = [(delta_bytes(ref), samples) for ref, samples in deltas]  # the head and this slice's chunks
+        # A reduced slice in the real format (``TTD1``: block scales, then the values at the
+        # job's ``slice_bits``, two to a byte below 8), each chunk's bytes drawn from that
+        # chunk of every contribution: a spot check that reduces one chunk alone finds
+        # that run of the whole (``_chunked.run_matches``). A forger's differ in every chunk.
+        bits = JobSpec.of(job).slice_bits
+        scales, values = [], []
+        for c in range(first, stop):
+            runs = [(raw[slice(*chunk_span(raw, c, c + 1))], samples) for raw, samples in raws]
+            drawn = hashlib.shake_256(repr(("forged" if self.forge else "slice", c, runs)).encode())
+            raw_chunk = drawn.digest(4 * FAKE_BLOCKS + (FAKE_CHUNK if bits == 8 else FAKE_CHUNK // 2))
+            scales.append(raw_chunk[:4 * FAKE_BLOCKS])
+            values.append(raw_chunk[4 * FAKE_BLOCKS:])
+        payload = b"".join(scales) + b"".join(values)
+        return (PLAIN_HEAD.pack(PLAIN_MAGIC, bits, FAKE_CHUNK // FAKE_BLOCKS, (stop - first) * FAKE_CHUNK)
+                + zstandard.ZstdCompressor(write_content_size=True).compress(payload))
 
     def _outer(self, base: str, deltas: Deltas, sliced: bool = False) -> str:
         if sliced:  # the reduced slices, in order: the round's mean
