@@ -72,6 +72,9 @@ def status(args: argparse.Namespace, home: Any) -> int:
             print(f"    preparing here: {job['phase']}")
         if job.get("exchange"):
             print(f"    {exchange_line(job['exchange'])}")
+        checks = spot_check_line(job.get("spot_checks"))
+        if checks:
+            print(f"    {checks}")
         for line in behind_lines(job):
             print(f"    {line}")
         for d in job.get("data") or []:
@@ -124,6 +127,18 @@ def exchange_line(ex: dict[str, Any]) -> str:
         ex["last_slices"], f"; the last round from {ex['last_slices']} slices")
     return (head + f"rounds of {ex['slices_from']} or more authors close from reduced slices (chunks of "
             f"{ex['chunk']:,} values, the mean at {ex['slice_bits']} bits){last}")
+
+
+def spot_check_line(checks: dict[str, int] | None) -> str | None:
+    """What ``ttpeer status`` says of the spot checks this peer made (the status JSON's
+    ``spot_checks``), or None before its first."""
+    if not checks or not checks["reproduced"] + checks["missed"]:
+        return None
+    line = f"spot checks: {checks['reproduced']} of the others' reduced slices reproduced here on one chunk"
+    if checks["missed"]:
+        line += (f"; {checks['missed']} did not (this peer reduced each whole and published its own result; "
+                 "a third peer settles it; the log names the slice and its author)")
+    return line
 
 
 def _size(n: int) -> str:

@@ -107,3 +107,12 @@ def test_status_says_how_a_fused_jobs_rounds_move():
     off = exchange(sign("job", pool.id, job_body(bits=4), k), Chain((state("s0"),), ()))
     assert off["chunk"] is None and off["slice_bits"] is None
     assert exchange_line(off) == "exchange: 4-bit deltas; every round closes from all deltas (--no-slices)"
+
+
+def test_status_says_what_its_spot_checks_found():
+    from ttpeer._status_cmds import spot_check_line
+
+    assert spot_check_line(None) is None and spot_check_line({"reproduced": 0, "missed": 0}) is None
+    assert spot_check_line({"reproduced": 5, "missed": 0}) == (
+        "spot checks: 5 of the others' reduced slices reproduced here on one chunk")
+    assert "; 1 did not (this peer reduced each whole" in spot_check_line({"reproduced": 5, "missed": 1})

@@ -8,7 +8,7 @@
                "shards_total", "eval_loss", "eval_metric", "metric_name",
                "bytes_sent", "bytes_received", "compression_ratio", "declined",
                "state_hash", "held_round", "rounds_trained", "rounds_looked_at", "exchange",
-               "slow_link",
+               "spot_checks", "slow_link",
                "training_shard", "wasted_batches", "duplicate_fraction",
                "declines": [{"peer", "name", "reason", "need_bytes", "have_bytes", "code"}],
                "ended": null | {"how", "by": {"peer", "name"} | null,
@@ -36,6 +36,9 @@ each round's model before its shards go). ``slow_link`` (sliced fused jobs) is n
 work judged its link slow (its delta went up at ``rate`` bytes a second against the
 authors' median): the other authors reduce the round's slices first. ``exchange`` (fused
 jobs) is ``{"bits", "chunk", "slice_bits", "slices_from", "last_slices"}`` (``exchange``).
+``spot_checks`` (fused jobs) is ``{"reproduced", "missed"}``: the other peers' reduced
+slices this peer checked on one chunk, and of those, the ones whose chunk came out
+otherwise here (it then reduced the whole slice and published its own).
 
 ``declined`` is this peer's own reason for sitting a job out; ``declines`` lists every
 peer whose decline stands (``need_bytes``/``have_bytes`` are 0 unless memory was why);
@@ -270,6 +273,8 @@ def snapshot(node: NodeView) -> dict[str, Any]:
             "rounds_trained": rounds_trained(m.records, chain, node.me) if job["mode"] == "fused" else None,
             "rounds_looked_at": min(TRAINED_LOOKBACK, chain.round) if job["mode"] == "fused" else None,
             "exchange": exchange(job, chain) if job["mode"] == "fused" else None,
+            "spot_checks": None if job["mode"] != "fused" else {
+                "reproduced": stats.samples if stats else 0, "missed": stats.sample_misses if stats else 0},
             # A sliced job: this peer's link judged slow in a recent round (it reduces last).
             "slow_link": slow_link(m.records, job, chain, node.me) if job["mode"] == "fused" else None,
             "training_shard": m.training[2] if m.training and m.training[0] == job.id else None,
