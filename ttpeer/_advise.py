@@ -27,12 +27,16 @@ The model, for a fused job over ``n`` peers, each with the same link and device:
     feedback, and the mean of many deltas hardly compresses: ``scripts/bench/exchange``
     measured R at 1.3x a delta for 4 peers and 2x for 16 at 8 bits, about 0.6x at 16 at
     4 bits and 0.3x at 3) and downloads the other ``s - 1`` slices. One slice
-    in ``CHECK_ONE_IN`` is reduced by a second peer too, beside the first: a round has one
-    with probability ``p = 1 - (1 - 1/CHECK_ONE_IN)^s``, and its checker downloads the
-    ranges of two slices on its link at once::
+    in ``CHECK_ONE_IN`` is checked: a round has one with probability
+    ``p = 1 - (1 - 1/CHECK_ONE_IN)^s``, and once its result is out a second peer fetches
+    one chunk of each other delta (of ``C`` chunks in all) and the result, and signs it;
+    a slice of one chunk (``C < 2s`` here) is checked by a second whole reduction from the
+    start, beside the first, whose peer's link then carries two slices' ranges::
 
         reduce(n)  = (n - 1) * D / (s * down) + 2 ceil((n - 1) / F) * rtt
-        sync_s(n)  = D / up + reduce(n) + p * (n - 1) * D / (s * down)
+        check(n)   = (n - 1) * D / (C * down) + R / (s * down) + (2 ceil((n - 1) / F) + 2) * rtt
+                     (C >= 2s; else (n - 1) * D / (s * down))
+        sync_s(n)  = D / up + reduce(n) + p * check(n)
                      + R / (s * up) + (s - 1) * R / (s * down)
                      + (n + 7 + ceil((s - 1) / F)) * rtt + ROUND_FIXED_S
 
@@ -178,29 +182,35 @@ def sync_seconds(peers: int, delta_bytes: int, link: Link, fixed: float = ROUND_
 
 
 def sliced_sync_seconds(peers: int, slices: int, delta_bytes: int, reduced_bytes: int, link: Link,
-                        fixed: float = ROUND_FIXED_S) -> float:
-    """One round's sync for each of ``peers`` peers reduced in ``slices`` slices: upload
-    one delta, reduce a slice from the others' ranges, upload it, download the other
-    slices, and the expected cost of a spot check (the formula in the module's docstring)."""
-    n, s, d, r = peers, slices, delta_bytes, reduced_bytes
-    ranges = (n - 1) * d / (s * link.down)
-    reduce = ranges + 2 * math.ceil((n - 1) / FETCHES_AT_ONCE) * link.rtt
-    check = 1.0 - (1.0 - 1.0 / CHECK_ONE_IN) ** s
-    trips = n + 7 + math.ceil((s - 1) / FETCHES_AT_ONCE)
-    return (d / link.up + reduce + check * ranges + r / (s * link.up) + (s - 1) * r / (s * link.down)
-            + trips * link.rtt + fixed)
+                        fixed: float = ROUND_FIXED_S, chunks: int | None = None) -> float:
+    """One round's sync for each of ``peers`` peers reduced in ``slices`` slices of a
+    delta of ``chunks`` chunks (None: as many as slices): upload one delta, reduce a slice
+    from the others' ranges, upload it, download the other slices, and the expected cost
+    of a spot check, which waits for the result (the formula in the module's docstring)."""
+    n, s, d, r, c = peers, slices, delta_bytes, reduced_bytes, chunks or slices
+    trips = 2 * math.ceil((n - 1) / FETCHES_AT_ONCE)
+    reduce = (n - 1) * d / (s * link.down) + trips * link.rtt
+    if c >= 2 * s:  # a chunk of a slice of several, once the result is out
+        check = (n - 1) * d / (c * link.down) + r / (s * link.down) + (trips + 2) * link.rtt
+    else:  # a slice of one chunk (most of them): a whole reduction, beside the first
+        check = (n - 1) * d / (s * link.down)
+    p = 1.0 - (1.0 - 1.0 / CHECK_ONE_IN) ** s
+    rest = n + 7 + math.ceil((s - 1) / FETCHES_AT_ONCE)
+    return (d / link.up + reduce + p * check + r / (s * link.up) + (s - 1) * r / (s * link.down)
+            + rest * link.rtt + fixed)
 
 
-def received(peers: int, slices: int, delta_bytes: int, reduced_bytes: int) -> float:
+def received(peers: int, slices: int, delta_bytes: int, reduced_bytes: int, chunks: int | None = None) -> float:
     """Wire bytes one peer downloads a round: the other deltas, or with slices its slice of
-    them, the other reduced slices, and its expected share of the spot checks."""
+    them, the other reduced slices, and its expected share of the spot checks (one chunk
+    of each other delta, of ``chunks``; None: as many as slices)."""
     if peers <= 1:
         return 0.0
     if not slices:
         return float((peers - 1) * delta_bytes)
-    mine = (peers - 1) * delta_bytes / slices
-    checks = slices / CHECK_ONE_IN  # slices checked a round, each one more reduction by some peer
-    return mine * (1.0 + checks / peers) + (slices - 1) * reduced_bytes / slices
+    checks = slices / CHECK_ONE_IN  # slices checked a round, each by some peer
+    return ((peers - 1) * delta_bytes * (1.0 / slices + checks / (peers * (chunks or slices)))
+            + (slices - 1) * reduced_bytes / slices)
 
 
 def kept(h: int, peers: int = 2) -> float:
@@ -221,7 +231,7 @@ def predict(job: Job, link: Link, peers: int, gain: Callable[[int], float],
     rows = [Row(1, 0.0, 0, 0.0, None, 1.0, 1.0, 1.0, 1.0)]
     for n in range(2, peers + 1):
         s = job.slices(n)
-        sync = (sliced_sync_seconds(n, s, job.delta_bytes, job.reduced_bytes, link, fixed) if s
+        sync = (sliced_sync_seconds(n, s, job.delta_bytes, job.reduced_bytes, link, fixed, job.chunks) if s
                 else sync_seconds(n, job.delta_bytes, link, fixed))
         h = steps_for(job.step_s, sync, overlap=job.overlap, lo=job.h_min, hi=job.h_max)
         compute = h * job.step_s
@@ -229,7 +239,8 @@ def predict(job: Job, link: Link, peers: int, gain: Callable[[int], float],
         u = compute / round_s if round_s > 0 else 1.0
         g = max(1.0, gain(n))
         g_eff = 1.0 + (g - 1.0) * kept(h, n)
-        rows.append(Row(n, sync, s, received(n, s, job.delta_bytes, job.reduced_bytes), h, u, g, g_eff,
+        rows.append(Row(n, sync, s, received(n, s, job.delta_bytes, job.reduced_bytes, job.chunks), h, u, g,
+                        g_eff,
                         1.0 / (g_eff * u)))
     return rows
 

@@ -60,16 +60,25 @@ def test_a_pool_slices_from_three_peers_when_the_model_has_two_chunks_as_the_pro
 def test_a_sliced_sync_is_one_delta_up_a_slice_of_the_others_and_the_reduced_slices():
     link = Link(up=1e6, down=2e6, rtt=0.01)
     d, r, fixed = 1_200_000, 2_400_000, _advise.ROUND_FIXED_S
-    ranges = 3 * d / (4 * 2e6)  # 3 other deltas' quarter
-    reduce = ranges + 2 * 0.01  # at once: the tables, then the rest
-    # One slice in 4 is checked (a round has one with this probability), by a second peer
-    # beside the first: that peer's link carries two slices' ranges.
-    check = 1 - 0.75 ** 4
+    reduce = 3 * d / (4 * 2e6) + 2 * 0.01  # 3 other deltas' quarter, at once: the tables, then the rest
+    # One slice in 4 is checked (a round has one with this probability): once its result
+    # is out, a second peer fetches one chunk (of 8) of the 3 other deltas and the result
+    # (a quarter of the reduced model), in the same two round trips, and signs it (2 more).
+    p = 1 - 0.75 ** 4
+    check = 3 * d / (8 * 2e6) + r / 4 / 2e6 + 4 * 0.01
     trips = 3 + 3 + 4 + 1 + 1  # the delta's, the others' records, the slice's, 3 other slices at once, the close
-    want = d / 1e6 + reduce + check * ranges + r / 4 / 1e6 + 3 * r / 4 / 2e6 + trips * 0.01 + fixed
-    assert _advise.sliced_sync_seconds(4, 4, d, r, link) == pytest.approx(want)
+    want = d / 1e6 + reduce + p * check + r / 4 / 1e6 + 3 * r / 4 / 2e6 + trips * 0.01 + fixed
+    assert _advise.sliced_sync_seconds(4, 4, d, r, link, chunks=8) == pytest.approx(want)
     row = predict(Job(0.05, d, overlap=True, chunks=8, reduced_bytes=r), link, 4, _advise.sqrt_gain)[-1]
     assert row.slices == 4 and row.sync_s == pytest.approx(want)
+    # What it downloads: its quarter of 3 deltas, its share of the check (1 slice in 4 of 4,
+    # by one of 4 peers: a quarter of one chunk of 3 deltas), 3 other quarters of the model.
+    assert row.received == pytest.approx(3 * d / 4 + 0.25 * 3 * d / 8 + 3 * r / 4)
+    # Slices of one chunk: the check is a second whole reduction beside the first, whose
+    # peer's link carries two slices' ranges.
+    beside = d / 1e6 + reduce + p * 3 * d / (4 * 2e6) + r / 4 / 1e6 + 3 * r / 4 / 2e6 + trips * 0.01 + fixed
+    assert _advise.sliced_sync_seconds(4, 4, d, r, link, chunks=4) == pytest.approx(beside)
+    assert _advise.sliced_sync_seconds(4, 4, d, r, link) == pytest.approx(beside)
 
 
 def test_with_slices_a_peer_receives_about_one_delta_and_one_model_whatever_n():
