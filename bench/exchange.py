@@ -124,10 +124,12 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
             others = sum(c["size"] for c in contribs if c.author != me and c.id in closed)  # what closes use
             must_send = own + (init if i == 0 else 0)
             must_get = others + (0 if i == 0 else init)
-            inputs, results, reductions, seconds = _slice_traffic(me, contribs, closes, slices)
+            sampled = (j.get("spot_checks") or {}).get("reproduced", 0)
+            inputs, results, reductions, seconds = _slice_traffic(me, contribs, closes, slices, sampled)
             rows.append({"peer": home.name, "sent": j["bytes_sent"], "received": j["bytes_received"],
                          "slice_inputs": inputs, "slice_results": results, "reductions": reductions,
-                         "second_signatures": seconds, "gossip": st.get("gossip") or {},
+                         "second_signatures": seconds, "spot_checks": j.get("spot_checks"),
+                         "gossip": st.get("gossip") or {},
                          "direct": (st.get("direct") or {}).get("fetched_blob_bytes", 0),
                          "claims": len(claims), "shards": trained,
                          "own_deltas": own, "others_deltas": others, "must_send": must_send, "must_get": must_get,
@@ -148,26 +150,33 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
                 "relay_egress": sum(r["received"] for r in rows), "direct_bytes": sum(r["direct"] for r in rows)}
 
 
-def _slice_traffic(me: str, contribs: list[Any], closes: list[Any], slices: list[Any]) -> tuple[int, int, int, int]:
+def _slice_traffic(me: str, contribs: list[Any], closes: list[Any], slices: list[Any],
+                   sampled: int = 0) -> tuple[int, int, int, int]:
     """What a peer had to download on the slices path, from the records: its slice of every
     other author's delta for each slice it reduced (about: a delta's bytes pro rata of its
     chunks), and the reduced slices the closes name that it did not make; and how many
-    slices it signed, of which how many as the second signer of a hash (a spot check)."""
+    slices it signed, of which how many as the second signer of a hash (a spot check).
+    The first ``sampled`` second signatures (the spot checks its status counts as
+    reproduced on one chunk) fetched one chunk of each other delta, and the result."""
     by_id = {c.id: c for c in contribs}
-    inputs = 0
-    mine = [r for r in slices if r.author == me]
-    for r in mine:
-        for cid in r["contribs"]:
-            c = by_id.get(cid)
-            if c is not None and c.author != me and c.body.get("chunks"):
-                inputs += c["size"] * (r["stop"] - r["first"]) // c["chunks"]
-    made = {(r["round"], r["slice"], r["sha256"]) for r in mine}
-    named = {r.id: r for r in slices}
-    results = sum(named[i]["size"] for c in closes for i in c.body.get("slices", ())
-                  if i in named and (named[i]["round"], named[i]["slice"], named[i]["sha256"]) not in made)
     first: dict[tuple[int, int, str], str] = {}
     for r in slices:  # the log's order: the first record of a hash is its first signer's
         first.setdefault((r["round"], r["slice"], r["sha256"]), r.author)
+    inputs, results = 0, 0
+    mine = [r for r in slices if r.author == me]
+    for r in mine:
+        chunk = sampled > 0 and first[(r["round"], r["slice"], r["sha256"])] != me
+        if chunk:
+            sampled -= 1
+            results += r["size"]
+        for cid in r["contribs"]:
+            c = by_id.get(cid)
+            if c is not None and c.author != me and c.body.get("chunks"):
+                inputs += c["size"] * (1 if chunk else r["stop"] - r["first"]) // c["chunks"]
+    made = {(r["round"], r["slice"], r["sha256"]) for r in mine}
+    named = {r.id: r for r in slices}
+    results += sum(named[i]["size"] for c in closes for i in c.body.get("slices", ())
+                   if i in named and (named[i]["round"], named[i]["slice"], named[i]["sha256"]) not in made)
     seconds = sum(1 for r in mine if first[(r["round"], r["slice"], r["sha256"])] != me)
     return inputs, results, len(mine), seconds
 
@@ -204,10 +213,12 @@ def table(result: dict[str, Any]) -> list[str]:
         inputs = sum(r["slice_inputs"] for r in rows) / len(rows) / rounds
         results = sum(r["slice_results"] for r in rows) / len(rows) / rounds
         received = _per_peer(result)
+        sampled = sum((r.get("spot_checks") or {}).get("reproduced", 0) for r in rows)
         out += ["", f"On the slices path a peer downloaded, a round on average: {_mb(inputs)} of slice inputs "
                 f"(its slice of the other deltas, for {sum(r['reductions'] for r in rows)} reductions in all, "
-                f"{sum(r['second_signatures'] for r in rows)} of them a second signature: a spot check or a "
-                f"result made again), {_mb(results)} of reduced slices it did not make, and "
+                f"{sum(r['second_signatures'] for r in rows)} of them a second signature: {sampled} spot checks "
+                f"of one chunk, the rest results made again), {_mb(results)} of reduced slices it did not make "
+                f"(or checked), and "
                 f"{_mb(received - inputs - results)} else (records, deltas of rounds not sliced, results "
                 f"refused or not named)"]
     out += _gossip_lines(result)
