@@ -370,30 +370,19 @@ class Effects:
     async def _sample_slice(self, eff: ReduceSlice, rec: Record) -> bool:
         """A spot check of the result ``rec`` on one chunk of its slice, drawn here from this
         peer's own randomness (its author cannot foresee which): that chunk of every
-        contribution is fetched and reduced, and the result downloaded (every peer needs
-        it for the close, so it is kept). True when the chunk is the result's (its hash is
+        contribution is fetched and reduced, and the result downloaded (``_slice_result``;
+        every peer needs it for the close, so it is kept). True when the chunk is the result's (its hash is
         signed, nothing uploaded); False when the whole slice is to be reduced. A result
         that does not hash as ``rec`` says is refused (``SliceRefused``: made again at once)."""
         chunk = eff.first + secrets.randbelow(eff.stop - eff.first)
         values = JobSpec.of(eff.job).chunk
         assert values is not None  # only a sliced job has slices
 
-        async def result() -> bytes:
-            data = self._node.blobs.kept_slice(rec["blob"])
-            if data is None:
-                data = await self._node.blobs.get(rec["blob"], max_size=rec["size"] + 64, uploaders=[rec.author])
-            if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
-                self._node.blobs.refused("slice")
-                self._report(SliceRefused(rec.id))
-                raise SliceMismatch(f"slice {eff.slice} of round {eff.round} by {rec.author[:12]} does not hash as "
-                                    "its record says; it is made again")
-            return data
-
         async def alone() -> bytes:
             async with self._node.blobs.deltas(eff.job, eff.contribs, (chunk, chunk + 1)) as deltas:
                 return await self._node.executor.reduce_slice(eff.job, deltas, chunk, chunk + 1, rnd=eff.round)
 
-        data, part = await in_order([result, alone], limit=2)
+        data, part = await in_order([functools.partial(self._slice_result, rec), alone], limit=2)
         stats = self._node.counters.job(eff.job.id)
         try:
             same = await off_span(len(data), run_matches, data, part, (chunk - eff.first) * values)
@@ -411,6 +400,26 @@ class Effects:
         self._report(SliceReduced(eff, rec["sha256"], rec["size"], None))
         return True
 
+    async def _slice_result(self, rec: Record) -> bytes:
+        """The plaintext of the reduced slice of record ``rec``: the copy kept here (made or
+        checked here), fetched ahead (waited for while under way), or downloaded. Raises
+        ``SliceMismatch`` after ``SliceRefused`` when it does not size or hash as ``rec``
+        says (the slice is then made again)."""
+        pending = self._ahead_pending.get(rec["blob"])
+        if pending is not None:  # fetched ahead right now: wait rather than fetch it twice
+            await pending.wait()
+        data = self._node.blobs.kept_slice(rec["blob"])
+        if data is None and (data := self._ahead.pop(rec["blob"], None)) is not None:
+            self.slices_ahead_used += 1
+        if data is None:
+            data = await self._node.blobs.get(rec["blob"], max_size=rec["size"] + 64, uploaders=[rec.author])
+        if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
+            self._node.blobs.refused("slice")
+            self._report(SliceRefused(rec.id))
+            raise SliceMismatch(f"slice {rec['slice']} of round {rec['round']} by {rec.author[:12]} does not "
+                                "hash as its record says; it is made again")
+        return data
+
     @contextlib.asynccontextmanager
     async def _outer_inputs(self, job: Record, contribs: tuple[Record, ...],
                             slices: tuple[Record, ...]) -> AsyncIterator[Deltas]:
@@ -422,20 +431,7 @@ class Effects:
             return
 
         async def fetch(rec: Record) -> tuple[bytes, int]:
-            pending = self._ahead_pending.get(rec["blob"])
-            if pending is not None:  # fetched ahead right now: wait rather than fetch it twice
-                await pending.wait()
-            data = self._node.blobs.kept_slice(rec["blob"])
-            if data is None and (data := self._ahead.pop(rec["blob"], None)) is not None:
-                self.slices_ahead_used += 1
-            if data is None:
-                data = await self._node.blobs.get(rec["blob"], max_size=rec["size"] + 64, uploaders=[rec.author])
-            if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
-                self._node.blobs.refused("slice")
-                self._report(SliceRefused(rec.id))
-                raise SliceMismatch(f"slice {rec['slice']} of round {rec['round']} by {rec.author[:12]} does not "
-                                    "hash as its record says; it is made again")
-            return data, 1
+            return await self._slice_result(rec), 1
 
         # All at once (RANGES_AT_ONCE at a time): together they are one reduced model, held
         # here whichever way they come, and one at a time each cost a round trip.
