@@ -7,8 +7,9 @@ A shard of this model trains in milliseconds, so one peer could take a whole rou
 the others claim (under CI's load all five rounds once went to two peers and none was
 sliced). ``_Gated`` holds each peer's shard of a round until all three have begun one, so
 a round has three authors unless a peer's claim then loses a concurrent claim and the
-others finish the rest first (seen under the full suite's load in 2 of 5 rounds). What
-the peers train is unchanged."""
+others finish the rest first (seen under the full suite's load in 2 of 5 rounds, and once
+in 4 of 5: six rounds, so that two sliced ones are likely under load). What the peers
+train is unchanged."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from ttpeer.proto import Timing, Token, Train, _slices
 
 RELAY, FP = "https://relay.test.invalid", "sha256:" + "0" * 64
 SPEC = {"task": "mnist1d:samples=2000", "mode": "fused", "batch_size": 32, "inner_lr": 0.003, "weight_decay": 0.0,
-        "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8, "seed": 3, "lease": 20.0, "rounds": 5, "shards": 6,
+        "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8, "seed": 3, "lease": 20.0, "rounds": 6, "shards": 6,
         "batches": 6, "steal": False, "chunk": 4096, "slice_bits": 3}
 
 
@@ -103,8 +104,10 @@ async def test_three_torch_peers_close_sliced_rounds_and_end_bit_identical(tmp_p
     assert sum(c.samples for c in checks) >= sum(len(c["slices"]) for c in sliced)
     assert sum(c.sample_misses for c in checks) == 0
     losses = [c["metrics"]["eval_loss"] for c in chain.closes]
-    # The mean is sane: better than chance (ln 10 = 2.30) every round, and the last round
-    # well below it. The middle rounds swing with the outer momentum (0.9): 2.0-2.1 in most
-    # runs, 2.22 once under the full suite's load, on the code before the gossip changes too.
+    # The mean is sane: better than chance (ln 10 = 2.30) every round, and well below it in
+    # some round. The rounds swing with the outer momentum (0.9): 1.9-2.1 in most runs,
+    # 2.22 once under the full suite's load; with four runs at once on two cores the last
+    # round ended at 2.0008-2.028 in 3 of 96 (both codes, before and after the one-chunk
+    # spot checks), so the last round is no guard. A broken mean goes above chance.
     assert max(losses) < math.log(10), losses
-    assert losses[-1] < 2.0, losses
+    assert min(losses) < 2.0, losses
