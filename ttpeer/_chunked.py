@@ -93,7 +93,7 @@ def _plain(data: bytes | bytearray | memoryview) -> tuple[int, int, int, bytes]:
     if bits not in (3, 4, 8) or block < 1 or block & (block - 1) or values < 1:
         raise ValueError(f"a reduced slice of {values} values, {bits} bits in blocks of {block}")
     size = 4 * -(-values // block) + (values if bits == 8 else -(-values // 2))
-    frame = bytes(data[PLAIN_HEAD.size:])
+    frame = memoryview(data)[PLAIN_HEAD.size:]  # read in place: a slice can be megabytes
     try:
         if zstandard.frame_content_size(frame) != size:
             raise ValueError(f"a reduced slice's frame does not state its {size} bytes")
