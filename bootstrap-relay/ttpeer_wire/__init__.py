@@ -29,14 +29,13 @@ from ._dataset import (
     urls_problem,
 )
 from ._errors import ProofError, RecordError, TtpeerError
+from ._netfields import MAX_RELAYS, host_ok
 from ._proofs import Member, join_fits_invite, verify_proof, verify_revocation
 from ._records import (
     MAX_KEEP,
     MAX_RECORD_BYTES,
-    MAX_RELAYS,
     PRECISION_CODES,
     Record,
-    host_ok,
     parse,
     pool_id_of,
     public_hex,

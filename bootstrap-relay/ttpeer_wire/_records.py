@@ -15,7 +15,6 @@ members sign the rest) is judged by the views, because it depends on other recor
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
 import re
 from collections import OrderedDict
@@ -23,7 +22,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -31,6 +29,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from . import _codec
 from ._dataset import MAX_DATASET_FILES, MAX_PIECE_SIZE, MIN_PIECE_SIZE, dataset_consistent, path_problem
 from ._errors import RecordError
+from ._netfields import certificate, direct_addrs, relay_list
 
 VERSION = 1
 MAX_RECORD_BYTES = 64 * 1024
@@ -40,7 +39,6 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _STATE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-_HEXSTR = re.compile(r"^([0-9a-f]{2})+$")
 
 
 def pool_id_of(root_public: str) -> str:
@@ -94,6 +92,12 @@ def _hex_list(max_len: int) -> Validator:
     return lambda v: type(v) is list and 1 <= len(v) <= max_len and all(_HEX(x) for x in v)
 
 
+def _int_list(max_len: int) -> Validator:
+    """1..``max_len`` whole numbers from 0 to 10,000, not all 0 (an ensemble's vote weights)."""
+    return lambda v: (type(v) is list and 1 <= len(v) <= max_len and all(type(x) is int and 0 <= x <= 10_000
+                                                                          for x in v) and any(v))
+
+
 def _metrics(v: Any) -> bool:
     return (
         type(v) is dict
@@ -128,64 +132,6 @@ def _dataset_files(v: Any) -> bool:
                 and _int(0, 2**50)(f["size"]) and type(f["pieces"]) is list and all(map(piece, f["pieces"]))
                 for f in v)
     )
-
-
-MAX_DIRECT_ADDRS = 4
-MAX_CERT_BYTES = 2048
-_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
-
-
-def host_ok(host: str) -> bool:
-    """Whether ``host`` is an IPv4 address, an IPv6 address in brackets, or a DNS name."""
-    if host.startswith("[") and host.endswith("]"):
-        try:
-            ipaddress.IPv6Address(host[1:-1])
-        except ValueError:
-            return False
-        return True
-    if re.fullmatch(r"[0-9.]+", host):
-        try:
-            ipaddress.IPv4Address(host)
-        except ValueError:
-            return False
-        return True
-    return 0 < len(host) <= 253 and all(_LABEL.match(label) for label in host.split("."))
-
-
-def _direct_addrs(v: Any) -> bool:
-    """Where a member serves blobs directly: 1-4 ``host:port`` (an IPv6 host in brackets)."""
-    def addr(a: Any) -> bool:
-        if type(a) is not str or len(a) > 300:
-            return False
-        host, _, port = a.rpartition(":")
-        return host_ok(host) and port.isdigit() and port[0] != "0" and 1 <= int(port) <= 65535
-
-    return type(v) is list and 1 <= len(v) <= MAX_DIRECT_ADDRS and all(map(addr, v)) and len(set(v)) == len(v)
-
-
-MAX_RELAYS = 8
-_RELAY_FP = re.compile(r"^sha256:[0-9a-f]{64}$")
-
-
-def _relay_list(v: Any) -> bool:
-    """A pool's relays, in order: 1-8 ``[https url, "sha256:" + 64 hex]``, no url twice."""
-    def relay(r: Any) -> bool:
-        return (type(r) is list and len(r) == 2 and type(r[0]) is str and r[0].startswith("https://")
-                and 8 < len(r[0]) < 256 and type(r[1]) is str and _RELAY_FP.fullmatch(r[1]) is not None)
-
-    return (type(v) is list and 1 <= len(v) <= MAX_RELAYS and all(map(relay, v))
-            and len({r[0] for r in v}) == len(v))
-
-
-def _certificate(v: Any) -> bool:
-    """A DER X.509 certificate in hex, at most ``MAX_CERT_BYTES`` bytes."""
-    if type(v) is not str or not 2 <= len(v) <= 2 * MAX_CERT_BYTES or not _HEXSTR.fullmatch(v):
-        return False
-    try:
-        x509.load_der_x509_certificate(bytes.fromhex(v))
-    except ValueError:
-        return False
-    return True
 
 
 def _datasets(v: Any) -> bool:
@@ -230,6 +176,13 @@ def _job_consistent(body: dict[str, Any]) -> str | None:
             return f"chunk ({body['chunk']}) must be a power of two"
     elif "slice_bits" in body:
         return "slice_bits goes with chunk (a job that reduces its rounds in slices)"
+    if "holdout" in body and body["mode"] != "ensemble":
+        return "only an ensemble job holds samples out"
+    if body.get("outer_auto"):
+        if body["mode"] != "fused":
+            return "only a fused job has an outer step to pick"
+        if body.get("outer_lr_schedule", "constant") != "constant":
+            return "outer_auto picks each round's outer lr: a job with an outer-lr schedule gives its own"
     if "samples" in body and not set(body["samples"]) <= set(body.get("datasets") or ()):
         return "samples names a dataset that datasets does not"
     return None
@@ -295,6 +248,13 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # (``train.encode_slice``). Every reducer and checker encodes with it, so a slice's
         # bytes, and its hash, are the same everywhere.
         "slice_bits": _choice(3, 4, 8),
+        # Fused jobs only (OPTIONAL): 1 = each close picks its outer lr and momentum from the
+        # round (its contributions and inner steps, ``proto/_outer.py``) and names them;
+        # ``outer_lr`` and ``outer_momentum`` above are then only where the first round starts.
+        "outer_auto": _choice(1),
+        # Ensemble jobs only (OPTIONAL): training samples no member trains on, drawn by the
+        # job's seed; each close weighs the members by their vote on them (train/_select.py).
+        "holdout": _int(0, 2**31),
     },
     # A claim with n > 0 renews the lease of claim n=0; ``done`` batches so far at ``rate``
     # batches/s let others project when it will finish. ``backup``: a copy run by an idle
@@ -323,6 +283,11 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # Sliced rounds only (OPTIONAL): the ``slice`` records whose reduced slices, in
         # slice order, make the round's mean (``proto/_slicer.py``).
         "slices": _hex_list(4096),
+        # Jobs with outer_auto only (OPTIONAL, both or neither): the outer step this close took;
+        # every peer that applies it takes the same.
+        "outer_lr": _num(0, 10), "outer_momentum": _num(0, 1),
+        # Ensemble jobs only (OPTIONAL): how many times each member counts in the vote.
+        "weights": _int_list(4096),
     },
     # One reduced slice of a round's mean: chunks ``first`` .. ``stop``-1 of the mean of the
     # contributions ``contribs`` (the close's), slice ``slice`` of ``of``, re-quantized; its
@@ -363,11 +328,11 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
     # A member serves blobs (dataset pieces) to the others directly, over TLS with the
     # certificate ``cert`` (hex DER, which the fetcher pins), at any of ``addrs``; peers
     # that cannot reach them fetch through the relay as before. The newest one counts.
-    "direct": {"addrs": _direct_addrs, "cert": _certificate, "at": _int()},
+    "direct": {"addrs": direct_addrs, "cert": certificate, "at": _int()},
     # Root-signed: the pool's relays, each with its certificate's fingerprint, in the order
     # peers prefer them (the first live one carries the blobs). The highest ``n`` counts;
     # ``at`` is the admin's wall time, shown only. Anyone else's is ignored (``proto.pool_relays``).
-    "relays": {"relays": _relay_list, "n": _int(1), "at": _int()},
+    "relays": {"relays": relay_list, "n": _int(1), "at": _int()},
 }
 
 
@@ -377,8 +342,8 @@ OPTIONAL: dict[str, frozenset[str]] = {
     "job": frozenset({"members", "overlap", "precision", "micro_batch", "checkpointing", "lr_schedule", "warmup",
                       "final_lr_ratio", "data", "step_timeout", "outer_lr_schedule", "outer_warmup",
                       "outer_final_lr_ratio", "h_min", "h_max", "datasets", "samples", "chunk",
-                      "slice_bits"}),
-    "close": frozenset({"tbase", "next", "slices"}),
+                      "slice_bits", "outer_auto", "holdout"}),
+    "close": frozenset({"tbase", "next", "slices", "outer_lr", "outer_momentum", "weights"}),
     "contrib": frozenset({"chunks"}),
     "dataset": frozenset({"samples", "urls"}),
     "decline": frozenset({"code"}),
@@ -387,6 +352,8 @@ CHECKS: dict[str, Callable[[dict[str, Any]], str | None]] = {
     "job": _job_consistent, "dataset": dataset_consistent,
     "slice": lambda b: None if b["first"] < b["stop"] and b["slice"] < b["of"] else
     "a slice holds chunks first < stop and is one of 'of' slices",
+    "close": lambda b: None if ("outer_lr" in b) == ("outer_momentum" in b) else
+    "a close names both outer_lr and outer_momentum, or neither",
 }
 
 

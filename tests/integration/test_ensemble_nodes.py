@@ -96,10 +96,18 @@ async def test_a_member_requeued_after_its_peer_dies_continues_from_its_checkpoi
     task = train.load_task(str(TASK_FILE), tmp_path / "data")
     state = train.init_ensemble(task, job["members"])
     assert train.state_hash(state) == job["init"]
+    # Members train on the training data less the samples the job holds out for the vote.
+    held, kept = train.holdout_split(task.n_train, job["holdout"], job["seed"])
+    assert len(held) == job["holdout"] == train.holdout_size(task.n_train) > 0
     for unit in range(ROUNDS):
-        ckpts = [(i, train.train_unit(task, state, i, m, unit, H, BATCH)[0]) for i, m in enumerate(job["members"])]
+        ckpts = [(i, train.train_unit(task, state, i, m, unit, H, BATCH, kept=kept)[0])
+                 for i, m in enumerate(job["members"])]
         state = train.combine(state, ckpts)  # type: ignore[arg-type]
     assert train.state_hash(state) == chain.head
-    # The metrics of the last close are the ensemble's, beside its best member's.
+    # The metrics of the last close are the ensemble's, beside its best member's; the close
+    # names each member's count in the vote, picked on the held-out samples.
     assert set(chain.closes[-1]["metrics"]) == {"eval_loss", "accuracy", "best_member"}
+    weights = chain.closes[-1]["weights"]
+    assert len(weights) == 2 and sum(weights) > 0
+    assert weights == train.weigh_members(task, state, held)[0]
     assert (homes[0].path / "states" / job.id / "final.safetensors").exists()

@@ -68,6 +68,7 @@ from ttpeer.proto import (
     Train,
     Trained,
     WorkLost,
+    close_outer,
     job_ended,
     open_task,
 )
@@ -478,16 +479,17 @@ class Effects:
     async def _aggregate(self, eff: Aggregate) -> None:
         async with self._outer_inputs(eff.job, eff.contribs, eff.slices) as deltas:
             state, metrics = await self._node.executor.aggregate(eff.job, eff.base, deltas, rnd=eff.round,
-                                                                 sliced=bool(eff.slices))
+                                                                 sliced=bool(eff.slices), outer=eff.outer)
         trim()  # the blobs this close fetched: back to the system
-        ids = tuple(c.id for c in eff.contribs)
-        self._report(Aggregated(eff.job, eff.round, eff.base, ids, state, metrics, tuple(s.id for s in eff.slices)))
+        ids, weights = tuple(c.id for c in eff.contribs), tuple(metrics.pop("weights", None) or ())  # type: ignore[arg-type]
+        self._report(Aggregated(eff.job, eff.round, eff.base, ids, state, metrics, tuple(s.id for s in eff.slices),
+                                weights))
 
     async def _apply(self, eff: Apply) -> None:
         job, close = eff.job, eff.close
         async with self._outer_inputs(job, eff.contribs, eff.slices) as deltas:
             ok = await self._node.executor.apply(job, close["base"], deltas, close["state"], rnd=close["round"],
-                                                 sliced=bool(eff.slices))
+                                                 sliced=bool(eff.slices), outer=close_outer(close))
         trim()
         if not ok:
             log.warning("round %d of job %s did not reproduce state %s here; fetching a checkpoint instead",
@@ -577,6 +579,7 @@ class Effects:
         stats = self._node.counters.job(job.id)
         summary = {"job": job.id, "task": job["task"], "state": state, "rounds": chain.round,
                    "eval": metrics, "compression_ratio": stats.ratio(),
+                   "weights": list(chain.closes[-1].body.get("weights", ())) if chain.closes else [],
                    "bytes_sent": self._node.bytes_sent, "bytes_received": self._node.bytes_received}
         await self._node.executor.finish(job, state, summary)
         self.finished[job.id] = state  # status says "done" from here: the final files exist

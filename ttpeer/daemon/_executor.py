@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ttpeer.proto import PublishDelta, Record, Train
+from ttpeer.proto import Outer, PublishDelta, Record, Train
 
 # A contribution's encoded delta: its bytes, or the path of a file that holds them. The
 # node hands over files (fetched one blob at a time) so that neither it nor the worker
@@ -81,17 +81,18 @@ class Executor(Protocol):
         ...
 
     async def aggregate(
-        self, job: Record, base: str, deltas: Deltas, *, rnd: int, sliced: bool = False
+        self, job: Record, base: str, deltas: Deltas, *, rnd: int, sliced: bool = False, outer: Outer | None = None
     ) -> tuple[str, dict[str, float]]:
-        """Apply the outer step of round ``rnd`` (its outer lr: the job's outer schedule there)
-        to ``base`` with the decoded deltas (in the given order, each ``(DeltaRef,
-        samples)``; read one at a time); hold the result. ``sliced``: ``deltas`` are the
+        """Apply the outer step of round ``rnd`` to ``base`` with the decoded deltas (in the
+        given order, each ``(DeltaRef, samples)``; read one at a time); hold the result.
+        ``outer``: the round's outer lr and momentum (a job with ``outer_auto``), else the
+        job's (its outer lr: the job's outer schedule there). ``sliced``: ``deltas`` are the
         round's reduced slices in order, which together are the mean. Returns its state
         hash and eval metrics."""
         ...
 
     async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
-                    sliced: bool = False) -> bool:
+                    sliced: bool = False, outer: Outer | None = None) -> bool:
         """Like ``aggregate``, but keep the result only if it hashes to ``expect``."""
         ...
 

@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 import trio
 
 from ttpeer.errors import DiskError, JobError, LocalWorkLost, StateMissing, TaskFailed
-from ttpeer.proto import DatasetMissing, PublishDelta, Record, Train
+from ttpeer.proto import DatasetMissing, Outer, PublishDelta, Record, Train
 
 from ._channel import ChannelError, FrameReader, send
 from ._executor import Decline, Deltas
@@ -721,14 +721,15 @@ class ProcessExecutor:
         return read_and_remove(Path(result["file"]))
 
     async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int,
-                        sliced: bool = False) -> tuple[str, dict[str, float]]:
-        result = await self._with_deltas(job, "aggregate", deltas, {"base": base, "round": rnd, "sliced": sliced})
+                        sliced: bool = False, outer: Outer | None = None) -> tuple[str, dict[str, float]]:
+        result = await self._with_deltas(job, "aggregate", deltas, {"base": base, "round": rnd, "sliced": sliced,
+                                                                    "outer": outer})
         return result["state"], result["metrics"]
 
     async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
-                    sliced: bool = False) -> bool:
+                    sliced: bool = False, outer: Outer | None = None) -> bool:
         return bool(await self._with_deltas(job, "apply", deltas, {"base": base, "expect": expect, "round": rnd,
-                                                                   "sliced": sliced}))
+                                                                   "sliced": sliced, "outer": outer}))
 
     async def export_state(self, job: Record, state: str, out: Path) -> None:
         await self._call(job, "export_state", {"state": state, "out": str(out)})

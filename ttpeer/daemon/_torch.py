@@ -47,12 +47,13 @@ import trio
 
 from ttpeer import train
 from ttpeer.errors import DiskError, JobError, StateMissing, TaskFailed, TtpeerError
-from ttpeer.proto import JobSpec, PublishDelta, Record, Train, overlapped, slice_chunks
+from ttpeer.proto import JobSpec, Outer, PublishDelta, Record, Train, overlapped, slice_chunks
 
 from ._datastore import DataStore
 from ._executor import Decline, DeltaRef, Deltas, delta_bytes
 from ._files import write_atomic
 from ._home import Home, shared_data_dir
+from ._overlap import EagerStart, correcting, estimate
 from ._workfiles import DISK_ERRNOS
 
 log = logging.getLogger("ttpeer.train")
@@ -74,11 +75,11 @@ class _Job:
     # Ensemble: member checkpoints trained here and not yet published, by (round, member).
     units: dict[tuple[int, int], train.OuterState] = field(default_factory=dict)
     mode: str = "fused"
-    # With overlap, the eager start this round's local work began from, as (round, base,
-    # state) (see ``_start``); when the round's base is the start, it is read from its file.
-    start: tuple[int, str, train.OuterState] | None = None
-    # With overlap, this peer's latest published pseudo-gradient, unquantized, as (round, delta).
-    own: tuple[int, dict[str, torch.Tensor]] | None = None
+    # Overlapped fused jobs: where each round's local work started, and its corrections.
+    overlap: EagerStart = field(default_factory=EagerStart)
+    # Ensembles: the training samples the vote is weighed on, and those the members train on.
+    held: list[int] = field(default_factory=list)
+    kept: list[int] | None = None
 
     @property
     def ensemble(self) -> bool:
@@ -222,6 +223,8 @@ class TorchExecutor:
                 raise JobError(str(exc)) from None
             fixed = {"task_hash": task.source_hash, "init": train.state_hash(state),
                      "data": train.data_fingerprint(task)}
+            if spec["mode"] == "ensemble" and (holdout := train.holdout_size(task.n_train)):
+                fixed["holdout"] = holdout
             if datasets.used:
                 fixed["datasets"] = dict(datasets.used)
             if datasets.used_samples:
@@ -268,7 +271,9 @@ class TorchExecutor:
             else:  # the local model's own tensors, as meta: no second model is built
                 own = {n: t for n, t in trainer.model.state_dict().items() if t.is_floating_point()}
                 like = train.template(train.OuterState(params=own, momentum=own))
-            self._jobs[job.id] = _Job(task, trainer, like, mode=job["mode"])
+            ctx = self._jobs[job.id] = _Job(task, trainer, like, mode=job["mode"])
+            if job.body.get("holdout"):
+                ctx.held, ctx.kept = train.holdout_split(task.n_train, job["holdout"], job["seed"])
             return None
 
         return await _in_thread(load, job["task"])
@@ -360,7 +365,7 @@ class TorchExecutor:
             ckpt, samples = train.train_unit(
                 ctx.task, self._state(job, eff.base), member, job["members"][member], eff.round,
                 job["batches"], job["batch_size"], device=self.device, should_stop=should_stop,
-                recipe=ctx.trainer.recipe)
+                recipe=ctx.trainer.recipe, kept=ctx.kept)
             if ckpt is not None:
                 # Units of closed rounds were covered by someone else first: drop them.
                 ctx.units = {k: v for k, v in ctx.units.items() if k[0] >= eff.round}
@@ -381,21 +386,21 @@ class TorchExecutor:
 
         def steps() -> int:
             if eff.fresh:
-                start = self._start(ctx, eff)
-                if start is None:  # the round's base: its params, read from its file
-                    params = dict(self._params(job, eff.base))
-                    ctx.trainer.start(train.OuterState(params=params, momentum=params))
-                    del params
-                else:
-                    ctx.trainer.start(start)
-                ctx.start = (eff.round, eff.base, start) if start is not None else None
+                self._start(ctx, eff)
             steps, first = eff.span()
             batches = train.shard_batches(ctx.task, job["seed"], eff.round, eff.shard, job["shards"], steps,
                                           job["batch_size"], first_step=first)
+            stop = should_stop
+            if overlapped(job):
+                agree = train.agreed_signal(self.device) if self.world > 1 else None
+                stop = correcting(ctx.trainer, ctx.overlap, lambda state: self._params(job, state), should_stop,
+                                  agree)
+            elif self.world > 1:
+                stop = train.agreed_stop(should_stop, self.device)
             if self.world == 1:
-                return ctx.trainer.train_shard(batches, should_stop, first)
+                return ctx.trainer.train_shard(batches, stop, first)
             parts = train.split_batches(batches, self.rank, self.world)
-            mine = ctx.trainer.train_shard(parts, train.agreed_stop(should_stop, self.device), first)
+            mine = ctx.trainer.train_shard(parts, stop, first)
             # The peer trained whole batches (every worker its part): count them whole.
             done, total = 0, 0
             while done < len(parts) and total < mine:
@@ -467,11 +472,13 @@ class TorchExecutor:
                           **ctx.trainer.recipe.metrics(eff.job["batch_size"])}
 
         def run() -> tuple[bytes, dict[str, float]]:
-            began = ctx.start
-            start = began[2] if began is not None and began[:2] == (eff.round, eff.base) else None
-            delta = (ctx.trainer.delta(start) if start is not None
-                     else ctx.trainer.delta_from(self._params(eff.job, eff.base)))
-            ctx.own = (eff.round, delta) if overlapped(eff.job) else None
+            began = ctx.overlap.same_round(eff.round, eff.base)
+            if began is not None and began.estimate is not None:
+                delta = ctx.trainer.delta(began.estimate)
+            else:  # from the held state it started from (or was moved onto), else the base
+                held = began.state if began is not None and began.state is not None else eff.base
+                delta = ctx.trainer.delta_from(self._params(eff.job, held))
+            ctx.overlap.own = (eff.round, delta) if overlapped(eff.job) else None
             chunk = eff.job.body.get("chunk")
             data, ctx.residual = train.encode_delta(delta, ctx.residual, bits=eff.job["bits"], chunk=chunk)
             metrics = {"fp32_bytes": float(train.fp32_size(delta)), **ctx.trainer.recipe.metrics(eff.job["batch_size"])}
@@ -485,46 +492,41 @@ class TorchExecutor:
         async with self._train_lock:
             return await _in_thread(run, eff.job["task"])
 
-    def _start(self, ctx: _Job, eff: Train) -> train.OuterState | None:
-        """Where this round's local model starts: the round's base; with overlap, an eager
-        start. An overlapped round r trains on the base of round r-1 while round r-1's
-        deltas travel; restarting from that base would throw away round r-1's progress and
-        apply it a round late (one-round-stale outer steps oscillate at DiLoCo's outer lr,
-        and need an outer momentum of 0 to converge at all). Instead the local model starts
-        from this peer's estimate of round r's base: the outer step of round r-1 taken with
-        its own delta for the pool's mean, as in "eager updates" (Kale et al., 2025). The
-        delta it then publishes is measured from that start, so the close, which applies
-        it to round r's real base, counts round r's progress once. Local only: the closes,
-        and so every peer's states, are the same whatever each peer started from. A peer
-        without its own delta of round r-1 (it trained none, or restarted) starts from the
-        base, as before. A second shard of the same round trained fresh (a backup this peer
-        runs after publishing its own shard, so ``own`` is already this round's) starts from
-        the same estimate: from the base, its delta would count round r-1's progress again,
-        and at the job's end, where idle peers back stragglers up, no later round corrects
-        it. Once this peer holds round r's base itself (``eff.ahead``: the close of round
-        r-1 is applied here, and the round is the chain's), a fresh shard starts from it:
-        no estimate is needed, and a peer that trained nothing of round r-1 (a faster peer
-        took two shards of it) would otherwise start from the base a round behind, and
-        its delta would count round r-1's progress twice: harmless while later rounds
-        correct it, but at the job's end it pushed the final close's eval loss up (1.003
-        to 1.377 for 4 peers in ``scripts/bench/speedup``). None: the start is the base
-        (the caller reads its params)."""
-        if not overlapped(eff.job):
-            return None
-        if eff.ahead is not None and eff.ahead in self.held_states(eff.job):
-            return self._state(eff.job, eff.ahead)
-        began = ctx.start
-        if began is not None and began[:2] == (eff.round, eff.base):
-            return began[2]
-        own = ctx.own
-        if own is None or own[0] != eff.round - 1:
-            return None
-        job = eff.job
-        base = self._state(job, eff.base)
-        return train.outer_step(base, [(own[1], 1)], lr=train.outer_lr(job.body, eff.round - 1),
-                                momentum=job["outer_momentum"], nesterov=True)
+    def _start(self, ctx: _Job, eff: Train) -> None:
+        """Load the local model for a fresh shard: the round's base, or with overlap
+        (``_overlap.py``) the round's own base once held here (``eff.ahead``), else this
+        peer's estimate of it made with its own delta of the round before. A second shard
+        of the same round (a backup after publishing, when ``own`` is already this round's)
+        starts where the first did; a peer with no delta of the round before (it trained
+        none, or restarted) starts from the base."""
+        job, ov = eff.job, ctx.overlap
+        if overlapped(job):
+            if eff.ahead is not None and eff.ahead in self.held_states(job):
+                return self._start_from(ctx, eff, eff.ahead)
+            began = ov.same_round(eff.round, eff.base)
+            if began is not None:
+                if began.estimate is not None:
+                    return self._start_from(ctx, eff, None, began.estimate)
+                return self._start_from(ctx, eff, began.state or eff.base)
+            own = ov.own
+            if own is not None and own[0] == eff.round - 1:
+                guess = estimate(self._state(job, eff.base), own[1], ov.outer or _job_outer(job, eff.round - 1))
+                return self._start_from(ctx, eff, None, guess)
+        self._start_from(ctx, eff, eff.base)
 
-    def _outer(self, job: Record, base: str, deltas: Deltas, rnd: int, sliced: bool = False) -> train.OuterState:
+    def _start_from(self, ctx: _Job, eff: Train, state: str | None, guess: train.OuterState | None = None) -> None:
+        """Load held ``state``'s params (read from its file) or ``guess`` into the local model."""
+        if guess is not None:
+            ctx.trainer.start(guess)
+        else:
+            assert state is not None
+            params = dict(self._params(eff.job, state))
+            ctx.trainer.start(train.OuterState(params=params, momentum=params))
+        if overlapped(eff.job):
+            ctx.overlap.begin(eff.round, eff.base, estimate=guess, state=state)
+
+    def _outer(self, job: Record, base: str, deltas: Deltas, rnd: int, sliced: bool,
+               step: Outer) -> train.OuterState:
         ctx = self._job(job)
         if ctx.ensemble:  # the round's member checkpoints replace their members in ``base``
             try:
@@ -547,13 +549,12 @@ class TorchExecutor:
                 raise JobError(f"{len(deltas)} slices for a model of {-(-numel // chunk)} chunks")
             means = (train.decode_slice(delta_bytes(ref), min(stop * chunk, numel) - first * chunk)
                      for (ref, _samples), (first, stop) in zip(deltas, spans, strict=True))
-            return train.mean_step(ctx.like, means, lr=train.outer_lr(job.body, rnd), momentum=job["outer_momentum"],
-                                   nesterov=True, base=train.iter_state_file(path, ctx.like))
+            return train.mean_step(ctx.like, means, lr=step.lr, momentum=step.momentum, nesterov=True,
+                                   base=train.iter_state_file(path, ctx.like))
         total = train.OuterSum(ctx.like, [samples for _ref, samples in deltas])
         for ref, _samples in deltas:
             total.add_parts(train.iter_delta(delta_bytes(ref), ctx.like))
-        return total.step(lr=train.outer_lr(job.body, rnd), momentum=job["outer_momentum"], nesterov=True,
-                          base=train.iter_state_file(path, ctx.like))
+        return total.step(lr=step.lr, momentum=step.momentum, nesterov=True, base=train.iter_state_file(path, ctx.like))
 
     async def reduce_slice(self, job: Record, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
         ctx = self._job(job)
@@ -568,23 +569,26 @@ class TorchExecutor:
             return await _in_thread(run, job["task"])
 
     async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int,
-                        sliced: bool = False) -> tuple[str, dict[str, float]]:
+                        sliced: bool = False, outer: Outer | None = None) -> tuple[str, dict[str, float]]:
         ctx = self._job(job)
+        step = outer or _job_outer(job, rnd)
 
         def run() -> tuple[str, dict[str, float]]:
-            new = self._outer(job, base, deltas, rnd, sliced)
+            new = self._outer(job, base, deltas, rnd, sliced, step)
             # The base is on disk: not kept in memory beside the new state and the model
             # that evaluates it (a training round that uses it holds its own reference).
             ctx.states.pop(base, None)
-            if ctx.ensemble:
-                members, (loss, metric) = train.evaluate_ensemble(ctx.task, new, self.device)
+            if ctx.ensemble:  # the vote, weighed on the held-out samples (``train/_select.py``)
+                weights, models, _held = train.weigh_members(ctx.task, new, ctx.held, self.device)
+                members, (loss, metric) = train.evaluate_ensemble(ctx.task, new, self.device, weights, models)
                 best = max(m for _loss, m in members)
                 return self._hold(job, new), {"eval_loss": round(loss, 6), ctx.task.metric_name: round(metric, 6),
-                                              "best_member": round(best, 6)}
+                                              "best_member": round(best, 6), "weights": weights}  # type: ignore[dict-item]
             # Held (on disk) first, so the outer momentum is gone before the evaluation model
             # is built, and the params once it has them: the close's peak is that model and
             # its activations beside the trainer's model, AdamW and residual.
             digest = self._hold(job, new)
+            ctx.overlap.landed(rnd, base, digest, step)
             params = new.params
             del new
             loss, metric = ctx.trainer.evaluate(params, consume=True)
@@ -594,12 +598,15 @@ class TorchExecutor:
             return await _in_thread(run, job["task"])
 
     async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
-                    sliced: bool = False) -> bool:
+                    sliced: bool = False, outer: Outer | None = None) -> bool:
+        ctx = self._job(job)
+        step = outer or _job_outer(job, rnd)
+
         def run() -> bool:
-            new = self._outer(job, base, deltas, rnd, sliced)
+            new = self._outer(job, base, deltas, rnd, sliced, step)
             if train.state_hash(new) != expect:
                 return False
-            self._hold(job, new)
+            ctx.overlap.landed(rnd, base, self._hold(job, new), step)
             return True
 
         async with self._close_lock:
@@ -649,9 +656,12 @@ class TorchExecutor:
             _unfinish(folder, state)
             try:
                 if ctx.ensemble:
-                    scores = train.evaluate_ensemble(ctx.task, final, self.device)
+                    weights = list(metrics.get("weights") or [1] * len(job["members"]))
+                    _w, models, (probs, target) = train.weigh_members(ctx.task, final, ctx.held, self.device)
+                    scores = train.evaluate_ensemble(ctx.task, final, self.device, weights, models)
+                    held = train.holdout_scores(ctx.task, probs, target, weights)
                     train.export_ensemble(final, ctx.task, job["members"], folder / "final.safetensors",
-                                          metrics, scores)
+                                          metrics, scores, weights, held)
                 else:
                     train.export_model(final, ctx.task, folder / "final.safetensors", metrics)
             except OSError as exc:
@@ -661,6 +671,11 @@ class TorchExecutor:
         await _in_thread(run, job["task"])
 
 
+
+
+def _job_outer(job: Record, rnd: int) -> Outer:
+    """The job's own outer step of round ``rnd`` (its outer lr schedule there)."""
+    return Outer(train.outer_lr(job.body, rnd), job["outer_momentum"])
 
 
 def _unfinish(folder: Path, state: str) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import trio
 
-from ttpeer.proto import PublishDelta, Record, Train
+from ttpeer.proto import Outer, PublishDelta, Record, Train
 
 from ._executor import Decline, Deltas, Executor
 
@@ -139,13 +139,14 @@ class TimedExecutor:
         return await self._timed(job.id, "compute_s", self.inner.reduce_slice(job, deltas, first, stop, rnd=rnd))
 
     async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int,
-                        sliced: bool = False) -> tuple[str, dict[str, float]]:
-        return await self._timed(job.id, "compute_s", self.inner.aggregate(job, base, deltas, rnd=rnd, sliced=sliced))
+                        sliced: bool = False, outer: Outer | None = None) -> tuple[str, dict[str, float]]:
+        return await self._timed(job.id, "compute_s",
+                                 self.inner.aggregate(job, base, deltas, rnd=rnd, sliced=sliced, outer=outer))
 
     async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
-                    sliced: bool = False) -> bool:
+                    sliced: bool = False, outer: Outer | None = None) -> bool:
         return await self._timed(job.id, "compute_s",
-                                 self.inner.apply(job, base, deltas, expect, rnd=rnd, sliced=sliced))
+                                 self.inner.apply(job, base, deltas, expect, rnd=rnd, sliced=sliced, outer=outer))
 
     async def export_state(self, job: Record, state: str, out: Path) -> None:
         return await self._timed(job.id, "compute_s", self.inner.export_state(job, state, out))

@@ -40,6 +40,7 @@ import trio
 import trio.lowlevel
 
 from ttpeer._trim import trim
+from ttpeer.proto import Outer
 
 from ._channel import ChannelError, FrameReader, send
 
@@ -166,12 +167,13 @@ class _Worker:
             # Paths, read one at a time by the outer step; whoever wrote them removes them.
             deltas = [(Path(p), samples) for p, samples in a["deltas"]]
             sliced = bool(a.get("sliced"))
+            outer = Outer(*a["outer"]) if a.get("outer") else None
             if op == "reduce_slice":
                 data = await ex.reduce_slice(job, deltas, a["first"], a["stop"], rnd=a["round"])
                 return {"file": str(write_work(Path(a["out"]), data))}
             if op == "apply":
-                return await ex.apply(job, a["base"], deltas, a["expect"], rnd=a["round"], sliced=sliced)
-            state, metrics = await ex.aggregate(job, a["base"], deltas, rnd=a["round"], sliced=sliced)
+                return await ex.apply(job, a["base"], deltas, a["expect"], rnd=a["round"], sliced=sliced, outer=outer)
+            state, metrics = await ex.aggregate(job, a["base"], deltas, rnd=a["round"], sliced=sliced, outer=outer)
             return {"state": state, "metrics": metrics}
         if op == "export_state":  # file to file: the worker never holds the state's bytes
             await ex.export_state(job, a["state"], Path(a["out"]))

@@ -79,6 +79,7 @@ from ._outcome import (
     may_cancel,
     standing_declines,
 )
+from ._outer import Outer, close_outer, outer_settings
 from ._peer import PeerMachine, Timing
 from ._relays import pool_relays, relay_pairs
 from ._reports import (
@@ -112,6 +113,9 @@ __all__ = [
     "DEFAULT_H_MIN",
     "Plan",
     "steps_for",
+    "Outer",
+    "close_outer",
+    "outer_settings",
     "Aggregate",
     "Apply",
     "Broadcast",

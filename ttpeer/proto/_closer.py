@@ -26,6 +26,7 @@ from ._cadence import Plan, next_batches
 from ._effects import Aggregate, PublishCheckpoint
 from ._jobspec import JobSpec
 from ._ledger import Chain, RecordSet, checkpoints
+from ._outer import Outer, outer_settings
 from ._reports import RETRY_AFTER
 
 CHECKPOINT_EVERY = 4  # rounds between the checkpoints a round's closer publishes (ensembles)
@@ -88,10 +89,11 @@ class Closer:
 
     def maybe_close(self, job: JobSpec, rnd: int, base: str, cover: list[Record], now: float,
                     heard: dict[str, float], slices: tuple[Record, ...] = (),
-                    ready: float | None = None) -> list[Aggregate]:
+                    ready: float | None = None, outer: Outer | None = None) -> list[Aggregate]:
         """The round is covered by ``cover``: aggregate it if it is this peer's turn. A
         sliced round closes from its reduced ``slices``, the others' wait counted from
-        ``ready``, when this peer first had them all."""
+        ``ready``, when this peer first had them all. ``outer``: the round's outer step
+        (``_outer.outer_settings``; None: the job's)."""
         first = self.covered(job.id, rnd, base, now)
         if ready is not None:
             first = self._ready_at.setdefault((job.id, rnd, base), max(first, ready))
@@ -101,12 +103,14 @@ class Closer:
         if closer != self.me and now < first + self.grace(job, closer, now, heard):
             return []
         self._aggregating = (job.id, rnd)
-        return [Aggregate(job.record, rnd, base, tuple(cover), slices)]
+        return [Aggregate(job.record, rnd, base, tuple(cover), slices, outer)]
 
     def aggregated(self, job: JobSpec, rnd: int, base: str, contribs: tuple[str, ...], state: str,
-                   metrics: dict[str, float], records: RecordSet, chain: Chain, slices: tuple[str, ...] = ()) -> dict:
+                   metrics: dict[str, float], records: RecordSet, chain: Chain, slices: tuple[str, ...] = (),
+                   weights: tuple[int, ...] = ()) -> dict:
         """An ``Aggregate`` made ``state``: the close's body to sign. An auto-cadence job's
-        close also picks round ``rnd + 2``'s size from its contributions' figures."""
+        close also picks round ``rnd + 2``'s size from its contributions' figures; an outer_auto
+        job's names its outer step; an ensemble's, the members' ``weights`` in the vote."""
         self._aggregating = None
         body = {"job": job.id, "round": rnd, "base": base, "contribs": sorted(contribs), "state": state,
                 "metrics": metrics}
@@ -114,6 +118,11 @@ class Closer:
             body["tbase"] = records.by_id[contribs[0]]["base"]
         if slices:
             body["slices"] = list(slices)
+        if weights:
+            body["weights"] = list(weights)
+        if job.outer_auto:
+            outer = outer_settings(len(contribs), Plan.of(job.record, chain.closes[:rnd]).batches(rnd))
+            body["outer_lr"], body["outer_momentum"] = outer.lr, outer.momentum
         if job.auto:
             assert job.h_min is not None and job.h_max is not None
             mine = [records.by_id[c] for c in sorted(contribs) if c in records.by_id]

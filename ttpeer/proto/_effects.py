@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from ttpeer_wire import Record
 
+from ._outer import Outer
+
 
 @dataclass(frozen=True)
 class Broadcast:
@@ -135,6 +137,7 @@ class Aggregate:
     base: str
     contribs: tuple[Record, ...]
     slices: tuple[Record, ...] = ()
+    outer: Outer | None = None  # the round's outer step (``outer_auto``); None: the job's
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ class JobSpec:
     chunk: int | None = None  # deltas are chunked in runs of this many values; rounds reduce in slices
     slice_bits: int = 8  # a reduced slice's bits (a sliced job's ``slice_bits``; 8 where it is not named)
     slow_links: bool = False  # slow authors reduce last (``_slices.slow_authors``): jobs that name slice_bits
+    outer_auto: bool = False  # each close picks its outer lr and momentum (``_outer.py``)
 
     @classmethod
     def of(cls, job: Record) -> JobSpec:
@@ -48,7 +49,7 @@ class JobSpec:
             batches=b["batches"], lease=b["lease"], steal=b["steal"], bits=b["bits"],
             overlap=bool(b.get("overlap", 0)), init=b["init"], init_blob=b["init_blob"],
             h_min=b.get("h_min"), h_max=b.get("h_max"), chunk=b.get("chunk"),
-            slice_bits=b.get("slice_bits", 8), slow_links="slice_bits" in b,
+            slice_bits=b.get("slice_bits", 8), slow_links="slice_bits" in b, outer_auto=bool(b.get("outer_auto")),
         )
 
     @property

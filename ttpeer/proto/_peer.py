@@ -256,8 +256,8 @@ class PeerMachine:
                 self._slicer.refused(record)
                 return []
             case rp.Aggregated(job=job, round=rnd, base=base, contribs=contribs, state=state, metrics=metrics,
-                               slices=slices):
-                return self._aggregated(self._spec(job), rnd, base, contribs, state, metrics, now, slices)
+                               slices=slices, weights=weights):
+                return self._aggregated(self._spec(job), rnd, base, contribs, state, metrics, now, slices, weights)
             case rp.Failed(effect=Aggregate()):
                 closer.aggregate_failed(now)
             case rp.Applied(state=state, ok=ok):
@@ -285,9 +285,10 @@ class PeerMachine:
         return self._step(now)
 
     def _aggregated(self, job: JobSpec, rnd: int, base: str, contribs: tuple[str, ...], state: str,
-                    metrics: dict[str, float], now: float, slices: tuple[str, ...] = ()) -> list[Effect]:
+                    metrics: dict[str, float], now: float, slices: tuple[str, ...] = (),
+                    weights: tuple[int, ...] = ()) -> list[Effect]:
         body = self._closer.aggregated(job, rnd, base, contribs, state, metrics, self.records,
-                                       self._views.chain(job.record), slices)
+                                       self._views.chain(job.record), slices, weights)
         self.held.add(state)
         out = self.add_local(self._signed("close", body), now)
         if self._closer.checkpoint(job, rnd, contribs, self.records, self._views.chain(job.record)):

@@ -106,6 +106,7 @@ class Aggregated:
     state: str
     metrics: dict[str, float] = field(default_factory=dict)
     slices: tuple[str, ...] = ()  # a sliced round: the slice records it applied, in order
+    weights: tuple[int, ...] = ()  # an ensemble's round: each member's count in the vote
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from ._jobspec import JobSpec
 from ._leases import LeaseTable
 from ._ledger import Chain, RecordSet, train_base
 from ._local import Local, LocalWorker
+from ._outer import outer_settings
 from ._slicer import Slicer
 from ._slices import plan
 from ._views import Views
@@ -112,12 +113,13 @@ class Rounds:
     def _maybe_close(self, job: JobSpec, rnd: int, base: str, cover: list[Record], now: float) -> list[Effect | Sign]:
         """Offer the covered round to the closer; a sliced round (``_slicer.plan``) first
         has its slices reduced and checked, and closes once they all have a result."""
+        outer = outer_settings(len(cover), self.views.plan(job.record).batches(rnd)) if job.outer_auto else None
         slices = plan(job, cover)
         if slices is None:
-            return list(self.closer.maybe_close(job, rnd, base, cover, now, self.heard))
+            return list(self.closer.maybe_close(job, rnd, base, cover, now, self.heard, outer=outer))
         covered_at = self.closer.covered(job.id, rnd, base, now)
         work, results = self.slicer.step(job, rnd, cover, slices, covered_at, now, self.records)
         if results is None:
             return list(work)
         ready = self.slicer.ready_at(job.id, rnd, cover[0]["base"], cover)
-        return [*work, *self.closer.maybe_close(job, rnd, base, cover, now, self.heard, results, ready)]
+        return [*work, *self.closer.maybe_close(job, rnd, base, cover, now, self.heard, results, ready, outer)]

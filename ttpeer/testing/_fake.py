@@ -25,7 +25,7 @@ import zstandard
 from ttpeer._chunked import HEAD, LENGTH, MAGIC, PLAIN_HEAD, PLAIN_MAGIC, chunk_span
 from ttpeer.daemon import Deltas, delta_bytes
 from ttpeer.errors import TaskFailed
-from ttpeer.proto import JobSpec, PublishDelta, Record, Train
+from ttpeer.proto import JobSpec, Outer, PublishDelta, Record, Train
 
 FAKE_CHUNKS = 12  # chunks of a fake model's chunked delta (a sliced job): slices of several up to 6 peers
 FAKE_CHUNK = 4096  # values a chunk (the job's ``chunk``)
@@ -169,22 +169,24 @@ class FakeExecutor:
         return (PLAIN_HEAD.pack(PLAIN_MAGIC, bits, FAKE_CHUNK // FAKE_BLOCKS, (stop - first) * FAKE_CHUNK)
                 + zstandard.ZstdCompressor(write_content_size=True).compress(payload))
 
-    def _outer(self, base: str, deltas: Deltas, sliced: bool = False) -> str:
+    def _outer(self, base: str, deltas: Deltas, sliced: bool = False, outer: Outer | None = None) -> str:
+        # The outer step a close names is part of the result: peers that took another differ.
+        step = [] if outer is None else [list(outer)]
         if sliced:  # the reduced slices, in order: the round's mean
-            return _h(base, "mean", [delta_bytes(d) for d, _s in deltas])
-        return _h(base, [(delta_bytes(d), s) for d, s in deltas])
+            return _h(base, "mean", [delta_bytes(d) for d, _s in deltas], *step)
+        return _h(base, [(delta_bytes(d), s) for d, s in deltas], *step)
 
     async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int,
-                        sliced: bool = False) -> tuple[str, dict[str, float]]:
-        state = self._outer(base, deltas, sliced)
+                        sliced: bool = False, outer: Outer | None = None) -> tuple[str, dict[str, float]]:
+        state = self._outer(base, deltas, sliced, outer)
         self.disk.states.setdefault(job.id, set()).add(state)
         return state, {"eval_loss": 1.0, "accuracy": 0.5}
 
     async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
-                    sliced: bool = False) -> bool:
+                    sliced: bool = False, outer: Outer | None = None) -> bool:
         if base not in self.disk.states.get(job.id, set()):
             return False
-        state = self._outer(base, deltas, sliced)
+        state = self._outer(base, deltas, sliced, outer)
         if state != expect:
             return False
         self.disk.states.setdefault(job.id, set()).add(state)

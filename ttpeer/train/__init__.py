@@ -38,7 +38,7 @@ from ._failure import describe
 from ._fit import BatchFit, MemoryNeed, Misfit, fit_batch, fit_problem, memory_need, warm_up
 from ._inner import InnerTrainer
 from ._localdp import agreed as agreed_stop
-from ._localdp import average_gradients, join_group
+from ._localdp import agreed_signal, average_gradients, join_group
 from ._localdp import split as split_batches
 from ._lr import LrSchedule, outer_lr, shard_first_step
 from ._outer import OuterSum, outer_step
@@ -46,6 +46,7 @@ from ._probe import data_fingerprint, probe
 from ._recipe import Recipe, check_job
 from ._samples import Samples, shard_batches
 from ._schedule import piece_shard_indices, shard_indices
+from ._select import holdout_scores, holdout_size, holdout_split, weigh_members
 from ._slices import decode_slice, encode_slice, iter_mean, mean_step, reduce_slice
 from ._spec import LoadedTask, TaskSpec
 from ._state import (
@@ -76,6 +77,7 @@ __all__ = [
     "Diverged",
     "Ensemble",
     "InnerTrainer",
+    "agreed_signal",
     "agreed_stop",
     "average_gradients",
     "join_group",
@@ -123,6 +125,10 @@ __all__ = [
     "init_ensemble",
     "init_state",
     "load_bundle",
+    "holdout_scores",
+    "holdout_size",
+    "holdout_split",
+    "weigh_members",
     "load_model",
     "load_task",
     "member_steps",

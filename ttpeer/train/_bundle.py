@@ -3,8 +3,10 @@
 
 The file is written like a fused export (``_export``: sorted keys, fixed header, so
 every peer writes the same bytes). The sidecar adds ``mode: "ensemble"``, one
-object per member under ``members`` (its seed, variant, steps and test scores) and
-the vote's scores under ``ensemble``. ``load_bundle`` reads either kind back.
+object per member under ``members`` (its seed, variant, steps, its ``weight`` in the vote,
+its test scores and its ``holdout`` scores on the training samples no member trained on)
+and the vote's scores under ``ensemble``. ``load_bundle`` reads either kind back; a
+bundle without weights votes with every member once.
 """
 
 from __future__ import annotations
@@ -26,12 +28,17 @@ from ._export import _safetensors_bytes, load_model
 from ._spec import LoadedTask
 from ._state import OuterState, state_hash
 
+Scores = tuple[list[tuple[float, float]], tuple[float, float]]  # members' and the vote's (loss, metric)
+
 
 def export_ensemble(state: OuterState, task: LoadedTask, members: Sequence[Member], out: Path,
-                    metrics: dict[str, Any], scores: tuple[list[tuple[float, float]], tuple[float, float]]) -> str:
+                    metrics: dict[str, Any], scores: Scores, weights: Sequence[int] | None = None,
+                    held: Scores | None = None) -> str:
     """Write the bundle of ensemble ``state`` to ``out`` and its ``.json`` sidecar;
-    return the bundle's sha256. ``scores`` is ``evaluate``'s result. Raises OSError
-    if ``out`` is not writable."""
+    return the bundle's sha256. ``scores``: ``evaluate``'s result (test) with the vote
+    ``weights`` (all 1 when not given); ``held``: the same on the held-out training samples,
+    if the job held any out. Raises OSError if ``out`` is not writable."""
+    weights = list(weights) if weights is not None else [1] * len(members)
     out = Path(out)
     tensors = {}
     for name, t in state.params.items():
@@ -43,6 +50,7 @@ def export_ensemble(state: OuterState, task: LoadedTask, members: Sequence[Membe
     digest = hashlib.sha256(data).hexdigest()
     metric = task.metric_name
     member_scores, (vote_loss, vote_metric) = scores
+    held_members, held_vote = held if held is not None and held[0] else ([None] * len(members), None)
     sidecar = {
         "mode": "ensemble",
         "task": task.name,
@@ -55,15 +63,22 @@ def export_ensemble(state: OuterState, task: LoadedTask, members: Sequence[Membe
         "metrics": metrics,
         "members": [
             {"index": i, "seed": m["seed"], "lr": m["lr"], "weight_decay": m["weight_decay"],
-             "steps": member_steps(state, i), metric: round(score, 6), "eval_loss": round(loss, 6)}
-            for i, (m, (loss, score)) in enumerate(zip(members, member_scores, strict=True))
+             "steps": member_steps(state, i), "weight": w, metric: round(score, 6), "eval_loss": round(loss, 6),
+             "holdout": _scored(h, metric)}
+            for i, (m, (loss, score), w, h) in enumerate(zip(members, member_scores, weights, held_members,
+                                                             strict=True))
         ],
         "ensemble": {metric: round(vote_metric, 6), "eval_loss": round(vote_loss, 6),
-                     "members": member_count(state)},
+                     "members": member_count(state), "voting": sum(1 for w in weights if w),
+                     "holdout": _scored(held_vote, metric)},
     }
     write_atomic(out, data)
     write_atomic(out.with_suffix(".json"), (json.dumps(sidecar, indent=2, sort_keys=True) + "\n").encode())
     return digest
+
+
+def _scored(score: tuple[float, float] | None, metric: str) -> dict[str, float] | None:
+    return None if score is None else {"eval_loss": round(score[0], 6), metric: round(score[1], 6)}
 
 
 def read_sidecar(path: Path) -> dict[str, Any]:
@@ -98,7 +113,11 @@ def load_bundle(path: Path, task: LoadedTask) -> nn.Module:
         tensors = safetensors_load(data)
     except (SafetensorError, ValueError) as exc:
         raise CheckpointError(f"{path} is not a safetensors file: {exc}") from exc
-    count = len(side.get("members") or [])
+    listed = side.get("members") or []
+    count = len(listed)
+    weights = [m.get("weight", 1) if isinstance(m, dict) else 1 for m in listed]
+    if not all(type(w) is int and w >= 0 for w in weights) or (weights and not any(weights)):
+        raise CheckpointError(f"{path}: the sidecar's member weights are not whole numbers >= 0: {weights}")
     models = []
     for i in range(count):
         pre = f"member{i:04d}."
@@ -111,4 +130,4 @@ def load_bundle(path: Path, task: LoadedTask) -> nn.Module:
         models.append(model.eval())
     if not models:
         raise CheckpointError(f"{path}: the sidecar lists no members")
-    return Ensemble(models).eval()
+    return Ensemble(models, weights).eval()

@@ -106,9 +106,10 @@ def member_count(state: OuterState) -> int:
 
 def train_unit(task: LoadedTask, state: OuterState, i: int, member: Member, unit: int, batches: int,
                batch_size: int, *, device: str = "cpu", should_stop: Callable[[], bool] | None = None,
-               recipe: Recipe | None = None) -> tuple[OuterState | None, int]:
+               recipe: Recipe | None = None, kept: Sequence[int] | None = None) -> tuple[OuterState | None, int]:
     """Train member ``i`` of the ensemble ``state`` for unit ``unit`` (``batches`` AdamW
-    steps over the full data, in the member's own order; ``recipe``: precision,
+    steps over the training data, or its samples ``kept`` (all but the job's held-out ones,
+    ``_select.holdout_split``), in the member's own order; ``recipe``: precision,
     micro-batch and lr schedule, whose global step is ``unit x batches + step``). Returns the member's new
     checkpoint and the samples trained, or ``(None, 0)`` if stopped before the unit's
     end: a unit is published whole or not at all.
@@ -136,7 +137,9 @@ def train_unit(task: LoadedTask, state: OuterState, i: int, member: Member, unit
                 "exp_avg": state.params[f"{pre}m/{n}"].to(trainer.device, copy=True),
                 "exp_avg_sq": state.params[f"{pre}v/{n}"].to(trainer.device, copy=True),
             }
-    order = shard_indices(task.n_train, seed, unit, 0, 1, batches, batch_size)
+    order = shard_indices(task.n_train if kept is None else len(kept), seed, unit, 0, 1, batches, batch_size)
+    if kept is not None:
+        order = [[kept[k] for k in batch] for batch in order]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int.from_bytes(hashlib.sha256(f"{seed}:{unit}".encode()).digest()[:7], "little"))
         samples = trainer.train_shard(order, should_stop, first_step=shard_first_step(unit, batches))
@@ -200,15 +203,21 @@ def combine(base: OuterState, checkpoints: Sequence[tuple[int, OuterState]]) -> 
 
 
 class Ensemble(nn.Module):
-    """The members' vote: ``forward`` returns the average of their softmax
-    probabilities over the last dimension."""
+    """The members' vote: ``forward`` returns the average of their softmax probabilities
+    over the last dimension, member ``k`` counted ``weights[k]`` times (all once when not
+    given; a member of weight 0 is not run)."""
 
-    def __init__(self, members: Sequence[nn.Module]) -> None:
+    def __init__(self, members: Sequence[nn.Module], weights: Sequence[int] | None = None) -> None:
         super().__init__()
-        self.members = nn.ModuleList(members)
+        weights = [1] * len(members) if weights is None else list(weights)
+        if len(weights) != len(members) or any(w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"need one weight >= 0 per member, not all 0; got {weights} for {len(members)}")
+        self.weights = [w for w in weights if w]
+        self.members = nn.ModuleList(m for m, w in zip(members, weights, strict=True) if w)
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.stack([F.softmax(m(x), dim=-1) for m in self.members]).mean(dim=0)
+        total = sum(self.weights)
+        return sum(w * F.softmax(m(x), dim=-1) for w, m in zip(self.weights, self.members, strict=True)) / total
 
 
 def member_models(task: LoadedTask, state: OuterState, device: str = "cpu") -> list[nn.Module]:
@@ -227,12 +236,15 @@ def member_models(task: LoadedTask, state: OuterState, device: str = "cpu") -> l
     return models
 
 
-def evaluate(task: LoadedTask, state: OuterState, device: str = "cpu") -> tuple[list[tuple[float, float]],
-                                                                                tuple[float, float]]:
-    """Test ``(loss, metric)`` of every member and of the vote. The vote is scored by
-    the task's own loss and metric on log(averaged probabilities), which is what
-    cross-entropy and argmax-accuracy need from logits."""
-    models = member_models(task, state, device)
+def evaluate(task: LoadedTask, state: OuterState, device: str = "cpu", weights: Sequence[int] | None = None,
+             models: Sequence[nn.Module] | None = None) -> tuple[list[tuple[float, float]], tuple[float, float]]:
+    """Test ``(loss, metric)`` of every member and of the vote (member ``k`` counted
+    ``weights[k]`` times; all once when not given). The vote is scored by the task's own
+    loss and metric on log(averaged probabilities), which is what cross-entropy and
+    argmax-accuracy need from logits. ``models``: the state's ``member_models``, if built."""
+    models = list(models) if models is not None else member_models(task, state, device)
+    weights = [1] * len(models) if weights is None else list(weights)
+    total = sum(weights)
     sums = [[0.0, 0.0] for _ in range(len(models) + 1)]
     n_test = task.n_test
     with torch.no_grad():
@@ -246,7 +258,7 @@ def evaluate(task: LoadedTask, state: OuterState, device: str = "cpu") -> tuple[
                 probs.append(F.softmax(out, dim=-1))
                 sums[k][0] += float(task.spec.loss(out, y)) * len(idx)
                 sums[k][1] += float(task.spec.metric(out, y)) * len(idx)
-            vote = torch.stack(probs).mean(dim=0).clamp_min(1e-12).log()
+            vote = (sum(w * p for w, p in zip(weights, probs, strict=True) if w) / total).clamp_min(1e-12).log()
             sums[-1][0] += float(task.spec.loss(vote, y)) * len(idx)
             sums[-1][1] += float(task.spec.metric(vote, y)) * len(idx)
     scores = [(loss / n_test, metric / n_test) for loss, metric in sums]

@@ -159,6 +159,24 @@ class InnerTrainer:
         else:
             self.optimizer.step()
 
+    def shift(self, onto: Iterable[tuple[str, Tensor]], start: dict[str, Tensor]) -> None:
+        """Move the local model by ``onto - start``, tensor by tensor (``onto`` may come
+        from a state file one tensor at a time): the progress made since ``start`` is kept,
+        now measured from ``onto``. The AdamW state is kept.
+
+        Raises CheckpointError if ``onto`` does not have the model's tensors, each once."""
+        target = self.model.state_dict()
+        seen: set[str] = set()
+        with torch.no_grad():
+            for name, tensor in onto:
+                if name not in start or name in seen or tensor.shape != target[name].shape:
+                    raise CheckpointError(f"parameters do not match the model at {name!r}")
+                seen.add(name)
+                move = tensor.to(torch.float32) - start[name]
+                target[name].add_(move.to(target[name].device, target[name].dtype))
+        if seen != set(self._names):
+            raise CheckpointError(f"parameters do not match the model: missing {sorted(set(self._names) - seen)[:5]}")
+
     def delta(self, base: OuterState) -> dict[str, Tensor]:
         """Return the pseudo-gradient ``base.params - local params`` (fp32, CPU).
 

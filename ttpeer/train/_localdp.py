@@ -13,7 +13,9 @@ batch's mean gradient.
 
 Stopping is agreed too: before each batch the workers take the maximum of their
 stop flags, so all of them stop at the same batch (one stopping alone would leave
-the others waiting in the next all-reduce).
+the others waiting in the next all-reduce). So is an overlapped round's correction
+onto a close that landed (``daemon/_overlap.py``): only the first worker closes rounds,
+and the state it names reaches every worker at the same batch.
 """
 
 from __future__ import annotations
@@ -58,5 +60,20 @@ def agreed(should_stop: Callable[[], bool], device: str) -> Callable[[], bool]:
         flag = torch.tensor([1 if should_stop() else 0], device=torch.device(device))
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
+
+    return ask
+
+
+def agreed_signal(device: str) -> Callable[[bool, str | None], tuple[bool, str | None]]:
+    """``(stop, state)`` decided for the whole group: any worker's stop stops them all,
+    and a state hash (``sha256:...``) that one worker names reaches all of them."""
+    dev = torch.device(device)
+
+    def ask(stop: bool, state: str | None) -> tuple[bool, str | None]:
+        raw = bytes.fromhex(state.removeprefix("sha256:")) if state else bytes(32)
+        flags = torch.tensor([1 if stop else 0, 1 if state else 0, *raw], dtype=torch.int32, device=dev)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        got = flags.tolist()
+        return bool(got[0]), ("sha256:" + bytes(got[2:]).hex()) if got[1] else None
 
     return ask

@@ -1,0 +1,132 @@
+"""Where an overlapped round's local work starts, and how it is corrected mid-round.
+
+Theory of operation. With overlap, round r trains while round r-1's deltas travel and its
+close is made: the protocol hands the shard round r-1's base (``Train.base``), and the close
+of round r will apply the round's deltas to round r's base, which does not exist yet. The
+local model therefore starts from this peer's *estimate* of round r's base: round r-1's
+outer step taken with its own delta of round r-1 for the pool's mean ("eager updates",
+Kale et al. 2025). The estimate is right in the direction every peer moved and wrong by
+this peer's own share of the noise, amplified by the outer step.
+
+As soon as the close of round r-1 lands here (this peer aggregated it or applied it, in
+the close thread), the real base is known; at its next batch boundary the training thread
+moves the local model by (real base - estimate), keeping the progress made since the
+start, and the round's delta is measured from the real base from then on. Only the steps
+trained before the close landed were taken from the estimate; a close that lands before
+the round starts (``Train.ahead``) means no estimate at all, and one that lands after the
+shard ended changes nothing (the delta against the estimate is the same vector).
+
+Local only: the close applies the pool's mean to the real base whatever each peer started
+from, so every peer's states stay bit-identical (I3). What breaks it: nothing the pool
+shares; a correction onto a close that later loses a fork only moves this peer's local
+model, like any estimate.
+
+Thread use: ``landed`` runs in the close thread, ``due`` and ``corrected`` in the
+training thread; one lock guards the hand-over.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from ttpeer import train
+from ttpeer.proto import Outer
+
+
+@dataclass
+class Start:
+    """Where the local model of ``round`` (trained on ``base``) started: the held state
+    ``state`` (the round's own base, or ``base`` itself), or ``estimate`` (params and
+    momentum, in memory) until a correction moves it onto a held state."""
+
+    round: int
+    base: str
+    estimate: train.OuterState | None = None
+    state: str | None = None
+
+
+class EagerStart:
+    """One overlapped fused job's starts on this peer."""
+
+    def __init__(self) -> None:
+        self.start: Start | None = None
+        # This peer's latest published pseudo-gradient, unquantized, as (round, delta).
+        self.own: tuple[int, dict[str, torch.Tensor]] | None = None
+        # The outer step of the last close made here: the next estimate's.
+        self.outer: Outer | None = None
+        self._landed: str | None = None
+        self._lock = threading.Lock()
+
+    def begin(self, rnd: int, base: str, *, estimate: train.OuterState | None = None,
+              state: str | None = None) -> None:
+        """A fresh shard of ``rnd`` on ``base`` started from ``estimate`` or held ``state``."""
+        with self._lock:
+            self.start = Start(rnd, base, estimate, state)
+            self._landed = None
+
+    def same_round(self, rnd: int, base: str) -> Start | None:
+        """The start of round ``rnd`` on ``base``, if this peer began one."""
+        s = self.start
+        return s if s is not None and (s.round, s.base) == (rnd, base) else None
+
+    def landed(self, rnd: int, base: str, state: str, step: Outer) -> None:
+        """The close of round ``rnd`` on ``base`` made ``state`` here (close thread): if the
+        shard in training is round ``rnd + 1`` started from an estimate of that state, it
+        moves onto it at its next batch. ``step``: the close's outer step."""
+        with self._lock:
+            self.outer = step
+            s = self.start
+            if s is not None and s.estimate is not None and (s.round, s.base) == (rnd + 1, base):
+                self._landed = state
+
+    def take(self) -> str | None:
+        """The state that landed since the last call, once (training thread)."""
+        with self._lock:
+            landed, self._landed = self._landed, None
+            return landed
+
+    def estimate(self) -> train.OuterState | None:
+        """The estimate the shard in training started from, while it has not been moved."""
+        s = self.start
+        return s.estimate if s is not None else None
+
+    def corrected(self, state: str) -> None:
+        """The local model now measures its progress from ``state``; the estimate is dropped."""
+        with self._lock:
+            if self.start is not None:
+                self.start = Start(self.start.round, self.start.base, None, state)
+
+
+def estimate(base: train.OuterState, own: dict[str, torch.Tensor], step: Outer) -> train.OuterState:
+    """Round ``rnd + 1``'s base as this peer can guess it before round ``rnd``'s close:
+    ``base`` (round ``rnd``'s) after the outer ``step`` with ``own`` for the mean."""
+    return train.outer_step(base, [(own, 1)], lr=step.lr, momentum=step.momentum, nesterov=True)
+
+
+Agree = Callable[[bool, "str | None"], "tuple[bool, str | None]"]
+
+
+def correcting(trainer: train.InnerTrainer, starts: EagerStart,
+               params: Callable[[str], Iterable[tuple[str, torch.Tensor]]],
+               should_stop: Callable[[], bool], agree: Agree | None = None) -> Callable[[], bool]:
+    """``should_stop`` for ``train_shard`` that also moves the local model onto a close
+    that landed since the last batch (``params(state)``: that state's params, one tensor at
+    a time). ``agree``: a peer's workers decide together (``train.agreed``): the stop flag
+    and the landed state of the worker that closes reach every worker at the same batch,
+    so their copies of the local model stay identical."""
+
+    def ask() -> bool:
+        stop, state = should_stop(), starts.take()
+        if agree is not None:
+            stop, state = agree(stop, state)
+        start = starts.estimate()
+        if state is not None and start is not None and not stop:
+            trainer.shift(params(state), start.params)
+            starts.corrected(state)
+        return stop
+
+    return ask
