@@ -202,6 +202,67 @@ def _landing(peer: int, at: int | None, close: Any) -> Any:
     return hook
 
 
+async def run_ensemble(root: Path, task: str, members: int, units: int, steps: int, batch: int, lr: float,
+                       seed: int) -> dict[str, Any]:
+    """An ensemble job of ``members`` members x ``units`` units of ``steps`` steps on one
+    executor (a unit is a pure function of its member's checkpoint, so the peers that train
+    it do not change the result), through ``finish``: the bundle's sidecar, and the test
+    figures of the vote with every member counted once (the vote before selection)."""
+    from ttpeer import train
+    from ttpeer.daemon import Home
+    from ttpeer.daemon._torch import TorchExecutor
+    from ttpeer.proto import PublishDelta, Train, member_variants, sign
+
+    home = Home(root / "peer0")
+    home.create_pool(RELAY, FP, "peer0", time.time())
+    ex = TorchExecutor(home)
+    spec = {"task": task, "mode": "ensemble", "rounds": units, "shards": members, "batches": steps,
+            "batch_size": batch, "inner_lr": lr, "weight_decay": WEIGHT_DECAY, "outer_lr": 0.7, "outer_momentum": 0.9,
+            "bits": 8, "seed": seed, "lease": 30.0, "steal": False,
+            "members": member_variants(seed, members, lr, WEIGHT_DECAY)}
+    fixed, init = await ex.new_job(spec, None)
+    job = sign("job", home.config().pool, {**spec, **fixed, "init_blob": "0" * 64, "task_blob": "",
+                                           "at": int(time.time())}, home.node_key())
+    if await ex.prepare(job, None) is not None or not await ex.import_state(job, fixed["init"], init):
+        raise RuntimeError("the executor could not prepare the lab's ensemble job")
+    state, metrics = fixed["init"], {}
+    for unit in range(units):
+        ckpts = []
+        for m in range(members):
+            samples = await ex.train(Train(job, unit, m, 0, state, fresh=True), lambda: False)
+            ckpts.append(((await ex.delta(PublishDelta(job, unit, state, (m,), samples)))[0], samples))
+        state, metrics = await ex.aggregate(job, state, ckpts, rnd=unit)
+    await ex.finish(job, state, {"weights": metrics.get("weights")})
+    side = json.loads((home.states(job.id) / "final.json").read_text())
+    ctx = ex._jobs[job.id]
+    _members, uniform = train.evaluate_ensemble(ctx.task, ex._state(job, state))
+    side["uniform"] = {"eval_loss": uniform[0], side["metric_name"]: uniform[1]}
+    return side
+
+
+def ensemble_row(task: str, members: int, units: int, steps: int, batch: int, lr: float,
+                 seed: int) -> dict[str, Any]:
+    """``run_ensemble`` in this process: the vote against its best member on the test set."""
+    import torch
+    import trio
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        side = trio.run(run_ensemble, Path(tmp), task, members, units, steps, batch, lr, seed)
+    metric = side["metric_name"]
+    lower = metric == "perplexity"  # charlm's: exp(loss), lower is better; accuracy: higher
+    best_loss = min(m["eval_loss"] for m in side["members"])
+    best_metric = (min if lower else max)(m[metric] for m in side["members"])
+    vote = side["ensemble"]
+    return {"task": task, "seed": seed, "members": members, "metric": metric, "weights":
+            [m["weight"] for m in side["members"]], "vote_loss": vote["eval_loss"], "vote_metric": vote[metric],
+            "uniform_loss": side["uniform"]["eval_loss"], "uniform_metric": side["uniform"][metric],
+            "best_loss": best_loss, "best_metric": best_metric,
+            "member_losses": [m["eval_loss"] for m in side["members"]],
+            "never_worse": vote["eval_loss"] <= best_loss and (vote[metric] <= best_metric if lower
+                                                               else vote[metric] >= best_metric)}
+
+
 def dp_curve(case: Case) -> list[tuple[int, float]]:
     """The plain loop at ``peers x batch``, evaluated every 25 steps on the whole test set,
     until the target or ``steps``."""
@@ -299,7 +360,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=4, help="samples per step and peer (default 4)")
     ap.add_argument("--peers", default="2,4", help="peer counts M, comma-separated (default 2,4)")
     ap.add_argument("--seeds", default="0,1,2", help="job seeds (initial weights and data order), default 0,1,2")
-    ap.add_argument("--target", type=float, required=True, help="the eval loss to reach")
+    ap.add_argument("--target", type=float, default=None, help="the eval loss to reach (fused runs)")
+    ap.add_argument("--ensemble", type=int, default=0, metavar="MEMBERS",
+                    help="instead: ensemble jobs of MEMBERS members (units of --inner-steps, --steps per member), "
+                         "the vote against its best member on the test set, per task and seed")
     ap.add_argument("--steps", type=int, default=4000, help="most inner steps per peer (default 4000)")
     ap.add_argument("--inner-steps", type=int, default=25, help="inner steps per round (default 25)")
     ap.add_argument("--sync", type=int, default=None,
@@ -323,11 +387,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(str(exc))
     if min(args.peers) < 1 or args.batch < 1 or args.jobs < 1:
         ap.error("--peers, --batch and --jobs must be >= 1")
+    if args.target is None and not args.ensemble:
+        ap.error("give --target LOSS (fused runs) or --ensemble MEMBERS")
     return args
+
+
+def ensembles(args: argparse.Namespace) -> int:
+    todo = [(task, args.ensemble, max(1, args.steps // args.inner_steps), args.inner_steps, args.batch, args.inner_lr,
+             seed) for task in args.task for seed in args.seeds]
+    print(f"{len(todo)} ensemble jobs: {args.ensemble} members x {todo[0][2]} units x {args.inner_steps} steps, "
+          f"batch {args.batch}, AdamW lr {args.inner_lr:g} (the members' variants around it)", flush=True)
+    with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(ensemble_row, *zip(*todo, strict=True)))
+    print("\n| task | seed | members' test loss | weights | vote, every member once: loss / metric | selected vote: "
+          "loss / metric | best member: loss / metric | never worse |\n|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['task']} | {r['seed']} | {', '.join(f'{x:.4f}' for x in r['member_losses'])} | {r['weights']} | "
+              f"{r['uniform_loss']:.4f} / {r['uniform_metric']:.4f} | {r['vote_loss']:.4f} / {r['vote_metric']:.4f} | "
+              f"{r['best_loss']:.4f} / {r['best_metric']:.4f} | {'yes' if r['never_worse'] else 'NO'} |")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"meta": {"argv": sys.argv[1:]}, "ensembles": rows}, indent=1) + "\n")
+    return 0 if all(r["never_worse"] for r in rows) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.ensemble:
+        return ensembles(args)
     todo = cases(args)
     began = time.perf_counter()
     print(f"{len(todo)} runs ({args.jobs} at once): tasks {', '.join(args.task)}, batch {args.batch}, peers "

@@ -1,6 +1,6 @@
-"""The speedup benchmark behind ``scripts/bench/speedup`` (issue 14, point 4).
+"""The speedup benchmark behind ``scripts/bench/speedup``.
 
-How much faster 2 and 4 ttpeer peers reach an eval loss than one peer, in the network
+How much faster 2, 4 and 8 ttpeer peers reach an eval loss than one peer, in the network
 lab of ``scripts/bench/wan`` (``ttpeer_harness/netlab.py``: each peer's access link
 ``--rate`` each way with ``--delay`` added to each direction, peers behind NAT that talk
 only through the relay), side by side in one run. One task and batch for every row: the
@@ -9,7 +9,7 @@ gradients clipped to 1.0 (``bench/wan_worker.py``'s settings, ttpeer's fused job
 
 Rows, one after the other in one lab:
 
-- ``DP bound`` (no network, no lab): plain training at batch B, 2B and 4B side by side
+- ``DP bound`` (no network, no lab): plain training at batch B, 2B, 4B and 8B side by side
   (``bench.scaling.train``), each until the target: steps at B / steps at kB is all that
   perfect synchronous data parallelism on k peers can buy (each step costing the same),
   so k peers' time to the target is at least one peer's times steps at kB / steps at B.
@@ -20,17 +20,21 @@ Rows, one after the other in one lab:
   what a user gets without ttpeer (no sync, no outer step, its evaluations off its
   clock). ``--rows ...,ttpeer-1`` adds one ttpeer peer alone (a pool of one, the same job
   as the others) to show what ttpeer itself costs a single peer.
-- ``2 peers``, ``4 peers``: a pool of that many ttpeer peers (fresh homes, own hosts, one
-  relay), one fused job with one shard per peer, ``--overlap``, ``--inner-steps auto``
+- ``2 peers``, ``4 peers``, ``8 peers``: a pool of that many ttpeer peers (fresh homes, own
+  hosts, one relay), one fused job with one shard per peer, what ``ttpeer submit`` runs
+  (overlap, the pool's outer step, slices from 3 peers) with ``--inner-steps auto``
   (``h_min``/``h_max``: the pool sizes each round so the sync hides behind compute), a
   budget of ``--margin`` (2) x the DP bound's steps per peer (so the job passes the target
   and runs on: the utilization is over the whole job).
 - ``4 peers, fixed H``: the 4-peer pool again, ``--fixed-h`` inner steps every round
   (default: the median round size the auto row picked), same budget.
 
-Compute is emulated with ``--slowdown S`` in every row (each step lasts (1 + S) x its
-real time, sleeping), so 4 peers fit on 2 cores and a round outlasts a sync as it does
-for a bigger model; the sleep counts as compute. Measured per row: wall time until the
+Compute is emulated in every row, so 8 peers fit on 2 cores and a step costs what a GPU's
+does: ``--step-ms T`` (the default, 100) makes every step last T ms, sleeping the rest (a
+real GPU step of a model people fine-tune takes 0.1-1 s; the daemons' own CPU then costs a
+step nothing); ``--slowdown S`` instead makes it last (1 + S) x its real time (what earlier
+runs used: every millisecond the daemons take from the shared cores is then paid 1 + S
+times). The sleep counts as compute; the table says which emulation ran. Measured per row: wall time until the
 eval loss first reaches ``--target`` (single loop: from its start, evaluations off the
 clock; ttpeer: from the job's submission, its start-up and each round's evaluation on the
 clock), that time / one peer's, / the DP bound's, utilization (ttpeer: each peer's
@@ -55,15 +59,17 @@ from typing import Any
 
 from bench.wan import Row, _baseline, plot, start_peers, ttpeer_row
 
-PEER_COUNTS = (2, 4)
+PEER_COUNTS = (2, 4, 8)
 FIRST = 25  # the first rounds' size of an auto job, and the unit of its budget (as `ttpeer submit`)
-HOSTS = {"ttpeer-1": ["solo"], "ttpeer-2": ["duo1", "duo2"], "ttpeer-4": ["quad1", "quad2", "quad3", "quad4"]}
-ROWS = ("single", "ttpeer-1", "ttpeer-2", "ttpeer-4", "ttpeer-4-fixed")
-DEFAULT_ROWS = "single,ttpeer-2,ttpeer-4,ttpeer-4-fixed"
-GOALS = {2: 0.62, 4: 0.35}  # the issue's: N peers' time to the target / one peer's
+HOSTS = {"ttpeer-1": ["solo"], "ttpeer-2": ["duo1", "duo2"], "ttpeer-4": ["quad1", "quad2", "quad3", "quad4"],
+         "ttpeer-8": [f"oct{i}" for i in range(1, 9)]}
+ROWS = ("single", "ttpeer-1", "ttpeer-2", "ttpeer-4", "ttpeer-8", "ttpeer-4-fixed")
+DEFAULT_ROWS = "single,ttpeer-2,ttpeer-4,ttpeer-8"
+GOALS = {2: 0.58, 4: 0.33, 8: 0.22}  # N peers' time to the target / one peer's
 BOUND_GOAL = 1.15  # fused time / the perfect-data-parallel bound's
-UTIL_GOAL, UTIL_ROUNDS = 0.97, 20
-TASK_GOALS = {2: 0.55, 4: 0.30}  # a task fit for the targets: DP bound at most this
+UTIL_GOAL, UTIL_ROUNDS = 0.95, 20
+TASK_GOALS = {2: 0.51, 4: 0.29, 8: 0.19}  # a task fit for the targets: DP bound at most this
+STEP_MS = 100.0  # the default emulated step
 
 
 @dataclass
@@ -98,8 +104,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--task", default="mnist1d:samples=60000", help="the ttpeer task every row trains")
     ap.add_argument("--batch", type=int, default=4, help="samples per step and peer (default 4)")
     ap.add_argument("--target", type=float, default=None, help="target eval loss (default 1.0; --quick 1.2)")
-    ap.add_argument("--slowdown", type=float, default=8.0,
-                    help="emulated compute: each step lasts (1 + S) x its real time (sleeping), in every row")
+    ap.add_argument("--step-ms", type=float, default=None,
+                    help=f"emulated compute: every step lasts this many ms, sleeping the rest (default {STEP_MS:g})")
+    ap.add_argument("--slowdown", type=float, default=None,
+                    help="emulated compute instead: each step lasts (1 + S) x its real time (sleeping)")
     ap.add_argument("--h-min", type=int, default=10, help="auto rows: the smallest round (inner steps)")
     ap.add_argument("--h-max", type=int, default=200, help="auto rows: the largest round (inner steps)")
     ap.add_argument("--fixed-h", type=int, default=0,
@@ -110,9 +118,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="DP bound ratios (steps at N*B / steps at B) instead of measuring them")
     ap.add_argument("--bound-steps", type=int, default=8000, help="DP bound: most steps at batch B (default 8000)")
     ap.add_argument("--bits", type=int, choices=(4, 8), default=8, help="ttpeer: bits per delta value")
-    ap.add_argument("--outer-lr", type=float, default=0.7)
-    ap.add_argument("--outer-momentum", type=float, default=0.5,
-                    help="outer Nesterov momentum (default 0.5: what submit gives an overlapped job)")
+    ap.add_argument("--outer-lr", type=float, default=None,
+                    help="a fixed outer lr (default: each close picks its outer step, as submit's jobs do)")
+    ap.add_argument("--outer-momentum", type=float, default=None, help="a fixed outer momentum (as --outer-lr)")
     ap.add_argument("--no-overlap", action="store_true", help="ttpeer rows: rounds that wait (submit --no-overlap)")
     ap.add_argument("--rows", default=DEFAULT_ROWS, help=f"which rows to run, of {','.join(ROWS)}")
     ap.add_argument("--png", type=Path, default=Path("docs/bench-speedup.png"))
@@ -133,7 +141,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.margin = args.margin if args.margin is not None else (1.6 if args.quick else 2.0)
     if not 1 <= args.h_min <= args.h_max or args.batch < 1 or args.fixed_h < 0 or args.margin <= 0:
         ap.error("need 1 <= --h-min <= --h-max, --batch >= 1, --fixed-h >= 0, --margin > 0")
+    if args.step_ms is not None and args.slowdown is not None:
+        ap.error("emulate compute one way: --step-ms or --slowdown")
+    if args.slowdown is None and args.step_ms is None:
+        args.step_ms = STEP_MS
     return args
+
+
+def emulation(args: argparse.Namespace) -> tuple[str, ...]:
+    """The flags that emulate compute, for the loop and every daemon alike."""
+    if args.step_ms is not None:
+        return ("--step-s", f"{args.step_ms / 1000:g}")
+    return ("--slowdown", f"{args.slowdown:g}")
+
+
+def emulation_words(args: argparse.Namespace) -> str:
+    return (f"every step lasts {args.step_ms:g} ms (sleeping what the CPU leaves)" if args.step_ms is not None
+            else f"steps slowed {1 + args.slowdown:g}x (each sleeps {args.slowdown:g}x its real time)")
+
+
+def step_guess(args: argparse.Namespace) -> float:
+    """Seconds a step takes, to size time limits (a real mnist1d step at batch 4: about 5 ms)."""
+    return max(args.step_ms / 1000, 0.005) if args.step_ms is not None else 0.005 * (1 + args.slowdown)
 
 
 # -- the pure parts: budgets, ratios, the table --------------------------------------------
@@ -224,7 +253,7 @@ def _rounds(sizes: list[int]) -> str:
 
 
 def measure_bound(args: argparse.Namespace, data: Path) -> tuple[dict[int, float | None], float]:
-    """Steps to the target at B, 2B and 4B (plain training, side by side); and the seconds."""
+    """Steps to the target at B, 2B, 4B and 8B (plain training, side by side); and the seconds."""
     import time
 
     from bench.scaling import steps_to, train
@@ -266,18 +295,17 @@ def run(args: argparse.Namespace) -> tuple[Row, list[Result], dict[int, float], 
                                "--bound-steps or the target")
         one = steps.get(1) or args.bound_steps / 2  # sizes the budgets; --bound: an upper guess
         common = ["--data", str(data), "--task", args.task, "--batch", str(args.batch), "--target",
-                  str(args.target), "--slowdown", str(args.slowdown)]
+                  str(args.target), *emulation(args)]
         print("1 peer, the plain loop...", file=sys.stderr)
         cap = 2 * int(one)  # steps: the loop stops at the target, or here if it never gets there
         single = _baseline(lab, "1 peer (plain loop)", "single", [lab.hosts["single"]],
                            [*common, "--steps", str(cap), "--stop-at-target", "--eval-every", str(FIRST)],
-                           cap * 0.005 * (1 + args.slowdown), [[]])
+                           cap * step_guess(args), [[]])
         if single.samples and single.utilization is not None:  # its busy seconds per step
             single.step_s = single.utilization * single.wall / (single.samples / args.batch)
         relay = start_relay(lab)
         base = {**job_spec(1), "task": args.task, "bits": args.bits, "batch_size": args.batch, "batches": FIRST,
-                "lease": 60.0, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
-                "overlap": 0 if args.no_overlap else 1}
+                "lease": 60.0, **outer_fields(args), "overlap": 0 if args.no_overlap else 1}
         auto = {"h_min": args.h_min, "h_max": args.h_max}
         homes4: dict[str, Path] = {}
         for row in args.rows:
@@ -295,8 +323,8 @@ def run(args: argparse.Namespace) -> tuple[Row, list[Result], dict[int, float], 
                 name = f"{peers} peer{'s' * (peers > 1)}, auto H {args.h_min}-{args.h_max}"
             print(f"{name}...", file=sys.stderr)
             homes = homes4 if row == "ttpeer-4-fixed" and homes4 else start_peers(
-                lab, relay, HOSTS[row.removesuffix("-fixed")], args.slowdown)
-            timeout = 600 + 0.5 * _budget_steps(spec) * (1 + args.slowdown)  # generous: a failure, not a figure
+                lab, relay, HOSTS[row.removesuffix("-fixed")], emulation(args))
+            timeout = 600 + 3 * _budget_steps(spec) * step_guess(args)  # generous: a failure, not a figure
             results.append(Result(peers, ttpeer_row(lab, homes, spec, name, timeout), auto=row != "ttpeer-4-fixed"))
             if row == "ttpeer-4" and "ttpeer-4-fixed" in args.rows:
                 homes4 = homes  # the fixed row reuses the pool
@@ -304,6 +332,24 @@ def run(args: argparse.Namespace) -> tuple[Row, list[Result], dict[int, float], 
                 for host in HOSTS[row.removesuffix("-fixed")]:
                     lab.stop(host)  # an idle pool still heartbeats: off the next rows' cores
     return single, results, bounds, steps
+
+
+def outer_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The job's outer step: the pool's (as ``ttpeer submit`` gives), unless fixed by a flag."""
+    from ttpeer.proto import outer_settings
+
+    if args.outer_lr is None and args.outer_momentum is None:
+        first = outer_settings(2, FIRST)
+        return {"outer_lr": first.lr, "outer_momentum": first.momentum, "outer_auto": 1}
+    return {"outer_lr": 0.7 if args.outer_lr is None else args.outer_lr,
+            "outer_momentum": 0.7 if args.outer_momentum is None else args.outer_momentum}
+
+
+def _outer_words(args: argparse.Namespace) -> str:
+    if args.outer_lr is None and args.outer_momentum is None:
+        return "the pool's outer step (each close's)"
+    fixed = outer_fields(args)
+    return f"outer lr {fixed['outer_lr']:g} momentum {fixed['outer_momentum']:g}"
 
 
 def _budget_steps(spec: dict[str, Any]) -> int:
@@ -329,12 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     single, results, bounds, steps = run(args)
     text = table(single, results, bounds, args.target)
     measured = ", ".join(f"{s:.0f}" if s else "-" for s in steps.values())
-    head = (f"1, 2 and 4 peers, each link {args.rate} each way + {args.delay * 1000:.0f} ms each direction, NAT, "
+    head = (f"1, 2, 4 and 8 peers, each link {args.rate} each way + {args.delay * 1000:.0f} ms each direction, NAT, "
             f"the relay; task {args.task}, batch {args.batch} per peer, target eval loss {args.target:g}; ttpeer: "
-            f"{'no overlap' if args.no_overlap else 'overlap'}, {args.bits}-bit deltas, outer lr {args.outer_lr:g} "
-            f"momentum {args.outer_momentum:g}; "
-            f"steps slowed {1 + args.slowdown:g}x; DP bound "
-            + (f"measured (steps to the target at B, 2B, 4B: {measured})" if steps else "given") +
+            f"{'no overlap' if args.no_overlap else 'overlap'}, {args.bits}-bit deltas, {_outer_words(args)}; "
+            f"emulated compute: {emulation_words(args)}; DP bound "
+            + (f"measured (steps to the target at B, 2B, 4B, 8B: {measured})" if steps else "given") +
             f"; load average at start {load[0]:.2f}, at end {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     notes = "\n".join(f"- {r.name}: {r.note}" for r in [single, *(x.row for x in results)] if r.curve and r.note)
     text = f"{text}\n\n{notes}" if notes else text

@@ -140,12 +140,13 @@ def _baseline(lab: Lab, name: str, mode: str, hosts: list[Host], common: list[st
     return row
 
 
-def start_peers(lab: Lab, relay: tuple[str, str], names: list[str], slowdown: float) -> dict[str, Path]:
+def start_peers(lab: Lab, relay: tuple[str, str], names: list[str], emulation: tuple[str, ...]) -> dict[str, Path]:
     """ttpeer on the lab hosts ``names``, enrolled in one pool on ``relay`` (its URL and
-    fingerprint, ``start_relay``) with the first as admin; the lab's generated data copied
-    into their homes (the baselines found it generated too: no row pays for it)."""
+    fingerprint, ``start_relay``) with the first as admin, each daemon given ``emulation``
+    (``--slowdown S`` or ``--step-s T``); the lab's generated data copied into their homes
+    (the baselines found it generated too: no row pays for it)."""
     url, fp = relay
-    homes = start_pool(lab, url, fp, names[0], names[1:], extra=("--slowdown", str(slowdown)))
+    homes = start_pool(lab, url, fp, names[0], names[1:], extra=emulation)
     for home in homes.values():
         (home / "data").mkdir(exist_ok=True)
         for cached in (lab.dir / "data").iterdir():
@@ -155,7 +156,7 @@ def start_peers(lab: Lab, relay: tuple[str, str], names: list[str], slowdown: fl
 
 def _pool(lab: Lab, args: argparse.Namespace) -> dict[str, Path]:
     """A relay and ttpeer on alice and bob (NAT), enrolled; the data in their homes."""
-    return start_peers(lab, start_relay(lab), ["alice", "bob"], args.slowdown)
+    return start_peers(lab, start_relay(lab), ["alice", "bob"], ("--slowdown", str(args.slowdown)))
 
 
 def _ttpeer(lab: Lab, homes: dict[str, Path], args: argparse.Namespace, rounds: int, overlap: bool) -> Row:

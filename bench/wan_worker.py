@@ -81,7 +81,9 @@ class Run:
         self._last = took
         if self.args.slowdown > 0:  # emulated compute, as ttpeer's --slowdown: the step lasts (1 + s) x
             time.sleep(self.args.slowdown * took)
-        self.busy += took * (1 + self.args.slowdown)
+        if self.args.step_s > took:  # emulated compute, as ttpeer's --step-s: the step lasts at least that long
+            time.sleep(self.args.step_s - took)
+        self.busy += max(took * (1 + self.args.slowdown), self.args.step_s)
 
     def clock(self) -> float:
         return time.monotonic() - self.t0 - self.evaluating
@@ -285,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--slowdown", type=float, default=0.0)
+    ap.add_argument("--step-s", type=float, default=0.0, help="emulated compute: each step lasts at least this long")
     ap.add_argument("--rounds", type=int, default=4, help="DiLoCo modes: rounds of H steps")
     ap.add_argument("--outer-momentum", type=float, default=0.9, help="DiLoCo modes: outer Nesterov momentum")
     ap.add_argument("--data", required=True)

@@ -200,7 +200,7 @@ def render_html(job: Record, rs: RecordSet, *, peer_name: str, note: str | None)
     }
     last = rounds[-1] if rounds else None
     metric = last["metric_name"] if last else "metric"
-    facts = job_facts(job, chain.round, rs.of_job(job.id, "contrib"), names)
+    facts = job_facts(job, chain.round, rs.of_job(job.id, "contrib"), names, list(chain.closes))
     # A running job's last close is where it stands, not where it ends.
     when = "final" if Plan.of(job, chain.closes).finished(chain.round) else f"so far (round {chain.round})"
     facts[-1:-1] = [[f"eval loss {when}", _fmt(last["eval_loss"] if last else None)],
@@ -243,7 +243,8 @@ reports in its contributions; compute includes inner steps and other torch work.
     return page, summary
 
 
-def job_facts(job: Record, closed: int, contribs: list[Record], names: dict[str, str]) -> list[list[str]]:
+def job_facts(job: Record, closed: int, contribs: list[Record], names: dict[str, str],
+              closes: list[Record] | None = None) -> list[list[str]]:
     """What the job was, in its own mode's words: a fused job has rounds of shards, an
     outer optimizer and quantized deltas; an ensemble has members trained by AdamW alone
     (each its own lr), in units, whose contributions are member checkpoints."""
@@ -262,6 +263,7 @@ def job_facts(job: Record, closed: int, contribs: list[Record], names: dict[str,
             ["optimizer", f"AdamW per member, lr {_span(lrs)}, weight decay {_span(wds)}; no averaging "
                           "(the members vote at inference)"],
             ["contributions", f"{len(contribs)} from {peers} peers, {sent:.2f} MiB of member checkpoints"],
+            *_vote(job, closes or []),
         ]
     if "h_min" in job.body:  # auto cadence: the pool picked each round's size
         rounds = [["rounds closed", f"{closed}, over a budget of {job['rounds'] * job['batches']} inner steps "
@@ -271,11 +273,30 @@ def job_facts(job: Record, closed: int, contribs: list[Record], names: dict[str,
     else:
         rounds = [["rounds closed", f"{closed} of {job['rounds']}"],
                   ["per round", f"{job['shards']} shards x {job['batches']} inner steps x batch {job['batch_size']}"]]
+    outer = (f"outer Nesterov lr {job['outer_lr']}{_sched(job, 'outer_')} momentum {job['outer_momentum']}"
+             if not job.body.get("outer_auto") else
+             "outer Nesterov picked by each close from its contributions" + _picked(closes or []))
     return head + rounds + [
-        ["optimizers", f"inner AdamW lr {job['inner_lr']}{_sched(job, '')}, outer Nesterov lr {job['outer_lr']}"
-                       f"{_sched(job, 'outer_')} momentum {job['outer_momentum']}; deltas int{job['bits']}"],
+        ["optimizers", f"inner AdamW lr {job['inner_lr']}{_sched(job, '')}, {outer}; deltas int{job['bits']}"],
         ["contributions", f"{len(contribs)} from {peers} peers, {sent:.2f} MiB of compressed deltas"],
     ]
+
+
+def _vote(job: Record, closes: list[Record]) -> list[list[str]]:
+    """How the last close weighed the members in the vote (a job that held samples out)."""
+    weights = closes[-1].body.get("weights") if closes else None
+    if not weights:
+        return []
+    return [["vote", f"members counted {', '.join(map(str, weights))} times, weighed on {job['holdout']} training "
+                     "samples no member trained on"]]
+
+
+def _picked(closes: list[Record]) -> str:
+    """`` (lr 0.7, momentum 0.54-0.70)``: the outer steps the closes named."""
+    steps = [(c["outer_lr"], c["outer_momentum"]) for c in closes if "outer_lr" in c.body]
+    if not steps:
+        return ""
+    return f" (lr {_span(sorted({lr for lr, _m in steps}))}, momentum {_span(sorted({m for _lr, m in steps}))})"
 
 
 def _span(values: list[float]) -> str:

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from ttpeer._parser import DEFAULT_CHUNK, Parser, chunk_of, chunk_values, slice_bits_of
 from ttpeer.errors import TtpeerError, UsageError
-from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN
+from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN, outer_settings
 
 EPILOG = """\
 Start here:
@@ -34,9 +34,9 @@ Or try everything on this machine: ttpeer demo
 
 MAX_STEP_TIMEOUT = 7 * 86400.0  # the job record's bound
 AUTO_FIRST = 25  # an auto-cadence job's first rounds' size (and its budget's unit)
-# Outer momentum defaults (scripts/bench/overlap, 2 peers x 20 rounds x 25 steps, final eval
-# loss overlapped / waiting: mnist1d 1.24 at 0.9, 1.07 at 0.5; charlm 1.15 at 0.9, 1.08 at 0.5).
-OVERLAP_MOMENTUM, WAIT_MOMENTUM = 0.5, 0.9
+# A fused job's outer step is picked by each close (proto/_outer.py) unless the user gives one;
+# a flag given alone takes the other from here (DiLoCo's lr; the momentum that suits 2-8 peers).
+FIXED_OUTER_LR, FIXED_OUTER_MOMENTUM = 0.7, 0.7
 
 
 def _inner_steps(text: str) -> int | tuple[int, int]:
@@ -190,10 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-size", type=_positive_int, default=None, help="default: the task's")
     s.add_argument("--inner-lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     s.add_argument("--weight-decay", type=float, default=0.01)
-    s.add_argument("--outer-lr", type=float, default=0.7, help="outer Nesterov SGD lr (default 0.7)")
+    s.add_argument("--outer-lr", type=float, default=None,
+                   help="outer Nesterov SGD lr for every round (default: each round's close picks its outer step "
+                        "from how many peers contributed, measured by scripts/bench/convergence; "
+                        f"{FIXED_OUTER_LR} when only --outer-momentum is given)")
     s.add_argument("--outer-momentum", type=float, default=None,
-                   help=f"outer Nesterov momentum (default {OVERLAP_MOMENTUM} with overlap, {WAIT_MOMENTUM} without: "
-                        "measured by scripts/bench/overlap, see README)")
+                   help="outer Nesterov momentum for every round (default: picked per round, as --outer-lr; "
+                        f"{FIXED_OUTER_MOMENTUM} when only --outer-lr is given)")
     s.add_argument("--bits", type=int, choices=[4, 8], default=8, help="delta quantization (default 8)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--lease", type=_duration, default=None,
@@ -616,7 +619,7 @@ def _submit(args: argparse.Namespace) -> int:
     spec: dict[str, Any] = {
         "task": task, "mode": args.mode, "rounds": args.rounds, "shards": args.shards,
         "batches": steps, "batch_size": args.batch_size or 64, "inner_lr": args.inner_lr,
-        "weight_decay": args.weight_decay, "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
+        "weight_decay": args.weight_decay, **_outer_fields(args),
         "bits": args.bits, "seed": args.seed, "lease": args.lease, "steal": not args.no_steal,
         "step_timeout": _step_timeout(args.step_timeout),
     }
@@ -652,8 +655,8 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _cadence_defaults(args: argparse.Namespace) -> bool:
     """Fill in submit's cadence defaults, which depend on the mode and on each other: a fused
-    job sizes its rounds (auto) and overlaps them at outer momentum 0.5; an ensemble, or a
-    fused job with --no-overlap, waits at 0.9 (DiLoCo's). Returns whether the job overlaps."""
+    job sizes its rounds (auto) and overlaps them; an ensemble's units are fixed. Returns
+    whether the job overlaps."""
     fused = args.mode == "fused"
     if args.inner_steps is None:
         args.inner_steps = (DEFAULT_H_MIN, DEFAULT_H_MAX) if fused else AUTO_FIRST
@@ -661,10 +664,19 @@ def _cadence_defaults(args: argparse.Namespace) -> bool:
         raise UsageError("--inner-steps auto is for fused jobs: an ensemble member trains fixed units")
     if args.overlap and not fused:
         raise UsageError("--overlap is for fused jobs")
-    overlap = fused and args.overlap is not False
-    if args.outer_momentum is None:
-        args.outer_momentum = OVERLAP_MOMENTUM if overlap else WAIT_MOMENTUM
-    return overlap
+    return fused and args.overlap is not False
+
+
+def _outer_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The job's outer step: picked by each close (``outer_auto``; the record's lr and
+    momentum are then where the first round's estimate starts) unless the user fixed one, or
+    the job has no outer step (an ensemble) or lays a schedule over its outer lr."""
+    given = args.outer_lr is not None or args.outer_momentum is not None
+    if args.mode == "fused" and not given and args.outer_lr_schedule in (None, "constant"):
+        first = outer_settings(2, AUTO_FIRST)
+        return {"outer_lr": first.lr, "outer_momentum": first.momentum, "outer_auto": 1}
+    return {"outer_lr": FIXED_OUTER_LR if args.outer_lr is None else args.outer_lr,
+            "outer_momentum": FIXED_OUTER_MOMENTUM if args.outer_momentum is None else args.outer_momentum}
 
 
 def _step_timeout(seconds: float) -> float:

@@ -161,7 +161,8 @@ def _finals(homes: list[Home], job: Any) -> set[str]:
 
 async def test_a_peer_with_two_local_workers_trains_its_shards_together_and_ends_identical(tmp_path: Path) -> None:
     homes = _homes(tmp_path)
-    spec = _spec(rounds=4, shards=4, batches=10, steal=True, task=FAULTY.name)
+    # Overlapped, with the pool's outer step: the pair agrees on each correction too.
+    spec = _spec(rounds=4, shards=4, batches=10, steal=True, task=FAULTY.name, overlap=1, outer_auto=1)
     gate = tmp_path / "bob-is-ready"
     # Alice's first step waits for the gate, opened once bob's two workers are up: else, on
     # a loaded machine, alice trained the whole job while bob was still starting them.

@@ -14,6 +14,7 @@ from ttpeer._advise import Job, Link, parse_link, parse_rtt, predict, sync_secon
 from ttpeer._advise_cmd import probe_ks, resolve_link, time_relay
 from ttpeer.cli import main
 from ttpeer.daemon import Home
+from ttpeer.proto._cadence import SYNC_MARGIN
 
 MBIT = 1e6 / 8
 
@@ -154,7 +155,7 @@ def test_a_row_is_the_cadence_rule_and_one_over_gain_kept_times_utilization():
     assert row.kept == pytest.approx(1 + 0.5 / (1 + row.h / _advise.H_HALF))  # n - 1 = 1
     assert row.time == pytest.approx(1 / (row.kept * row.utilization))
     overlapped = predict(Job(0.01, 100_000, overlap=True), link, 2, lambda k: 1.5)[1]
-    assert overlapped.h == math.ceil(1.5 * sync / 0.01 - 1e-9) and overlapped.utilization == 1.0
+    assert overlapped.h == math.ceil(SYNC_MARGIN * sync / 0.01 - 1e-9) and overlapped.utilization == 1.0
     assert overlapped.time < row.time  # hiding the sync needs fewer steps a round
 
 

@@ -83,21 +83,26 @@ def test_submit_names_the_built_in_tasks_for_an_unknown_one(tmp_path, capsys):
     assert "unknown task" not in capsys.readouterr().err
 
 
-def test_fused_jobs_default_to_auto_rounds_overlapped_at_the_measured_momentum():
-    # scripts/bench/overlap: overlapped rounds at DiLoCo's 0.9 end 1.15-1.24x the loss of rounds
-    # that wait; at 0.5, 1.07x (mnist1d). So overlap (the default) runs at 0.5, waiting at 0.9.
-    from ttpeer.cli import _cadence_defaults, build_parser
+def test_fused_jobs_default_to_auto_rounds_overlapped_with_the_pools_outer_step():
+    # scripts/bench/convergence: the outer step that suits a round depends on how many peers
+    # contributed, so by default each close picks it (outer_auto); a flag fixes it for every round.
+    from ttpeer.cli import _cadence_defaults, _outer_fields, build_parser
     from ttpeer.errors import UsageError
 
     def defaults(*extra: str) -> tuple:
         args = build_parser().parse_args(["submit", "--task", "mnist1d", *extra])
         overlap = _cadence_defaults(args)
-        return overlap, args.inner_steps, args.outer_momentum
+        return overlap, args.inner_steps, _outer_fields(args)
 
-    assert defaults() == (True, (5, 1000), 0.5)
-    assert defaults("--no-overlap") == (False, (5, 1000), 0.9)
-    assert defaults("--inner-steps", "40", "--outer-momentum", "0.7") == (True, 40, 0.7)
-    assert defaults("--mode", "ensemble", "--members", "2") == (False, 25, 0.9)
+    overlap, steps, outer = defaults()
+    assert (overlap, steps, outer["outer_auto"]) == (True, (5, 1000), 1)
+    assert defaults("--no-overlap")[0] is False and defaults("--no-overlap")[2]["outer_auto"] == 1
+    assert defaults("--inner-steps", "40", "--outer-momentum", "0.5") == (
+        True, 40, {"outer_lr": 0.7, "outer_momentum": 0.5})
+    assert defaults("--outer-lr", "1.0")[2] == {"outer_lr": 1.0, "outer_momentum": 0.7}
+    assert "outer_auto" not in defaults("--outer-lr-schedule", "cosine")[2]  # a schedule is the user's own
+    assert defaults("--mode", "ensemble", "--members", "2")[:2] == (False, 25)
+    assert "outer_auto" not in defaults("--mode", "ensemble", "--members", "2")[2]
     for wrong in (["--overlap"], ["--inner-steps", "auto"]):
         with pytest.raises(UsageError, match="fused"):
             defaults("--mode", "ensemble", "--members", "2", *wrong)

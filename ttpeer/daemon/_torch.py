@@ -46,15 +46,15 @@ import torch
 import trio
 
 from ttpeer import train
-from ttpeer.errors import DiskError, JobError, StateMissing, TaskFailed, TtpeerError
+from ttpeer.errors import DiskError, JobError, StateMissing
 from ttpeer.proto import JobSpec, Outer, PublishDelta, Record, Train, overlapped, slice_chunks
 
 from ._datastore import DataStore
-from ._executor import Decline, DeltaRef, Deltas, delta_bytes
+from ._executor import Decline, Deltas, delta_bytes
 from ._files import write_atomic
 from ._home import Home, shared_data_dir
 from ._overlap import EagerStart, correcting, estimate
-from ._workfiles import DISK_ERRNOS
+from ._torchutil import available_memory, chunk_run, in_thread, need_pieces, unfinish, values_of
 
 log = logging.getLogger("ttpeer.train")
 T = TypeVar("T")
@@ -124,7 +124,7 @@ class TorchExecutor:
         most of an ensemble's units)."""
         await trio.to_thread.run_sync(train.warm_up)
         try:
-            await _in_thread(lambda: self._load_task(WARM_TASK, None), WARM_TASK)
+            await in_thread(lambda: self._load_task(WARM_TASK, None), WARM_TASK)
         except (JobError, OSError) as exc:  # the job that needs it will say so
             log.warning("could not prepare the %s data ahead: %s", WARM_TASK, exc)
 
@@ -231,7 +231,7 @@ class TorchExecutor:
                 fixed["samples"] = dict(datasets.used_samples)
             return fixed, train.state_to_bytes(state)
 
-        return await _in_thread(build, spec["task"])
+        return await in_thread(build, spec["task"])
 
     async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
         def load() -> Decline | str | None:
@@ -244,7 +244,7 @@ class TorchExecutor:
                 return Decline(f"your copy of the task's data differs from the submitter's: fingerprint "
                                f"{mine[:12]} here, {job['data'][:12]} there (build it deterministically, from a "
                                "fixed seed or files that are the same on every peer)", code="data")
-            device_free, host_free, limited = _available_memory(self.device, self.memory_limit)
+            device_free, host_free, limited = available_memory(self.device, self.memory_limit)
             if self.world > 1:  # the peer's workers share its host memory (and its CPU's)
                 host_free //= self.world
                 device_free = device_free // self.world if self.device == "cpu" else device_free
@@ -276,7 +276,7 @@ class TorchExecutor:
                 ctx.held, ctx.kept = train.holdout_split(task.n_train, job["holdout"], job["seed"])
             return None
 
-        return await _in_thread(load, job["task"])
+        return await in_thread(load, job["task"])
 
     def _job(self, job: Record) -> _Job:
         ctx = self._jobs.get(job.id)
@@ -373,7 +373,7 @@ class TorchExecutor:
             return samples
 
         def run() -> int:
-            _need_pieces(ctx.task, self._shard_pieces(ctx.task, job, eff.round, eff.shard, *eff.span()),
+            need_pieces(ctx.task, self._shard_pieces(ctx.task, job, eff.round, eff.shard, *eff.span()),
                          self.world, self.device)
             try:
                 return steps()
@@ -417,7 +417,7 @@ class TorchExecutor:
                 ctx.trainer.optimizer.zero_grad(set_to_none=True)
 
         async with self._train_lock:
-            return await _in_thread(unit if ctx.ensemble else shard, job["task"])
+            return await in_thread(unit if ctx.ensemble else shard, job["task"])
 
     @staticmethod
     def _shard_pieces(task: train.LoadedTask, job: Record, rnd: int, shard: int, steps: int,
@@ -457,7 +457,7 @@ class TorchExecutor:
                     # the test set's, when it is a part of the same dataset (``split``): every close reads it
                     "test": train_set.missing(test.pieces_for(range(len(test)))) if same else []}
 
-        return await _in_thread(run, job["task"])
+        return await in_thread(run, job["task"])
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
         ctx = self._job(eff.job)
@@ -467,7 +467,7 @@ class TorchExecutor:
             ckpt = ctx.units.pop((eff.round, member), None)
             if ckpt is None:
                 raise JobError(f"member {member} of round {eff.round} was not trained on this peer")
-            data = await _in_thread(lambda: train.encode_member(member, ckpt), eff.job["task"])
+            data = await in_thread(lambda: train.encode_member(member, ckpt), eff.job["task"])
             return data, {"fp32_bytes": float(4 * sum(t.numel() for t in ckpt.params.values())),
                           **ctx.trainer.recipe.metrics(eff.job["batch_size"])}
 
@@ -483,14 +483,14 @@ class TorchExecutor:
             data, ctx.residual = train.encode_delta(delta, ctx.residual, bits=eff.job["bits"], chunk=chunk)
             metrics = {"fp32_bytes": float(train.fp32_size(delta)), **ctx.trainer.recipe.metrics(eff.job["batch_size"])}
             if chunk is not None:
-                metrics["chunks"] = float(-(-_numel(ctx.like) // chunk))
+                metrics["chunks"] = float(-(-values_of(ctx.like) // chunk))
             loss = ctx.trainer.take_train_loss()
             if loss is not None and math.isfinite(loss):  # a record holds finite numbers only
                 metrics["train_loss"] = round(loss, 6)
             return data, metrics
 
         async with self._train_lock:
-            return await _in_thread(run, eff.job["task"])
+            return await in_thread(run, eff.job["task"])
 
     def _start(self, ctx: _Job, eff: Train) -> None:
         """Load the local model for a fresh shard: the round's base, or with overlap
@@ -543,7 +543,7 @@ class TorchExecutor:
         # memory beside the sum and the new state.
         path = self._state_path(job, base)
         if sliced:  # the reduced slices, in order, are the round's mean
-            numel, chunk = _numel(ctx.like), job["chunk"]
+            numel, chunk = values_of(ctx.like), job["chunk"]
             spans = slice_chunks(-(-numel // chunk), len(deltas))
             if len(spans) != len(deltas):
                 raise JobError(f"{len(deltas)} slices for a model of {-(-numel // chunk)} chunks")
@@ -560,13 +560,13 @@ class TorchExecutor:
         ctx = self._job(job)
 
         def run() -> bytes:
-            numel = _numel(ctx.like)
-            parts = [_chunk_run(ref, numel, first, stop) for ref, _samples in deltas]
+            numel = values_of(ctx.like)
+            parts = [chunk_run(ref, numel, first, stop) for ref, _samples in deltas]
             mean = train.reduce_slice(parts, [samples for _ref, samples in deltas], first, stop)
             return train.encode_slice(mean, bits=JobSpec.of(job).slice_bits, block=parts[0][0].block)
 
         async with self._close_lock:
-            return await _in_thread(run, job["task"])
+            return await in_thread(run, job["task"])
 
     async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int,
                         sliced: bool = False, outer: Outer | None = None) -> tuple[str, dict[str, float]]:
@@ -595,7 +595,7 @@ class TorchExecutor:
             return digest, {"eval_loss": round(loss, 6), ctx.task.metric_name: round(metric, 6)}
 
         async with self._close_lock:
-            return await _in_thread(run, job["task"])
+            return await in_thread(run, job["task"])
 
     async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
                     sliced: bool = False, outer: Outer | None = None) -> bool:
@@ -610,7 +610,7 @@ class TorchExecutor:
             return True
 
         async with self._close_lock:
-            return await _in_thread(run, job["task"])
+            return await in_thread(run, job["task"])
 
     async def export_state(self, job: Record, state: str, out: Path) -> None:
         """A copy of the held state's file, so neither its bytes nor a second set of
@@ -624,7 +624,7 @@ class TorchExecutor:
             shutil.copyfile(src, tmp)
             os.replace(tmp, out)
 
-        await _in_thread(run, job["task"])
+        await in_thread(run, job["task"])
 
     async def import_state(self, job: Record, state: str, data: bytes | Path) -> bool:
         """Hold the state in ``data`` (its bytes, or a file read straight into tensors)."""
@@ -642,7 +642,7 @@ class TorchExecutor:
             self._hold(job, loaded)
             return True
 
-        return await _in_thread(run, job["task"])
+        return await in_thread(run, job["task"])
 
     async def release(self, job: str) -> None:
         self._jobs.pop(job, None)
@@ -653,7 +653,7 @@ class TorchExecutor:
         def run() -> None:
             final = self._state(job, state)
             folder = self.home.states(job.id)
-            _unfinish(folder, state)
+            unfinish(folder, state)
             try:
                 if ctx.ensemble:
                     weights = list(metrics.get("weights") or [1] * len(job["members"]))
@@ -668,7 +668,7 @@ class TorchExecutor:
                 raise DiskError(folder / "final.safetensors", exc) from None
             write_atomic(folder / "done.json", json.dumps(metrics, indent=2).encode())
 
-        await _in_thread(run, job["task"])
+        await in_thread(run, job["task"])
 
 
 
@@ -676,119 +676,3 @@ class TorchExecutor:
 def _job_outer(job: Record, rnd: int) -> Outer:
     """The job's own outer step of round ``rnd`` (its outer lr schedule there)."""
     return Outer(train.outer_lr(job.body, rnd), job["outer_momentum"])
-
-
-def _unfinish(folder: Path, state: str) -> None:
-    """Before writing ``state``'s final files, drop a ``done.json`` that names another state.
-
-    A peer wrote its final files for one branch, then the pool settled on another (a fork
-    at the job's end, repaired): until the new files are complete, ``export`` must say the
-    job is still finishing here rather than copy the losing branch's model."""
-    done = folder / "done.json"
-    try:
-        written = json.loads(done.read_text()).get("state")
-    except (OSError, ValueError, AttributeError):
-        return  # none yet (or unreadable: it is rewritten last either way)
-    if written != state:
-        done.unlink(missing_ok=True)
-
-
-def _need_pieces(task: train.LoadedTask, pieces: list[int], world: int, device: str) -> None:
-    """Raise ``DatasetMissing`` naming the pieces of ``pieces`` not here, before a step is
-    taken: the daemon fetches them and asks again, and the local model has not moved. A
-    peer's workers decide together (one may look just before a piece lands, another after)."""
-    if not pieces or not isinstance(task.train, train.Samples):
-        return
-    missing = task.train.missing(pieces)
-    if world > 1 and train.agreed_stop(lambda: bool(missing), device)():
-        missing = missing or list(pieces[:1])  # the others miss some: all raise, none steps
-    if missing:
-        index = task.train.index
-        raise train.DatasetMissing(index.name, dataset=index.dataset, pieces=missing)
-
-
-def _numel(like: train.OuterState) -> int:
-    return sum(t.numel() for t in like.params.values())
-
-
-def _chunk_run(ref: DeltaRef, numel: int, first: int, stop: int) -> tuple[train.ChunkIndex, bytes]:
-    """A chunked delta's checked index and the bytes of its chunks ``first`` .. ``stop``-1:
-    from a file, only those bytes are read (an aggregator holds its slice of each delta,
-    not the deltas). Raises DeltaError for a delta that is not chunked for this model."""
-    def run_of(index: train.ChunkIndex) -> tuple[int, int]:
-        if not 0 <= first < stop <= index.nchunks:
-            raise train.DeltaError(f"delta has {index.nchunks} chunks; the slice wants [{first}, {stop})")
-        return index.span(first, stop)
-
-    if isinstance(ref, bytes):
-        index = train.read_index(ref, numel)
-        begin, end = run_of(index)
-        return index, ref[begin:end]
-    with open(ref, "rb") as f:
-        prefix = f.read(train.CHUNK_HEADER)
-        head = prefix + f.read(train.head_size(prefix) - len(prefix))
-        index = train.read_index(head, numel)
-        begin, end = run_of(index)
-        f.seek(begin)
-        data = f.read(end - begin)
-    if len(data) != end - begin:
-        raise train.DeltaError(f"delta is cut short: chunks [{first}, {stop}) need {end - begin} bytes")
-    return index, data
-
-
-async def _in_thread(fn: Callable[[], T], task: str) -> T:
-    """Run ``fn`` (which calls into the task ``task`` and torch) in a worker thread: the
-    one place where what they raise is translated, once, for the node.
-
-    - an ``OSError`` becomes a ``DiskError`` (which stops the daemon) when the disk is
-      full, read-only or failing, else a ``JobError`` (the step fails and the protocol
-      tries again);
-    - ttpeer's own errors pass as they are (a state missing, a peer's malformed delta or
-      checkpoint: not the task's fault, the protocol tries again), except:
-    - non-finite training (``train.Diverged``) and a task that does not load or keep its
-      contract (``train.TaskError``) become ``TaskFailed``;
-    - anything else the task's code or torch raises becomes ``TaskFailed`` naming the task
-      file's line (``train.describe``). Nothing else leaves an executor method."""
-    try:
-        return await trio.to_thread.run_sync(fn)
-    except OSError as exc:
-        if exc.errno in DISK_ERRNOS:
-            raise DiskError(Path(exc.filename or "a file in the ttpeer home"), exc) from None
-        raise JobError(f"{exc.filename or 'a file'}: {exc.strerror or exc}") from None
-    except train.Diverged as exc:
-        raise TaskFailed(f"training diverged ({exc.where}): try a lower --inner-lr") from None
-    except train.TaskError as exc:
-        raise TaskFailed(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
-    except TtpeerError:
-        raise
-    except (Exception, SystemExit) as exc:  # task code calling sys.exit() must not end the daemon
-        log.debug("task %s failed", task, exc_info=True)
-        raise TaskFailed(train.describe(exc, task)) from None
-
-
-def _available_memory(device: str, limit: int | None) -> tuple[int, int, bool]:
-    """Bytes free on ``device`` and in host memory, and whether ``limit`` capped the first."""
-    host = _host_available()
-    if device.startswith("cuda"):
-        free, _total = torch.cuda.mem_get_info(torch.device(device))
-        device_free = int(free)
-    else:
-        device_free = host
-    if limit is not None and limit < device_free:
-        return limit, (min(host, limit) if device == "cpu" else host), True
-    return device_free, host, False
-
-
-def _host_available() -> int:
-    # MemAvailable counts the page cache the kernel would give back; free pages alone do not.
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return 2**62
