@@ -83,7 +83,9 @@ from dataclasses import dataclass
 
 from ttpeer.proto import CHECK_ONE_IN, DEFAULT_H_MAX, DEFAULT_H_MIN, sliced, steps_for
 
-H_HALF = 57.0  # e(H_HALF, 2) = 1/2; from the WAN bench, see the module's docstring
+H_HALF = 57.0  # e(H_HALF, 2) = 1/2 where the gain is as large as the peers (fitted: the module's docstring)
+NOISE_EXPONENT = 1.0  # the share kept where the gain is below the peers: (g / n) ** this
+LAG_COST = 0.02  # overlap: a step trained before the close lands costs this share of a step
 ROUND_TRIPS_PER_PEER = 3  # a sync's round trips per peer of the pool (see the docstring)
 ROUND_FIXED_S = 0.15  # the close of a small model: aggregate, evaluate, sign, apply (seconds)
 FETCHES_AT_ONCE = 8  # contributions (or reduced slices) a peer fetches at once: daemon RANGES_AT_ONCE
@@ -213,10 +215,24 @@ def received(peers: int, slices: int, delta_bytes: int, reduced_bytes: int, chun
             + (slices - 1) * reduced_bytes / slices)
 
 
-def kept(h: int, peers: int = 2) -> float:
-    """e(H, n): the share of synchronous data parallelism's gain that ``peers`` peers
-    averaging every H steps keep."""
-    return 1.0 / (1.0 + max(1, peers - 1) * h / H_HALF)
+def kept(h: int, peers: int = 2, gain: float | None = None) -> float:
+    """e(H, n, g): the share of synchronous data parallelism's gain ``gain`` (g(n); None:
+    as much as the peers, n) that ``peers`` peers averaging every H steps keep: all of it
+    where the gain is as large as the peers (the steps are mostly noise, which averaging
+    cancels as a larger batch would), less where it is smaller, and less the longer the
+    rounds and the more peers drift apart between averages."""
+    n = max(2, peers)
+    share = 1.0 if gain is None else min(1.0, max(1.0, gain) / n) ** NOISE_EXPONENT
+    return share / (1.0 + (n - 1) * h / H_HALF)
+
+
+def lag_steps(job: Job, sync_s: float, h: int) -> int:
+    """With overlap, the inner steps of a round trained before the close of the round before
+    lands (from an estimate of its base, then corrected): the sync in steps, at most the
+    round. 0 without overlap."""
+    if not job.overlap:
+        return 0
+    return h if job.step_s <= 0 else min(h, math.ceil(sync_s / job.step_s - 1e-9))
 
 
 def sqrt_gain(k: int) -> float:
@@ -238,10 +254,10 @@ def predict(job: Job, link: Link, peers: int, gain: Callable[[int], float],
         round_s = max(compute, sync) if job.overlap else compute + sync
         u = compute / round_s if round_s > 0 else 1.0
         g = max(1.0, gain(n))
-        g_eff = 1.0 + (g - 1.0) * kept(h, n)
+        # The steps an overlapped round trains before its close lands each cost LAG_COST of a step.
+        g_eff = (1.0 + (g - 1.0) * kept(h, n, g)) / (1.0 + LAG_COST * lag_steps(job, sync, h))
         rows.append(Row(n, sync, s, received(n, s, job.delta_bytes, job.reduced_bytes, job.chunks), h, u, g,
-                        g_eff,
-                        1.0 / (g_eff * u)))
+                        g_eff, 1.0 / (g_eff * u)))
     return rows
 
 
@@ -269,11 +285,11 @@ def verdict(rows: Sequence[Row], job: Job, link: Link) -> str:
         return (f"will not help: {last.time:.2f}x the time over {n} machines, because its steps are short: "
                 f"{job.step_s * 1000:.3g} ms a step against a sync of {last.sync_s:.2f} s, most of it each "
                 f"round's close ({ROUND_FIXED_S:g} s, whatever the network), so a round needs H={last.h} steps, "
-                f"and averaging that seldom keeps {kept(last.h or 1, n):.0%} of the task's {last.gain:.2f}x "
+                f"and averaging that seldom keeps {kept(last.h or 1, n, last.gain):.0%} of the task's {last.gain:.2f}x "
                 f"gain; a larger --batch-size or model (more work per step) helps")
     return (f"will not help: {last.time:.2f}x the time over {n} machines, because of the link: a sync "
             f"takes {last.sync_s:.2f} s against {job.step_s * 1000:.3g} ms a step, so a round needs "
-            f"H={last.h} steps to hide it, and averaging that seldom keeps {kept(last.h or 1, n):.0%} of "
+            f"H={last.h} steps to hide it, and averaging that seldom keeps {kept(last.h or 1, n, last.gain):.0%} of "
             f"the task's {last.gain:.2f}x gain")
 
 

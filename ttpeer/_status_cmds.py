@@ -122,11 +122,20 @@ def exchange_line(ex: dict[str, Any]) -> str:
     """What ``ttpeer status`` says of a fused job's exchange (the status JSON's ``exchange``)."""
     head = f"exchange: {ex['bits']}-bit deltas; "
     if ex["chunk"] is None:
-        return head + "every round closes from all deltas (--no-slices)"
+        return head + "every round closes from all deltas (--no-slices)" + _outer_words(ex.get("outer"))
     last = {None: "", 0: "; the last round closed from all deltas"}.get(
         ex["last_slices"], f"; the last round from {ex['last_slices']} slices")
     return (head + f"rounds of {ex['slices_from']} or more authors close from reduced slices (chunks of "
-            f"{ex['chunk']:,} values, the mean at {ex['slice_bits']} bits){last}")
+            f"{ex['chunk']:,} values, the mean at {ex['slice_bits']} bits){last}" + _outer_words(ex.get("outer")))
+
+
+def _outer_words(step: dict[str, Any] | None) -> str:
+    """``; outer step lr 0.7, momentum 0.6953 (picked for 4 contributions)``."""
+    if not step:
+        return ""
+    how = (f"picked for {step['contributions']} contribution{'s' * (step['contributions'] != 1)}" if step["picked"]
+           else "the job's own, fixed at submit")
+    return f"; outer step lr {step['lr']:g}, momentum {step['momentum']:g} ({how})"
 
 
 def spot_check_line(checks: dict[str, int] | None) -> str | None:

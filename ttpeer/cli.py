@@ -209,8 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "judged hung: its worker is stopped and the job fails on that peer")
     s.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="fused (on by default): train round r+1 while round r's deltas travel, starting from "
-                        "this peer's own estimate of round r's result; --no-overlap: every round waits for "
-                        "the one before to close (a little better loss per step, the sync not hidden)")
+                        "this peer's own estimate of round r's result and moving onto the real one as soon as "
+                        "it lands; --no-overlap: every round waits for the one before to close (fewer steps to "
+                        "a loss, the sync not hidden)")
     s.add_argument("--slices", type=chunk_values, nargs="?", const=DEFAULT_CHUNK, default=None, metavar="VALUES",
                    help="fused (on by default): a round of three or more peers closes from aggregation slices: "
                         "each peer reduces one slice of the mean and everyone downloads the reduced slices, so "

@@ -151,15 +151,18 @@ def make_pool(cluster: Cluster, url: str, fp: str, names: list[str], extra: tupl
 
 
 def job_spec(rounds: int) -> dict[str, Any]:
+    """The demo's fused job: fixed rounds that wait (a short run's rounds are few), with the
+    outer step each close picks (``outer_auto``), as ``ttpeer submit`` gives."""
     return {"task": "mnist1d", "mode": "fused", "rounds": rounds, "shards": 6, "batches": 60, "batch_size": 64,
-            "inner_lr": 2e-3, "weight_decay": 0.01, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 8,
-            "seed": 0, "lease": 10.0, "steal": True}
+            "inner_lr": 2e-3, "weight_decay": 0.01, "outer_lr": 0.7, "outer_momentum": 0.7, "outer_auto": 1,
+            "bits": 8, "seed": 0, "lease": 10.0, "steal": True}
 
 
 def ensemble_spec(rounds: int, members: int = 3) -> dict[str, Any]:
     """An ensemble with the fused demo job's data budget: members x rounds x 120 steps
     = rounds x 6 shards x 60 steps when members = 3."""
-    return {**job_spec(rounds), "mode": "ensemble", "members": members, "shards": None,
+    fused = {k: v for k, v in job_spec(rounds).items() if k != "outer_auto"}  # members have no outer step
+    return {**fused, "mode": "ensemble", "members": members, "shards": None,
             "batches": 360 // members}
 
 

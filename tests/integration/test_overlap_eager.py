@@ -206,6 +206,10 @@ async def test_a_close_that_lands_after_the_shard_changes_nothing(tmp_path: Path
     assert all(ctx.overlap.own[1][n].equal(estimate[n] - local[n]) for n in estimate)
     await executor.train(Train(job, 1, 0, 1, s0, fresh=True, ahead=s1), lambda: False)
     assert ctx.overlap.start.state == s1
+    # The same without ``ahead`` (the machine has not heard of the close yet): this executor
+    # made it, so a fresh shard of the round starts from it all the same.
+    await executor.train(Train(job, 1, 1, 2, s0, fresh=True), lambda: False)
+    assert ctx.overlap.start.state == s1 and ctx.overlap.start.estimate is None
 
 
 def _lab(tmp_path: Path, name: str, sync: int | None) -> list[tuple[int, float]]:

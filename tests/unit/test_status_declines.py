@@ -95,13 +95,20 @@ def test_status_says_how_a_fused_jobs_rounds_move():
     named = sign("close", pool.id, {**plain.body, "slices": [hex64(f"slice{i}") for i in range(4)]}, k)
 
     assert exchange(sliced, Chain((state("s0"),), ())) == {
-        "bits": 8, "chunk": 65536, "slice_bits": 3, "slices_from": 3, "last_slices": None}
+        "bits": 8, "chunk": 65536, "slice_bits": 3, "slices_from": 3, "last_slices": None, "outer": None}
     ex = exchange(sliced, Chain((state("s0"), state("s1")), (named,)))
     assert ex["last_slices"] == 4
     assert exchange_line(ex) == ("exchange: 8-bit deltas; rounds of 3 or more authors close from reduced slices "
-                                 "(chunks of 65,536 values, the mean at 3 bits); the last round from 4 slices")
+                                 "(chunks of 65,536 values, the mean at 3 bits); the last round from 4 slices; "
+                                 "outer step lr 0.7, momentum 0.9 (the job's own, fixed at submit)")
+    # A job whose closes pick their outer step says which they picked, and for how many.
+    auto = sign("job", pool.id, job_body(outer_auto=1), k)
+    picked = close(pool.id, k, auto, 0, state("s0"), [contrib(pool.id, k, auto, 0, state("s0"), [0])], state("s1"))
+    picked = sign("close", pool.id, {**picked.body, "outer_lr": 0.7, "outer_momentum": 0.3}, k)
+    assert exchange_line(exchange(auto, Chain((state("s0"), state("s1")), (picked,)))).endswith(
+        "(--no-slices); outer step lr 0.7, momentum 0.3 (picked for 1 contribution)")
     two = exchange(sliced, Chain((state("s0"), state("s1")), (plain,)))  # two authors: all deltas
-    assert exchange_line(two).endswith("the mean at 3 bits); the last round closed from all deltas")
+    assert "the mean at 3 bits); the last round closed from all deltas; outer step" in exchange_line(two)
     older = sign("job", pool.id, job_body(chunk=65536), k)  # a job from before slice_bits: 8
     assert exchange(older, Chain((state("s0"),), ()))["slice_bits"] == 8
     off = exchange(sign("job", pool.id, job_body(bits=4), k), Chain((state("s0"),), ()))

@@ -58,7 +58,10 @@ class EagerStart:
         self.own: tuple[int, dict[str, torch.Tensor]] | None = None
         # The outer step of the last close made here: the next estimate's.
         self.outer: Outer | None = None
-        self._landed: str | None = None
+        # The newest close made here, as (the round it is the base of, that round's Train
+        # base, its state); and whether the shard in training has been moved onto it.
+        self._landed: tuple[int, str, str] | None = None
+        self._moved = True
         self._lock = threading.Lock()
 
     def begin(self, rnd: int, base: str, *, estimate: train.OuterState | None = None,
@@ -66,7 +69,12 @@ class EagerStart:
         """A fresh shard of ``rnd`` on ``base`` started from ``estimate`` or held ``state``."""
         with self._lock:
             self.start = Start(rnd, base, estimate, state)
-            self._landed = None
+            self._moved = estimate is None
+
+    def known(self, rnd: int, base: str) -> str | None:
+        """The base of round ``rnd`` (trained on ``base``), if its close was made here."""
+        got = self._landed
+        return got[2] if got is not None and got[:2] == (rnd, base) else None
 
     def same_round(self, rnd: int, base: str) -> Start | None:
         """The start of round ``rnd`` on ``base``, if this peer began one."""
@@ -79,15 +87,16 @@ class EagerStart:
         moves onto it at its next batch. ``step``: the close's outer step."""
         with self._lock:
             self.outer = step
-            s = self.start
-            if s is not None and s.estimate is not None and (s.round, s.base) == (rnd + 1, base):
-                self._landed = state
+            self._landed = (rnd + 1, base, state)
 
     def take(self) -> str | None:
-        """The state that landed since the last call, once (training thread)."""
+        """The state the shard in training is to move onto, once its close has landed and
+        until it has moved (``corrected``) (training thread)."""
         with self._lock:
-            landed, self._landed = self._landed, None
-            return landed
+            s = self.start
+            if self._moved or s is None or s.estimate is None:
+                return None
+            return self.known(s.round, s.base)
 
     def estimate(self) -> train.OuterState | None:
         """The estimate the shard in training started from, while it has not been moved."""
@@ -97,6 +106,7 @@ class EagerStart:
     def corrected(self, state: str) -> None:
         """The local model now measures its progress from ``state``; the estimate is dropped."""
         with self._lock:
+            self._moved = True
             if self.start is not None:
                 self.start = Start(self.start.round, self.start.base, None, state)
 

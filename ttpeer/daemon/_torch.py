@@ -501,8 +501,9 @@ class TorchExecutor:
         none, or restarted) starts from the base."""
         job, ov = eff.job, ctx.overlap
         if overlapped(job):
-            if eff.ahead is not None and eff.ahead in self.held_states(job):
-                return self._start_from(ctx, eff, eff.ahead)
+            ahead = eff.ahead or ov.known(eff.round, eff.base)  # made here before the machine saw it
+            if ahead is not None and ahead in self.held_states(job):
+                return self._start_from(ctx, eff, ahead)
             began = ov.same_round(eff.round, eff.base)
             if began is not None:
                 if began.estimate is not None:

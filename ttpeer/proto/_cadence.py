@@ -87,11 +87,8 @@ def next_batches(current: int, contribs: Iterable[tuple[Mapping[str, float], int
 def round_size(want: int, left: int, hi: int) -> int:
     """Inner steps of a round that wants ``want`` with ``left`` of the budget to go: all
     that is left once less than half a round would remain after it (within ``hi``), else
-    ``want`` (or what is left). A short last round ends the job with an outer step on a few
-    noisy steps: with the pool's own round sizes replayed deterministically
-    (``bench.overlap``'s driver, mnist1d at batch 4, 2 peers), a last round of 26 steps
-    after 42 moved the final eval loss from 0.830 to 0.877, and one of 42 to 0.835; in the
-    network lab a last round of 15 after 64 took 4 peers from 1.003 to 1.377."""
+    ``want`` (or what is left): a short last round ends the job with an outer step on a few
+    noisy steps, which nothing after it corrects (docs/benchmarks.md, speedup runs 3-5)."""
     if left - want < want / 2 and left <= hi:
         return left
     return min(want, left)
