@@ -151,8 +151,9 @@ def advise(args: argparse.Namespace, settings: Any) -> int:
           f"trips + {_advise.ROUND_FIXED_S:g} s for the close; with s slices = delta/up + (n-1) deltas/(s down) + "
           "reduced model/(s up) + (s-1) reduced slices/(s down) + the spot checks + their round trips; "
           "H as --inner-steps auto sizes rounds; gain kept = "
-          f"1 + (g-1)/(1 + (n-1)H/{_advise.H_HALF:g}), calibrated on the WAN and speedup benches; time = "
-          "1/(gain kept x utilization); see the README, 'Will more machines help?')")
+          f"(1 + (g-1) min(1, g/n)^{_advise.NOISE_EXPONENT:g}/(1 + (n-1)H/{_advise.H_HALF:g})) / (1 + "
+          f"{_advise.OVERLAP_COST:g} (1 - 1/n) x the share of a round trained before its close lands), calibrated on "
+          "scripts/bench/convergence; time = 1/(gain kept x utilization); see docs/advise.md)")
     return 0
 
 
