@@ -37,7 +37,7 @@ from ._state import OuterState
 HOLDOUT_FRACTION = 0.1
 HOLDOUT_MAX = 2048  # held-out samples at most, however large the training set
 HOLDOUT_MIN_TRAIN = 50  # a smaller training set holds nothing out: every member uses it all
-PROBS_BYTES = 256 * 2**20  # held-out probabilities kept for the search, all members together
+PROBS_BYTES = 64 * 2**20  # held-out probabilities kept for the search, all members together
 SCORE_BATCH = 256
 _SPLIT_STREAM = 0x686F6C64  # "hold": the split's own stream, apart from any data order
 
@@ -103,18 +103,19 @@ def select(task: LoadedTask, probs: Sequence[Tensor], target: Tensor) -> list[in
         raise ValueError("an ensemble has at least one member")
     if len(target) == 0:
         return [1] * m  # nothing held out: every member counts the same (the vote as before)
-    alone = [vote_loss(task, probs, [int(i == k) for i in range(m)], target) for k in range(m)]
-    counts = [0] * m
-    counts[min(range(m), key=lambda k: (alone[k], k))] = 1
-    best, best_loss = list(counts), min(alone)
-    for _ in range(2 * m):
-        tries = []
-        for k in range(m):
-            counts[k] += 1
-            tries.append((vote_loss(task, probs, counts, target), k))
-            counts[k] -= 1
-        loss, k = min(tries)
+
+    def loss_of(total: Tensor, count: int) -> float:
+        return float(task.spec.loss((total / count).clamp_min(1e-12).log(), target))
+
+    alone = [loss_of(p, 1) for p in probs]
+    first = min(range(m), key=lambda k: (alone[k], k))
+    counts = [int(k == first) for k in range(m)]
+    total = probs[first].clone()  # the vote's running sum: one add per candidate, not m
+    best, best_loss = list(counts), alone[first]
+    for added in range(2, 2 * m + 2):
+        loss, k = min((loss_of(total + probs[k], added), k) for k in range(m))
         counts[k] += 1
+        total += probs[k]
         if loss < best_loss:
             best, best_loss = list(counts), loss
     return best
