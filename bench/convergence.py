@@ -344,6 +344,13 @@ def summary(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def with_bounds(rows: list[dict[str, Any]]) -> None:
+    """Give every row ``dp_steps``: the DP bound's steps for its task, batch, peers and seed."""
+    dp = {(r["task"], r["batch"], r["peers"], r["seed"]): r["steps"] for r in rows if r["variant"] == "dp"}
+    for r in rows:
+        r["dp_steps"] = dp.get((r["task"], r["batch"], r["peers"], r["seed"]))
+
+
 def _f(v: float | None) -> str:
     return "not reached" if v is None else f"{v:.0f}"
 
@@ -426,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {row['task']} M={row['peers']} seed {row['seed']} {row['variant']}: "
                   f"{_f(row['steps'])} steps ({row['seconds']:.0f} s)", flush=True)
     print(f"\n{summary(rows)}\n\n{time.perf_counter() - began:.0f} s", flush=True)
+    with_bounds(rows)
     if args.json is not None:
         meta = {"argv": sys.argv[1:] if argv is None else argv, "variants": [asdict(v) for v in args.variants],
                 "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

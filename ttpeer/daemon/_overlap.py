@@ -21,7 +21,7 @@ from, so every peer's states stay bit-identical (I3). What breaks it: nothing th
 shares; a correction onto a close that later loses a fork only moves this peer's local
 model, like any estimate.
 
-Thread use: ``landed`` runs in the close thread, ``due`` and ``corrected`` in the
+Thread use: ``landed`` runs in the close thread, ``take`` and ``corrected`` in the
 training thread; one lock guards the hand-over.
 """
 
