@@ -135,7 +135,9 @@ def _outer_words(step: dict[str, Any] | None) -> str:
         return ""
     how = (f"picked for {step['contributions']} contribution{'s' * (step['contributions'] != 1)}" if step["picked"]
            else "the job's own, fixed at submit")
-    return f"; outer step lr {step['lr']:g}, momentum {step['momentum']:g} ({how})"
+    lr = f"lr {step['lr']:g}" + (f" on a {step['schedule']} schedule" if step.get("schedule", "constant") != "constant"
+                                else "")
+    return f"; outer step {lr}, momentum {step['momentum']:g} ({how})"
 
 
 def spot_check_line(checks: dict[str, int] | None) -> str | None:

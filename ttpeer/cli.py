@@ -673,6 +673,12 @@ def _outer_fields(args: argparse.Namespace) -> dict[str, Any]:
     momentum are then where the first round's estimate starts) unless the user fixed one, or
     the job has no outer step (an ensemble) or lays a schedule over its outer lr."""
     given = args.outer_lr is not None or args.outer_momentum is not None
+    if given and args.mode != "fused":
+        raise UsageError("--outer-lr and --outer-momentum are for fused jobs: an ensemble's members are not averaged")
+    if args.outer_lr is not None and not 0 < args.outer_lr <= 10:
+        raise UsageError(f"--outer-lr must be more than 0 and at most 10, got {args.outer_lr:g}")
+    if args.outer_momentum is not None and not 0 <= args.outer_momentum < 1:
+        raise UsageError(f"--outer-momentum is Nesterov momentum: from 0 to less than 1, got {args.outer_momentum:g}")
     if args.mode == "fused" and not given and args.outer_lr_schedule in (None, "constant"):
         first = outer_settings(2, AUTO_FIRST)
         return {"outer_lr": first.lr, "outer_momentum": first.momentum, "outer_auto": 1}

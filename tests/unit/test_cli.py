@@ -103,9 +103,13 @@ def test_fused_jobs_default_to_auto_rounds_overlapped_with_the_pools_outer_step(
     assert "outer_auto" not in defaults("--outer-lr-schedule", "cosine")[2]  # a schedule is the user's own
     assert defaults("--mode", "ensemble", "--members", "2")[:2] == (False, 25)
     assert "outer_auto" not in defaults("--mode", "ensemble", "--members", "2")[2]
-    for wrong in (["--overlap"], ["--inner-steps", "auto"]):
+    for wrong in (["--overlap"], ["--inner-steps", "auto"], ["--outer-lr", "0.5"]):
         with pytest.raises(UsageError, match="fused"):
             defaults("--mode", "ensemble", "--members", "2", *wrong)
+    with pytest.raises(UsageError, match="Nesterov momentum: from 0 to less than 1, got 1.5"):
+        defaults("--outer-momentum", "1.5")
+    with pytest.raises(UsageError, match="--outer-lr must be more than 0"):
+        defaults("--outer-lr", "0")
 
 
 def test_step_timeout_takes_seconds_or_a_duration_and_is_checked(tmp_path, capsys):

@@ -168,14 +168,16 @@ def exchange(job: Record, chain: Chain) -> dict[str, Any]:
     from reduced slices, else null; ``last_slices``: the slices the newest close named (0:
     it closed from all deltas; null before the first close); ``outer``: the outer step of
     the newest close, ``{"lr", "momentum", "contributions", "picked"}`` (``picked``: the close
-    chose it, ``outer_auto``; else the job's own), null before the first close."""
+    chose it, ``outer_auto``; else the job's own, its ``schedule`` the job's outer-lr
+    schedule), null before the first close."""
     spec = JobSpec.of(job)
     last = chain.closes[-1] if chain.closes else None
     step = None
     if last is not None:
         picked = close_outer(last)
         lr, momentum = picked if picked is not None else (job["outer_lr"], job["outer_momentum"])
-        step = {"lr": lr, "momentum": momentum, "contributions": len(last["contribs"]), "picked": picked is not None}
+        step = {"lr": lr, "momentum": momentum, "contributions": len(last["contribs"]), "picked": picked is not None,
+                "schedule": job.body.get("outer_lr_schedule", "constant")}
     return {"bits": spec.bits, "chunk": spec.chunk, "slice_bits": spec.slice_bits if spec.chunk else None,
             "slices_from": SLICES_FROM, "last_slices": None if last is None else len(last.body.get("slices", ())),
             "outer": step}
