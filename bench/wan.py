@@ -141,10 +141,9 @@ def _baseline(lab: Lab, name: str, mode: str, hosts: list[Host], common: list[st
 
 
 def start_peers(lab: Lab, relay: tuple[str, str], names: list[str], emulation: tuple[str, ...]) -> dict[str, Path]:
-    """ttpeer on the lab hosts ``names``, enrolled in one pool on ``relay`` (its URL and
-    fingerprint, ``start_relay``) with the first as admin, each daemon given ``emulation``
-    (``--slowdown S`` or ``--step-s T``); the lab's generated data copied into their homes
-    (the baselines found it generated too: no row pays for it)."""
+    """ttpeer on the lab hosts ``names`` (daemons given ``emulation``: ``--slowdown S``, ``--step-s T``),
+    enrolled in one pool on ``relay`` (its URL and fingerprint, ``start_relay``) with the first as admin;
+    the lab's data copied into their homes (the baselines found it generated too: no row pays for it)."""
     url, fp = relay
     homes = start_pool(lab, url, fp, names[0], names[1:], extra=emulation)
     for home in homes.values():

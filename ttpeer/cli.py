@@ -11,11 +11,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
-from ttpeer._parser import DEFAULT_CHUNK, Parser, chunk_of, chunk_values, slice_bits_of
+from ttpeer._parser import DEFAULT_CHUNK, Parser, chunk_values
+from ttpeer._submit_cmd import AUTO_FIRST, FIXED_OUTER_LR, FIXED_OUTER_MOMENTUM, submit
 from ttpeer.errors import TtpeerError, UsageError
-from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN, outer_settings
+from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN
 
 EPILOG = """\
 Start here:
@@ -32,11 +33,6 @@ Or try everything on this machine: ttpeer demo
 """
 
 
-MAX_STEP_TIMEOUT = 7 * 86400.0  # the job record's bound
-AUTO_FIRST = 25  # an auto-cadence job's first rounds' size (and its budget's unit)
-# A fused job's outer step is picked by each close (proto/_outer.py) unless the user gives one;
-# a flag given alone takes the other from here (DiLoCo's lr; the momentum that suits 2-8 peers).
-FIXED_OUTER_LR, FIXED_OUTER_MOMENTUM = 0.7, 0.7
 
 
 def _inner_steps(text: str) -> int | tuple[int, int]:
@@ -60,23 +56,6 @@ def _duration(text: str) -> float:
     if not m:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 90s, 30m, 24h, 7d)")
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-
-
-def _slices_fields(args: argparse.Namespace) -> dict[str, int]:
-    """A submitted job's ``chunk`` (values per chunk of its deltas) and ``slice_bits``, or
-    nothing (all deltas, unchunked). Fused jobs slice by default: with equal peers on
-    20 Mbit/s links a round of 4 peers took 15.6 s against 21.9 s with all deltas, and with
-    one of 4 peers on 4 Mbit/s, 16.8 s against 33.9 s (scripts/bench/exchange); below 3
-    peers the proto closes from all deltas anyway, and a chunked delta decodes to the same
-    values as an unchunked one."""
-    if args.mode != "fused":
-        if args.slices is not None or args.slice_bits is not None:
-            raise UsageError(f"{'--slices' if args.slices is not None else '--slice-bits'} goes with a fused job "
-                             "(an ensemble's members are not averaged)")
-        return {}
-    chunk = chunk_of(args.slices, args.no_slices)
-    bits = slice_bits_of(chunk, args.slice_bits)
-    return {} if chunk is None else {"chunk": chunk, "slice_bits": bits}
 
 
 def _positive_int(text: str) -> int:
@@ -598,101 +577,6 @@ _WORKERS_HELP = ("worker processes that train each job's shards together, one pe
                  "data-parallel inside this machine (default auto: one per visible CUDA device, 1 on CPU)")
 
 
-def _submit(args: argparse.Namespace) -> int:
-    from ttpeer._commands import ask_daemon
-
-    home = _home(args)
-    task_file = None
-    task = args.task
-    if task.endswith(".py"):
-        path = Path(task)
-        try:
-            task_file = path.read_bytes()
-        except OSError as exc:
-            raise UsageError(f"cannot read task file {path}: {exc.strerror}") from None
-        task = path.name
-    elif task.partition(":")[0] not in ("mnist1d", "charlm"):
-        raise UsageError(f"unknown task {task!r}: use 'mnist1d' (or 'mnist1d:samples=60000'), 'charlm' "
-                         "(or 'charlm:n_layer=4,d_model=128,...') or a path to a task file ending in .py")
-    overlap = _cadence_defaults(args)
-    auto = isinstance(args.inner_steps, tuple)
-    steps = min(max(AUTO_FIRST, args.inner_steps[0]), args.inner_steps[1]) if auto else args.inner_steps
-    spec: dict[str, Any] = {
-        "task": task, "mode": args.mode, "rounds": args.rounds, "shards": args.shards,
-        "batches": steps, "batch_size": args.batch_size or 64, "inner_lr": args.inner_lr,
-        "weight_decay": args.weight_decay, **_outer_fields(args),
-        "bits": args.bits, "seed": args.seed, "lease": args.lease, "steal": not args.no_steal,
-        "step_timeout": _step_timeout(args.step_timeout),
-    }
-    if args.mode == "ensemble" or args.members is not None:
-        if args.mode != "ensemble":
-            raise UsageError("--members goes with --mode ensemble")
-        if args.members is None:
-            raise UsageError("--mode ensemble needs --members M (how many models to train)")
-        if args.shards is not None:
-            raise UsageError("an ensemble job has one shard per member: leave --shards out")
-        spec["members"] = args.members
-    if overlap:
-        spec["overlap"] = 1
-    spec.update(_slices_fields(args))
-    if auto:
-        spec["h_min"], spec["h_max"] = args.inner_steps
-    spec.update(_recipe_fields(args, home))
-    reply = ask_daemon(home, {"op": "submit", "spec": spec,
-                                       "task_file": task_file.hex() if task_file else None}, timeout=300)
-    if args.mode == "ensemble":
-        print(f"submitted ensemble job: {args.members} members x {args.rounds} units x {args.inner_steps} steps, "
-              f"lease {reply.get('lease')} s")
-    elif auto:
-        print(f"submitted {args.mode} job: {args.rounds * steps} inner steps per shard x {reply.get('shards')} "
-              f"shards, in rounds of {args.inner_steps[0]}-{args.inner_steps[1]} steps picked as the link allows "
-              f"({steps} at first), lease {reply.get('lease')} s")
-    else:
-        print(f"submitted {args.mode} job: {args.rounds} rounds x {reply.get('shards')} shards x "
-              f"{args.inner_steps} steps, lease {reply.get('lease')} s")
-    print(reply["job"])
-    return 0
-
-
-def _cadence_defaults(args: argparse.Namespace) -> bool:
-    """Fill in submit's cadence defaults, which depend on the mode and on each other: a fused
-    job sizes its rounds (auto) and overlaps them; an ensemble's units are fixed. Returns
-    whether the job overlaps."""
-    fused = args.mode == "fused"
-    if args.inner_steps is None:
-        args.inner_steps = (DEFAULT_H_MIN, DEFAULT_H_MAX) if fused else AUTO_FIRST
-    if isinstance(args.inner_steps, tuple) and not fused:
-        raise UsageError("--inner-steps auto is for fused jobs: an ensemble member trains fixed units")
-    if args.overlap and not fused:
-        raise UsageError("--overlap is for fused jobs")
-    return fused and args.overlap is not False
-
-
-def _outer_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The job's outer step: picked by each close (``outer_auto``; the record's lr and
-    momentum are then where the first round's estimate starts) unless the user fixed one, or
-    the job has no outer step (an ensemble) or lays a schedule over its outer lr."""
-    given = args.outer_lr is not None or args.outer_momentum is not None
-    if given and args.mode != "fused":
-        raise UsageError("--outer-lr and --outer-momentum are for fused jobs: an ensemble's members are not averaged")
-    if args.outer_lr is not None and not 0 < args.outer_lr <= 10:
-        raise UsageError(f"--outer-lr must be more than 0 and at most 10, got {args.outer_lr:g}")
-    if args.outer_momentum is not None and not 0 <= args.outer_momentum < 1:
-        raise UsageError(f"--outer-momentum is Nesterov momentum: from 0 to less than 1, got {args.outer_momentum:g}")
-    if args.mode == "fused" and not given and args.outer_lr_schedule in (None, "constant"):
-        first = outer_settings(2, AUTO_FIRST)
-        return {"outer_lr": first.lr, "outer_momentum": first.momentum, "outer_auto": 1}
-    return {"outer_lr": FIXED_OUTER_LR if args.outer_lr is None else args.outer_lr,
-            "outer_momentum": FIXED_OUTER_MOMENTUM if args.outer_momentum is None else args.outer_momentum}
-
-
-def _step_timeout(seconds: float) -> float:
-    if not 1 <= seconds <= MAX_STEP_TIMEOUT:
-        raise UsageError(f"--step-timeout must be between 1 s and 7 days, got {seconds:g} s "
-                         "(a number of seconds, or e.g. 90s, 10m, 2h)")
-    return seconds
-
-
 def _export(args: argparse.Namespace) -> int:
     from ttpeer._export import export, export_hf
 
@@ -701,38 +585,12 @@ def _export(args: argparse.Namespace) -> int:
     return export(_home(args), args.job, args.out)
 
 
-def _recipe_fields(args: argparse.Namespace, home: Any) -> dict[str, Any]:
-    """The job fields of the precision, micro-batch, schedule and warm-start flags; only
-    those given, so a job without them is the record it always was."""
-    fields = {"precision": args.precision, "micro_batch": args.micro_batch, "lr_schedule": args.lr_schedule,
-              "warmup": args.warmup, "final_lr_ratio": args.final_lr_ratio,
-              "outer_lr_schedule": args.outer_lr_schedule, "outer_warmup": args.outer_warmup,
-              "outer_final_lr_ratio": args.outer_final_lr_ratio,
-              "checkpointing": 1 if args.checkpointing else None}
-    out = {k: v for k, v in fields.items() if v is not None}
-    if args.micro_batch is not None and args.micro_batch > (args.batch_size or 64):
-        raise UsageError(f"--micro-batch ({args.micro_batch}) must not exceed the batch size "
-                         f"({args.batch_size or 64}): it is how many of the batch's samples one pass takes")
-    if args.init is not None:
-        from ttpeer._export import finished_folder
-
-        # The daemon reads the file (it runs on this machine): ``init`` names it until the
-        # daemon replaces it with the initial state's hash.
-        path = Path(args.init)
-        if not path.is_file() and not args.init.endswith(".safetensors"):
-            if not re.fullmatch(r"[0-9a-fA-F]{4,64}", args.init):
-                raise UsageError(f"--init {args.init}: no such file, and not a job id; give a .safetensors "
-                                 "file or a finished job's id (see 'ttpeer status')")
-            path = finished_folder(home, args.init, "--init") / "final.safetensors"
-        out["init"] = str(path.absolute())
-    return out
-
-
 # Each command's handler, by its name in build_parser; each imports what it needs when run,
 # so that 'ttpeer status' does not load torch.
 COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {
     "relay": _relay, "pool": _pool_create, "invite": _invite, "join": _join,
-    "up": lambda args: _up(args, _home(args)), "submit": _submit, "status": _status, "wait": _wait,
+    "up": lambda args: _up(args, _home(args)), "submit": lambda args: submit(args, _home(args)),
+    "status": _status, "wait": _wait,
     "export": _export, "predict": _predict, "demo": _demo, "service": _service, "config": _config,
     "report": _report, "revoke": _revoke, "cancel": _cancel, "advise": _advise, "data": _data,
 }

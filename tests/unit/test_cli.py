@@ -86,7 +86,9 @@ def test_submit_names_the_built_in_tasks_for_an_unknown_one(tmp_path, capsys):
 def test_fused_jobs_default_to_auto_rounds_overlapped_with_the_pools_outer_step():
     # scripts/bench/convergence: the outer step that suits a round depends on how many peers
     # contributed, so by default each close picks it (outer_auto); a flag fixes it for every round.
-    from ttpeer.cli import _cadence_defaults, _outer_fields, build_parser
+    from ttpeer._submit_cmd import cadence_defaults as _cadence_defaults
+    from ttpeer._submit_cmd import outer_fields as _outer_fields
+    from ttpeer.cli import build_parser
     from ttpeer.errors import UsageError
 
     def defaults(*extra: str) -> tuple:
@@ -130,7 +132,8 @@ def test_fused_jobs_slice_by_default_and_no_slices_turns_it_off():
     # scripts/bench/exchange: slices were faster from 4 peers up, with equal links and with
     # one slow one; two peers close from all deltas whatever the job says (the proto's rule).
     # scripts/bench/requantize: 3-bit reduced slices cost no loss, so they are the default.
-    from ttpeer.cli import DEFAULT_CHUNK, _slices_fields, build_parser
+    from ttpeer._submit_cmd import slices_fields as _slices_fields
+    from ttpeer.cli import DEFAULT_CHUNK, build_parser
     from ttpeer.errors import UsageError
 
     def fields(*extra: str) -> dict[str, int]:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ttpeer.cli import _recipe_fields, build_parser, main
+from ttpeer._submit_cmd import recipe_fields as _recipe_fields
+from ttpeer.cli import build_parser, main
 from ttpeer.daemon import Home
 from ttpeer.errors import JobError, UsageError
 

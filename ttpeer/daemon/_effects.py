@@ -68,7 +68,7 @@ from ttpeer.proto import (
     Train,
     Trained,
     WorkLost,
-    close_outer,
+    describe_effect,
     job_ended,
     open_task,
 )
@@ -165,7 +165,7 @@ class Effects:
         inside ``_guarded``, that report back into the machine when done."""
         assert self._node.nursery is not None, "effects run only inside Node.run"
         if log.isEnabledFor(logging.DEBUG) and not isinstance(eff, (Broadcast, Send, Persist)):
-            log.debug("effect %s", _describe(eff))
+            log.debug("effect %s", describe_effect(eff))
         inline = _INLINE.get(type(eff))
         if inline is not None:
             inline(self, eff)
@@ -481,15 +481,15 @@ class Effects:
             state, metrics = await self._node.executor.aggregate(eff.job, eff.base, deltas, rnd=eff.round,
                                                                  sliced=bool(eff.slices), outer=eff.outer)
         trim()  # the blobs this close fetched: back to the system
-        ids, weights = tuple(c.id for c in eff.contribs), tuple(metrics.pop("weights", None) or ())  # type: ignore[arg-type]
-        self._report(Aggregated(eff.job, eff.round, eff.base, ids, state, metrics, tuple(s.id for s in eff.slices),
-                                weights))
+        weights = tuple(metrics.pop("weights", None) or ())  # type: ignore[arg-type]  # an ensemble's vote
+        self._report(Aggregated(eff.job, eff.round, eff.base, tuple(c.id for c in eff.contribs), state, metrics,
+                                tuple(s.id for s in eff.slices), weights))
 
     async def _apply(self, eff: Apply) -> None:
         job, close = eff.job, eff.close
         async with self._outer_inputs(job, eff.contribs, eff.slices) as deltas:
             ok = await self._node.executor.apply(job, close["base"], deltas, close["state"], rnd=close["round"],
-                                                 sliced=bool(eff.slices), outer=close_outer(close))
+                                                 sliced=bool(eff.slices), outer=eff.outer)
         trim()
         if not ok:
             log.warning("round %d of job %s did not reproduce state %s here; fetching a checkpoint instead",
@@ -520,8 +520,7 @@ class Effects:
             # A held state is a file in the home, the bytes a checkpoint carries: copied from
             # there, it needs no worker (the job may have finished here long ago: an ask).
             try:
-                await trio.to_thread.run_sync(shutil.copyfile, self._node.home.state_file(eff.job.id, eff.state),
-                                              plain)
+                await trio.to_thread.run_sync(shutil.copyfile, self._node.home.state_file(eff.job.id, eff.state), plain)
             except FileNotFoundError:
                 await self._node.executor.export_state(eff.job, eff.state, plain)
             size = plain.stat().st_size
@@ -593,21 +592,6 @@ def _job_of(eff: Effect) -> Record:
     if not isinstance(job, Record):
         raise TypeError(f"{type(eff).__name__} names no job")
     return job
-
-
-def _describe(eff: Effect) -> str:
-    """One line per effect for debug logs: its kind and small fields, never payloads."""
-    parts = [type(eff).__name__]
-    for name, value in vars(eff).items():
-        if isinstance(value, bool | int | float):
-            parts.append(f"{name}={value}")
-        elif isinstance(value, str):
-            parts.append(f"{name}={value[:19]}")
-        elif isinstance(value, tuple) and all(isinstance(v, int) for v in value):
-            parts.append(f"{name}={list(value)}")
-        elif hasattr(value, "id"):
-            parts.append(f"{name}={value.id[:12]}")
-    return " ".join(parts)
 
 
 # The handler of each effect: inline ones run at once on the trio thread, task ones in the

@@ -699,7 +699,7 @@ class ProcessExecutor:
                                                      "samples": eff.samples, "out": str(out)}, every=True)
         return read_and_remove(Path(result["file"])), result["metrics"]
 
-    async def _with_deltas(self, job: Record, op: str, deltas: Deltas, args: dict[str, Any]) -> Any:
+    async def _with_deltas(self, job: Record, op: str, deltas: Deltas, **args: Any) -> Any:
         # Files the node wrote go to the worker as they are (no second copy); bytes become
         # files here, removed here afterwards. The worker reads each when it adds it.
         folder = self._work_dir(job.id)
@@ -716,20 +716,18 @@ class ProcessExecutor:
 
     async def reduce_slice(self, job: Record, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
         out = self._work_dir(job.id) / f"slice-{rnd}-{first}-{stop}.bin"
-        result = await self._with_deltas(job, "reduce_slice", deltas,
-                                         {"first": first, "stop": stop, "round": rnd, "out": str(out)})
+        result = await self._with_deltas(job, "reduce_slice", deltas, first=first, stop=stop, round=rnd, out=str(out))
         return read_and_remove(Path(result["file"]))
 
     async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int,
                         sliced: bool = False, outer: Outer | None = None) -> tuple[str, dict[str, float]]:
-        result = await self._with_deltas(job, "aggregate", deltas, {"base": base, "round": rnd, "sliced": sliced,
-                                                                    "outer": outer})
+        result = await self._with_deltas(job, "aggregate", deltas, base=base, round=rnd, sliced=sliced, outer=outer)
         return result["state"], result["metrics"]
 
     async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
                     sliced: bool = False, outer: Outer | None = None) -> bool:
-        return bool(await self._with_deltas(job, "apply", deltas, {"base": base, "expect": expect, "round": rnd,
-                                                                   "sliced": sliced, "outer": outer}))
+        return bool(await self._with_deltas(job, "apply", deltas, base=base, expect=expect, round=rnd, sliced=sliced,
+                                            outer=outer))
 
     async def export_state(self, job: Record, state: str, out: Path) -> None:
         await self._call(job, "export_state", {"state": state, "out": str(out)})

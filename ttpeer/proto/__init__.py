@@ -41,6 +41,7 @@ from ._effects import (
     ReduceSlice,
     Send,
     Train,
+    describe_effect,
 )
 from ._ensemble import member_variants
 from ._errors import DatasetMissing, ProofError, RecordError, RevokeError, TtpeerError
@@ -116,6 +117,7 @@ __all__ = [
     "Outer",
     "close_outer",
     "outer_settings",
+    "describe_effect",
     "Aggregate",
     "Apply",
     "Broadcast",

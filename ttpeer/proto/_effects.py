@@ -149,6 +149,7 @@ class Apply:
     close: Record
     contribs: tuple[Record, ...]
     slices: tuple[Record, ...] = ()  # a sliced close's reduced slices, in order: the mean
+    outer: Outer | None = None  # the outer step the close names (``outer_auto``); None: the job's
 
 
 @dataclass(frozen=True)
@@ -191,3 +192,18 @@ class Sign:
 
     kind: str
     body: dict
+
+
+def describe_effect(eff: Effect) -> str:
+    """One line per effect for debug logs: its kind and small fields, never payloads."""
+    parts = [type(eff).__name__]
+    for name, value in vars(eff).items():
+        if isinstance(value, bool | int | float):
+            parts.append(f"{name}={value}")
+        elif isinstance(value, str):
+            parts.append(f"{name}={value[:19]}")
+        elif isinstance(value, tuple) and all(isinstance(v, int) for v in value):
+            parts.append(f"{name}={list(value)}")
+        elif hasattr(value, "id"):
+            parts.append(f"{name}={value.id[:12]}")
+    return " ".join(parts)

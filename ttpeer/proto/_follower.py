@@ -30,6 +30,7 @@ from ttpeer_wire import Record
 from ._effects import Apply, Effect, FetchState, Sign
 from ._jobspec import JobSpec
 from ._ledger import Chain, RecordSet, checkpoints
+from ._outer import close_outer
 from ._reports import RETRY_AFTER
 
 ASK_WAIT = 3.0  # leases a peer waits for the checkpoint it asked for before it replays instead
@@ -81,7 +82,7 @@ class Follower:
             parts = tuple(records.by_id[c] for c in close["contribs"])
             slices = tuple(records.by_id[s] for s in close.body.get("slices", ()))
             self._syncing = states[held + 1]
-            return [Apply(job.record, close, parts, slices)]
+            return [Apply(job.record, close, parts, slices, close_outer(close))]
         if held is None:
             self._syncing = job.init
             return [FetchState(job.record, job.init, job.init_blob)]
