@@ -70,3 +70,30 @@ def test_a_job_with_inconsistent_outer_fields_is_refused(over, words):
 
 def test_a_fused_job_may_ask_the_pool_for_its_outer_step():
     assert sign("job", P.id, job_body(outer_auto=1), M0)["outer_auto"] == 1
+
+
+def test_the_close_names_the_step_its_aggregate_took():
+    # The driver reports the step the state was made with (``Aggregated.outer``); the close
+    # names that one, so peers that apply it reproduce the state. A report without one (an
+    # older driver) gets the rule's step for the round, which is what the aggregate was given.
+    from ttpeer.proto import Chain, JobSpec, RecordSet
+    from ttpeer.proto._closer import Closer
+
+    from .proto_helpers import contrib
+
+    job = sign("job", P.id, job_body(outer_auto=1, shards=2), M0)
+    parts = [contrib(P.id, M0, job, 0, job["init"], [0]), contrib(P.id, key("outer-m1"), job, 0, job["init"], [1])]
+    records = RecordSet(P.id)
+    for rec in [job, *parts]:
+        records.add(rec)
+    ids = tuple(sorted(c.id for c in parts))
+    closer = Closer("me", 1.0)
+    given = closer.aggregated(JobSpec.of(job), 0, job["init"], ids, state("s1"), {}, records,
+                              Chain((job["init"],), ()), outer=Outer(0.7, 0.42))
+    assert (given["outer_lr"], given["outer_momentum"]) == (0.7, 0.42)
+    ruled = closer.aggregated(JobSpec.of(job), 0, job["init"], ids, state("s1"), {}, records,
+                              Chain((job["init"],), ()))
+    assert (ruled["outer_lr"], ruled["outer_momentum"]) == tuple(outer_settings(2, job["batches"]))
+    fixed = sign("job", P.id, job_body(shards=2), M0)
+    assert "outer_lr" not in closer.aggregated(JobSpec.of(fixed), 0, fixed["init"], ids, state("s1"), {}, records,
+                                               Chain((fixed["init"],), ()), outer=Outer(0.7, 0.42))

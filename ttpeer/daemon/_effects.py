@@ -483,7 +483,7 @@ class Effects:
         trim()  # the blobs this close fetched: back to the system
         weights = tuple(metrics.pop("weights", None) or ())  # type: ignore[arg-type]  # an ensemble's vote
         self._report(Aggregated(eff.job, eff.round, eff.base, tuple(c.id for c in eff.contribs), state, metrics,
-                                tuple(s.id for s in eff.slices), weights))
+                                tuple(s.id for s in eff.slices), weights, eff.outer))
 
     async def _apply(self, eff: Apply) -> None:
         job, close = eff.job, eff.close

@@ -107,10 +107,11 @@ class Closer:
 
     def aggregated(self, job: JobSpec, rnd: int, base: str, contribs: tuple[str, ...], state: str,
                    metrics: dict[str, float], records: RecordSet, chain: Chain, slices: tuple[str, ...] = (),
-                   weights: tuple[int, ...] = ()) -> dict:
+                   weights: tuple[int, ...] = (), outer: Outer | None = None) -> dict:
         """An ``Aggregate`` made ``state``: the close's body to sign. An auto-cadence job's
         close also picks round ``rnd + 2``'s size from its contributions' figures; an outer_auto
-        job's names its outer step; an ensemble's, the members' ``weights`` in the vote."""
+        job's names the ``outer`` step the aggregate took; an ensemble's, the members'
+        ``weights`` in the vote."""
         self._aggregating = None
         body = {"job": job.id, "round": rnd, "base": base, "contribs": sorted(contribs), "state": state,
                 "metrics": metrics}
@@ -120,9 +121,9 @@ class Closer:
             body["slices"] = list(slices)
         if weights:
             body["weights"] = list(weights)
-        if job.outer_auto:
-            outer = outer_settings(len(contribs), Plan.of(job.record, chain.closes[:rnd]).batches(rnd))
-            body["outer_lr"], body["outer_momentum"] = outer.lr, outer.momentum
+        if job.outer_auto:  # the step the state was made with (a report that names none: the rule's)
+            step = outer or outer_settings(len(contribs), Plan.of(job.record, chain.closes[:rnd]).batches(rnd))
+            body["outer_lr"], body["outer_momentum"] = step.lr, step.momentum
         if job.auto:
             assert job.h_min is not None and job.h_max is not None
             mine = [records.by_id[c] for c in sorted(contribs) if c in records.by_id]

@@ -62,6 +62,7 @@ from ._ledger import Chain, RecordSet
 from ._lifecycle import Lifecycle
 from ._local import LocalWorker
 from ._outcome import FOR_GOOD
+from ._outer import Outer
 from ._reports import RETRY_AFTER, Report
 from ._rounds import Rounds
 from ._slicer import Slicer
@@ -256,8 +257,9 @@ class PeerMachine:
                 self._slicer.refused(record)
                 return []
             case rp.Aggregated(job=job, round=rnd, base=base, contribs=contribs, state=state, metrics=metrics,
-                               slices=slices, weights=weights):
-                return self._aggregated(self._spec(job), rnd, base, contribs, state, metrics, now, slices, weights)
+                               slices=slices, weights=weights, outer=outer):
+                return self._aggregated(self._spec(job), rnd, base, contribs, state, metrics, now, slices, weights,
+                                        outer)
             case rp.Failed(effect=Aggregate()):
                 closer.aggregate_failed(now)
             case rp.Applied(state=state, ok=ok):
@@ -286,9 +288,9 @@ class PeerMachine:
 
     def _aggregated(self, job: JobSpec, rnd: int, base: str, contribs: tuple[str, ...], state: str,
                     metrics: dict[str, float], now: float, slices: tuple[str, ...] = (),
-                    weights: tuple[int, ...] = ()) -> list[Effect]:
+                    weights: tuple[int, ...] = (), outer: Outer | None = None) -> list[Effect]:
         body = self._closer.aggregated(job, rnd, base, contribs, state, metrics, self.records,
-                                       self._views.chain(job.record), slices, weights)
+                                       self._views.chain(job.record), slices, weights, outer)
         self.held.add(state)
         out = self.add_local(self._signed("close", body), now)
         if self._closer.checkpoint(job, rnd, contribs, self.records, self._views.chain(job.record)):

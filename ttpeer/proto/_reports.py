@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from ttpeer_wire import Record
 
 from ._effects import Effect, ReduceSlice
+from ._outer import Outer
 
 RETRY_AFTER = 2.0  # seconds before an activity retries work whose effect failed
 
@@ -107,6 +108,7 @@ class Aggregated:
     metrics: dict[str, float] = field(default_factory=dict)
     slices: tuple[str, ...] = ()  # a sliced round: the slice records it applied, in order
     weights: tuple[int, ...] = ()  # an ensemble's round: each member's count in the vote
+    outer: Outer | None = None  # the outer step it took (``Aggregate.outer``)
 
 
 @dataclass(frozen=True)
