@@ -111,7 +111,7 @@ def find_task_file(model: Path, side: dict[str, Any], home: Path | None) -> Path
     from ttpeer._export import task_copy_path
     from ttpeer.config import default_home
 
-    want = side.get("source_hash")
+    want = side.get("task_sha256") or side.get("source_hash")
     user = _user_name(side)
     kept = (home if home is not None else default_home()).expanduser() / "tasks" / f"{want}.py"
     candidates = [task_copy_path(model), model.parent / user, kept]
@@ -131,7 +131,7 @@ def find_task_file(model: Path, side: dict[str, Any], home: Path | None) -> Path
 
 
 def _check_given(given: Path, side: dict[str, Any]) -> None:
-    want = side.get("source_hash")
+    want = side.get("task_sha256") or side.get("source_hash")
     got = _sha256(given)
     if got is not None and want is not None and got != want and _is_task_file(side):
         raise UsageError(f"{given} is a different file from the task file this model was trained on "

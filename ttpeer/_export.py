@@ -52,7 +52,9 @@ def export(home: Any, prefix: str, out: Path) -> int:
     written = [model, model.with_suffix(".json")]
     if task_name.endswith(".py"):
         side["task_file"] = task_name
-        source = home.path / "tasks" / f"{side['source_hash']}.py"
+        # Kept under the file's own hash (task_sha256): a task that reads files (a model
+        # folder, data) has a source_hash that covers them too.
+        source = home.path / "tasks" / f"{side.get('task_sha256') or side['source_hash']}.py"
         if source.is_file():
             shutil.copyfile(source, task_copy_path(model))
             written.append(task_copy_path(model))
@@ -63,10 +65,12 @@ def export(home: Any, prefix: str, out: Path) -> int:
     return 0
 
 
-def export_hf(home: Any, prefix: str, out: Path) -> int:
+def export_hf(home: Any, prefix: str, out: Path, *, fmt: str = "hf", merge: bool = False) -> int:
     """Write job ``prefix``'s final model as a Hugging Face ``save_pretrained`` folder
-    (tasks built with ``ttpeer.tasks.hf_causal_lm``). Raises ``JobError`` for an unknown
-    or unfinished job, ``UsageError`` for a job that is not a Hugging Face model."""
+    (tasks built with ``ttpeer.tasks.hf_causal_lm``; ``fmt`` ``"peft"``: a LoRA job's
+    adapters; ``merge``: them merged into the base). Raises ``JobError`` for an unknown
+    or unfinished job, ``UsageError`` for a job that is not a Hugging Face model, or
+    not (or not only) adapters where ``fmt`` asks for them."""
     import hashlib
     import json
 
@@ -79,7 +83,7 @@ def export_hf(home: Any, prefix: str, out: Path) -> int:
         raise UsageError(f"directory {out.parent} does not exist")
     sidecar = json.loads((folder / "final.json").read_text())
     try:
-        weights = write_folder(folder / "final.safetensors", sidecar, out)
+        weights = write_folder(folder / "final.safetensors", sidecar, out, fmt=fmt, merge=merge)
     except TrainError as exc:
         raise UsageError(str(exc)) from None
     print(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")

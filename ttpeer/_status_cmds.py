@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from ttpeer._behind import behind_lines
+from ttpeer._figures import size as _size
 from ttpeer.errors import JobError, UsageError
 
 
@@ -150,14 +151,6 @@ def spot_check_line(checks: dict[str, int] | None) -> str | None:
         line += (f"; {checks['missed']} did not (this peer reduced each whole and published its own result; "
                  "a third peer settles it; the log names the slice and its author)")
     return line
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
 
 
 def _find_job(jobs: list[dict[str, Any]], prefix: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ttpeer._figures import count
 from ttpeer._parser import chunk_of, slice_bits_of
 from ttpeer.errors import UsageError
 from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN, outer_settings
@@ -72,8 +73,17 @@ def submit(args: argparse.Namespace, home: Any) -> int:
     else:
         print(f"submitted {args.mode} job: {args.rounds} rounds x {reply.get('shards')} shards x "
               f"{args.inner_steps} steps, lease {reply.get('lease')} s")
+    if reply.get("params"):
+        print(trainable_line(reply["trainable"], reply["params"]))
     print(reply["job"])
     return 0
+
+
+def trainable_line(trainable: int, params: int) -> str:
+    """``trainable 42.0M of 7.6B parameters (0.55%)``, or the count when all of them train."""
+    if trainable >= params:
+        return f"trains all {count(params)} parameters of the model"
+    return f"trainable {count(trainable)} of {count(params)} parameters ({100 * trainable / params:.2f}%)"
 
 
 def cadence_defaults(args: argparse.Namespace) -> bool:

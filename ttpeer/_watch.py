@@ -15,16 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ttpeer._behind import behind_lines
+from ttpeer._figures import size as _size
 
 HISTORY_ROWS = 8
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def _pct(part: float, whole: float) -> str:

@@ -243,9 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("out", type=Path, help="output file (.safetensors is added if missing); its .json sidecar "
                    "and, for a task-file job, its task file (.task.py) are written beside it; with --format hf, "
                    "a new folder")
-    e.add_argument("--format", choices=["safetensors", "hf"], default="safetensors",
+    e.add_argument("--format", choices=["safetensors", "hf", "peft"], default="safetensors",
                    help="hf: a Hugging Face save_pretrained folder (config, safetensors weights, the tokenizer) that "
-                   "transformers loads; for tasks built with ttpeer.tasks.hf_causal_lm")
+                   "transformers loads; peft: a LoRA job's adapters, a folder peft.PeftModel.from_pretrained loads "
+                   "over the base; for tasks built with ttpeer.tasks.hf_causal_lm")
+    e.add_argument("--merge", action="store_true",
+                   help="with --format hf, for a LoRA job: the adapters merged into the base, one plain model")
 
     pr = sub.add_parser("predict", parents=[common], help="print a model's predictions for an input file")
     pr.add_argument("bundle", type=Path, help="a file 'ttpeer export' wrote (fused model or ensemble bundle)")
@@ -580,8 +583,10 @@ _WORKERS_HELP = ("worker processes that train each job's shards together, one pe
 def _export(args: argparse.Namespace) -> int:
     from ttpeer._export import export, export_hf
 
-    if args.format == "hf":
-        return export_hf(_home(args), args.job, args.out)
+    if args.merge and args.format != "hf":
+        raise UsageError("--merge goes with --format hf (the adapters merged into the base model)")
+    if args.format in ("hf", "peft"):
+        return export_hf(_home(args), args.job, args.out, fmt=args.format, merge=args.merge)
     return export(_home(args), args.job, args.out)
 
 

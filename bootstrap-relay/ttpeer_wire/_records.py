@@ -183,6 +183,8 @@ def _job_consistent(body: dict[str, Any]) -> str | None:
             return "only a fused job has an outer step to pick"
         if body.get("outer_lr_schedule", "constant") != "constant":
             return "outer_auto picks each round's outer lr: a job with an outer-lr schedule gives its own"
+    if ("params" in body) != ("trainable" in body) or body.get("trainable", 0) > body.get("params", 0):
+        return "params and trainable go together, and no more parameters train than the model has"
     if "samples" in body and not set(body["samples"]) <= set(body.get("datasets") or ()):
         return "samples names a dataset that datasets does not"
     return None
@@ -255,6 +257,10 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # Ensemble jobs only (OPTIONAL): training samples no member trains on, drawn by the
         # job's seed; each close weighs the members by their vote on them (train/_select.py).
         "holdout": _int(0, 2**31),
+        # OPTIONAL, both or neither: the model's parameters, and how many of them train (fewer
+        # with adapters over a frozen base); what status and submit print, checked by nobody.
+        "params": _int(1, 2**50),
+        "trainable": _int(1, 2**50),
     },
     # A claim with n > 0 renews the lease of claim n=0; ``done`` batches so far at ``rate``
     # batches/s let others project when it will finish. ``backup``: a copy run by an idle
@@ -342,7 +348,7 @@ OPTIONAL: dict[str, frozenset[str]] = {
     "job": frozenset({"members", "overlap", "precision", "micro_batch", "checkpointing", "lr_schedule", "warmup",
                       "final_lr_ratio", "data", "step_timeout", "outer_lr_schedule", "outer_warmup",
                       "outer_final_lr_ratio", "h_min", "h_max", "datasets", "samples", "chunk",
-                      "slice_bits", "outer_auto", "holdout"}),
+                      "slice_bits", "outer_auto", "holdout", "params", "trainable"}),
     "close": frozenset({"tbase", "next", "slices", "outer_lr", "outer_momentum", "weights"}),
     "contrib": frozenset({"chunks"}),
     "dataset": frozenset({"samples", "urls"}),

@@ -64,7 +64,7 @@ SURFACES: dict[str, set[str]] = {
         'new_invite', 'run_daemon'
     },
     'ttpeer.tasks': {
-        'hf_causal_lm'
+        'LoRA', 'hf_causal_lm'
     },
     'ttpeer.testing': {
         'FakeDisk', 'FakeExecutor', 'HostileRelay', 'Hostility', 'SimPeer', 'Simulation', 'deterministic'

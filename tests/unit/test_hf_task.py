@@ -203,12 +203,12 @@ def test_export_hf_refuses_what_it_cannot_write(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_public_surface_is_one_helper_that_imports_transformers_only_when_called():
+def test_the_public_surface_is_one_helper_and_its_adapters_importing_transformers_only_when_called():
     import ttpeer.tasks
 
-    assert ttpeer.tasks.__all__ == ["hf_causal_lm"]
+    assert ttpeer.tasks.__all__ == ["LoRA", "hf_causal_lm"]
     code = ("import sys, ttpeer.tasks; "
-            "print(sorted(m for m in ('transformers', 'datasets') if m in sys.modules))")
+            "print(sorted(m for m in ('transformers', 'datasets', 'peft') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split()[-1] == "[]"
 

@@ -113,7 +113,8 @@ async def _dispatch(node: Node, request: dict[str, Any], status: Callable[[], di
             await ready.wait()
         task_file = bytes.fromhex(request["task_file"]) if request.get("task_file") else None
         job = await node.submit(request["spec"], task_file)
-        return {"ok": True, "job": job.id, "shards": job["shards"], "lease": job["lease"]}
+        return {"ok": True, "job": job.id, "shards": job["shards"], "lease": job["lease"],
+                "params": job.body.get("params"), "trainable": job.body.get("trainable")}
     if op == "cancel":
         job, rec, again = await node.cancel(str(request.get("job", "")))
         by = node.machine.records.members.get(rec.author)

@@ -221,8 +221,9 @@ class TorchExecutor:
                     state = train.warm_state(task, Path(warm)) if warm else train.init_state(task, spec["seed"])
             except (train.TaskError, train.CheckpointError) as exc:
                 raise JobError(str(exc)) from None
+            trainable, params = train.parameter_counts(train.check_model(task.spec, f"task {task.name}"))
             fixed = {"task_hash": task.source_hash, "init": train.state_hash(state),
-                     "data": train.data_fingerprint(task)}
+                     "data": train.data_fingerprint(task), "params": params, "trainable": trainable}
             if spec["mode"] == "ensemble" and (holdout := train.holdout_size(task.n_train)):
                 fixed["holdout"] = holdout
             if datasets.used:
@@ -244,6 +245,9 @@ class TorchExecutor:
                 return Decline(f"your copy of the task's data differs from the submitter's: fingerprint "
                                f"{mine[:12]} here, {job['data'][:12]} there (build it deterministically, from a "
                                "fixed seed or files that are the same on every peer)", code="data")
+            lora = task.spec.lora
+            if lora is not None and lora.base_bits == 4 and (problem := train.qlora_problem(self.device)):
+                return Decline(problem, code="fit")
             device_free, host_free, limited = available_memory(self.device, self.memory_limit)
             if self.world > 1:  # the peer's workers share its host memory (and its CPU's)
                 host_free //= self.world

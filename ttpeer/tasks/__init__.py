@@ -4,8 +4,11 @@
 causal LM (a local folder, or a config for random weights) trained on local text,
 JSON lines or parquet files. It needs the optional extra (``pip install
 'ttpeer[hf]'``) and imports ``transformers`` and ``datasets`` only when called.
+``hf_causal_lm(..., lora=LoRA(r=16))`` trains adapters over the frozen model instead.
 """
+
+from ttpeer.train import LoRA
 
 from ._hf import hf_causal_lm
 
-__all__ = ["hf_causal_lm"]
+__all__ = ["LoRA", "hf_causal_lm"]

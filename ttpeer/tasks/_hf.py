@@ -19,9 +19,9 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor
 
-from ttpeer.train import TaskError, TaskSpec
+from ttpeer.train import LoRA, TaskError, TaskSpec
 
-from ._hf_data import BYTES, load_tokens, split_windows
+from ._hf_data import BYTES, IGNORE, load_tokens, split_windows
 from ._hf_model import builder, config_json, folder_hash, hf_modules, resolve_config
 
 _VERSION_TAG = "ttpeer-hf-causal-lm-v1"
@@ -38,6 +38,7 @@ def hf_causal_lm(
     batch_size: int = 8,
     val_fraction: float = 0.1,
     val_windows: int = 64,
+    lora: LoRA | None = None,
 ) -> TaskSpec:
     """A ``TaskSpec`` that trains a ``transformers`` causal LM on local text, for a task file::
 
@@ -53,15 +54,24 @@ def hf_causal_lm(
     ``model_type``) for random weights drawn from the generator the trainer seeds.
     ``data``: a file, a folder (its ``.txt``/``.md``/``.json``/``.jsonl``/``.parquet``
     files) or a list of them, one format: a text file is one document; JSON lines and
-    parquet rows are documents, from the column ``text_field``. Every peer must have the
-    same files at the same paths. ``tokenizer``: a folder with a tokenizer, ``"bytes"``
+    parquet rows are documents, from the column ``text_field``. JSON lines without that
+    field are chat data (``_hf_chat``): rows of ``messages`` (``[{"role", "content"}]``,
+    rendered with the tokenizer's chat template, the loss counting the assistant's
+    tokens only) or of ``prompt`` and ``completion`` (the loss counting the completion).
+    Every peer must have the same files at the same paths. ``tokenizer``: a folder with a tokenizer, ``"bytes"``
     for the byte-level fallback (ids = UTF-8 bytes, NUL ends a document; vocab_size >=
     256), or None: the model folder's tokenizer if it has one, else bytes.
 
     The model sees ``(batch, block_size)`` token ids and returns logits; the loss is the
-    mean cross-entropy per token (nats), the metric perplexity. The last ``val_fraction``
+    mean cross-entropy per (counted) token (nats), the metric perplexity. The last ``val_fraction``
     of the token stream validates: ``val_windows`` windows spread over it, one evaluation
     batch (so perplexity is exact). Nothing is downloaded.
+
+    ``lora``: train low-rank adapters (``ttpeer.train.LoRA``) over the frozen model instead
+    of every parameter: the way a 7-8B model fits a 24 GB GPU. The base stays at the dtype
+    its folder stores (fp32 on a peer without CUDA), or 4-bit with ``LoRA(base_bits=4)``;
+    only the adapters are trained, averaged, sent and exported, and the task's hash
+    covers the base's files, so every peer needs the same folder.
 
     Raises TaskError when transformers or datasets are missing (``pip install
     'ttpeer[hf]'``), ``model`` is not a local folder or config of a decoder-only causal LM
@@ -73,10 +83,13 @@ def hf_causal_lm(
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if limit is not None and block_size > limit:
         raise TaskError(f"hf_causal_lm: block_size {block_size} is longer than the model's {limit} positions")
+    if lora is not None and folder is None:
+        raise TaskError("hf_causal_lm: lora= adapts a trained model, and a config has no weights to keep: give "
+                        "the model's folder (save_pretrained); to train from scratch, leave lora out")
     tok, tok_folder = _tokenizer(tokenizer, folder)
     tok_id = BYTES if tok_folder is None else folder_hash(tok_folder)
     tokens = load_tokens(data, text_field, tok, tok_id, int(config.vocab_size))
-    train, test = split_windows(tokens.ids, block_size, val_fraction, val_windows)
+    train, test = split_windows(tokens.ids, block_size, val_fraction, val_windows, tokens.mask)
     model_hash = folder_hash(folder) if folder is not None else ""
     settings = f"block_size={block_size},text_field={text_field},val_fraction={val_fraction},val_windows={val_windows}"
     data_hash = hashlib.sha256("\n".join([_VERSION_TAG, tokens.sha256, model_hash, tok_id, settings,
@@ -88,13 +101,20 @@ def hf_causal_lm(
         "data_sha256": tokens.sha256, "data_files": str(len(tokens.files)), "documents": str(tokens.documents),
         "tokens": str(len(tokens.ids)), "block_size": str(block_size),
     }
-    return TaskSpec(model=builder(config, folder), train=train, test=test, loss=lm_loss, metric=perplexity,
-                    metric_name="perplexity", batch_size=batch_size, info=info, data_hash=data_hash)
+    if tokens.mask is not None:
+        info.update(rows=tokens.rows, trained_tokens=str(int(tokens.mask.sum())))
+    if lora is not None:
+        info["lora"] = lora.key()
+    return TaskSpec(model=builder(config, folder, lora), lora=lora, train=train, test=test, loss=lm_loss,
+                    metric=perplexity, metric_name="perplexity", batch_size=batch_size, info=info, data_hash=data_hash)
 
 
 def lm_loss(logits: Tensor, target: Tensor) -> Tensor:
-    """Mean cross-entropy per token, in nats."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1).long())
+    """Mean cross-entropy per counted token, in nats: a target of ``IGNORE`` (a chat
+    row's prompt) is not counted; a batch with none counted has loss 0 (and no gradient)."""
+    target = target.reshape(-1).long()
+    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target, ignore_index=IGNORE, reduction="sum")
+    return total / (target != IGNORE).sum().clamp(min=1)
 
 
 def perplexity(logits: Tensor, target: Tensor) -> float:

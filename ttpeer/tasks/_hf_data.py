@@ -29,12 +29,14 @@ from torch import Tensor
 
 from ttpeer.train import TaskError
 
+from ._hf_chat import row_kind, rows, tokenize_rows
 from ._hf_model import offline, visible_files
 
 FORMATS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
            ".parquet": "parquet"}
 BYTES = "bytes"  # the byte-level fallback's name, for ``tokenizer=``
 BYTE_EOT = 0
+IGNORE = -100  # a target the loss does not count (cross_entropy's ignore_index)
 _VERSION_TAG = b"ttpeer-hf-data-v1"
 
 
@@ -46,6 +48,8 @@ class Tokens:
     sha256: str
     files: tuple[Path, ...]
     documents: int
+    mask: Tensor | None = None  # uint8 like ids, 1 where the loss counts the id (chat data); None: all
+    rows: str = "text"  # what a document is: text, or chat rows (_hf_chat: messages, prompt/completion)
 
 
 def data_files(data: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> tuple[str, tuple[Path, ...]]:
@@ -115,11 +119,17 @@ def tokenize(docs: list[str], tokenizer: Any | None, vocab_size: int) -> np.ndar
     encoded = tokenizer(docs, add_special_tokens=False)["input_ids"] if docs else []
     tail = [eot] if eot is not None else []
     ids = np.fromiter((i for doc in encoded for i in (*doc, *tail)), dtype=np.int64)
+    check_vocab(ids, tokenizer, vocab_size)
+    return ids.astype(np.int32)
+
+
+def check_vocab(ids: np.ndarray, tokenizer: Any | None, vocab_size: int) -> None:
+    """Raises TaskError if an id does not fit the model's vocabulary."""
     top = int(ids.max()) if len(ids) else 0
     if top >= vocab_size:
+        need = len(tokenizer) if tokenizer is not None else 256
         raise TaskError(f"hf_causal_lm: the tokenizer gives id {top}, but the model's vocab_size is "
-                        f"{vocab_size}; make vocab_size at least {len(tokenizer)}")
-    return ids.astype(np.int32)
+                        f"{vocab_size}; make vocab_size at least {need}")
 
 
 def load_tokens(data: Any, text_field: str, tokenizer: Any | None, tokenizer_id: str, vocab_size: int) -> Tokens:
@@ -150,30 +160,46 @@ def _cached_tokens(kind: str, stamp: tuple[tuple[Path, int, int], ...], text_fie
     # Cached per process by every file's (path, size, mtime): the peers of a test share a
     # process, and one daemon loads a task several times (submit, prepare, export).
     files = tuple(f for f, _size, _mtime in stamp)
-    docs = documents(kind, files, text_field)
-    ids = tokenize(docs, tokenizer.value, vocab_size)
+    chat = row_kind(files, text_field) if kind == "json" else None
     digest = hashlib.sha256(_VERSION_TAG + b"\0" + tokenizer_id.encode() + b"\0")
-    digest.update(ids.astype("<i4", copy=False).tobytes())
-    return Tokens(torch.from_numpy(ids), digest.hexdigest(), files, len(docs))
+    if chat is None:
+        docs = documents(kind, files, text_field)
+        ids = tokenize(docs, tokenizer.value, vocab_size)
+        digest.update(ids.astype("<i4", copy=False).tobytes())
+        return Tokens(torch.from_numpy(ids), digest.hexdigest(), files, len(docs))
+    found = rows(files, chat)
+    eot = BYTE_EOT if tokenizer.value is None else tokenizer.value.eos_token_id
+    ids, mask = tokenize_rows(found, chat, tokenizer.value, eot)
+    check_vocab(ids, tokenizer.value, vocab_size)
+    digest.update(f"rows={chat}".encode() + b"\0" + ids.astype("<i4", copy=False).tobytes() + mask.tobytes())
+    return Tokens(torch.from_numpy(ids), digest.hexdigest(), files, len(found), torch.from_numpy(mask), chat)
 
 
-def split_windows(ids: Tensor, block: int, val_fraction: float, val_windows: int
+def split_windows(ids: Tensor, block: int, val_fraction: float, val_windows: int, mask: Tensor | None = None
                   ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    """Train and validation ``(x, y)`` windows (views of ``ids``). Raises TaskError when
-    the data is too short for one window on each side."""
-    split = int(len(ids) * (1 - val_fraction))
+    """Train and validation ``(x, y)`` windows (views of ``ids``; with ``mask``, the
+    targets the loss does not count are ``IGNORE``). Raises TaskError when the data is
+    too short for one window on each side."""
+    if mask is not None:
+        ids = torch.stack([ids, torch.where(mask.bool(), ids, torch.full_like(ids, IGNORE))])
+        train, test = split_windows(ids, block, val_fraction, val_windows)
+        return (train[0][0], train[1][1]), (test[0][0], test[1][1])
+    length = ids.shape[-1]
+    split = int(length * (1 - val_fraction))
     need = 2 * (block + 1)
-    if len(ids) - split < block + 1 or split < block + 1:
-        raise TaskError(f"hf_causal_lm: the data is {len(ids)} tokens; block_size {block} with val_fraction "
+    if length - split < block + 1 or split < block + 1:
+        raise TaskError(f"hf_causal_lm: the data is {length} tokens; block_size {block} with val_fraction "
                         f"{val_fraction} needs at least {need} tokens in all and {block + 1} in each part "
                         "(add data, or lower block_size)")
-    return _windows(ids[:split], block, None), _windows(ids[split:], block, val_windows)
+    return _windows(ids[..., :split], block, None), _windows(ids[..., split:], block, val_windows)
 
 
 def _windows(data: Tensor, block: int, count: int | None) -> tuple[Tensor, Tensor]:
-    n = (len(data) - 1) // block
-    x, y = data[: n * block].view(n, block), data[1: n * block + 1].view(n, block)
+    # ``data``: the ids, or (stacked) the ids and the targets: windows of both, cut alike.
+    n = (data.shape[-1] - 1) // block
+    x = data[..., : n * block].unflatten(-1, (n, block))
+    y = data[..., 1: n * block + 1].unflatten(-1, (n, block))
     if count is not None and count < n:
         pick = torch.linspace(0, n - 1, count).long()
-        x, y = x[pick], y[pick]
+        x, y = x[..., pick, :], y[..., pick, :]
     return x, y

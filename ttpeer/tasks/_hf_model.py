@@ -15,15 +15,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
-from ttpeer.train import TaskError
+from ttpeer.train import LoRA, TaskError
+from ttpeer.train import _adapters as adapters
 
 # Read once at import by huggingface_hub, datasets and transformers: set before they load.
 _OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -46,6 +48,7 @@ def hf_modules() -> Any:
         raise TaskError("hf_causal_lm needs the Hugging Face extra: pip install 'ttpeer[hf]' "
                         "(transformers, datasets, safetensors)") from None
     transformers.logging.set_verbosity_error()  # its warnings are not the user's to act on here
+    transformers.logging.disable_progress_bar()  # a bar a load, in a daemon's log
     return transformers
 
 
@@ -83,6 +86,21 @@ class CausalLM(nn.Module):
     def train(self, mode: bool = True) -> CausalLM:
         self.hf.training = mode  # its own flag too: some models branch on it
         return super().train(mode)
+
+    def gradient_checkpointing_enable(self) -> None:
+        """Activation checkpointing, the HF model's own (non-reentrant: it works with a
+        frozen base, whose inputs need no gradient)."""
+        self.hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def with_lora(self, lora: LoRA) -> CausalLM:
+        """This model with ``lora``'s adapters (peft's, ``task_type="CAUSAL_LM"``: so
+        ``all-linear`` leaves the output head out), its state the adapters alone."""
+        with warnings.catch_warnings():  # peft calls transformers' deprecated names: not the user's to act on
+            warnings.simplefilter("ignore", FutureWarning)
+            adapted = adapters.peft_module().get_peft_model(self.hf, lora.peft_config(causal_lm=True))
+        wrapped = CausalLM(adapted)
+        wrapped.__dict__["ttpeer_base_bits"] = lora.base_bits
+        return cast(CausalLM, adapters.freeze_outside_state(wrapped))
 
 
 def tied_aliases(model: nn.Module) -> frozenset[str]:
@@ -166,21 +184,55 @@ def check_causal(config: Any, where: str) -> None:
                         "mistral")
 
 
-def builder(config: Any, folder: Path | None) -> Callable[[], CausalLM]:
+def builder(config: Any, folder: Path | None, lora: LoRA | None = None) -> Callable[[], CausalLM]:
     """``model()`` for the TaskSpec: random weights from the torch generator (which the
     trainer seeds), or the folder's weights. On the meta device (the fit check) it builds
-    from the config: same shapes, no file read."""
+    from the config: same shapes, no file read. Weights are fp32, except a LoRA task's
+    frozen base (``base_dtype``); the adapters themselves are added by ``load_task``
+    (``CausalLM.with_lora``). Raises TaskError for a 4-bit base on a peer that cannot
+    load one."""
 
     def build() -> CausalLM:
         tf = hf_modules()
-        if folder is None or torch.get_default_device().type == "meta":
-            hf = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        meta = torch.get_default_device().type == "meta"
+        dtype = base_dtype(config, lora)
+        if folder is None or meta:
+            hf = tf.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        elif lora is not None and lora.base_bits == 4:
+            hf = _load_4bit(tf, folder, dtype)
         else:
-            hf = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32,
+            hf = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype,
                                                          trust_remote_code=False)
+        if lora is not None:
+            hf.requires_grad_(False)
         return CausalLM(hf)
 
     return build
+
+
+def base_dtype(config: Any, lora: LoRA | None) -> torch.dtype:
+    """The dtype the model's weights are built in: fp32 for full fine-tuning (ttpeer's
+    master weights); for a frozen LoRA base, the dtype the folder stores (its
+    ``config.json``), or fp32 on a peer without CUDA, where bf16 matmuls are slow."""
+    if lora is None or not torch.cuda.is_available():
+        return torch.float32
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(stored, str):
+        stored = getattr(torch, stored, None)
+    return stored if stored in (torch.bfloat16, torch.float16) else torch.float32
+
+
+def _load_4bit(tf: Any, folder: Path, dtype: torch.dtype) -> Any:
+    problem = adapters.qlora_problem("cuda" if torch.cuda.is_available() else "cpu")
+    if problem is not None:
+        raise TaskError(f"hf_causal_lm: {problem}")
+    compute = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    quant = tf.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                  bnb_4bit_compute_dtype=compute)
+    hf = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, quantization_config=quant,
+                                                 dtype=compute, device_map={"": torch.cuda.current_device()},
+                                                 trust_remote_code=False)
+    return adapters.peft_module().prepare_model_for_kbit_training(hf, use_gradient_checkpointing=False)
 
 
 def config_json(config: Any) -> str:

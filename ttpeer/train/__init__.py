@@ -7,6 +7,7 @@ produce and consume. Everything peers must agree on (schedule, decoded deltas,
 outer step, state hash) is deterministic across machines.
 """
 
+from ._adapters import LoRA, parameter_counts, qlora_problem
 from ._bundle import export_ensemble, load_bundle, read_sidecar
 from ._compress import (
     CHUNK_HEADER,
@@ -61,7 +62,7 @@ from ._state import (
     state_to_bytes,
     template,
 )
-from ._tasks import load_task
+from ._tasks import check_model, load_task
 from ._warm import warm_state
 
 __all__ = [
@@ -82,6 +83,7 @@ __all__ = [
     "average_gradients",
     "join_group",
     "split_batches",
+    "LoRA",
     "LoadedTask",
     "LossCurve",
     "LrSchedule",
@@ -94,6 +96,7 @@ __all__ = [
     "TaskSpec",
     "TrainError",
     "check_job",
+    "check_model",
     "combine",
     "data_fingerprint",
     "decode_delta",
@@ -134,7 +137,9 @@ __all__ = [
     "member_steps",
     "memory_need",
     "outer_step",
+    "parameter_counts",
     "probe",
+    "qlora_problem",
     "read_sidecar",
     "shard_first_step",
     "shard_indices",

@@ -61,6 +61,7 @@ def export_ensemble(state: OuterState, task: LoadedTask, members: Sequence[Membe
         "model_sha256": digest,
         "metric_name": metric,
         "metrics": metrics,
+        **({"task_sha256": task.own_hash} if task.own_hash and task.own_hash != task.source_hash else {}),
         "members": [
             {"index": i, "seed": m["seed"], "lr": m["lr"], "weight_decay": m["weight_decay"],
              "steps": member_steps(state, i), "weight": w, metric: round(score, 6), "eval_loss": round(loss, 6),

@@ -53,6 +53,8 @@ def export_model(state: OuterState, task: LoadedTask, out: Path, metrics: dict[s
         "model_sha256": digest,
         "metrics": metrics,
     }
+    if task.own_hash and task.own_hash != task.source_hash:  # the task file's own sha256 (ttpeer.load finds it by)
+        sidecar["task_sha256"] = task.own_hash
     if task.spec.info:
         sidecar["task_info"] = dict(task.spec.info)
     text = json.dumps(sidecar, indent=2, sort_keys=True) + "\n"

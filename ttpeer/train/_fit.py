@@ -50,6 +50,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ttpeer._figures import count as _count
+from ttpeer._figures import size as _size
+
 from ._spec import LoadedTask, fetch_batch
 from ._tasks import check_model
 
@@ -57,6 +60,7 @@ from ._tasks import check_model
 # model (the daemon, a worker with torch loaded, the spare worker) and what torch and the
 # allocator keep beside the tensors counted above.
 RUNTIME = 384 << 20
+NF4_BYTES = 0.516  # a 4-bit weight: 4 bits, and its block's scale (double-quantized, ~0.127 bits)
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class MemoryNeed:
     optimizer: int
     activations: int
     host: int  # the outer copies, fp32 in host memory
+    total_params: int = 0  # trained and frozen (a LoRA base): a count
     runtime: int = 0  # host memory of the processes before any model: torch, the daemon
 
     @property
@@ -103,7 +108,7 @@ def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: 
     if checkpointing and callable(enable):
         enable()
     state = model.state_dict()
-    local = sum(t.numel() * t.element_size() for t in state.values())
+    local = _resident_bytes(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     grads = sum(p.numel() * p.element_size() for p in trainable)
     fp32 = sum(t.numel() * 4 for t in state.values() if t.is_floating_point())
@@ -116,10 +121,26 @@ def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: 
         copies = 2 + 6 * members * held_states + 3 * members + members
         eval_copy = local
     return MemoryNeed(
-        params=sum(p.numel() for p in trainable), model=local, eval_copy=eval_copy, grads=grads,
+        params=sum(p.numel() for p in trainable), total_params=sum(p.numel() for p in model.parameters()),
+        model=local, eval_copy=eval_copy, grads=grads,
         optimizer=2 * grads, activations=_activations(model, task, batch_size, fallback=local),
         host=copies * fp32, runtime=RUNTIME,
     )
+
+
+def _resident_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers on the device, each tensor once: the
+    trained ones and, for adapters, the frozen base at its dtype (a 4-bit QLoRA base,
+    built here at its compute dtype, counts NF4's 4 bits and its scales for the weights
+    of its linear layers, as ``bitsandbytes`` stores them; the output head stays)."""
+    four_bit = getattr(model, "ttpeer_base_bits", 16) == 4
+    head = getattr(getattr(model, "hf", None), "get_output_embeddings", lambda: None)()
+    quantized = {id(m.weight) for m in model.modules() if four_bit and isinstance(m, nn.Linear)
+                 and m is not head and not m.weight.requires_grad}
+    total = 0
+    for t in {id(t): t for t in (*model.parameters(), *model.buffers())}.values():
+        total += t.numel() * NF4_BYTES if id(t) in quantized else t.numel() * t.element_size()
+    return int(total)
 
 
 def warm_up() -> None:
@@ -185,8 +206,11 @@ def fit_problem(need: MemoryNeed, *, device: str, device_free: int, host_free: i
     ``limited``: ``device_free`` is the ``memory_limit`` setting, not what is free;
     ``micro_batch``: ``need`` counts the activations of micro-batches of that many samples."""
     on_cpu = not device.startswith(("cuda", "mps", "xpu"))
-    per_param_device = (need.model + need.eval_copy + need.grads + need.optimizer) / max(need.params, 1)
-    per_param_host = need.host / max(need.params, 1)
+    # Per parameter of the whole model (a LoRA base's frozen ones too): what a model of
+    # another size, adapted the same way, would need.
+    count = max(need.total_params, need.params, 1)
+    per_param_device = (need.model + need.eval_copy + need.grads + need.optimizer) / count
+    per_param_host = need.host / count
     if on_cpu:
         if need.total <= device_free:
             return None
@@ -210,7 +234,9 @@ def fit_problem(need: MemoryNeed, *, device: str, device_free: int, host_free: i
         fits = (f"no model fits here: the activations of one micro-batch of {micro_batch} alone need "
                 f"about {_size(need.activations)}")
     setting = " (its memory_limit setting)" if limited else ""
-    message = (f"training this model ({_count(need.params)} parameters) needs about {_size(short)} of {where} "
+    what = (f"adapters of {_count(need.params)} parameters over this frozen {_count(need.total_params)}-parameter "
+            "model" if need.total_params > need.params else f"this model ({_count(need.params)} parameters)")
+    message = (f"training {what} needs about {_size(short)} of {where} "
                f"(weights, gradients, AdamW state, outer copies and activations) and this peer has "
                f"{_size(have)}{setting}; ttpeer does not split one model across machines, so this peer "
                f"declines the job; {fits}")
@@ -244,6 +270,9 @@ def fit_batch(task: LoadedTask, *, batch_size: int, forced: int | None = None, d
     if misfit is not None and size < batch_size:
         what = "the forced --micro-batch of" if forced is not None else "micro-batches down to"
         misfit = replace(misfit, message=f"{misfit.message} ({what} {size} sample{'s' * (size > 1)} tried)")
+    if misfit is not None and task.spec.lora is None and task.spec.info.get("hf") == "causal_lm":
+        misfit = replace(misfit, message=f"{misfit.message}; to fine-tune it on this peer, train adapters over "
+                                         "the frozen model: hf_causal_lm(..., lora=LoRA()) needs a fraction of this")
     return BatchFit(size, needed, misfit)
 
 
@@ -252,18 +281,3 @@ def _halvings(batch_size: int) -> list[int]:
     while sizes[-1] > 1:
         sizes.append(-(-sizes[-1] // 2))
     return sizes
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def _count(n: int) -> str:
-    for unit, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= scale:
-            return f"{n / scale:.1f}{unit}"
-    return str(n)

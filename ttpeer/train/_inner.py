@@ -246,7 +246,8 @@ class InnerTrainer:
         try:
             with torch.device("meta"):
                 model = self.task.spec.model()
-            model = model.to_empty(device=self.device)
+            _share_frozen(model, self.model)
+            _materialize(model, self.device)
         except Exception:  # noqa: BLE001 - a task's model that cannot be built on meta: copy ours
             return copy.deepcopy(self.model)
         _tie_like(model, self.model)
@@ -260,6 +261,28 @@ class InnerTrainer:
     def _new_optimizer(self) -> torch.optim.Optimizer:
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         return torch.optim.AdamW(trainable, lr=self._lr, weight_decay=self._weight_decay)
+
+
+def _share_frozen(model: nn.Module, like: nn.Module) -> None:
+    """Gives ``model`` (on meta) ``like``'s frozen parameters themselves: a LoRA base is
+    read, never written, so an evaluation model shares it instead of holding a copy."""
+    frozen = {n: p for n, p in like.named_parameters() if not p.requires_grad}
+    for name, param in list(model.named_parameters()):
+        if name in frozen and not param.requires_grad and frozen[name].shape == param.shape:
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner) if owner else model, attr, frozen[name])
+
+
+def _materialize(model: nn.Module, device: torch.device) -> None:
+    """``to_empty`` for the tensors still on meta only (shared ones stay as they are)."""
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None and param.is_meta:
+                module._parameters[name] = nn.Parameter(torch.empty_like(param, device=device),
+                                                        requires_grad=param.requires_grad)
+        for name, buf in list(module._buffers.items()):
+            if buf is not None and buf.is_meta:
+                module._buffers[name] = torch.empty_like(buf, device=device)
 
 
 def _tie_like(model: nn.Module, like: nn.Module) -> None:

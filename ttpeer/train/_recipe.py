@@ -62,6 +62,9 @@ def check_job(task: LoadedTask, job: Mapping[str, Any]) -> None:
                           job.get("outer_final_lr_ratio", 0.0))
     if problem is not None:
         raise TaskError(problem)
+    if task.spec.lora is not None and job.get("mode") == "ensemble":
+        raise TaskError(f"task {task.name} trains LoRA adapters over a frozen base: that is a fused job (--mode "
+                        "fused); an ensemble's members would each hold their own copy of the base")
     if job.get("checkpointing"):
         model = check_model(task.spec, f"task {task.name}")
         if not callable(getattr(model, "gradient_checkpointing_enable", None)):

@@ -14,6 +14,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
+from ._adapters import LoRA
+
 DataSource = Dataset | tuple[Tensor, Tensor]
 
 
@@ -30,8 +32,9 @@ class TaskSpec:
     (e.g. the hash of a corpus), strings only; the export sidecar records it.
     ``data_hash`` (hex) names what the task reads besides its own file (data files,
     a model folder): ``load_task`` folds it into the task's hash, so peers whose
-    files differ decline the job as a different task. Nothing is checked here;
-    ``load_task`` checks.
+    files differ decline the job as a different task. ``lora``: train low-rank adapters
+    over the frozen model instead of all its parameters (``LoRA``); the adapters alone
+    are then the job's state. Nothing is checked here; ``load_task`` checks.
     """
 
     model: Callable[[], torch.nn.Module]
@@ -43,6 +46,7 @@ class TaskSpec:
     batch_size: int = 64
     info: Mapping[str, str] = field(default_factory=dict)
     data_hash: str = ""
+    lora: LoRA | None = None
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,8 @@ class LoadedTask:
     ``source_hash`` is the sha256 hex digest of the task file's bytes, with the
     spec's ``data_hash`` folded in when it has one (or, for a built-in task, of
     its data and model version); peers compare it
-    to make sure they train the same thing. ``slowdown`` makes each training
+    to make sure they train the same thing (``own_hash``: the file's or built-in's
+    alone, the name a task file is kept under). ``slowdown`` makes each training
     batch take ``1 + slowdown`` times as long, for benchmarks of slow peers;
     ``step_s`` makes each last at least that many seconds (emulated compute).
     """
@@ -68,6 +73,7 @@ class LoadedTask:
     batch_size: int
     slowdown: float = 0.0
     step_s: float = 0.0
+    own_hash: str = ""  # source_hash before the spec's data_hash and lora are folded in
 
 
 def fetch_batch(dataset: Dataset, indices: Sequence[int]) -> tuple[Tensor, Tensor]:

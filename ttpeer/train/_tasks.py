@@ -18,7 +18,7 @@ import math
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
+from ._adapters import LoRA, adapted
 from ._charlm import charlm_task
 from ._errors import DatasetMissing, TaskError
 from ._failure import one_line, register_task_file, where_in_task
@@ -191,15 +192,22 @@ def _validate(spec: TaskSpec, *, name: str, origin: str, source_hash: str,
         raise TaskError(f"{origin}: info must be a dict of strings to strings")
     if not isinstance(spec.data_hash, str) or spec.data_hash.strip("0123456789abcdef"):
         raise TaskError(f"{origin}: data_hash must be a lower-case hex string, got {spec.data_hash!r}")
+    own_hash = source_hash
     if spec.data_hash:  # the files it reads are part of the task, as charlm's corpus is
         source_hash = hashlib.sha256(f"{source_hash}\n{spec.data_hash}".encode()).hexdigest()
+    if spec.lora is not None:
+        if not isinstance(spec.lora, LoRA):
+            raise TaskError(f"{origin}: lora must be a ttpeer.train.LoRA, got {type(spec.lora).__name__}")
+        spec.lora.check(origin)
+        source_hash = hashlib.sha256(f"{source_hash}\n{spec.lora.key()}".encode()).hexdigest()
+        spec = replace(spec, model=adapted(spec.model, spec.lora, origin))
     train = _as_dataset(spec.train, "train", origin)
     test = _as_dataset(spec.test, "test", origin)
     check_model(spec, origin)
     return LoadedTask(name=name, spec=spec, train=train, test=test,
                       n_train=len(train),  # type: ignore[arg-type]
                       n_test=len(test),  # type: ignore[arg-type]
-                      source_hash=source_hash,
+                      source_hash=source_hash, own_hash=own_hash,
                       metric_name=spec.metric_name, batch_size=spec.batch_size,
                       slowdown=slowdown, step_s=step_s)
 
@@ -249,6 +257,8 @@ def check_model(spec: TaskSpec, origin: str) -> nn.Module:
         try:
             with torch.device("meta"):
                 model = spec.model()
+        except TaskError:
+            raise  # what the task's own checks refuse: building on the CPU would refuse it too
         except Exception:
             try:
                 model = spec.model()
