@@ -15,6 +15,7 @@ from ttpeer._parser import chunk_of, slice_bits_of
 from ttpeer.errors import UsageError
 from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN, outer_settings
 
+ADAPTER_FILE = "adapter_model.safetensors"  # what peft's save_pretrained writes
 MAX_STEP_TIMEOUT = 7 * 86400.0  # the job record's bound
 AUTO_FIRST = 25  # an auto-cadence job's first rounds' size (and its budget's unit)
 # A fused job's outer step is picked by each close (proto/_outer.py) unless the user gives one;
@@ -143,10 +144,15 @@ def recipe_fields(args: argparse.Namespace, home: Any) -> dict[str, Any]:
         # The daemon reads the file (it runs on this machine): ``init`` names it until the
         # daemon replaces it with the initial state's hash.
         path = Path(args.init)
-        if not path.is_file() and not args.init.endswith(".safetensors"):
+        if path.is_dir():  # a peft adapter folder ('ttpeer export --format peft', or any peft save)
+            path = path / ADAPTER_FILE
+            if not path.is_file():
+                raise UsageError(f"--init {args.init} is a folder without {ADAPTER_FILE}: give a peft adapter "
+                                 "folder, a .safetensors file or a finished job's id")
+        elif not path.is_file() and not args.init.endswith(".safetensors"):
             if not re.fullmatch(r"[0-9a-fA-F]{4,64}", args.init):
                 raise UsageError(f"--init {args.init}: no such file, and not a job id; give a .safetensors "
-                                 "file or a finished job's id (see 'ttpeer status')")
+                                 "file, a peft adapter folder or a finished job's id (see 'ttpeer status')")
             path = finished_folder(home, args.init, "--init") / "final.safetensors"
         out["init"] = str(path.absolute())
     return out

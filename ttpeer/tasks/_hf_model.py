@@ -90,7 +90,11 @@ class CausalLM(nn.Module):
     def gradient_checkpointing_enable(self) -> None:
         """Activation checkpointing, the HF model's own (non-reentrant: it works with a
         frozen base, whose inputs need no gradient)."""
-        self.hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        if callable(getattr(self.hf, "activation_checkpointing_enable", None)):  # transformers >= 5.x
+            self.hf.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            self.hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
     def with_lora(self, lora: LoRA) -> CausalLM:
         """This model with ``lora``'s adapters (peft's, ``task_type="CAUSAL_LM"``: so

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from ._errors import TaskError
@@ -139,6 +140,24 @@ def adapted(build: Callable[[], nn.Module], lora: LoRA, where: str) -> Callable[
         return result
 
     return build_adapted
+
+
+def fresh_adapters(build: Callable[[], nn.Module]) -> nn.Module:
+    """An adapted model whose adapters are initialised on the CPU (peft's own init: A
+    uniform, B zero) from the torch generator, and whose frozen base stays on the meta
+    device: the job's initial state without reading, or holding, the base's weights."""
+    with torch.device("meta"):
+        model = build()
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None and param.is_meta and param.requires_grad:
+                module._parameters[name] = nn.Parameter(torch.empty_like(param, device="cpu"))
+    for module in model.modules():
+        reset = getattr(module, "reset_lora_parameters", None)
+        if callable(reset):
+            for adapter in getattr(module, "lora_A", {}):
+                reset(adapter, True)
+    return model
 
 
 def freeze_outside_state(model: nn.Module) -> nn.Module:

@@ -36,9 +36,9 @@ holds at its peak:
 
 Activations are measured by running one batch through the model on torch's
 meta device (no memory is allocated) and adding up the tensors autograd saves
-for the backward pass, plus the output and its gradient. That overcounts a
-little (weights saved for backward are counted again) and misses what a
-kernel allocates as scratch, so it is an estimate, not a promise.
+for the backward pass (but the model's own weights, and views of them), plus the
+output and its gradient. That misses what a kernel allocates as scratch and counts
+a tensor saved twice twice, so it is an estimate, not a promise.
 """
 
 from __future__ import annotations
@@ -172,10 +172,14 @@ def _activations(model: nn.Module, task: LoadedTask, batch_size: int, *, fallbac
     if not any(p.is_meta for p in model.parameters()):
         return fallback
     saved = 0
+    weights = {id(p) for p in model.parameters()}
 
     def pack(t: Tensor) -> Tensor:
         nonlocal saved
-        saved += t.numel() * t.element_size()
+        # A weight autograd keeps (a frozen base's for its input's gradient) is the model's
+        # memory, counted already; a view of one (a transposed weight) is too.
+        if id(t) not in weights and id(t._base) not in weights:
+            saved += t.numel() * t.element_size()
         return t
 
     x, y = fetch_batch(task.train, [i % task.n_train for i in range(batch_size)])
@@ -270,7 +274,11 @@ def fit_batch(task: LoadedTask, *, batch_size: int, forced: int | None = None, d
     if misfit is not None and size < batch_size:
         what = "the forced --micro-batch of" if forced is not None else "micro-batches down to"
         misfit = replace(misfit, message=f"{misfit.message} ({what} {size} sample{'s' * (size > 1)} tried)")
-    if misfit is not None and task.spec.lora is None and task.spec.info.get("hf") == "causal_lm":
+    hf = task.spec.info.get("hf") == "causal_lm"
+    if misfit is not None and hf and not need.get("checkpointing"):
+        misfit = replace(misfit, message=f"{misfit.message}; --checkpointing (activation checkpointing) keeps "
+                                         "a fraction of the activations")
+    if misfit is not None and hf and task.spec.lora is None:
         misfit = replace(misfit, message=f"{misfit.message}; to fine-tune it on this peer, train adapters over "
                                          "the frozen model: hf_causal_lm(..., lora=LoRA()) needs a fraction of this")
     return BatchFit(size, needed, misfit)

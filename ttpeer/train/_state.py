@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ._adapters import fresh_adapters
 from ._errors import CheckpointError
 from ._spec import LoadedTask
 
@@ -78,7 +79,8 @@ def init_state(task: LoadedTask, seed: int) -> OuterState:
     """
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)
-        model = task.spec.model()
+        # Adapters over a frozen base: the state is the adapters, made without the base.
+        model = task.spec.model() if task.spec.lora is None else fresh_adapters(task.spec.model)
     params = floating_state(model)
     return OuterState(params=params, momentum={k: torch.zeros_like(v) for k, v in params.items()})
 

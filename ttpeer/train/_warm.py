@@ -2,9 +2,11 @@
 
 The file is an export of this project (``ttpeer export``, or a finished job's
 ``final.safetensors``) or any state dict saved with safetensors whose tensors match
-the task's model. The result is an ``OuterState`` like ``init_state``'s (fp32, zero
-outer momentum), so nothing downstream knows the difference: the submitter seals it
-as the job's ``init_blob`` and every peer starts from its hash.
+the task's model; for a LoRA task, also a peft adapter file (``adapter_model.safetensors``,
+as ``export --format peft`` or any peft ``save_pretrained`` writes it). The result is an
+``OuterState`` like ``init_state``'s (fp32, zero outer momentum), so nothing downstream
+knows the difference: the submitter seals it as the job's ``init_blob`` and every peer
+starts from its hash.
 
 Checks, in the model's own ``state_dict()`` order, each naming the first offending
 tensor: every floating tensor of the model is in the file, with its shape; no
@@ -49,6 +51,8 @@ def warm_state(task: LoadedTask, path: Path) -> OuterState:
     model = check_model(task.spec, f"task {task.name}")
     everything = model.state_dict()
     expected = {n: t for n, t in everything.items() if t.is_floating_point()}
+    if task.spec.lora is not None and not expected.keys() & tensors.keys():
+        tensors = _adapter_names(tensors)
     where = f"--init {path.name} does not match task {task.name}'s model"
     for name, want in expected.items():
         got = tensors.get(name)
@@ -66,6 +70,19 @@ def warm_state(task: LoadedTask, path: Path) -> OuterState:
         raise CheckpointError(f"{where}: it has a tensor {extra!r} that the model does not have")
     params = {name: tensors[name].to(torch.float32).contiguous() for name in expected}
     return OuterState(params=params, momentum={k: torch.zeros_like(v) for k, v in params.items()})
+
+
+def _adapter_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A peft adapter file's tensors under the names a LoRA task's state gives them: peft
+    saves ``...q_proj.lora_A.weight``, the live model (one adapter, ``default``) holds
+    ``...q_proj.lora_A.default.weight``."""
+    renamed = {}
+    for name, tensor in tensors.items():
+        for part in (".lora_A.", ".lora_B."):
+            if part in name and f"{part}default." not in name:
+                name = name.replace(part, f"{part}default.")
+        renamed[name] = tensor
+    return renamed
 
 
 def _dtype(dtype: torch.dtype) -> str:
