@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 from ttpeer._behind import behind_lines
-from ttpeer._figures import size as _size
 from ttpeer.errors import JobError, UsageError
+from ttpeer.proto import size_text as _size
 
 
 def _status_obj(home: Any) -> dict[str, Any]:

@@ -10,10 +10,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ttpeer._figures import count
 from ttpeer._parser import chunk_of, slice_bits_of
 from ttpeer.errors import UsageError
 from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN, outer_settings
+from ttpeer.proto import count_text as count
 
 ADAPTER_FILE = "adapter_model.safetensors"  # what peft's save_pretrained writes
 MAX_STEP_TIMEOUT = 7 * 86400.0  # the job record's bound

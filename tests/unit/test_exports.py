@@ -22,8 +22,8 @@ SURFACES: dict[str, set[str]] = {
         'Aggregate', 'Apply', 'DEFAULT_H_MAX', 'DEFAULT_H_MIN', 'Plan', 'steps_for',
         # the outer step a round's close picks (outer_auto jobs)
         'Outer', 'close_outer', 'outer_settings',
-        # a debug log's line for an effect
-        'describe_effect',
+        # a debug log's line for an effect; numbers as a person reads them
+        'describe_effect', 'count_text', 'size_text',
         'Broadcast', 'Cancel', 'Chain', 'DECLINE_CODES', 'Effect', 'Ended',
         'FetchState', 'JobDone', 'MAX_KEEP', 'MAX_RECORD_BYTES', 'Member', 'PRECISION_CODES', 'PeerMachine',
         'Persist', 'PrepareJob', 'ProofError', 'PublishCheckpoint', 'PublishDelta', 'RETRY_AFTER', 'Record',

@@ -45,6 +45,8 @@ from ._effects import (
 )
 from ._ensemble import member_variants
 from ._errors import DatasetMissing, ProofError, RecordError, RevokeError, TtpeerError
+from ._figures import count as count_text
+from ._figures import size as size_text
 from ._jobspec import JobSpec
 from ._keyring import (
     EXPIRY_GRACE,
@@ -118,6 +120,9 @@ __all__ = [
     "close_outer",
     "outer_settings",
     "describe_effect",
+    # numbers as a person reads them (every message: proto's, train's, the commands')
+    "count_text",
+    "size_text",
     "Aggregate",
     "Apply",
     "Broadcast",

@@ -44,12 +44,12 @@ def row_kind(files: Sequence[Path], text_field: str) -> str | None:
 
 def _first_row(path: Path) -> Any:
     with open(path, encoding="utf-8") as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             if line.strip():
                 try:
                     return json.loads(line)
-                except ValueError:
-                    return None  # datasets says what is wrong with it
+                except ValueError as exc:
+                    raise TaskError(f"hf_causal_lm: {path}:{number}: not a JSON object: {exc}") from None
     return None
 
 

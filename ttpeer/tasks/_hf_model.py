@@ -24,8 +24,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from ttpeer.train import LoRA, TaskError
-from ttpeer.train import _adapters as adapters
+from ttpeer.train import LoRA, TaskError, freeze_outside_state, peft_module, qlora_problem
 
 # Read once at import by huggingface_hub, datasets and transformers: set before they load.
 _OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -101,10 +100,10 @@ class CausalLM(nn.Module):
         ``all-linear`` leaves the output head out), its state the adapters alone."""
         with warnings.catch_warnings():  # peft calls transformers' deprecated names: not the user's to act on
             warnings.simplefilter("ignore", FutureWarning)
-            adapted = adapters.peft_module().get_peft_model(self.hf, lora.peft_config(causal_lm=True))
+            adapted = peft_module().get_peft_model(self.hf, lora.peft_config(causal_lm=True))
         wrapped = CausalLM(adapted)
         wrapped.__dict__["ttpeer_base_bits"] = lora.base_bits
-        return cast(CausalLM, adapters.freeze_outside_state(wrapped))
+        return cast(CausalLM, freeze_outside_state(wrapped))
 
 
 def tied_aliases(model: nn.Module) -> frozenset[str]:
@@ -227,7 +226,7 @@ def base_dtype(config: Any, lora: LoRA | None) -> torch.dtype:
 
 
 def _load_4bit(tf: Any, folder: Path, dtype: torch.dtype) -> Any:
-    problem = adapters.qlora_problem("cuda" if torch.cuda.is_available() else "cpu")
+    problem = qlora_problem("cuda" if torch.cuda.is_available() else "cpu")
     if problem is not None:
         raise TaskError(f"hf_causal_lm: {problem}")
     compute = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -236,7 +235,7 @@ def _load_4bit(tf: Any, folder: Path, dtype: torch.dtype) -> Any:
     hf = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, quantization_config=quant,
                                                  dtype=compute, device_map={"": torch.cuda.current_device()},
                                                  trust_remote_code=False)
-    return adapters.peft_module().prepare_model_for_kbit_training(hf, use_gradient_checkpointing=False)
+    return peft_module().prepare_model_for_kbit_training(hf, use_gradient_checkpointing=False)
 
 
 def config_json(config: Any) -> str:

@@ -7,7 +7,7 @@ produce and consume. Everything peers must agree on (schedule, decoded deltas,
 outer step, state hash) is deterministic across machines.
 """
 
-from ._adapters import LoRA, parameter_counts, qlora_problem
+from ._adapters import LoRA, freeze_outside_state, parameter_counts, peft_module, qlora_problem
 from ._bundle import export_ensemble, load_bundle, read_sidecar
 from ._compress import (
     CHUNK_HEADER,
@@ -123,6 +123,7 @@ __all__ = [
     "export_ensemble",
     "export_model",
     "fit_batch",
+    "freeze_outside_state",
     "fit_problem",
     "fp32_size",
     "init_ensemble",
@@ -138,6 +139,7 @@ __all__ = [
     "memory_need",
     "outer_step",
     "parameter_counts",
+    "peft_module",
     "probe",
     "qlora_problem",
     "read_sidecar",

@@ -12,6 +12,7 @@ and each holds a base it loaded itself.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +49,7 @@ class LoRA:
         """Raises TaskError naming ``where`` for a setting out of range."""
         if isinstance(self.r, bool) or not isinstance(self.r, int) or not 1 <= self.r <= 4096:
             raise TaskError(f"{where}: LoRA r must be an int from 1 to 4096, got {self.r!r}")
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float) or not self.alpha > 0:
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float) or not 0 < self.alpha < math.inf:
             raise TaskError(f"{where}: LoRA alpha must be a positive number, got {self.alpha!r}")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, int | float) \
                 or not 0 <= self.dropout < 1:
@@ -62,8 +63,12 @@ class LoRA:
                             f"got {self.base_bits!r}")
 
     def targets(self) -> str | list[str]:
+        """``"all-linear"``, or the module names (one name given as a string is a list of it:
+        peft would read a string as a pattern over whole dotted paths)."""
         t = self.target_modules
-        return t if isinstance(t, str) else list(t)
+        if isinstance(t, str):
+            return t if t == ALL_LINEAR else [t]
+        return list(t)
 
     def key(self) -> str:
         """The settings as canonical JSON: part of the task's hash (peers must train the
@@ -136,7 +141,9 @@ def adapted(build: Callable[[], nn.Module], lora: LoRA, where: str) -> Callable[
         except TaskError:
             raise
         except (ValueError, TypeError, KeyError) as exc:  # peft's NoMatchingPeftModuleError is a ValueError
-            raise TaskError(f"{where}: LoRA target_modules {lora.target_modules!r}: {exc}") from None
+            said = " ".join(str(exc).split())  # peft's text may hold a module's whole repr: one line, cut
+            said = said if len(said) <= 200 else said[:200] + "..."
+            raise TaskError(f"{where}: LoRA target_modules {lora.target_modules!r}: {said}") from None
         return result
 
     return build_adapted

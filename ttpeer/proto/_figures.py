@@ -1,4 +1,5 @@
-"""Numbers as a person reads them, for every message and table (torch-free)."""
+"""Numbers as a person reads them, for every message and table (pure: proto and train both
+print them)."""
 
 from __future__ import annotations
 
