@@ -17,6 +17,7 @@ Nothing needs the daemon: the job and its files are read from the home.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import shutil
@@ -26,6 +27,30 @@ from typing import Any
 from ttpeer.errors import JobError, UsageError
 
 SUFFIX = ".safetensors"
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``ttpeer export``'s arguments."""
+    e = sub.add_parser("export", parents=[common], help="write a finished job's model as safetensors")
+    e.add_argument("job", help="job id or a unique prefix")
+    e.add_argument("out", type=Path, help="output file (.safetensors is added if missing); its .json sidecar "
+                   "and, for a task-file job, its task file (.task.py) are written beside it; with --format hf "
+                   "or peft, a new folder")
+    e.add_argument("--format", choices=["safetensors", "hf", "peft"], default="safetensors",
+                   help="hf: a Hugging Face save_pretrained folder (config, safetensors weights, the tokenizer) that "
+                   "transformers loads; peft: a LoRA job's adapters, a folder peft.PeftModel.from_pretrained loads "
+                   "over the base; for tasks built with ttpeer.tasks.hf_causal_lm")
+    e.add_argument("--merge", action="store_true",
+                   help="with --format hf, for a LoRA job: the adapters merged into the base, one plain model")
+
+
+def run(args: argparse.Namespace, home: Any) -> int:
+    """``ttpeer export``. Raises ``UsageError`` for --merge without --format hf."""
+    if args.merge and args.format != "hf":
+        raise UsageError("--merge goes with --format hf (the adapters merged into the base model)")
+    if args.format in ("hf", "peft"):
+        return export_hf(home, args.job, args.out, fmt=args.format, merge=args.merge)
+    return export(home, args.job, args.out)
 
 
 def model_path(out: Path) -> Path:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ttpeer._behind import behind_lines
 from ttpeer.errors import JobError, UsageError
+from ttpeer.proto import count_text
 from ttpeer.proto import size_text as _size
 
 
@@ -71,6 +72,8 @@ def status(args: argparse.Namespace, home: Any) -> int:
               f"{of}{size}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
         if job.get("phase"):
             print(f"    preparing here: {job['phase']}")
+        if job.get("params") and job["trainable"] < job["params"]:
+            print(f"    adapters: {trainable_line(job['trainable'], job['params'])}")
         if job.get("exchange"):
             print(f"    {exchange_line(job['exchange'])}")
         checks = spot_check_line(job.get("spot_checks"))
@@ -117,6 +120,13 @@ def status(args: argparse.Namespace, home: Any) -> int:
             restarts = f", restarted {w['deaths']}x" if w["deaths"] else ""
             print(f"    worker {w['rank']}: pid {w['pid']} on {w['device']}{restarts}")
     return 0
+
+
+def trainable_line(trainable: int, params: int) -> str:
+    """``trainable 42.0M of 7.6B parameters (0.55%)``, or the count when all of them train."""
+    if trainable >= params:
+        return f"trains all {count_text(params)} parameters of the model"
+    return f"trainable {count_text(trainable)} of {count_text(params)} parameters ({100 * trainable / params:.2f}%)"
 
 
 def exchange_line(ex: dict[str, Any]) -> str:

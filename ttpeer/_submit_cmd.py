@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from ttpeer._parser import chunk_of, slice_bits_of
+from ttpeer._status_cmds import trainable_line
 from ttpeer.errors import UsageError
 from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN, outer_settings
-from ttpeer.proto import count_text as count
 
 ADAPTER_FILE = "adapter_model.safetensors"  # what peft's save_pretrained writes
 MAX_STEP_TIMEOUT = 7 * 86400.0  # the job record's bound
@@ -78,13 +78,6 @@ def submit(args: argparse.Namespace, home: Any) -> int:
         print(trainable_line(reply["trainable"], reply["params"]))
     print(reply["job"])
     return 0
-
-
-def trainable_line(trainable: int, params: int) -> str:
-    """``trainable 42.0M of 7.6B parameters (0.55%)``, or the count when all of them train."""
-    if trainable >= params:
-        return f"trains all {count(params)} parameters of the model"
-    return f"trainable {count(trainable)} of {count(params)} parameters ({100 * trainable / params:.2f}%)"
 
 
 def cadence_defaults(args: argparse.Namespace) -> bool:

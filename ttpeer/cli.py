@@ -238,18 +238,6 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("job", help="job id or a unique prefix")
     w.add_argument("--timeout", type=_duration, default=None, help="give up after this long (exit 2)")
 
-    e = sub.add_parser("export", parents=[common], help="write a finished job's model as safetensors")
-    e.add_argument("job", help="job id or a unique prefix")
-    e.add_argument("out", type=Path, help="output file (.safetensors is added if missing); its .json sidecar "
-                   "and, for a task-file job, its task file (.task.py) are written beside it; with --format hf, "
-                   "a new folder")
-    e.add_argument("--format", choices=["safetensors", "hf", "peft"], default="safetensors",
-                   help="hf: a Hugging Face save_pretrained folder (config, safetensors weights, the tokenizer) that "
-                   "transformers loads; peft: a LoRA job's adapters, a folder peft.PeftModel.from_pretrained loads "
-                   "over the base; for tasks built with ttpeer.tasks.hf_causal_lm")
-    e.add_argument("--merge", action="store_true",
-                   help="with --format hf, for a LoRA job: the adapters merged into the base, one plain model")
-
     pr = sub.add_parser("predict", parents=[common], help="print a model's predictions for an input file")
     pr.add_argument("bundle", type=Path, help="a file 'ttpeer export' wrote (fused model or ensemble bundle)")
     pr.add_argument("input", type=Path, help="inputs, one per row: .npy, or text (comma or whitespace separated)")
@@ -264,8 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     from ttpeer._advise_cmd import add_parser as add_advise
     from ttpeer._commands import add_commands
     from ttpeer._data_cmds import add_parser as add_data
+    from ttpeer._export import add_parser as add_export
 
     add_commands(sub, common)
+    add_export(sub, common)
     add_advise(sub, common)
     add_data(sub, common)
     return p
@@ -581,13 +571,9 @@ _WORKERS_HELP = ("worker processes that train each job's shards together, one pe
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ttpeer._export import export, export_hf
+    from ttpeer._export import run
 
-    if args.merge and args.format != "hf":
-        raise UsageError("--merge goes with --format hf (the adapters merged into the base model)")
-    if args.format in ("hf", "peft"):
-        return export_hf(_home(args), args.job, args.out, fmt=args.format, merge=args.merge)
-    return export(_home(args), args.job, args.out)
+    return run(args, _home(args))
 
 
 # Each command's handler, by its name in build_parser; each imports what it needs when run,

@@ -32,6 +32,7 @@ def task():
 """
 # In a fresh process: the base from its folder, the adapters through peft alone.
 PEFT_LOGITS = """import sys, torch, peft, transformers
+torch.set_num_threads(1)  # as below: one thread sums in one order, so the logits can be equal bit for bit
 base = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
 model = peft.PeftModel.from_pretrained(base, sys.argv[2]).eval()
 ids = torch.tensor([[2, 5, 9, 4, 7, 3, 8, 2, 6, 10]])
@@ -55,6 +56,7 @@ def test_three_daemons_fine_tune_lora_adapters_on_chat_rows_and_export_them_for_
         job = lines[-1]
         wait_for(lambda: job_finished(homes, job), 180, "the three peers to finish the job", poll=0.25)
         history = job_of(homes[0], job)["history"]
+        shown = ttpeer("status", "--home", str(homes[2]))  # a peer that did not submit
         hashes = [ttpeer("export", job, str(h / "adapters.safetensors"), "--home", str(h))[-1] for h in homes]
         peft_out, merged_out = tmp_path / "peft", tmp_path / "merged"
         peft_lines = ttpeer("export", job, str(peft_out), "--format", "peft", "--home", str(homes[0]))
@@ -63,6 +65,7 @@ def test_three_daemons_fine_tune_lora_adapters_on_chat_rows_and_export_them_for_
         cluster.close()
     # The submitter says how little trains: 2 layers x 7 linear layers x r (in + out).
     assert any(line.startswith("trainable ") and "parameters (" in line for line in lines), lines
+    assert any(line.strip().startswith("adapters: trainable ") for line in shown), shown
     assert len(history) == ROUNDS and all(row["peers"] for row in history)
     assert len(set(hashes)) == 1  # the adapters, bit-identical on every peer
     from safetensors.torch import load_file
@@ -76,8 +79,13 @@ def test_three_daemons_fine_tune_lora_adapters_on_chat_rows_and_export_them_for_
 
     ids = torch.tensor([[2, 5, 9, 4, 7, 3, 8, 2, 6, 10]])
     ours = load(homes[0] / "adapters.safetensors", home=homes[0])
-    with torch.no_grad():
-        want = ours(ids)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            want = ours(ids)
+    finally:
+        torch.set_num_threads(threads)
     subprocess.run([sys.executable, "-c", PEFT_LOGITS, str(base), str(peft_out), str(tmp_path / "peft.pt")],
                    check=True, timeout=120)
     assert torch.equal(torch.load(tmp_path / "peft.pt"), want)

@@ -275,6 +275,8 @@ def snapshot(node: NodeView) -> dict[str, Any]:
             "shards_total": job["shards"], "lease_s": job["lease"],
             "eval_loss": last.get("eval_loss"), "eval_metric": last.get(metric_name),
             "metric_name": metric_name,
+            # The model's parameters, and how many train (fewer with LoRA adapters); None: an older job.
+            "params": job.body.get("params"), "trainable": job.body.get("trainable"),
             "bytes_sent": node.bytes_sent, "bytes_received": node.bytes_received,
             "compression_ratio": ratio, "declined": m.declined.get(job.id),
             "state_hash": chain.head,

@@ -226,10 +226,8 @@ class TorchExecutor:
                      "data": train.data_fingerprint(task), "params": params, "trainable": trainable}
             if spec["mode"] == "ensemble" and (holdout := train.holdout_size(task.n_train)):
                 fixed["holdout"] = holdout
-            if datasets.used:
-                fixed["datasets"] = dict(datasets.used)
-            if datasets.used_samples:
-                fixed["samples"] = dict(datasets.used_samples)
+            fixed.update({k: dict(v) for k, v in (("datasets", datasets.used), ("samples", datasets.used_samples))
+                          if v})
             return fixed, train.state_to_bytes(state)
 
         return await in_thread(build, spec["task"])
@@ -245,9 +243,6 @@ class TorchExecutor:
                 return Decline(f"your copy of the task's data differs from the submitter's: fingerprint "
                                f"{mine[:12]} here, {job['data'][:12]} there (build it deterministically, from a "
                                "fixed seed or files that are the same on every peer)", code="data")
-            lora = task.spec.lora
-            if lora is not None and lora.base_bits == 4 and (problem := train.qlora_problem(self.device)):
-                return Decline(problem, code="fit")
             device_free, host_free, limited = available_memory(self.device, self.memory_limit)
             if self.world > 1:  # the peer's workers share its host memory (and its CPU's)
                 host_free //= self.world

@@ -53,6 +53,7 @@ from torch import Tensor, nn
 from ttpeer.proto import count_text as _count
 from ttpeer.proto import size_text as _size
 
+from ._adapters import qlora_problem
 from ._spec import LoadedTask, fetch_batch
 from ._tasks import check_model
 
@@ -263,8 +264,12 @@ def fit_batch(task: LoadedTask, *, batch_size: int, forced: int | None = None, d
     """The largest micro-batch of a ``batch_size`` batch that fits: the whole batch, else
     half of it, a quarter, ... down to one sample (``forced``: that one only). ``need``:
     ``memory_need``'s other arguments. A peer that cannot hold the batch but can hold a
-    micro-batch trains the job with gradient accumulation instead of declining it."""
+    micro-batch trains the job with gradient accumulation instead of declining it. A
+    QLoRA task (a 4-bit base) does not fit a peer that cannot load one (``qlora_problem``)."""
     sizes = [forced] if forced is not None else _halvings(batch_size)
+    lora = task.spec.lora
+    if lora is not None and lora.base_bits == 4 and (problem := qlora_problem(device)):
+        return BatchFit(sizes[0], memory_need(task, batch_size=sizes[0], **need), Misfit(problem, 0, 0))
     for size in sizes:
         needed = memory_need(task, batch_size=size, **need)
         misfit = fit_problem(needed, device=device, device_free=device_free, host_free=host_free, limited=limited,
