@@ -31,7 +31,10 @@ def load(path: str | os.PathLike[str], task: str | os.PathLike[str] | None = Non
 
     An ensemble bundle gives a module whose output is the members' vote: the
     average of their softmax probabilities over the last dimension. A fused model
-    gives the task's own model (its raw outputs, e.g. logits).
+    gives the task's own model (its raw outputs, e.g. logits). A folder that
+    ``export --format hf`` or ``--format peft`` wrote gives the Hugging Face model
+    (for peft: over the base folder the job trained on), taking token ids to logits
+    as the task's model does; ``task`` is not needed.
 
     ``task``: the task the model was trained on. Built-in tasks (``mnist1d``) are
     found from the sidecar, and so is a task file that lies beside the model or in
@@ -46,8 +49,16 @@ def load(path: str | os.PathLike[str], task: str | os.PathLike[str] | None = Non
     from ttpeer import train
 
     path = Path(path)
+    if path.is_dir():  # export --format hf or peft: the folder holds its sidecar
+        from ttpeer.tasks._hf_export import load_folder
+
+        try:
+            return load_folder(path).to(device)
+        except (train.TrainError, OSError, ValueError) as exc:
+            raise UsageError(str(exc)) from None
     if not path.is_file():
-        raise UsageError(f"{path} does not exist; give the .safetensors file 'ttpeer export' wrote")
+        raise UsageError(f"{path} does not exist; give the .safetensors file 'ttpeer export' wrote, or the folder "
+                         "of --format hf or peft")
     try:
         side = train.read_sidecar(path)
     except train.CheckpointError as exc:

@@ -2,8 +2,8 @@
 fine-tune adapters over a tiny Llama-shaped base (random weights saved as a bf16 folder,
 with a chat template) on chat JSON lines. The adapters alone are the job's state and end
 bit-identical on every peer; `--format peft` writes a folder that `peft` loads in a fresh
-process over the base, giving the logits `ttpeer.load` gives; `--format hf --merge`
-writes one that `transformers` loads alone."""
+process over the base, giving the logits `ttpeer.load` gives (of the export, and of
+that folder); `--format hf --merge` writes one that `transformers` loads alone."""
 
 from __future__ import annotations
 
@@ -78,14 +78,16 @@ def test_three_daemons_fine_tune_lora_adapters_on_chat_rows_and_export_them_for_
     assert config["r"] == 4 and config["base_model_name_or_path"] == str(base)
 
     ids = torch.tensor([[2, 5, 9, 4, 7, 3, 8, 2, 6, 10]])
-    ours = load(homes[0] / "adapters.safetensors", home=homes[0])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.no_grad():
-            want = ours(ids)
+            want, *folders = (load(where, home=homes[0])(ids) for where in
+                              (homes[0] / "adapters.safetensors", peft_out, merged_out))
     finally:
         torch.set_num_threads(threads)
+    assert torch.equal(folders[0], want)  # ttpeer.load of the peft folder: the same model
+    assert torch.allclose(folders[1], want, atol=1e-5)  # of the merged one: the same up to the merge's rounding
     subprocess.run([sys.executable, "-c", PEFT_LOGITS, str(base), str(peft_out), str(tmp_path / "peft.pt")],
                    check=True, timeout=120)
     assert torch.equal(torch.load(tmp_path / "peft.pt"), want)

@@ -18,13 +18,14 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ttpeer.train import CheckpointError, LoRA
+from ttpeer.train import CheckpointError, LoRA, peft_module
 
 from ._hf_data import BYTES
 from ._hf_model import CausalLM, folder_hash, hf_modules
@@ -142,3 +143,30 @@ def _tokenizer(tf: Any, info: Mapping[str, str]) -> Any | None:
         raise CheckpointError(f"the tokenizer folder {folder} changed since the job trained; restore it to export "
                               "the tokenizer the model learned")
     return tf.AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+
+
+def load_folder(folder: Path) -> CausalLM:
+    """A folder ``export --format hf`` (or ``peft``) wrote, as ttpeer's model of it (token
+    ids -> logits), in eval mode: the saved model, or the base folder the job trained
+    over with the adapters on it (that folder must hash as it did). Raises
+    CheckpointError for a folder without ttpeer's sidecar, or a base gone or changed."""
+    sidecar = folder / SIDECAR
+    if not sidecar.is_file():
+        raise CheckpointError(f"{folder} has no {SIDECAR}: give a folder 'ttpeer export --format hf' or "
+                              "'--format peft' wrote")
+    info = json.loads(sidecar.read_text()).get("task_info") or {}
+    tf = hf_modules()
+    if not (folder / "adapter_config.json").is_file():
+        hf = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32,
+                                                     trust_remote_code=False)
+        return CausalLM(hf).eval()
+    base = Path(info.get("hf_model_folder") or "")
+    if not base.is_dir() or folder_hash(base) != info.get("hf_model_sha256"):
+        raise CheckpointError(f"the base model folder {base} these adapters were trained over is gone or changed; "
+                              "put it back at that path to load them")
+    hf = tf.AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype=torch.float32,
+                                                 trust_remote_code=False)
+    with warnings.catch_warnings():  # peft calls transformers' deprecated names: not the user's to act on
+        warnings.simplefilter("ignore", FutureWarning)
+        adapted = peft_module().PeftModel.from_pretrained(hf, folder)
+    return CausalLM(adapted).eval()

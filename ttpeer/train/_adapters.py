@@ -143,7 +143,9 @@ def adapted(build: Callable[[], nn.Module], lora: LoRA, where: str) -> Callable[
         except (ValueError, TypeError, KeyError) as exc:  # peft's NoMatchingPeftModuleError is a ValueError
             said = " ".join(str(exc).split())  # peft's text may hold a module's whole repr: one line, cut
             said = said if len(said) <= 200 else said[:200] + "..."
-            raise TaskError(f"{where}: LoRA target_modules {lora.target_modules!r}: {said}") from None
+            names = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+            raise TaskError(f"{where}: LoRA target_modules {lora.target_modules!r}: {said}"
+                            + (f" (the model's linear layers: {', '.join(names[:12])})" if names else "")) from None
         return result
 
     return build_adapted
