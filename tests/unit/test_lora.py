@@ -400,3 +400,29 @@ def test_a_peft_export_gives_the_logits_of_the_trained_job_and_a_merged_one_near
     with torch.no_grad():
         assert torch.allclose(merged(input_ids=ids).logits, want, atol=1e-5)
     assert not any(".lora_" in n for n in merged.state_dict())
+
+
+@pytest.mark.slow
+def test_a_peft_folder_warm_starts_the_same_adapters_and_a_folder_without_them_is_told_at_submit(tmp_path, files):
+    from ttpeer._submit_cmd import recipe_fields
+    from ttpeer.cli import build_parser
+    from ttpeer.errors import UsageError
+
+    task = _hf_task(tmp_path, files)
+    _trainer, _start, trained = _trained(task)
+    out, sidecar = _export(tmp_path, task, trained)
+    export_hf(out, sidecar, tmp_path / "peft", fmt="peft")
+    # peft names the tensors ...lora_A.weight; the live model, ...lora_A.default.weight
+    warm = train.warm_state(task, tmp_path / "peft" / "adapter_model.safetensors")
+    assert warm.params.keys() == trained.params.keys()
+    assert all(torch.equal(warm.params[n], trained.params[n]) for n in trained.params)
+    assert all(not m.any() for m in warm.momentum.values())
+
+    def init(path: Path) -> dict:
+        args = build_parser().parse_args(["submit", "--task", "t.py", "--init", str(path)])
+        return recipe_fields(args, None)
+
+    assert init(tmp_path / "peft")["init"] == str((tmp_path / "peft" / "adapter_model.safetensors").absolute())
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="is a folder without adapter_model.safetensors: give a peft adapter folder"):
+        init(tmp_path / "empty")
