@@ -105,14 +105,15 @@ class Sampler(threading.Thread):
 
 
 def _estimate(task: str, batch: int, shards: int) -> int | None:
-    """The fit check's estimate of the job's bytes on a CPU peer, or None where this
-    version's ``memory_need`` differs (the bench also runs against older commits)."""
+    """The fit check's estimate of the job's bytes on a CPU peer (an overlapped job, as
+    ``submit`` makes a fused one), or None where this version's ``memory_need`` differs
+    (the bench also runs against older commits)."""
     try:
         from ttpeer import train
         from ttpeer.daemon._torch import KEEP_STATES
 
         loaded = train.load_task(task, Path.home() / ".cache", {})
-        need = train.memory_need(loaded, batch_size=batch, shards=shards, held_states=KEEP_STATES)
+        need = train.memory_need(loaded, batch_size=batch, shards=shards, held_states=KEEP_STATES, overlap=True)
         return int(getattr(need, "resident", need.total))
     except Exception:  # noqa: BLE001 - an estimate is a bonus here, never a failure
         return None
@@ -157,10 +158,11 @@ def run_one(args: argparse.Namespace, shards: int) -> dict[str, object]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", default=TASK, help=f"a task of >= 50M parameters (default {TASK})")
-    p.add_argument("--shards", default="4,16", help="shard counts, one job each (default 4,16)")
+    # A job shaped like real use: several shards a peer, several steps a round (overlapped).
+    p.add_argument("--shards", default="8", help="shard counts, one job each (default 8)")
     p.add_argument("--peers", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--inner-steps", type=int, default=1)
+    p.add_argument("--inner-steps", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--timeout", type=float, default=3600, help="seconds one job may take")
     p.add_argument("--abort-above", type=float, default=18.0,

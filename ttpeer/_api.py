@@ -50,7 +50,7 @@ def load(path: str | os.PathLike[str], task: str | os.PathLike[str] | None = Non
 
     path = Path(path)
     if path.is_dir():  # export --format hf or peft: the folder holds its sidecar
-        from ttpeer.tasks._hf_export import load_folder
+        from ttpeer._export import load_folder
 
         try:
             return load_folder(path).to(device)

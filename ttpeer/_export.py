@@ -116,6 +116,13 @@ def export_hf(home: Any, prefix: str, out: Path, *, fmt: str = "hf", merge: bool
     return 0
 
 
+def load_folder(path: Path) -> Any:
+    """``ttpeer.load`` of a folder ``export --format hf`` or ``peft`` wrote (``_hf_export``)."""
+    from ttpeer.tasks._hf_export import load_folder as load_hf
+
+    return load_hf(path)
+
+
 def finished_folder(home: Any, prefix: str, needs: str = "export") -> Path:
     """The folder of job ``prefix``'s final model in ``home``. Raises ``JobError`` for an
     unknown or unfinished job (``needs``: what asked, for the message), ``UsageError``."""

@@ -111,10 +111,17 @@ class EagerStart:
                 self.start = Start(self.start.round, self.start.base, None, state)
 
 
-def estimate(base: train.OuterState, own: dict[str, torch.Tensor], step: Outer) -> train.OuterState:
+def estimate(like: train.OuterState, base: Iterable[tuple[str, torch.Tensor, torch.Tensor]],
+             own: dict[str, torch.Tensor], step: Outer) -> train.OuterState:
     """Round ``rnd + 1``'s base as this peer can guess it before round ``rnd``'s close:
-    ``base`` (round ``rnd``'s) after the outer ``step`` with ``own`` for the mean."""
-    return train.outer_step(base, [(own, 1)], lr=step.lr, momentum=step.momentum, nesterov=True)
+    round ``rnd``'s base (``base``: its ``(name, param, momentum)`` one at a time, as
+    ``train.iter_state_file`` reads them; ``like``: its template) after the outer ``step``
+    with ``own`` for the mean. Its params only (``momentum`` is the same dicts): an
+    estimate is where the local model starts and its delta is measured from, and its
+    momentum is never read; nor is the base ever whole in memory."""
+    total = train.OuterSum(like, [1])
+    total.add(own)
+    return total.step(lr=step.lr, momentum=step.momentum, nesterov=True, base=base, params_only=True)
 
 
 Agree = Callable[[bool, "str | None"], "tuple[bool, str | None]"]

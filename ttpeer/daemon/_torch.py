@@ -510,7 +510,8 @@ class TorchExecutor:
                 return self._start_from(ctx, eff, began.state or eff.base)
             own = ov.own
             if own is not None and own[0] == eff.round - 1:
-                guess = estimate(self._state(job, eff.base), own[1], ov.outer or _job_outer(job, eff.round - 1))
+                base = train.iter_state_file(self._state_path(job, eff.base), ctx.like)
+                guess = estimate(ctx.like, base, own[1], ov.outer or _job_outer(job, eff.round - 1))
                 return self._start_from(ctx, eff, None, guess)
         self._start_from(ctx, eff, eff.base)
 

@@ -26,7 +26,7 @@ holds at its peak:
                                        time: their number does not count). A checkpoint
                                        costs none: it goes file to file, sealed and
                                        uploaded a MiB at a time
-      with overlap: eager start   2F   params and outer momentum of this round's start
+      with overlap: eager start   F    the params of this round's estimated start
                     own delta     F    the last pseudo-gradient this peer published
     and the runtime               RUNTIME bytes: torch's own code and buffers in the
                                   worker, the daemon, the spare worker (measured by
@@ -113,7 +113,7 @@ def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: 
     trainable = [p for p in model.parameters() if p.requires_grad]
     grads = sum(p.numel() * p.element_size() for p in trainable)
     fp32 = sum(t.numel() * 4 for t in state.values() if t.is_floating_point())
-    copies = 1 + 2 + (3 if overlap else 0)  # see the module's docstring: not per shard
+    copies = 1 + 2 + (2 if overlap else 0)  # see the module's docstring: not per shard
     eval_copy = 0
     if members:
         # An ensemble state holds every member's weights, AdamW moments and a spare

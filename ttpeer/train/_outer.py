@@ -73,14 +73,16 @@ class OuterSum:
             raise ValueError("every delta must have the state's names and shapes")
 
     def step(self, *, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,
-             base: Iterable[tuple[str, Tensor, Tensor]] | None = None) -> OuterState:
+             base: Iterable[tuple[str, Tensor, Tensor]] | None = None, params_only: bool = False) -> OuterState:
         """The new state after the outer SGD step, as ``torch.optim.SGD`` takes it:
         ``buf = momentum*buf + g``; ``step = g + momentum*buf`` (Nesterov) or ``buf``;
         ``p = p - lr*step``. The state passed in is not changed; the sum is used up
         (each gradient tensor is dropped once its parameter is done, so the new state
         and the sum are never both whole). ``base``: the state's ``(name, param,
         momentum)`` one at a time (``train.iter_state_file``), for a state passed in as
-        a template: the base is then never whole in memory either. Raises ValueError if
+        a template: the base is then never whole in memory either. ``params_only``: the
+        new momentum is not kept (the result's ``momentum`` is its ``params``), for a
+        caller that only wants where the step lands. Raises ValueError if
         a delta is missing, or ``base`` lacks a name or has one twice or a wrong shape."""
         if self._added != len(self._weights):
             raise ValueError(f"{self._added} of {len(self._weights)} deltas were added")
@@ -96,7 +98,7 @@ class OuterSum:
             buf = mom * mu_t + grad
             step = grad + buf * mu_t if nesterov else buf
             params[name] = param - step * lr_t
-            buffers[name] = buf
+            buffers[name] = params[name] if params_only else buf
         if self._grad:
             raise ValueError("the base must have the state's names and shapes, each once")
         return OuterState(params=params, momentum=buffers)
