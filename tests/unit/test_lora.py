@@ -426,3 +426,20 @@ def test_a_peft_folder_warm_starts_the_same_adapters_and_a_folder_without_them_i
     (tmp_path / "empty").mkdir()
     with pytest.raises(UsageError, match="is a folder without adapter_model.safetensors: give a peft adapter folder"):
         init(tmp_path / "empty")
+
+
+def test_a_big_model_is_probed_on_two_samples_and_any_other_on_its_batch(tmp_path, files, monkeypatch):
+    from ttpeer.train import _probe
+
+    seen: list[int] = []
+    real = _probe.fetch_batch
+    def counted(data, indices):
+        seen.append(len(indices))
+        return real(data, indices)
+
+    monkeypatch.setattr(_probe, "fetch_batch", counted)
+    train.probe(_hf_task(tmp_path, files), batch_size=8)
+    assert seen == [2, 2]  # a 7B base's probe at the job's batch would need its activations whole
+    seen.clear()
+    train.probe(_mlp_task(tmp_path, "None"), batch_size=8)
+    assert seen == [8, 8]  # a task file's own model: the job's batch, as it will train

@@ -39,6 +39,7 @@ import shutil
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -206,9 +207,8 @@ class TorchExecutor:
         ``train.DatasetMissing`` when the task asks for a dataset not held here."""
         def build() -> tuple[dict[str, Any], bytes]:
             datasets = self._held_datasets()
-            task = self._load_task(spec["task"], task_file,
-                                   lambda t: train.probe(t, batch_size=spec["batch_size"], seed=spec["seed"]),
-                                   datasets)
+            probe = partial(train.probe, batch_size=spec["batch_size"], seed=spec["seed"], device=self.device)
+            task = self._load_task(spec["task"], task_file, probe, datasets)
             # A warm start names its file in ``init``; the record's ``init`` is the state's hash.
             warm = spec.get("init")
             try:

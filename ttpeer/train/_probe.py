@@ -23,17 +23,32 @@ from ._samples import Samples
 from ._spec import LoadedTask, fetch_batch
 
 SAMPLE = 16  # items hashed per dataset: cheap, and any per-run randomness shows in them
+PROBE_SAMPLES = 2  # a big model's probe: enough to run every op (2: batch norm needs more than one)
 
 
-def probe(task: LoadedTask, *, batch_size: int, seed: int = 0) -> None:
+def probe(task: LoadedTask, *, batch_size: int, seed: int = 0, device: str = "cpu") -> None:
     """Run the model, loss (forward and backward) and metric on one training batch and
-    one test batch of ``task``. Raises what they raise (the caller names the task's
-    line, see ``_failure.describe``), TaskError if the loss is not a scalar tensor or
-    the metric not a number, and Diverged if the loss is already NaN/inf."""
+    one test batch of ``task``, on ``device``. A Hugging Face task or one with adapters
+    (ttpeer's own model code, which takes any batch) is probed on ``PROBE_SAMPLES``
+    samples only: its model may be a 7B base that one full batch's activations would
+    not fit beside, where the job trains it in micro-batches. Raises what they raise
+    (the caller names the task's line, see ``_failure.describe``), TaskError if the
+    loss is not a scalar tensor or the metric not a number, and Diverged if the loss
+    is already NaN/inf."""
+    if task.spec.lora is not None or task.spec.info.get("hf"):
+        batch_size = min(batch_size, PROBE_SAMPLES)
+    try:
+        _run(task, batch_size, seed, device)
+    finally:
+        if device.startswith("cuda"):  # what the probe's model held goes back for training
+            torch.cuda.empty_cache()
+
+
+def _run(task: LoadedTask, batch_size: int, seed: int, device: str) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = task.spec.model()
-        x, y = fetch_batch(task.train, list(range(min(batch_size, task.n_train))))
+        model = task.spec.model().to(device)
+        x, y = (t.to(device) for t in fetch_batch(task.train, list(range(min(batch_size, task.n_train)))))
         output = model(x)
         loss = task.spec.loss(output, y)
         check_scalar(loss, task.name)
@@ -42,7 +57,7 @@ def probe(task: LoadedTask, *, batch_size: int, seed: int = 0) -> None:
         loss.backward()
         number(task.spec.metric(output.detach(), y), task.name)
         with torch.no_grad():
-            xt, yt = fetch_batch(task.test, list(range(min(batch_size, task.n_test))))
+            xt, yt = (t.to(device) for t in fetch_batch(task.test, list(range(min(batch_size, task.n_test)))))
             out = model(xt)
             float(task.spec.loss(out, yt))
             number(task.spec.metric(out, yt), task.name)
