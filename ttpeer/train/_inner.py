@@ -246,7 +246,7 @@ class InnerTrainer:
         try:
             with torch.device("meta"):
                 model = self.task.spec.model()
-            _share_frozen(model, self.model)
+            _share_frozen(model, self.model, set(self._names))
             _materialize(model, self.device)
         except Exception:  # noqa: BLE001 - a task's model that cannot be built on meta: copy ours
             return copy.deepcopy(self.model)
@@ -263,10 +263,11 @@ class InnerTrainer:
         return torch.optim.AdamW(trainable, lr=self._lr, weight_decay=self._weight_decay)
 
 
-def _share_frozen(model: nn.Module, like: nn.Module) -> None:
-    """Gives ``model`` (on meta) ``like``'s frozen parameters themselves: a LoRA base is
-    read, never written, so an evaluation model shares it instead of holding a copy."""
-    frozen = {n: p for n, p in like.named_parameters() if not p.requires_grad}
+def _share_frozen(model: nn.Module, like: nn.Module, state: set[str]) -> None:
+    """Gives ``model`` (on meta) ``like``'s frozen parameters outside the ``state`` names
+    themselves: a LoRA base is read, never written (an evaluation loads the state
+    only), so an evaluation model shares it instead of holding a copy."""
+    frozen = {n: p for n, p in like.named_parameters() if not p.requires_grad and n not in state}
     for name, param in list(model.named_parameters()):
         if name in frozen and not param.requires_grad and frozen[name].shape == param.shape:
             owner, _, attr = name.rpartition(".")
