@@ -225,3 +225,4 @@ def test_the_same_tokens_as_chat_rows_and_as_text_are_different_tasks(tmp_path):
     assert torch.equal(pairs.train[0], text.train[0])  # the very same token stream...
     assert not torch.equal(pairs.train[1], text.train[1])  # ...learnt on other targets
     assert pairs.data_hash != text.data_hash
+

@@ -228,3 +228,25 @@ def test_export_format_hf_of_another_task_is_one_clear_line_and_writes_nothing(t
     assert main(["export", "abc123", str(target), "--format", "hf", "--home", str(tmp_path / "home")]) == 1
     err = capsys.readouterr().err.strip()
     assert "'mnist1d' is not a Hugging Face model" in err and "\n" not in err and not target.exists()
+
+
+def test_source_files_are_text_when_named_and_in_a_folder_with_extensions(tmp_path):
+    from ttpeer.tasks import hf_causal_lm
+
+    code = tmp_path / "src"
+    code.mkdir()
+    (code / "a.py").write_text("def main():\n    return 42\n" * 40)
+    (code / "b.rs").write_text("fn main() { println!(\"hi\"); }\n" * 40)
+    (code / "notes.bin").write_bytes(b"\0\1")
+    config = {"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2, "n_positions": 64,
+              "vocab_size": 256, "bos_token_id": 0, "eos_token_id": 0}
+    named = hf_causal_lm(config, data=[code / "a.py", code / "b.rs"], block_size=16, tokenizer="bytes")
+    assert named.info["data_files"] == "2"
+    with pytest.raises(train.TaskError, match=r"no data files .* pass extensions=\['.py', ...\]"):
+        hf_causal_lm(config, data=code, block_size=16, tokenizer="bytes")
+    folder = hf_causal_lm(config, data=code, block_size=16, tokenizer="bytes", extensions=[".py", "rs"])
+    assert folder.info["data_files"] == "2" and folder.data_hash == named.data_hash  # the same files, the same task
+    only_py = hf_causal_lm(config, data=code, block_size=16, tokenizer="bytes", extensions=[".py"])
+    assert only_py.info["data_files"] == "1" and only_py.data_hash != named.data_hash
+    with pytest.raises(train.TaskError, match="extensions must be a list of file suffixes"):
+        hf_causal_lm(config, data=code, block_size=16, tokenizer="bytes", extensions=".py")

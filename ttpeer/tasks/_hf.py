@@ -39,6 +39,7 @@ def hf_causal_lm(
     val_fraction: float = 0.1,
     val_windows: int = 64,
     lora: LoRA | None = None,
+    extensions: Sequence[str] = (),
 ) -> TaskSpec:
     """A ``TaskSpec`` that trains a ``transformers`` causal LM on local text, for a task file::
 
@@ -58,7 +59,9 @@ def hf_causal_lm(
     field are chat data (``_hf_chat``): rows of ``messages`` (``[{"role", "content"}]``,
     rendered with the tokenizer's chat template, the loss counting the assistant's
     tokens only) or of ``prompt`` and ``completion`` (the loss counting the completion).
-    Every peer must have the same files at the same paths. ``tokenizer``: a folder with a tokenizer, ``"bytes"``
+    Every peer must have the same files at the same paths. A file named explicitly with
+    any other suffix is text (source code, say); ``extensions`` (e.g. ``[".py", ".rs"]``)
+    adds such files of a folder. ``tokenizer``: a folder with a tokenizer, ``"bytes"``
     for the byte-level fallback (ids = UTF-8 bytes, NUL ends a document; vocab_size >=
     256), or None: the model folder's tokenizer if it has one, else bytes.
 
@@ -88,10 +91,14 @@ def hf_causal_lm(
                         "the model's folder (save_pretrained); to train from scratch, leave lora out")
     tok, tok_folder = _tokenizer(tokenizer, folder)
     tok_id = BYTES if tok_folder is None else folder_hash(tok_folder)
-    tokens = load_tokens(data, text_field, tok, tok_id, int(config.vocab_size))
+    if isinstance(extensions, str) or not all(isinstance(e, str) and e.strip(".") for e in extensions):
+        raise TaskError(f"hf_causal_lm: extensions must be a list of file suffixes such as ['.py'], got "
+                        f"{extensions!r}")
+    tokens = load_tokens(data, text_field, tok, tok_id, int(config.vocab_size), extensions)
     train, test = split_windows(tokens.ids, block_size, val_fraction, val_windows, tokens.mask)
     model_hash = folder_hash(folder) if folder is not None else ""
     settings = f"block_size={block_size},text_field={text_field},val_fraction={val_fraction},val_windows={val_windows}"
+    # (not extensions: the files it adds change the token stream, whose hash is data_hash's)
     data_hash = hashlib.sha256("\n".join([_VERSION_TAG, tokens.sha256, model_hash, tok_id, settings,
                                           config_json(config)]).encode()).hexdigest()
     info = {

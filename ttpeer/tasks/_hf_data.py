@@ -52,30 +52,37 @@ class Tokens:
     rows: str = "text"  # what a document is: text, or chat rows (_hf_chat: messages, prompt/completion)
 
 
-def data_files(data: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> tuple[str, tuple[Path, ...]]:
+def data_files(data: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], extensions: Sequence[str] = ()
+               ) -> tuple[str, tuple[Path, ...]]:
     """The format and the sorted files of ``data`` (a file, a folder of files (hidden ones
-    skipped), or a list of both). Raises TaskError for a missing path, no files, an unknown suffix or a mix
-    of formats."""
+    skipped), or a list of both). A file named explicitly is read by its suffix, and as
+    text (one document) when the suffix is not a data format (``.py``, ``.rs``, ...); a
+    folder's files are those with a data format's suffix or one of ``extensions`` (text).
+    Raises TaskError for a missing path, no files or a mix of formats."""
     items = [data] if isinstance(data, str | os.PathLike) else list(data)
-    files: set[Path] = set()
+    extra = {e.lower() if e.startswith(".") else f".{e.lower()}" for e in extensions}
+    files: dict[Path, str] = {}
     for item in items:
         path = Path(item).expanduser()
         if path.is_dir():
-            files |= {p.resolve() for p in visible_files(path) if p.suffix.lower() in FORMATS}
+            files |= {p.resolve(): _kind(p) for p in visible_files(path)
+                      if p.suffix.lower() in FORMATS or p.suffix.lower() in extra}
         elif path.is_file():
-            files.add(path.resolve())
+            files[path.resolve()] = _kind(path)
         else:
             raise TaskError(f"hf_causal_lm: data path {os.fspath(item)!r} does not exist on this machine; "
                             "every peer needs the same files at the same path")
     if not files:
-        raise TaskError(f"hf_causal_lm: no data files ({', '.join(sorted(FORMATS))}) in {items}")
-    kinds = {FORMATS.get(p.suffix.lower()) for p in files}
-    if None in kinds:
-        bad = sorted(p.name for p in files if p.suffix.lower() not in FORMATS)[:3]
-        raise TaskError(f"hf_causal_lm: cannot read {bad}: data files must end in {', '.join(sorted(FORMATS))}")
+        raise TaskError(f"hf_causal_lm: no data files ({', '.join(sorted(FORMATS))}) in {items}; for other text "
+                        "files in a folder (source code, say), pass extensions=['.py', ...]")
+    kinds = set(files.values())
     if len(kinds) > 1:
         raise TaskError(f"hf_causal_lm: data mixes formats {sorted(kinds)}; give files of one format")
-    return kinds.pop(), tuple(sorted(files))  # type: ignore[return-value]
+    return kinds.pop(), tuple(sorted(files))
+
+
+def _kind(path: Path) -> str:
+    return FORMATS.get(path.suffix.lower(), "text")
 
 
 def documents(kind: str, files: tuple[Path, ...], text_field: str) -> list[str]:
@@ -132,10 +139,11 @@ def check_vocab(ids: np.ndarray, tokenizer: Any | None, vocab_size: int) -> None
                         f"{vocab_size}; make vocab_size at least {need}")
 
 
-def load_tokens(data: Any, text_field: str, tokenizer: Any | None, tokenizer_id: str, vocab_size: int) -> Tokens:
-    """Read, tokenize and hash ``data``. ``tokenizer_id`` names the tokenizer in the cache
-    key (its folder's hash, or ``bytes``)."""
-    kind, files = data_files(data)
+def load_tokens(data: Any, text_field: str, tokenizer: Any | None, tokenizer_id: str, vocab_size: int,
+                extensions: Sequence[str] = ()) -> Tokens:
+    """Read, tokenize and hash ``data`` (``extensions``: as ``data_files``). ``tokenizer_id``
+    names the tokenizer in the cache key (its folder's hash, or ``bytes``)."""
+    kind, files = data_files(data, extensions)
     stamp = tuple((f, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
     return _cached_tokens(kind, stamp, text_field, tokenizer_id, vocab_size, _Opaque(tokenizer))
 
