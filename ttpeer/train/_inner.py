@@ -242,12 +242,17 @@ class InnerTrainer:
         second a round. Built on the meta device (no init, no draw from the global RNG
         that the training thread is using), then given memory; ``evaluate`` loads the
         floating state, and every other buffer (step counters, constant masks) is
-        copied from the local model."""
+        copied from the local model. A model with a frozen base outside its state
+        (adapters) is copied instead, the base's tensors shared, not copied: it is read,
+        never written, and may be of a kind (4-bit) that no model built here would match."""
+        names = set(self._names)
+        frozen = {id(p): p for n, p in self.model.named_parameters() if not p.requires_grad and n not in names}
+        if frozen:
+            return copy.deepcopy(self.model, memo=dict(frozen))
         try:
             with torch.device("meta"):
                 model = self.task.spec.model()
-            _share_frozen(model, self.model, set(self._names))
-            _materialize(model, self.device)
+            model = model.to_empty(device=self.device)
         except Exception:  # noqa: BLE001 - a task's model that cannot be built on meta: copy ours
             return copy.deepcopy(self.model)
         _tie_like(model, self.model)
@@ -261,29 +266,6 @@ class InnerTrainer:
     def _new_optimizer(self) -> torch.optim.Optimizer:
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         return torch.optim.AdamW(trainable, lr=self._lr, weight_decay=self._weight_decay)
-
-
-def _share_frozen(model: nn.Module, like: nn.Module, state: set[str]) -> None:
-    """Gives ``model`` (on meta) ``like``'s frozen parameters outside the ``state`` names
-    themselves: a LoRA base is read, never written (an evaluation loads the state
-    only), so an evaluation model shares it instead of holding a copy."""
-    frozen = {n: p for n, p in like.named_parameters() if not p.requires_grad and n not in state}
-    for name, param in list(model.named_parameters()):
-        if name in frozen and not param.requires_grad and frozen[name].shape == param.shape:
-            owner, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(owner) if owner else model, attr, frozen[name])
-
-
-def _materialize(model: nn.Module, device: torch.device) -> None:
-    """``to_empty`` for the tensors still on meta only (shared ones stay as they are)."""
-    for module in model.modules():
-        for name, param in list(module._parameters.items()):
-            if param is not None and param.is_meta:
-                module._parameters[name] = nn.Parameter(torch.empty_like(param, device=device),
-                                                        requires_grad=param.requires_grad)
-        for name, buf in list(module._buffers.items()):
-            if buf is not None and buf.is_meta:
-                module._buffers[name] = torch.empty_like(buf, device=device)
 
 
 def _tie_like(model: nn.Module, like: nn.Module) -> None:
