@@ -131,16 +131,23 @@ def memory_need(task: LoadedTask, *, batch_size: int, shards: int, held_states: 
 
 def _resident_bytes(model: nn.Module) -> int:
     """Bytes of the model's parameters and buffers on the device, each tensor once: the
-    trained ones and, for adapters, the frozen base at its dtype (a 4-bit QLoRA base,
+    trained ones and, for adapters, the frozen base at its dtype. A 4-bit QLoRA base,
     built here at its compute dtype, counts NF4's 4 bits and its scales for the weights
-    of its linear layers, as ``bitsandbytes`` stores them; the output head stays)."""
+    of its linear layers, as ``bitsandbytes`` stores them, and fp32 for the rest of it
+    (the head, the embeddings, the norms), as peft's ``prepare_model_for_kbit_training``
+    casts them."""
     four_bit = getattr(model, "ttpeer_base_bits", 16) == 4
     head = getattr(getattr(model, "hf", None), "get_output_embeddings", lambda: None)()
     quantized = {id(m.weight) for m in model.modules() if four_bit and isinstance(m, nn.Linear)
                  and m is not head and not m.weight.requires_grad}
-    total = 0
+    total = 0.0
     for t in {id(t): t for t in (*model.parameters(), *model.buffers())}.values():
-        total += t.numel() * NF4_BYTES if id(t) in quantized else t.numel() * t.element_size()
+        if id(t) in quantized:
+            total += t.numel() * NF4_BYTES
+        elif four_bit and t.is_floating_point():
+            total += t.numel() * 4
+        else:
+            total += t.numel() * t.element_size()
     return int(total)
 
 
