@@ -195,3 +195,32 @@ def nodes_records(home: Home, kind: str, job: str) -> list[Any]:
 
     records = [parse(raw) for raw in RecordLog(home.records_log, fsync=False).load()]
     return [r for r in records if r.kind == kind and r["job"] == job]
+
+
+async def test_a_worker_stopped_because_the_job_ended_here_is_not_said_to_have_died(tmp_path: Path) -> None:
+    home = _pool_home(tmp_path)
+    executor = ProcessExecutor(home, env=_env("hang:2"), step_timeout=120, spare=False)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(executor.run)
+        job, s0 = await _prepared(home, executor)
+        lost: list[LocalWorkLost] = []
+
+        async def train() -> None:
+            with pytest.raises(LocalWorkLost) as caught:
+                await executor.train(Train(job, 0, 0, 0, s0, fresh=True), lambda: False)
+            lost.append(caught.value)
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as inner:
+                inner.start_soon(train)
+                while not executor.workers() or not _busy(executor):  # the shard is in its hanging step
+                    await trio.sleep(0.05)
+                await executor.release(job.id)  # as a cancel does
+        (said,) = [str(e) for e in lost]
+        assert "stopped" in said and "the job ended on this peer" in said, said
+        assert "SIGKILL" not in said and "out-of-memory" not in said and "trains its shards again" not in said
+        nursery.cancel_scope.cancel()
+
+
+def _busy(executor: ProcessExecutor) -> bool:
+    return any(w.busy for j in executor._jobs.values() for w in j.group)

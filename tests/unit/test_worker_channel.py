@@ -13,8 +13,8 @@ import trio
 import trio.testing
 
 from ttpeer.daemon._channel import MAX_FRAME, VERSION, ChannelError, FrameReader, pack, send
-from ttpeer.daemon._procexec import _error, describe_exit
 from ttpeer.daemon._worker import failure
+from ttpeer.daemon._workerproc import _error, describe_exit
 from ttpeer.errors import DiskError, JobError, StateMissing, TaskFailed
 
 
