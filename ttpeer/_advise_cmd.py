@@ -311,7 +311,24 @@ def resolve_link(rate: float | None, rtt: float | None, home: Path,
     link = _advise.Link(rate or measured.up, rate or measured.down, rtt or measured.rtt)
     words = (f"link: measured to the relay {url}: up {_advise.rate_words(measured.up)}, down "
              f"{_advise.rate_words(measured.down)}, {measured.rtt * 1000:.3g} ms round trip")
+    if local_url(url) and not given:
+        words += ("; that relay is on this machine, so this is its loopback, not the link real machines will "
+                  "have: give --link and --rtt for theirs (e.g. --link 20mbit --rtt 50)")
     return link, words + (f"; given, and used instead: {given}" if given else "")
+
+
+def local_url(url: str) -> bool:
+    """Whether ``url``'s host is this machine (a loopback name or address)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class _Unmeasured(Exception):

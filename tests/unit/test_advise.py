@@ -349,3 +349,17 @@ def test_advise_with_no_pool_says_which_figures_it_assumed(capsys, tmp_path):
 def test_the_advise_section_of_the_readme_is_there():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert "## Will more machines help? `ttpeer advise`" in readme and "| `ttpeer advise --task" in readme
+
+
+@pytest.mark.parametrize(("url", "local"), [("https://127.0.0.1:8443", True), ("https://localhost:1", True),
+                                            ("https://[::1]:8443", True), ("https://203.0.113.5:8443", False),
+                                            ("https://relay.example.net", False)])
+def test_a_link_measured_to_a_relay_on_this_machine_is_said_to_be_loopback(monkeypatch, tmp_path, url, local):
+    import ttpeer._advise_cmd as cmd
+
+    monkeypatch.setattr(cmd, "measure_link", lambda home, proxy: (Link(1e9, 1e9, 0.001), url))
+    _link, line = resolve_link(None, None, tmp_path, None)
+    assert line.startswith(f"link: measured to the relay {url}: ")
+    assert ("this is its loopback, not the link real machines will have: give --link and --rtt" in line) == local
+    _link, line = resolve_link(20 * MBIT, 0.05, tmp_path, None)  # both given: nothing is measured
+    assert line == "link: given, 20 Mbit/s each way, 50 ms"
