@@ -202,7 +202,7 @@ def builder(config: Any, folder: Path | None, lora: LoRA | None = None) -> Calla
         if folder is None or meta:
             hf = tf.AutoModelForCausalLM.from_config(config, dtype=dtype)
         elif lora is not None and lora.base_bits == 4:
-            hf = _load_4bit(tf, folder, dtype)
+            hf = _load_4bit(tf, folder)
         else:
             hf = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype,
                                                          trust_remote_code=False)
@@ -225,7 +225,9 @@ def base_dtype(config: Any, lora: LoRA | None) -> torch.dtype:
     return stored if stored in (torch.bfloat16, torch.float16) else torch.float32
 
 
-def _load_4bit(tf: Any, folder: Path, dtype: torch.dtype) -> Any:
+def _load_4bit(tf: Any, folder: Path) -> Any:
+    """The folder's model with its linear layers in NF4 (bitsandbytes) on this CUDA device,
+    readied by peft for training adapters over it. Raises TaskError where it cannot be."""
     problem = qlora_problem("cuda" if torch.cuda.is_available() else "cpu")
     if problem is not None:
         raise TaskError(f"hf_causal_lm: {problem}")
