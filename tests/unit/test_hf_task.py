@@ -97,7 +97,9 @@ def test_the_data_the_tokenizer_and_the_model_files_are_part_of_the_task_hash(tm
     ("t5", "'t5' model"),
     ("no-config", "has no config.json"),
     ("hub-name", "is not a local folder; ttpeer downloads nothing"),
-    ("missing-data", "does not exist on this machine"),
+    ("missing-data", "does not exist on this machine; every peer needs the same files at the same path, or add "
+                     "them to the pool once ('ttpeer data add PATH --name NAME' where they are) and give "
+                     "data=dataset_path(NAME)"),
     ("mixed", "mixes formats"),
     ("column", "no column 'text' (found ['id', 'body'])"),
     ("short", "needs at least"),

@@ -71,7 +71,8 @@ def data_files(data: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
             files[path.resolve()] = _kind(path)
         else:
             raise TaskError(f"hf_causal_lm: data path {os.fspath(item)!r} does not exist on this machine; "
-                            "every peer needs the same files at the same path")
+                            "every peer needs the same files at the same path, or add them to the pool once "
+                            "('ttpeer data add PATH --name NAME' where they are) and give data=dataset_path(NAME)")
     if not files:
         raise TaskError(f"hf_causal_lm: no data files ({', '.join(sorted(FORMATS))}) in {items}; for other text "
                         "files in a folder (source code, say), pass extensions=['.py', ...]")
