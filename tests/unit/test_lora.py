@@ -443,3 +443,21 @@ def test_a_big_model_is_probed_on_two_samples_and_any_other_on_its_batch(tmp_pat
     seen.clear()
     train.probe(_mlp_task(tmp_path, "None"), batch_size=8)
     assert seen == [8, 8]  # a task file's own model: the job's batch, as it will train
+
+
+@pytest.mark.slow
+def test_a_base_folder_that_changed_since_training_is_refused_for_a_merge_and_a_load(tmp_path, files):
+    from ttpeer._export import load_folder
+
+    task = _hf_task(tmp_path, files)
+    _trainer, _start, trained = _trained(task, steps=2)
+    out, sidecar = _export(tmp_path, task, trained)
+    export_hf(out, sidecar, tmp_path / "peft", fmt="peft")
+    assert load_folder(tmp_path / "peft") is not None  # the base as trained: loads
+    changed = {**sidecar, "task_info": {**sidecar["task_info"], "hf_model_sha256": "0" * 64}}
+    with pytest.raises(train.CheckpointError, match="is gone or changed; put it back at that path to merge"):
+        export_hf(out, changed, tmp_path / "merged", fmt="hf", merge=True)
+    assert not (tmp_path / "merged").exists()
+    (tmp_path / "peft" / "ttpeer.json").write_text(json.dumps(changed))
+    with pytest.raises(train.CheckpointError, match="is gone or changed; put it back at that path to load these"):
+        load_folder(tmp_path / "peft")

@@ -106,17 +106,12 @@ def _adapted(tf: Any, info: Mapping[str, str], lora: LoRA, data: bytes, *, merge
     (its weights are not written) for ``peft``, or over the real base, merged, for ``merge``."""
     from safetensors.torch import load as safetensors_load
 
-    folder = Path(info.get("hf_model_folder") or "")
     settings = json.loads(info["hf_config"])
-    config = tf.CONFIG_MAPPING[settings["model_type"]].from_dict(settings)
     if merge:
-        if not folder.is_dir() or folder_hash(folder) != info.get("hf_model_sha256"):
-            raise CheckpointError(f"the base model folder {folder} the job trained over is gone or changed; put it "
-                                  "back at that path to merge, or export the adapters with --format peft")
-        base = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32,
-                                                       trust_remote_code=False)
+        base = _base(tf, info, "to merge, or export the adapters with --format peft")
     else:
         with torch.device("meta"):
+            config = tf.CONFIG_MAPPING[settings["model_type"]].from_dict(settings)
             base = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     wrapped = CausalLM(base).with_lora(lora)
     try:
@@ -127,8 +122,19 @@ def _adapted(tf: Any, info: Mapping[str, str], lora: LoRA, data: bytes, *, merge
     peft_model = wrapped.hf
     if merge:
         return peft_model.merge_and_unload()
-    peft_model.peft_config["default"].base_model_name_or_path = str(folder)
+    peft_model.peft_config["default"].base_model_name_or_path = str(info.get("hf_model_folder") or "")
     return peft_model
+
+
+def _base(tf: Any, info: Mapping[str, str], then: str) -> Any:
+    """The base model folder a LoRA job trained over, fp32, checked to hash as it did.
+    Raises CheckpointError (``then``: what to do once it is back) when gone or changed."""
+    folder = Path(info.get("hf_model_folder") or "")
+    if not folder.is_dir() or folder_hash(folder) != info.get("hf_model_sha256"):
+        raise CheckpointError(f"the base model folder {folder} the job trained over is gone or changed; put it "
+                              f"back at that path {then}")
+    return tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32,
+                                                   trust_remote_code=False)
 
 
 def _tokenizer(tf: Any, info: Mapping[str, str]) -> Any | None:
@@ -160,12 +166,7 @@ def load_folder(folder: Path) -> CausalLM:
         hf = tf.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32,
                                                      trust_remote_code=False)
         return CausalLM(hf).eval()
-    base = Path(info.get("hf_model_folder") or "")
-    if not base.is_dir() or folder_hash(base) != info.get("hf_model_sha256"):
-        raise CheckpointError(f"the base model folder {base} these adapters were trained over is gone or changed; "
-                              "put it back at that path to load them")
-    hf = tf.AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype=torch.float32,
-                                                 trust_remote_code=False)
+    hf = _base(tf, info, "to load these adapters")
     with warnings.catch_warnings():  # peft calls transformers' deprecated names: not the user's to act on
         warnings.simplefilter("ignore", FutureWarning)
         adapted = peft_module().PeftModel.from_pretrained(hf, folder)
