@@ -29,7 +29,7 @@ SURFACES: dict[str, set[str]] = {
         'Persist', 'PrepareJob', 'ProofError', 'PublishCheckpoint', 'PublishDelta', 'RETRY_AFTER', 'Record',
         'RecordError', 'RecordSet', 'RevokeError', 'Send', 'TaskSignatureError', 'Timing', 'Token',
         'TokenError', 'Train', 'TtpeerError', 'admitted', 'cancel_of', 'canonical_chain', 'checkpoints',
-        'contributions', 'covered', 'decode', 'default_sizing', 'encode', 'failed_here', 'job_ended',
+        'contributions', 'covered', 'decode', 'default_sizing', 'encode', 'failed_here', 'job_ended', 'joined_after',
         'lost_joins', 'make_token', 'may_cancel', 'member_variants', 'members', 'open_task', 'overlapped',
         'parse', 'parse_token', 'pool_id_of', 'public_hex', 'revocation_keep', 'revocations',
         'select_cover', 'sign', 'sign_task', 'standing', 'standing_declines', 'train_base', 'verify_proof',

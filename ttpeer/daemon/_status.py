@@ -66,6 +66,7 @@ from ttpeer.proto import (
     covered,
     failed_here,
     job_ended,
+    joined_after,
     slow_link_of,
     standing_declines,
     train_base,
@@ -247,7 +248,9 @@ def snapshot(node: NodeView) -> dict[str, Any]:
         metric_name = next((k for k in last if k != "eval_loss"), "metric")
         over = plan.finished(chain.round)
         end = ended(m.records, job) if not over else None  # a finished job is done
-        if over and job.id not in m.declined:
+        if over and job.id not in m.done_jobs and joined_after(m.records, job, node.me):
+            state = "skipped"  # it had finished before this peer joined (``proto.joined_after``)
+        elif over and job.id not in m.declined:
             # Done once this peer wrote the final model (export reads it), not before.
             finished = m.done_jobs.get(job.id) == chain.head == node.finished.get(job.id)
             state = "done" if finished else "finishing"

@@ -79,6 +79,7 @@ from ._outcome import (
     cancel_of,
     failed_here,
     job_ended,
+    joined_after,
     may_cancel,
     standing_declines,
 )
@@ -207,6 +208,7 @@ __all__ = [
     "Ended",
     "cancel_of",
     "failed_here",
+    "joined_after",
     "job_ended",
     "may_cancel",
     "standing_declines",

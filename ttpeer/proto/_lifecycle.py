@@ -6,6 +6,9 @@ for each job it finished. The active job is the first job (in the records' order
 this peer has not declined, that has not ended for the pool (``_outcome.job_ended``:
 cancelled, or failed everywhere), and that it has not finished on the chain's current
 head (a job that finished on the losing side of a partition is active again, to repair).
+A finished job that this peer joined the pool after, and took no part in, is skipped:
+there is nothing of it here to finish, and loading its task would only cost memory
+(``skipped``; a peer that trained it exports it).
 
 What it promises: a job is prepared once; a decline is signed once per job, and a
 decline "for good" (its task's code failed here) is read back from the records on
@@ -20,7 +23,7 @@ from ttpeer_wire import Record
 
 from ._effects import Effect, JobDone, PrepareJob
 from ._ledger import RecordSet
-from ._outcome import failed_here, job_ended
+from ._outcome import failed_here, job_ended, joined_after
 from ._views import Views
 
 
@@ -30,6 +33,7 @@ class Lifecycle:
         self.prepared: dict[str, bool | None] = {}  # None = asked, not answered
         self.declined: dict[str, str] = {}
         self.done_jobs: dict[str, str] = {}  # job -> the final state reported
+        self.skipped: set[str] = set()  # jobs that had finished before this peer took part
 
     def load(self, records: RecordSet) -> None:
         """Jobs whose task failed here before stay declined."""
@@ -48,6 +52,12 @@ class Lifecycle:
             # A finished job becomes active again if the chain moved away from the state
             # it finished on (it ended on the losing side of a partition): repair it.
             if job.id in self.done_jobs and self.done_jobs[job.id] == views.chain(job).head:
+                continue
+            if job.id in self.skipped:
+                continue
+            if job.id not in self.done_jobs and views.plan(job).finished(views.chain(job).round) and \
+                    joined_after(records, job, self.me):
+                self.skipped.add(job.id)
                 continue
             return job
         return None

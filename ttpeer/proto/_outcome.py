@@ -74,6 +74,25 @@ def failed_here(rs: RecordSet, job: Record, node: str) -> Record | None:
                  if d.author == node and for_good(d)), None)
 
 
+def took_part(rs: RecordSet, job: Record, node: str) -> bool:
+    """Whether ``node`` submitted ``job`` or wrote any record of it (a claim, contribution,
+    decline, checkpoint...)."""
+    return job.author == node or any(
+        r.author == node for kind, recs in rs.by_job.get(job.id, {}).items() if kind != "job" for r in recs)
+
+
+def joined_after(rs: RecordSet, job: Record, node: str) -> bool:
+    """Whether ``node`` joined the pool after ``job`` was submitted and took no part in it:
+    a finished job holds nothing of it. The times are the joiner's and the submitter's own
+    clocks; a skew can only make a newcomer look older (it then finishes the job, as a
+    member that missed it does)."""
+    member = rs.members.get(node)
+    join = rs.by_id.get(member.join) if member is not None else None
+    submitted = job.body.get("at")
+    return (join is not None and isinstance(submitted, int) and join["at"] > submitted
+            and not took_part(rs, job, node))
+
+
 def may_cancel(rs: RecordSet, job: Record, node: str) -> bool:
     """Whether ``node`` may cancel ``job``: its submitter, or a member with the admin role."""
     member = rs.members.get(node)

@@ -100,6 +100,7 @@ class PeerMachine:
         self.held = self._follower.held  # states the driver holds
         self.done_jobs = self._jobs.done_jobs  # job -> the final state reported
         self.declined = self._jobs.declined
+        self.skipped = self._jobs.skipped  # finished before this peer took part: nothing to do
         self.peer_rates = self._leases.peer_rates  # speeds peers published with their claims
         self.gossip_traffic = self._gossip.traffic  # payload bytes by kind (``_antientropy.GOSSIP_TRAFFIC``)
 
