@@ -121,3 +121,21 @@ def slice_bits_of(chunk: int | None, slice_bits: int | None) -> int | None:
             raise UsageError("--slice-bits goes with slices: leave out --no-slices, or --slice-bits")
         return None
     return slice_bits or DEFAULT_SLICE_BITS
+
+
+def duration(text: str) -> float:
+    """``90s``, ``30m``, ``24h``, ``7d`` or plain seconds, as seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 90s, 30m, 24h, 7d)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

@@ -9,10 +9,26 @@ import sys
 import time
 from typing import Any
 
-from ttpeer._behind import behind_lines
+from ttpeer._behind import behind_lines, round_now
+from ttpeer._parser import duration, positive_int
 from ttpeer.errors import JobError, UsageError
 from ttpeer.proto import count_text
 from ttpeer.proto import size_text as _size
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    st = sub.add_parser("status", parents=[common], help="peers, jobs, progress")
+    st.add_argument("--json", action="store_true", help="one JSON object (schema in the README)")
+    st.add_argument("--watch", action="store_true", help="redraw live progress per peer and per round (Ctrl-C)")
+    st.add_argument("--interval", type=float, default=1.0, help="seconds between redraws (default 1)")
+    st.add_argument("--frames", type=positive_int, default=None, help=argparse.SUPPRESS)  # tests: stop after N
+    w = sub.add_parser("wait", parents=[common], help="wait until a job is done",
+                       epilog="exit status: 0 done on every peer that started it; 4 done, but peers failed "
+                              "it (named, with why); 1 declined, failed or cancelled; 2 timed out")
+    w.add_argument("job", help="job id or a unique prefix")
+    w.add_argument("--timeout", type=duration, default=None, help="give up after this long (exit 2)")
+    w.add_argument("--json", action="store_true",
+                   help="one JSON line at the end: state, metric and the peers that failed the job")
 
 
 def _status_obj(home: Any) -> dict[str, Any]:
@@ -54,9 +70,13 @@ def status(args: argparse.Namespace, home: Any) -> int:
     for repair in st.get("startup_repairs") or []:
         print(f"repaired at start-up: {repair}")
     print("peers:")
+    running = [j for j in st["jobs"] if j["state"] == "running"]
+    silent = {p["id"] for p in st["peers"] if _silent(p, running)}
     for peer in st["peers"]:
         seen = "this machine" if peer["self"] else (
             "never heard from" if peer["last_seen_s"] is None else f"heard {peer['last_seen_s']:.0f}s ago")
+        if peer["id"] in silent:
+            seen = silent_line(peer["last_seen_s"], running[0] if running else None)
         print(f"  {peer['name']:<16} {peer['id'][:12]}  {peer['role']:<6}  {seen}")
     print("jobs:" if st["jobs"] else "jobs: none")
     for job in st["jobs"]:
@@ -68,8 +88,10 @@ def status(args: argparse.Namespace, home: Any) -> int:
         unit, parts = ("unit", "members") if job["mode"] == "ensemble" else ("round", "shards")
         of = f"~{job['rounds']}" if job.get("auto") and job["state"] != "done" else f"{job['rounds']}"
         size = f" ({job['inner_steps']} inner steps, sized to the link)" if job.get("auto") else ""
-        print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: {unit} {job['round']}/"
+        print(f"  {job['id'][:12]} {job['task']} {job['mode']} {job['state']}: {unit} {round_now(job)}/"
               f"{of}{size}, {parts} {job['shards_done']}/{job['shards_total']}{metric}{ratio}{use}")
+        if job["state"] == "skipped":
+            print(f"    {_SKIPPED}")
         if job.get("phase"):
             print(f"    preparing here: {job['phase']}")
         if job.get("params") and job["trainable"] < job["params"]:
@@ -96,7 +118,7 @@ def status(args: argparse.Namespace, home: Any) -> int:
                   + (f", {later:.1f} s after it (prefetch did not keep up)" if w["waits"] > 1 else ""))
         if job.get("advice"):
             print(f"    {job['advice']}")
-        waiting = [p["name"] for p in job.get("peers") or [] if not p.get("started", True)]
+        waiting = [p["name"] for p in job.get("peers") or [] if not p.get("started", True) and p["id"] not in silent]
         if waiting and job["state"] == "running":
             print(f"    not started yet (preparing the job): {', '.join(waiting)}")
         end = job.get("ended")
@@ -120,6 +142,29 @@ def status(args: argparse.Namespace, home: Any) -> int:
             restarts = f", restarted {w['deaths']}x" if w["deaths"] else ""
             print(f"    worker {w['rank']}: pid {w['pid']} on {w['device']}{restarts}")
     return 0
+
+
+def _silent(peer: dict[str, Any], running: list[dict[str, Any]]) -> bool:
+    """Not heard from for longer than the running job's lease, or for long enough that
+    the daemon suspects it (it misses its digests, the pool's heartbeat)."""
+    if peer["self"] or peer["last_seen_s"] is None:
+        return False
+    lease = min((j["lease_s"] for j in running if j.get("lease_s")), default=None)
+    return peer.get("liveness") in ("suspect", "dead") or (lease is not None and peer["last_seen_s"] > lease)
+
+
+def silent_line(silent_s: float, job: dict[str, Any] | None) -> str:
+    """``silent since 08:51:02 (16s): ...`` and what becomes of its work, in ``job`` (a
+    running job's status entry) if there is one. Its claims lapse ``lease_s`` after it was
+    last heard (``proto`` leases), and the other peers train those shards."""
+    since = time.strftime("%H:%M:%S", time.localtime(time.time() - silent_s))
+    head = f"silent since {since} ({silent_s:.0f}s)"
+    if job is None:
+        return head + "; no job is running"
+    left = job["lease_s"] - silent_s
+    if left > 0:
+        return head + f": if it stays silent, the shards it claimed go back to the pool in {left:.0f}s"
+    return head + f": the shards it claimed went back to the pool {-left:.0f}s ago (its {job['lease_s']:g}s lease)"
 
 
 def trainable_line(trainable: int, params: int) -> str:
@@ -172,30 +217,55 @@ def _find_job(jobs: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
     return found[0]
 
 
+WAIT_PARTIAL = 4
+"""``ttpeer wait``'s exit status when the job is done but some peers failed it: the pool
+trained it with fewer machines than it started with."""
+
+
 def wait(args: argparse.Namespace, home: Any) -> int:
-    """``ttpeer wait JOB``: 0 when done, 1 (JobError) if declined, failed or cancelled,
-    2 on timeout."""
+    """``ttpeer wait JOB [--json]``: 0 when done on every peer that started it;
+    ``WAIT_PARTIAL`` (4) when done but peers failed it (each named with its reason);
+    1 (JobError) if declined, failed or cancelled here, or skipped (it finished before this
+    peer joined); 2 on timeout."""
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     delay = 0.2
     while True:
         job = _find_job(_status_obj(home)["jobs"], args.job)
         if job["state"] == "done":
-            print(f"job {job['id'][:12]} done: {job['rounds']} rounds, {job['metric_name']} "
-                  f"{job['eval_metric']}")
-            return 0
-        if job["state"] in ("declined", "failed", "cancelled"):
+            failed = [d for d in job.get("declines") or [] if d.get("code") == "failed"]
+            if args.json:
+                print(json.dumps({"job": job["id"], "state": "done", "rounds": job["rounds"],
+                                  job["metric_name"]: job["eval_metric"], "eval_loss": job["eval_loss"],
+                                  "failed_peers": [{k: d[k] for k in ("peer", "name", "reason")} for d in failed]}))
+            else:
+                where = "" if not failed else " without " + ", ".join(d["name"] for d in failed)
+                print(f"job {job['id'][:12]} done{where}: {job['rounds']} rounds, {job['metric_name']} "
+                      f"{job['eval_metric']}")
+                for d in failed:
+                    print(f"  failed on {d['name']} ({d['peer'][:12]}), which trained nothing more of it: "
+                          f"{d['reason']}", file=sys.stderr)
+            return WAIT_PARTIAL if failed else 0
+        if job["state"] in ("declined", "failed", "cancelled", "skipped"):
+            if args.json:
+                print(json.dumps({"job": job["id"], "state": job["state"], "why": _why_ended(job)}))
             raise JobError(_why_ended(job))
         if deadline is not None and time.monotonic() >= deadline:
-            print(f"error: timed out waiting for job {job['id'][:12]} (round {job['round']}/{job['rounds']})",
+            print(f"error: timed out waiting for job {job['id'][:12]} (round {round_now(job)}/{job['rounds']})",
                   file=sys.stderr)
             return 2
         time.sleep(delay)
         delay = min(delay * 1.5, 2.0)
 
 
+_SKIPPED = ("it was submitted before this machine joined and finished without it, so it holds no "
+            "model of it: export it on a peer that trained it")
+
+
 def _why_ended(job: dict[str, Any]) -> str:
     """One line: why ``job`` (a status entry) will not finish on this peer."""
     jid, end = job["id"][:12], job.get("ended")
+    if job["state"] == "skipped":
+        return f"job {jid}{_SKIPPED[2:]}"
     if job["state"] == "cancelled" and end:
         return f"job {jid} was cancelled by {end['by']['name']}"
     if job["state"] == "failed" and end:

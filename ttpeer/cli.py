@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from ttpeer._parser import DEFAULT_CHUNK, Parser, chunk_values
+from ttpeer._parser import DEFAULT_CHUNK, Parser, chunk_values, duration, positive_int
 from ttpeer._submit_cmd import AUTO_FIRST, FIXED_OUTER_LR, FIXED_OUTER_MOMENTUM, submit
 from ttpeer.errors import TtpeerError, UsageError
 from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN
@@ -49,23 +49,6 @@ def _inner_steps(text: str) -> int | tuple[int, int]:
     if t.isdigit() and int(t) > 0:
         return int(t)
     raise argparse.ArgumentTypeError(f"not a step count: {text!r} (use e.g. 25, auto, or auto:10-500)")
-
-
-def _duration(text: str) -> float:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 90s, 30m, 24h, 7d)")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,12 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--relay", required=True, help="relay URL, e.g. https://203.0.113.5:8443")
     pc.add_argument("--fingerprint", required=True, help="the relay's certificate fingerprint (sha256:HEX)")
     pc.add_argument("--name", default=None, help="this machine's name in the pool (default: hostname)")
-    pc.add_argument("--ttl", type=_duration, default=86400.0, help="lifetime of the printed token (default 24h)")
-    pc.add_argument("--uses", type=_positive_int, default=1, help="machines the printed token can enroll")
+    pc.add_argument("--ttl", type=duration, default=86400.0, help="lifetime of the printed token (default 24h)")
+    pc.add_argument("--uses", type=positive_int, default=1, help="machines the printed token can enroll")
 
     inv = sub.add_parser("invite", parents=[common], help="print a new join token (admin only)")
-    inv.add_argument("--ttl", type=_duration, default=86400.0, help="token lifetime (default 24h)")
-    inv.add_argument("--uses", type=_positive_int, default=1, help="how many machines it can enroll (default 1)")
+    inv.add_argument("--ttl", type=duration, default=86400.0, help="token lifetime (default 24h)")
+    inv.add_argument("--uses", type=positive_int, default=1, help="how many machines it can enroll (default 1)")
 
     j = sub.add_parser("join", parents=[common], help="enroll this machine with a token and run the daemon")
     j.add_argument("token", nargs="?", default=None,
@@ -154,9 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'mnist1d[:samples=N]', 'charlm[:key=int,...]' or a task file path/to/task.py (see README)")
     s.add_argument("--mode", choices=["fused", "ensemble"], default="fused",
                    help="fused: one model, periodic averaging; ensemble: --members diverse models that vote")
-    s.add_argument("--members", type=_positive_int, default=None,
+    s.add_argument("--members", type=positive_int, default=None,
                    help="ensemble: how many members (each on the full data, its own seed and lr/weight decay)")
-    s.add_argument("--rounds", type=_positive_int, default=10,
+    s.add_argument("--rounds", type=positive_int, default=10,
                    help="outer rounds (default 10); ensemble: units each member trains")
     s.add_argument("--inner-steps", type=_inner_steps, default=None, metavar="N|auto[:MIN-MAX]",
                    help="inner AdamW steps per shard. auto (fused jobs' default): the pool picks each round's "
@@ -164,9 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{DEFAULT_H_MIN}-{DEFAULT_H_MAX} unless given), within a budget of --rounds x "
                         f"{AUTO_FIRST} inner steps per shard, so the round count follows the link. N: every "
                         f"round N steps (ensemble: steps per unit, default {AUTO_FIRST})")
-    s.add_argument("--shards", type=_positive_int, default=None,
+    s.add_argument("--shards", type=positive_int, default=None,
                    help="shards per round (default: from the speeds peers publish, 2 per peer at first)")
-    s.add_argument("--batch-size", type=_positive_int, default=None, help="default: the task's")
+    s.add_argument("--batch-size", type=positive_int, default=None, help="default: the task's")
     s.add_argument("--inner-lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     s.add_argument("--weight-decay", type=float, default=0.01)
     s.add_argument("--outer-lr", type=float, default=None,
@@ -178,12 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{FIXED_OUTER_MOMENTUM} when only --outer-lr is given)")
     s.add_argument("--bits", type=int, choices=[4, 8], default=8, help="delta quantization (default 8)")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--lease", type=_duration, default=None,
+    s.add_argument("--lease", type=duration, default=None,
                    help="a shard's claim expires this long after its last renewal (default: twice the "
                         "slowest peer's shard time, 15s-5m; 30s before any speed is known)")
     s.add_argument("--no-steal", action="store_true",
                    help="idle peers do not run backup copies of stragglers' shards")
-    s.add_argument("--step-timeout", type=_duration, default=600.0, metavar="SECONDS",
+    s.add_argument("--step-timeout", type=duration, default=600.0, metavar="SECONDS",
                    help="a training step that takes longer than this (e.g. 90, 90s, 10m; default 10m) is "
                         "judged hung: its worker is stopped and the job fails on that peer")
     s.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
@@ -207,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
                    help="autocast of forward/backward (weights, optimizer, deltas stay fp32); default: each "
                         "peer picks, bf16 on a GPU that has it, fp32 elsewhere (CPU bf16 is slower)")
-    s.add_argument("--micro-batch", type=_positive_int, default=None,
+    s.add_argument("--micro-batch", type=positive_int, default=None,
                    help="samples per forward/backward pass, gradients accumulated over the batch (default: "
                         "each peer picks the largest its memory holds)")
     s.add_argument("--checkpointing", action="store_true",
@@ -228,16 +211,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="warm start: a .safetensors state dict of the task's model, or a finished job's "
                         "id (its final model on this peer)")
 
-    st = sub.add_parser("status", parents=[common], help="peers, jobs, progress")
-    st.add_argument("--json", action="store_true", help="one JSON object (schema in the README)")
-    st.add_argument("--watch", action="store_true", help="redraw live progress per peer and per round (Ctrl-C)")
-    st.add_argument("--interval", type=float, default=1.0, help="seconds between redraws (default 1)")
-    st.add_argument("--frames", type=_positive_int, default=None, help=argparse.SUPPRESS)  # tests: stop after N
-
-    w = sub.add_parser("wait", parents=[common], help="wait until a job is done")
-    w.add_argument("job", help="job id or a unique prefix")
-    w.add_argument("--timeout", type=_duration, default=None, help="give up after this long (exit 2)")
-
     pr = sub.add_parser("predict", parents=[common], help="print a model's predictions for an input file")
     pr.add_argument("bundle", type=Path, help="a file 'ttpeer export' wrote (fused model or ensemble bundle)")
     pr.add_argument("input", type=Path, help="inputs, one per row: .npy, or text (comma or whitespace separated)")
@@ -246,15 +219,17 @@ def build_parser() -> argparse.ArgumentParser:
                          "the model, where export copies it, or in --home)")
 
     d = sub.add_parser("demo", parents=[common], help="a relay and 3 peers on this machine train mnist1d")
-    d.add_argument("--rounds", type=_positive_int, default=8)
+    d.add_argument("--rounds", type=positive_int, default=8)
     d.add_argument("--keep", action="store_true", help="keep the temporary directory")
 
     from ttpeer._advise_cmd import add_parser as add_advise
     from ttpeer._commands import add_commands
     from ttpeer._data_cmds import add_parser as add_data
     from ttpeer._export import add_parser as add_export
+    from ttpeer._status_cmds import add_parser as add_status
 
     add_commands(sub, common)
+    add_status(sub, common)
     add_export(sub, common)
     add_advise(sub, common)
     add_data(sub, common)
@@ -277,9 +252,17 @@ def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ttpeer import _suggest
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    with _suggest.carrying(args, parser):  # the commands it suggests carry the user's --home
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     from ttpeer import _logging
 
-    args = build_parser().parse_args(argv)
     try:
         args.settings = _settings(args)
         _logging.setup(args.settings.log_level, args.settings.log_format)
@@ -332,16 +315,10 @@ def _relay(args: argparse.Namespace) -> int:
     return relay_main(argv)
 
 
-def _status(args: argparse.Namespace) -> int:
+def _client(name: str, args: argparse.Namespace) -> int:
     from ttpeer import _status_cmds
 
-    return _status_cmds.status(args, _home(args))
-
-
-def _wait(args: argparse.Namespace) -> int:
-    from ttpeer import _status_cmds
-
-    return _status_cmds.wait(args, _home(args))
+    return int(getattr(_status_cmds, name)(args, _home(args)))
 
 
 def _predict(args: argparse.Namespace) -> int:
@@ -581,7 +558,7 @@ def _export(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {
     "relay": _relay, "pool": _pool_create, "invite": _invite, "join": _join,
     "up": lambda args: _up(args, _home(args)), "submit": lambda args: submit(args, _home(args)),
-    "status": _status, "wait": _wait,
+    "status": lambda args: _client("status", args), "wait": lambda args: _client("wait", args),
     "export": _export, "predict": _predict, "demo": _demo, "service": _service, "config": _config,
     "report": _report, "revoke": _revoke, "cancel": _cancel, "advise": _advise, "data": _data,
 }

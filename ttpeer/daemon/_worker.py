@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -54,6 +55,9 @@ _LARGE = frozenset({"new_job", "prepare", "train", "delta", "reduce_slice", "agg
 
 
 def main() -> None:
+    # Ctrl-C at a terminal signals the whole foreground process group: the daemon hands
+    # back its claims and then ends its workers itself, so a worker takes no SIGINT.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     chan_in, chan_out = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
