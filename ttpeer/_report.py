@@ -202,7 +202,7 @@ def render_html(job: Record, rs: RecordSet, *, peer_name: str, note: str | None)
     metric = last["metric_name"] if last else "metric"
     facts = job_facts(job, chain.round, rs.of_job(job.id, "contrib"), names, list(chain.closes))
     # A running job's last close is where it stands, not where it ends.
-    when = "final" if Plan.of(job, chain.closes).finished(chain.round) else f"so far (round {chain.round})"
+    when = "final" if Plan.of(job, chain.closes).finished(chain.round) else f"so far ({chain.round} rounds closed)"
     facts[-1:-1] = [[f"eval loss {when}", _fmt(last["eval_loss"] if last else None)],
                     [f"{metric} {when}", _fmt(last["eval_metric"] if last else None)],
                     ["model state", chain.head]]

@@ -14,7 +14,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from ttpeer._behind import behind_lines
+from ttpeer._behind import behind_lines, round_now
 from ttpeer.proto import size_text as _size
 
 HISTORY_ROWS = 8
@@ -68,7 +68,7 @@ def _job(job: dict[str, Any]) -> RenderableType:
         Text(job["state"], style="green" if job["state"] in ("running", "done")
              else "red" if job["state"] in ("failed", "cancelled") else "yellow"),
         Text("units" if ensemble else "rounds"), _bar(job["round"], job["rounds"]),
-        Text(f"{job['round']}/{job['rounds']}"),
+        Text(f"{round_now(job)}/{job['rounds']}"),
         Text("members" if ensemble else "shards"), _bar(job["shards_done"], job["shards_total"], 12),
         Text(f"{job['shards_done']}/{job['shards_total']}"),
     )
@@ -92,7 +92,7 @@ def _job(job: dict[str, Any]) -> RenderableType:
     parts += [Text(line, style="yellow") for line in behind_lines(job)]
     peers = job.get("peers") or []
     if peers:
-        t = Table(title=f"per peer (round {min(job['round'] + 1, job['rounds'])} now)", title_justify="left")
+        t = Table(title=f"per peer (round {round_now(job)} now)", title_justify="left")
         for col in ("peer", "claims now", "shards this round", "contributions", "samples/s", "precision",
                     "compute", "comm", "idle"):
             t.add_column(col, justify="left" if col in ("peer", "claims now") else "right")

@@ -48,7 +48,7 @@ def test_a_fused_report_keeps_its_outer_optimizer():
 
 def test_a_running_job_reports_its_figures_so_far():
     page = _page()
-    assert "so far (round 0)" in page and "final" not in page.lower().replace("finally", "")
+    assert "so far (0 rounds closed)" in page and "final" not in page.lower().replace("finally", "")
 
 
 def test_status_watch_says_when_this_peer_is_behind_the_pool():
@@ -58,7 +58,7 @@ def test_status_watch_says_when_this_peer_is_behind_the_pool():
     console = Console(width=200, record=True)
     console.print(render(st))
     text = console.export_text()
-    assert "catching up: this peer holds round 2's model, the pool is at round 5" in text
+    assert "catching up: this peer holds round 2's model, the pool is at round 6" in text
     assert "trained none of the last 3 rounds" in text
 
 

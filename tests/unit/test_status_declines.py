@@ -65,17 +65,17 @@ def test_a_peer_behind_the_pool_or_not_training_is_told_so():
     assert rounds_trained(rs, chain, slow_id, last=4) == 1
     assert held_round(chain, {states[1], "sha256:other"}) == 1 and held_round(chain, set()) is None
 
-    job_row = {"mode": "fused", "state": "running", "declined": None, "round": 4, "training_shard": None,
+    job_row = {"mode": "fused", "state": "running", "declined": None, "round": 4, "rounds": 10, "training_shard": None,
                "held_round": 1, "rounds_trained": 0, "rounds_looked_at": 3}
     lines = behind_lines(job_row)
-    assert lines[0].startswith("catching up: this peer holds round 1's model, the pool is at round 4")
+    assert lines[0].startswith("catching up: this peer holds round 1's model, the pool is at round 5")
     assert "trained none of the last 3 rounds" in lines[1] and "--inner-steps" in lines[1]
     assert behind_lines({**job_row, "held_round": 3, "rounds_trained": 3}) == []  # one round behind: every close
     assert behind_lines({**job_row, "mode": "ensemble"}) == [] and behind_lines({**job_row, "state": "done"}) == []
     assert len(behind_lines({**job_row, "rounds_looked_at": 2})) == 1  # too early to say it trains nothing
     slow = behind_lines({**job_row, "held_round": 3, "rounds_trained": 3,
                          "slow_link": {"round": 2, "rate": 500_000, "median_rate": 2_500_000}})
-    assert slow == ["slow link: this peer's delta of round 2 went up at 4.0 Mbit/s against the pool's median "
+    assert slow == ["slow link: this peer's delta of round 3 went up at 4.0 Mbit/s against the pool's median "
                     "20.0 Mbit/s (encoding and sealing included), so the other peers reduce the rounds' slices; "
                     "a round still waits for this peer's own delta when it trains"]
 

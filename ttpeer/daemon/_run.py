@@ -197,7 +197,8 @@ def _progress_line(node: Node) -> str:
     chain = m.chain(job)
     shard = m.training
     doing = f", training shard {shard[2]}" if shard and shard[0] == job.id else ""
-    return f"job {job.id[:12]} round {chain.round}/{job['rounds']}{doing}"
+    rounds = m.plan(job).expected_rounds()  # counted from 1, as status counts them
+    return f"job {job.id[:12]} round {min(chain.round + 1, rounds)}/{rounds}{doing}"
 
 
 def _protocol_now(node: Node) -> float:
