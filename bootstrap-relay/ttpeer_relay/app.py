@@ -9,6 +9,7 @@ handed to one short handler. The routes (``self._routes``; paths from ``ttpeer_w
     GET  /v1/health                  no session
     POST /v1/challenge, /v1/session  log in (a nonce, then the signed proof): no session yet
     GET  /v1/roster, POST /v1/revoke the pool's admitted proofs; a root-signed revocation
+    POST /v1/admit                   a root-signed acknowledgement of a join (``auth.Rosters``)
     POST /v1/send/<peer>, /v1/broadcast, GET /v1/recv   mailboxes
     PUT, GET, HEAD /v1/blob/<sha256> blobs, with their TTL and the pool's quota
     POST /v1/touch                   restart the TTL of the blobs named (a lease peers renew)
@@ -36,6 +37,7 @@ from typing import Any
 
 import trio
 from ttpeer_wire import (
+    ADMIT,
     BLOB,
     BROADCAST,
     CHALLENGE,
@@ -54,6 +56,8 @@ from ttpeer_wire import (
     ErrorCode,
     ProofError,
     login_message,
+    parse,
+    token_used_message,
     verify_proof,
 )
 
@@ -129,6 +133,7 @@ class RelayApp:
             (_path(SESSION), {"POST": (self.session, False)}),
             (_path(ROSTER), {"GET": (self.roster, True)}),
             (_path(REVOKE), {"POST": (self.revoke, True)}),
+            (_path(ADMIT), {"POST": (self.admit, True)}),
             (_path(SEND, "(?P<peer>[0-9a-f]{64})"), {"POST": (self.send, True)}),
             (_path(BROADCAST), {"POST": (self.broadcast, True)}),
             (_path(RECV), {"GET": (self.recv, True)}),
@@ -259,6 +264,10 @@ class RelayApp:
             verify_proof(pool, peer, proof)
         except ProofError as exc:
             raise HttpError(403, ErrorCode.BAD_PROOF, f"bad membership proof: {exc}") from None
+        used = self.rosters.used_by(pool, parse(proof[0]), parse(proof[1]).id)
+        if used is not None:  # with the acknowledgements that prove it
+            raise HttpError(403, ErrorCode.TOKEN_USED, token_used_message(used),
+                            records=self.rosters.acknowledgements(pool, parse(proof[0]).id))
         if not signature_ok(peer, sig, login_message(self.fingerprint, pool, nonce)):
             raise HttpError(
                 403, ErrorCode.BAD_SIGNATURE, "bad signature: not signed by the peer's key for this relay's certificate"
@@ -287,6 +296,20 @@ class RelayApp:
         await self.rosters.save(s.pool)
         log.info("pool %s: revoked peer %s", s.pool[:12], peer[:12])
         return json_response(200, {"revoked": peer})
+
+    async def admit(self, request: Request, _: dict[str, str], s: Session | None) -> Response:
+        """A root-signed acknowledgement of a join (raw record bytes): once its invite's uses
+        are all acknowledged, other joins of it are refused at login."""
+        s = _member(s)
+        body = await request.body(MAX_RECORD_BYTES)
+        try:
+            rec = self.rosters.acknowledge(s.pool, body)
+        except ProofError as exc:
+            raise HttpError(403, ErrorCode.BAD_ADMIT, f"bad acknowledgement: {exc}") from None
+        except RosterFull as exc:
+            raise HttpError(507, ErrorCode.ROSTER_FULL, str(exc)) from None
+        await self.rosters.save(s.pool)
+        return json_response(200, {"admitted": rec["node"]})
 
     async def roster(self, request: Request, _: dict[str, str], s: Session | None) -> Response:
         s = _member(s)

@@ -34,11 +34,12 @@ class HttpError(Exception):
     (``ttpeer_wire.error_body``; the codes are ``ttpeer_wire.ErrorCode``)."""
 
     def __init__(self, status: int, code: ErrorCode, message: str, *,
-                 retry_after: float | None = None) -> None:
+                 retry_after: float | None = None, records: list[bytes] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.records = records
         self.headers: list[tuple[str, str]] = []
         if retry_after is not None:
             self.headers.append(("retry-after", str(max(1, math.ceil(retry_after)))))
@@ -196,7 +197,7 @@ def json_response(status: int, value: Any, headers: list[tuple[str, str]] | None
 
 
 def error_response(error: HttpError) -> Response:
-    return json_response(error.status, error_body(error.code, error.message), error.headers)
+    return json_response(error.status, error_body(error.code, error.message, error.records), error.headers)
 
 
 async def send_response(send: Send, response: Response | FileResponse) -> None:

@@ -17,6 +17,11 @@ Revocations: the pool admin posts a root-signed ``revoke`` record; the relay
 checks the signature chains to the pool id (``verify_revocation``), drops the
 peer from the roster, refuses its sessions from then on, and saves the record
 with the roster so a restart keeps refusing it.
+
+Acknowledged joins: members hand the relay the admin's root-signed ``admit`` records
+(``verify_admit``). Once an invite's uses are all acknowledged, a login with another
+join of that invite is refused (``used_by``): its token was already used, and the
+answer says by whom and when. Kept with the roster, bounded like revocations.
 """
 
 from __future__ import annotations
@@ -32,11 +37,12 @@ from pathlib import Path
 import trio
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from ttpeer_wire import ProofError, verify_proof, verify_revocation
+from ttpeer_wire import ProofError, Record, parse, token_used_by, verify_admit, verify_proof, verify_revocation
 
 log = logging.getLogger(__name__)
 
 MAX_REVOKED = 4096  # revoked peers remembered per pool
+MAX_ADMITS = 4096  # acknowledged joins remembered per pool
 
 
 def signature_ok(peer: str, sig: str, message: bytes) -> bool:
@@ -110,6 +116,7 @@ class Rosters:
         self.max_peers = max_peers
         self._pools: dict[str, dict[str, list[bytes]]] = {}
         self._revoked: dict[str, dict[str, bytes]] = {}  # pool -> peer -> revoke record
+        self._admits: dict[str, dict[str, dict[str, Record]]] = {}  # pool -> invite -> join id -> admit
         self._save_lock = trio.Lock()
 
     def admit(self, pool: str, peer: str, proof: list[bytes]) -> bool:
@@ -133,6 +140,24 @@ class Rosters:
         self._pools.get(pool, {}).pop(peer, None)
         return peer
 
+    def acknowledge(self, pool: str, raw: bytes) -> Record:
+        """Remember a root-signed ``admit``; returns it. Raises ``ProofError``, ``RosterFull``."""
+        rec = verify_admit(pool, raw)
+        admits = self._admits.setdefault(pool, {})
+        if rec["join"] not in admits.get(rec["invite"], {}) and sum(map(len, admits.values())) >= MAX_ADMITS:
+            raise RosterFull(f"the pool already has {MAX_ADMITS} acknowledged joins on this relay")
+        admits.setdefault(rec["invite"], {})[rec["join"]] = rec
+        return rec
+
+    def used_by(self, pool: str, invite: Record, join: str) -> Record | None:
+        """The acknowledgement that took the last use of ``invite``, when all its uses are
+        acknowledged and ``join`` is not one of them (the login is refused); else None."""
+        return token_used_by(self._admits.get(pool, {}).get(invite.id, {}), invite, join)
+
+    def acknowledgements(self, pool: str, invite: str) -> list[bytes]:
+        """The ``admit`` records of ``invite`` held, as bytes."""
+        return [r.raw for r in self._admits.get(pool, {}).get(invite, {}).values()]
+
     def is_revoked(self, pool: str, peer: str) -> bool:
         return peer in self._revoked.get(pool, {})
 
@@ -154,8 +179,9 @@ class Rosters:
         async with self._save_lock:  # one writer at a time, each with the latest snapshot
             roster = self._pools.get(pool, {})
             revoked = self._revoked.get(pool, {})
+            admits = [r.raw.hex() for acked in self._admits.get(pool, {}).values() for r in acked.values()]
             body = json.dumps({"proofs": {p: [r.hex() for r in pr] for p, pr in roster.items()},
-                               "revoked": [r.hex() for r in revoked.values()]})
+                               "revoked": [r.hex() for r in revoked.values()], "admits": admits})
             await trio.to_thread.run_sync(self._write, path, body)
 
     @staticmethod
@@ -178,13 +204,16 @@ class Rosters:
                 data = json.loads(path.read_text())
                 for raw in data.get("revoked", []):
                     self.revoke(pool_dir.name, bytes.fromhex(raw))
+                for raw in data.get("admits", []):
+                    self.acknowledge(pool_dir.name, bytes.fromhex(raw))
                 saved = data["proofs"]
                 for peer, proof in saved.items():
                     if self.is_revoked(pool_dir.name, peer):
                         continue
                     raw = [bytes.fromhex(r) for r in proof]
                     verify_proof(pool_dir.name, peer, raw)
-                    self.admit(pool_dir.name, peer, raw)
+                    if self.used_by(pool_dir.name, parse(raw[0]), parse(raw[1]).id) is None:
+                        self.admit(pool_dir.name, peer, raw)
             except FileNotFoundError:
                 continue
             except (OSError, ValueError, KeyError, TypeError, AttributeError, ProofError,

@@ -30,7 +30,15 @@ from ._dataset import (
 )
 from ._errors import ProofError, RecordError, TtpeerError
 from ._netfields import MAX_RELAYS, host_ok
-from ._proofs import Member, join_fits_invite, verify_proof, verify_revocation
+from ._proofs import (
+    Member,
+    join_fits_invite,
+    token_used_by,
+    token_used_message,
+    verify_admit,
+    verify_proof,
+    verify_revocation,
+)
 from ._records import (
     MAX_KEEP,
     MAX_RECORD_BYTES,
@@ -42,6 +50,7 @@ from ._records import (
     sign,
 )
 from ._relay_api import (
+    ADMIT,
     API,
     BLOB,
     BLOB_TTL,
@@ -68,6 +77,7 @@ from ._relay_api import (
     ErrorCode,
     blob_path,
     error_body,
+    error_records,
     fingerprint,
     login_message,
     read_error,
@@ -99,6 +109,7 @@ __all__ = [
     "RECV_MAX_BYTES",
     "RECV_MAX_COUNT",
     "REVOKE",
+    "ADMIT",
     "ROSTER",
     "SEND",
     "SESSION",
@@ -115,6 +126,7 @@ __all__ = [
     "decode",
     "encode",
     "error_body",
+    "error_records",
     "fingerprint",
     "host_ok",
     "join_fits_invite",
@@ -134,5 +146,8 @@ __all__ = [
     "urls_problem",
     "sign",
     "verify_proof",
+    "verify_admit",
+    "token_used_by",
+    "token_used_message",
     "verify_revocation",
 ]

@@ -2,7 +2,9 @@
 
 A node logs in at a relay with the two records that admit it: the root-signed invite
 and the join signed with that invite's key (``verify_proof``). The pool admin hands the
-relay a root-signed revocation (``verify_revocation``). Both need nothing but the
+relay a root-signed revocation (``verify_revocation``) and each acknowledgement of a join
+(``verify_admit``: once an invite's uses are all acknowledged, the relay refuses its
+other joins). Both need nothing but the
 records presented, because the pool id is the hash of the root key: the relay holds no
 pool secret. Use limits and revocations held by peers are not judged here; they need
 the whole record set (``ttpeer.proto``'s membership views).
@@ -10,7 +12,8 @@ the whole record set (``ttpeer.proto``'s membership views).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ._errors import ProofError, RecordError
@@ -52,6 +55,34 @@ def verify_revocation(pool: str, raw: bytes) -> str:
         raise ProofError("not a revocation signed by this pool's root key")
     node: str = rec["node"]
     return node
+
+
+def verify_admit(pool: str, raw: bytes) -> Record:
+    """Check that ``raw`` is an ``admit`` signed by ``pool``'s root; returns it. Raises
+    ``ProofError``."""
+    try:
+        rec = parse(raw)
+    except RecordError as exc:
+        raise ProofError(f"acknowledgement is not a valid record: {exc}") from None
+    if rec.kind != "admit" or rec.pool != pool or pool_id_of(rec.author) != pool:
+        raise ProofError("not an acknowledgement of a join signed by this pool's root key")
+    return rec
+
+
+def token_used_by(acked: Mapping[str, Record], invite: Record, join: str) -> Record | None:
+    """The acknowledgement that took the last use of ``invite`` (``acked``: its ``admit``
+    records by join id), when all its uses are acknowledged and ``join`` is not one of
+    them: a login with ``join`` is refused. None otherwise."""
+    if join in acked or len(acked) < invite["uses"]:
+        return None
+    return max(acked.values(), key=lambda r: (r["at"], r["join"]))
+
+
+def token_used_message(admit: Record) -> str:
+    """What a machine whose token was used up is told (relay refusals, ``ttpeer join``)."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(admit["at"]))
+    return (f"this token was already used by {admit['name']} at {when}; "
+            "ask the pool admin for a new one ('ttpeer invite')")
 
 
 def verify_proof(pool: str, peer: str, proof: Sequence[bytes]) -> Member:

@@ -312,6 +312,11 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
     # already rest on) still count; anything else it signed, before or after, is ignored.
     # ``at`` is the admin's wall time, shown to people and judged by nobody.
     "revoke": {"node": _HEX, "keep": _sorted_unique(_HEX, MAX_KEEP), "at": _int()},
+    # Root-signed: the admin saw the join ``join`` (of ``invite``, by ``node``) and counts it
+    # for one of the invite's uses. An acknowledged join beats any that is not, and an invite
+    # whose uses are all acknowledged admits nobody more (``proto/_membership.py``).
+    # ``name`` and ``at`` repeat the join's, so that a relay can say who used a token.
+    "admit": {"invite": _HEX, "join": _HEX, "node": _HEX, "name": _re(_NAME), "at": _int()},
     # A peer sits a job out, and says why; ``need`` and ``have``: bytes of memory, both 0
     # when the reason is not memory (e.g. its copy of the task differs).
     # ``code`` (OPTIONAL; absent in older records): what kind of reason, for machines (see

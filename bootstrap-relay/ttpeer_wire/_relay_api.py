@@ -19,6 +19,9 @@ the HTTP status and the code, never on the words. A code a client does not know
     403     bad_signature                 the login is not signed for this relay's certificate
     403     revoked                       the pool's root revoked this peer: final
     403     bad_revocation                a revocation not signed by the pool's root
+    403     bad_admit                     an acknowledgement of a join not signed by the pool's root
+    403     token_used                    the join's invite has all its uses acknowledged for other
+                                          machines (the message says who, when): final
     404     not_found | no_blob           no such endpoint | the relay does not hold the blob
     405     method_not_allowed
     408     too_slow                      a request body arrived too slowly
@@ -54,6 +57,7 @@ CHALLENGE = f"{API}/challenge"
 SESSION = f"{API}/session"
 ROSTER = f"{API}/roster"
 REVOKE = f"{API}/revoke"
+ADMIT = f"{API}/admit"
 BROADCAST = f"{API}/broadcast"
 RECV = f"{API}/recv"
 SEND = f"{API}/send/"  # + the recipient's peer id
@@ -109,6 +113,8 @@ class ErrorCode(StrEnum):
     BAD_SIGNATURE = "bad_signature"
     REVOKED = "revoked"
     BAD_REVOCATION = "bad_revocation"
+    BAD_ADMIT = "bad_admit"
+    TOKEN_USED = "token_used"
     NOT_FOUND = "not_found"
     NO_BLOB = "no_blob"
     METHOD_NOT_ALLOWED = "method_not_allowed"
@@ -127,9 +133,34 @@ _CODE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 MAX_ERROR_MESSAGE = 500  # characters of an error message a client keeps
 
 
-def error_body(code: ErrorCode, message: str) -> dict[str, str]:
-    """The JSON object of an error answer."""
-    return {"error": message, "code": code.value}
+MAX_ERROR_RECORDS = 16  # signed records an error answer carries at most (``error_records``)
+
+
+def error_body(code: ErrorCode, message: str, records: list[bytes] | None = None) -> dict[str, Any]:
+    """The JSON object of an error answer; ``records``: signed records that prove what it
+    says (``token_used``: the acknowledgements that used the token up), so that a client
+    need not take the relay's word."""
+    body: dict[str, Any] = {"error": message, "code": code.value}
+    if records:
+        body["records"] = [r.hex() for r in records[:MAX_ERROR_RECORDS]]
+    return body
+
+
+def error_records(raw: bytes) -> list[bytes]:
+    """The signed records an error answer carries (unverified bytes; the caller parses
+    them), none when it carries none or they are malformed."""
+    try:
+        value: Any = json.loads(raw)
+    except (ValueError, RecursionError):
+        return []
+    records = value.get("records") if isinstance(value, dict) else None
+    if not isinstance(records, list):
+        return []
+    out = []
+    for r in records[:MAX_ERROR_RECORDS]:
+        if isinstance(r, str) and re.fullmatch(r"(?:[0-9a-f]{2})+", r):
+            out.append(bytes.fromhex(r))
+    return out
 
 
 def read_error(raw: bytes) -> tuple[str | None, str]:

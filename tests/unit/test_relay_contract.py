@@ -37,7 +37,7 @@ from ttpeer.net import (
     Transport,
 )
 from ttpeer.net._multi import MultiRelay
-from ttpeer.proto import public_hex, sign
+from ttpeer.proto import Record, public_hex, sign
 
 from .test_net_memory import make_pool
 from .test_relay import Pool
@@ -138,6 +138,47 @@ async def test_a_revoked_peer_is_refused_at_once_and_at_every_login(start: Start
     with pytest.raises(RelayRejected, match="revoked") as refused:
         await fresh.connect()  # a new login too
     assert refused.value.status == 403 and refused.value.code == ErrorCode.REVOKED
+    await fresh.aclose()
+
+
+def _one_use(pool: Pool, names: tuple[str, ...]) -> list[tuple[Ed25519PrivateKey, Proof, Record]]:
+    """A single-use invite of ``pool`` and a join of it for each name: (key, proof, join)."""
+    assert pool.root is not None
+    invite_key = Ed25519PrivateKey.generate()
+    invite = sign("invite", pool.id, {"key": public_hex(invite_key), "expires": 2**40, "uses": 1,
+                                      "role": "member"}, pool.root)
+    out = []
+    for i, name in enumerate(names):
+        key = Ed25519PrivateKey.generate()
+        body = {"invite": invite.id, "node": public_hex(key), "seal": "ab" * 32, "name": name, "at": 1_700_000_000 + i}
+        join = sign("join", pool.id, body, invite_key)
+        out.append((key, [invite.raw, join.raw], join))
+    return out
+
+
+async def test_once_every_use_is_acknowledged_other_joins_of_the_token_are_refused(start: StartRelay,
+                                                                                    pool: Pool) -> None:
+    relay = await start()
+    assert pool.root is not None
+    (lap_key, lap_proof, lap_join), (thief_key, thief_proof, _) = _one_use(pool, ("laptop", "thief"))
+    body = {"invite": lap_join["invite"], "join": lap_join.id, "node": lap_join["node"], "name": "laptop",
+            "at": lap_join["at"]}
+    admit, forged = sign("admit", pool.id, body, pool.root), sign("admit", pool.id, body, lap_key)
+    async with relay.member(pool, "alice") as alice:
+        with pytest.raises(RelayRejected, match="bad acknowledgement") as refused:
+            await alice.admit(forged.raw)  # signed by a member, not the root
+        assert refused.value.status == 403 and refused.value.code == ErrorCode.BAD_ADMIT
+        async with relay.member(pool, "thief", (thief_key, thief_proof)):
+            pass  # before the acknowledgement the relay cannot know: peers' views decide
+        await alice.admit(admit.raw)
+        async with relay.member(pool, "laptop", (lap_key, lap_proof)):
+            pass  # the acknowledged machine logs in as before
+    fresh = relay.client(pool.id, thief_key, thief_proof)
+    with pytest.raises(RelayRejected) as refused:
+        await fresh.connect()
+    assert refused.value.status == 403 and refused.value.code == ErrorCode.TOKEN_USED
+    assert refused.value.message.startswith("this token was already used by laptop at 2023-11-14 22:13 UTC; "
+                                            "ask the pool admin for a new one")
     await fresh.aclose()
 
 

@@ -1,6 +1,7 @@
 """The relay keeps refusing a revoked peer after a restart: the revocation is saved with
-the roster. (That it refuses it at once and at every login, and refuses a revocation not
-signed by the pool root, is ``test_relay_contract.py``, on both relays.)"""
+the roster; so is the acknowledgement that used a token up. (That it refuses them at once
+and at every login, and refuses records not signed by the pool root, is
+``test_relay_contract.py``, on both relays.)"""
 
 from __future__ import annotations
 
@@ -36,4 +37,29 @@ async def test_a_revoked_peer_is_refused_after_a_relay_restart(tmp_path, pool: P
         await later.aclose()
         async with member(second, pool, "carol") as carol:
             assert bob_proof not in await carol.roster()
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_acknowledged_join_still_shuts_out_the_tokens_other_joins_after_a_restart(tmp_path,
+                                                                                          pool: Pool) -> None:
+    from .test_relay_contract import _one_use
+
+    assert pool.root is not None
+    (_, _, first), (thief_key, thief_proof, _) = _one_use(pool, ("laptop", "thief"))
+    body = {"invite": first["invite"], "join": first.id, "node": first["node"], "name": "laptop", "at": first["at"]}
+    admit = sign("admit", pool.id, body, pool.root)
+    config = RelayConfig(data=tmp_path / "relay", listen="127.0.0.1:0")
+    async with trio.open_nursery() as nursery:
+        stop = trio.Event()
+        running = await nursery.start(lambda task_status: serve(config, shutdown_trigger=stop.wait,
+                                                                task_status=task_status))
+        async with member(running, pool, "alice") as alice:
+            await alice.admit(admit.raw)
+        stop.set()
+        second = await nursery.start(serve, RelayConfig(data=tmp_path / "relay", listen="127.0.0.1:0"))
+        later = RelayClient(second.url, second.fingerprint, pool=pool.id, peer_key=thief_key, proof=thief_proof)
+        with pytest.raises(RelayRejected, match="already used by laptop") as refused:
+            await later.connect()  # the acknowledgement was saved with the roster
+        assert refused.value.code == ErrorCode.TOKEN_USED
+        await later.aclose()
         nursery.cancel_scope.cancel()

@@ -51,12 +51,14 @@ class RelayRejected(NetError):
     request is malformed. Retrying the same request will fail the same way.
     """
 
-    def __init__(self, url: str, status: int, message: str, *, code: str | None = None) -> None:
+    def __init__(self, url: str, status: int, message: str, *, code: str | None = None,
+                 records: tuple[bytes, ...] = ()) -> None:
         super().__init__(f"relay {url} refused the request ({status}): {message}")
         self.url = url
         self.status = status
         self.message = message
         self.code = code
+        self.records = records  # signed records the answer carried as proof (unverified bytes)
 
 
 class RelayFingerprintMismatch(NetError):

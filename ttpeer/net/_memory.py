@@ -42,7 +42,12 @@ from ttpeer_wire import (
     RECV_MAX_COUNT,
     ErrorCode,
     ProofError,
+    Record,
+    parse,
     public_hex,
+    token_used_by,
+    token_used_message,
+    verify_admit,
     verify_proof,
     verify_revocation,
 )
@@ -114,6 +119,7 @@ class MemoryRelay:
         self.available = True
         self.rosters: dict[str, dict[str, list[bytes]]] = {}
         self.revoked: dict[str, set[str]] = {}  # pool -> peers whose sessions are refused
+        self.admits: dict[str, dict[str, dict[str, Record]]] = {}  # pool -> invite -> join id -> admit
         self.blobs: dict[str, dict[str, bytes]] = {}  # pool -> sha256 hex -> bytes
         # pool -> sha256 hex -> trio time of its last upload or touch (a blob a test put in
         # ``blobs`` itself counts from when the relay first looks at it)
@@ -248,6 +254,12 @@ class MemoryTransport:
             verify_proof(self.pool, self.peer, self._proof)
         except ProofError as exc:
             raise RelayRejected(URL, 403, f"bad membership proof: {exc}", code=ErrorCode.BAD_PROOF) from None
+        invite, join = parse(self._proof[0]), parse(self._proof[1])
+        used = token_used_by(self.relay.admits.get(self.pool, {}).get(invite.id, {}), invite, join.id)
+        if used is not None:
+            acked = self.relay.admits[self.pool][invite.id].values()
+            raise RelayRejected(URL, 403, token_used_message(used), code=ErrorCode.TOKEN_USED,
+                                records=tuple(r.raw for r in acked))
         self.relay.rosters.setdefault(self.pool, {})[self.peer] = list(self._proof)
         self._connected = True
         self.blob_ttl = self.relay.blob_ttl
@@ -307,6 +319,15 @@ class MemoryTransport:
             size += len(message.data)
         self.bytes_received += sum(len(m.data) for m in messages)
         return messages, messages[-1].seq if messages else after
+
+    async def admit(self, record: bytes) -> None:
+        self._ready()
+        try:
+            rec = verify_admit(self.pool, record)
+        except ProofError as exc:
+            raise RelayRejected(URL, 403, f"bad acknowledgement: {exc}", code=ErrorCode.BAD_ADMIT) from None
+        self.relay.admits.setdefault(self.pool, {}).setdefault(rec["invite"], {})[rec["join"]] = rec
+        await trio.lowlevel.checkpoint()
 
     async def revoke(self, record: bytes) -> None:
         self._ready()

@@ -127,13 +127,11 @@ class MultiRelay:
                  spool: Path | None = None) -> None:
         if not relays:
             raise ValueError("a pool has at least one relay")
-        self._make = make
-        self._spool_dir = spool
+        self._make, self._spool_dir = make, spool
         self._relays: list[_Relay] = [self._new(url, fp) for url, fp in relays]
         self._closing: list[_Relay] = []  # removed by set_relays, closed by run
         self._ready: list[Message] = []
-        self._local = 0  # the last local seq handed out
-        self._acked = 0  # the last local seq the daemon acknowledged
+        self._local = self._acked = 0  # the last local seq handed out; the last the daemon acknowledged
         self._seen = _Seen()
         self._spool: OrderedDict[str, _Spooled] = OrderedDict()
         self._wake = trio.Event()
@@ -161,8 +159,7 @@ class MultiRelay:
         self._wake.set()
 
     def describe(self) -> list[dict[str, Any]]:
-        """Each relay, in the pool's order: its url, pin, state, last error, and whether it
-        is the primary (where this peer uploads)."""
+        """Each relay in the pool's order: url, pin, state, last error, whether it is the primary."""
         primary = self._primary()
         return [{"url": r.url, "fingerprint": r.fingerprint, "state": r.state, "error": r.error,
                  "primary": r is primary} for r in self._relays]
@@ -422,6 +419,9 @@ class MultiRelay:
 
     async def revoke(self, record: bytes) -> None:
         await self._each(lambda c: c.revoke(record))
+
+    async def admit(self, record: bytes) -> None:
+        await self._each(lambda c: c.admit(record))
 
     async def roster(self) -> list[list[bytes]]:
         seen: dict[tuple[bytes, ...], list[bytes]] = {}

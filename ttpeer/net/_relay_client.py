@@ -35,6 +35,7 @@ import httpx
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ttpeer_wire import (
+    ADMIT,
     BROADCAST,
     CHALLENGE,
     RECV,
@@ -44,6 +45,7 @@ from ttpeer_wire import (
     TOUCH,
     ErrorCode,
     blob_path,
+    error_records,
     fingerprint,
     login_message,
     public_hex,
@@ -112,17 +114,8 @@ class RelayClient:
     or from a relay that does not say).
     """
 
-    def __init__(
-        self,
-        url: str,
-        fingerprint: str,
-        *,
-        pool: str,
-        peer_key: Ed25519PrivateKey,
-        proof: list[bytes],
-        proxy: str | None = None,
-        timeout: float = 30.0,
-    ) -> None:
+    def __init__(self, url: str, fingerprint: str, *, pool: str, peer_key: Ed25519PrivateKey,
+                 proof: list[bytes], proxy: str | None = None, timeout: float = 30.0) -> None:
         host_port(url)  # a malformed URL or proxy is a configuration error: ValueError now
         if proxy is not None and not proxy.startswith("http://"):
             raise ValueError(f"proxy must be an http://HOST:PORT CONNECT proxy, not {proxy!r}")
@@ -294,6 +287,8 @@ class RelayClient:
             code, message = None, "(the answer broke off)"
         finally:
             await response.aclose()
+        if response.status_code == 403 and code == ErrorCode.TOKEN_USED:  # with its proof
+            raise RelayRejected(self.url, 403, message, code=code, records=tuple(error_records(bytes(raw))))
         self._raise_status(response.status_code, code, message, response.headers, blob)
 
     def _raise_status(self, status: int, code: str | None, message: str, headers: Mapping[str, str],
@@ -362,6 +357,10 @@ class RelayClient:
     async def revoke(self, record: bytes) -> None:
         """Hand the relay a root-signed revocation. Raises ``RelayRejected``."""
         await self._json("POST", REVOKE, content=record)
+
+    async def admit(self, record: bytes) -> None:
+        """Hand the relay a root-signed acknowledgement of a join. Raises ``RelayRejected``."""
+        await self._json("POST", ADMIT, content=record)
 
     async def roster(self) -> list[list[bytes]]:
         answer = await self._json("GET", ROSTER)

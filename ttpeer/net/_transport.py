@@ -80,6 +80,11 @@ class Transport(Protocol):
         """Hand the relay a root-signed ``revoke`` record: from then on it refuses the
         revoked peer's sessions and drops it from the roster. Raises ``RelayRejected``."""
 
+    async def admit(self, record: bytes) -> None:
+        """Hand the relay a root-signed ``admit`` record: once its invite's uses are all
+        acknowledged, the relay refuses logins with any other join of it. Raises
+        ``RelayRejected``."""
+
     async def roster(self) -> list[list[bytes]]:
         """Every membership proof ([invite, join]) admitted for this pool."""
 
