@@ -77,6 +77,8 @@ def status(args: argparse.Namespace, home: Any) -> int:
             "never heard from" if peer["last_seen_s"] is None else f"heard {peer['last_seen_s']:.0f}s ago")
         if peer["id"] in silent:
             seen = silent_line(peer["last_seen_s"], running[0] if running else None)
+        if peer.get("provisional"):
+            seen += "; provisional: the admin has not acknowledged its join yet (it does when it next runs)"
         print(f"  {peer['name']:<16} {peer['id'][:12]}  {peer['role']:<6}  {seen}")
     print("jobs:" if st["jobs"] else "jobs: none")
     for job in st["jobs"]:

@@ -490,7 +490,7 @@ def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
     import trio
 
     ended = home.ended()
-    if ended is not None:  # revoked, or the token enrolled another machine: say so before loading torch
+    if ended is not None:  # revoked, or its token went to others: say so before loading torch
         from ttpeer.errors import MembershipEnded
 
         raise MembershipEnded(ended)

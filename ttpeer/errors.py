@@ -12,7 +12,7 @@
      +-- HomeError                   the home directory is missing, not enrolled, or locked
      +-- DiskError                   a write failed (disk full, read-only); nothing written is lost
      +-- DaemonNotRunning            a command needs the running daemon and found none
-     +-- MembershipEnded             this machine was revoked or lost its token's race (exit 3)
+     +-- MembershipEnded             this machine was revoked, or its token went to others (exit 3)
      +-- JobError                    a job failed, was declined, or is unknown
      |    +-- StateMissing           a state counted as held is not on disk
      |    +-- TaskFailed             the task's code (or torch under it) failed on this peer: the job ends here
@@ -61,7 +61,7 @@ class DaemonNotRunning(TtpeerError):
 
 class MembershipEnded(TtpeerError):
     """The records say this machine is no member of its pool and never will be again: it
-    was revoked, or its token enrolled another machine first. Final, so the daemon exits
+    was revoked, or its token was used up by other machines. Final, so the daemon exits
     with ``exit_code`` (3), which the systemd unit does not restart."""
 
     exit_code = 3

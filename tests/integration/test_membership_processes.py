@@ -1,9 +1,9 @@
 """Memberships that end, and names, with real processes on loopback (a relay over TLS,
 `ttpeer` daemons, the command line):
 
-- ``invite --uses 1`` and two machines joining with it: the one that loses the race
-  (lowest join id wins) is told, its daemon exits 3 with the message, and ``status``
-  and ``up`` on its home say why at once.
+- ``invite --uses 1`` and two machines joining with it: the first keeps its place (the
+  admin acknowledged its join), whatever the join ids; the second is refused at once, its
+  daemon exits 3 saying who used the token and when, and ``up`` on its home says so again.
 - Both chose the admin's name: the winner gets a suffixed, pool-unique name.
 - ``revoke`` on a member says it is admin-only before looking at names; on the admin it
   returns within 5 s and the revoked daemon exits within 10 s; its home then says
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from ttpeer_harness import Cluster, make_pool, status, ttpeer, wait_for
 
 pytestmark = pytest.mark.slow
 
-LOST = "this token enrolled another machine first; ask the admin for a new one"
+USED = "this token was already used by "
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -60,16 +61,20 @@ def test_token_race_names_and_revocation(tmp_path: Path) -> None:
         def ended() -> str | None:
             return next((w for w in homes if cluster.named[w].poll() is not None), None)
 
-        loser = wait_for(ended, 30, "the race's loser to stop")
-        winner = "tom" if loser == "sam" else "sam"
+        assert wait_for(ended, 30, "the second machine to stop") == "tom"
+        loser, winner = "tom", "sam"
         # Told at once, and for good: exit 3, which the systemd unit does not restart.
         assert _exited(cluster.named[loser], 5) == 3
-        assert LOST in (tmp_path / f"{loser}.log").read_text()
-        st = _cli("status", "--home", str(homes[loser]))
-        assert st.returncode == 3 and LOST in st.stderr and "ttpeer up" not in st.stderr
+        said = (tmp_path / f"{loser}.log").read_text()
+        sam_name = wait_for(lambda: next((p["name"] for p in status(alice)["peers"] if p["name"] != "alice"), None),
+                            30, "the admin to list sam")
+        assert f"{USED}{sam_name} at " in said, said
+        st = _cli("status", "--home", str(homes[loser]))  # the relay's refusal carried the signed proof
+        assert st.returncode == 3 and f"{USED}{sam_name} at " in st.stderr and "ttpeer up" not in st.stderr
         started = time.monotonic()
         up = _cli("up", "--home", str(homes[loser]))
-        assert up.returncode == 3 and LOST in up.stderr and time.monotonic() - started < 10
+        assert up.returncode == 3 and f"{USED}{sam_name} at " in up.stderr and time.monotonic() - started < 10
+        assert cluster.named[winner].poll() is None  # the first machine runs on
 
         # The winner is a member under a name no one else in the pool has.
         def named() -> dict[str, str] | None:
@@ -98,5 +103,46 @@ def test_token_race_names_and_revocation(tmp_path: Path) -> None:
         started = time.monotonic()
         up = _cli("up", "--home", str(homes[winner]))
         assert up.returncode == 3 and "revoked" in up.stderr and time.monotonic() - started < 10
+    finally:
+        cluster.close()
+
+
+def test_while_the_admin_is_away_a_token_race_waits_for_it(tmp_path: Path) -> None:
+    """Both machines join with one single-use token while the admin is stopped: the lower
+    join id holds the use provisionally (bob's status says so) and the other waits, not
+    ended; the admin starts again, acknowledges the provisional member, and the other exits
+    3 naming it. The acknowledged member runs on."""
+    from ttpeer.proto import parse
+
+    cluster = Cluster(tmp_path)
+    try:
+        url, fp = cluster.start_relay()
+        alice, bob = make_pool(cluster, url, fp, ["alice", "bob"])
+        token = ttpeer("invite", "--uses", "1", "--home", str(alice))[-1]
+        cluster.named["alice"].terminate()
+        assert _exited(cluster.named["alice"], 30) == 0
+        homes = {who: tmp_path / who for who in ("sam", "tom")}
+        for who in homes:
+            cluster.spawn(who, "join", token, "--name", who, "--home", str(homes[who]))
+        joins = {who: wait_for(lambda w=who: (homes[w] / "pool.json").exists() and parse(
+            bytes.fromhex(json.loads((homes[w] / "pool.json").read_text())["join"])).id, 60,
+            f"{who} to enroll") for who in homes}
+        held, waiting = sorted(homes, key=lambda w: joins[w])
+
+        def provisional() -> bool:
+            return any(p["name"] == held and p["provisional"] for p in status(bob)["peers"])
+
+        wait_for(provisional, 60, f"bob to list {held} as provisional")
+        said = _cli("status", "--home", str(bob)).stdout
+        line = next(x for x in said.splitlines() if x.strip().startswith(held + " "))
+        assert "provisional: the admin has not acknowledged its join yet" in line, said
+        assert cluster.named[waiting].poll() is None  # not ended: no signed record says it lost
+
+        cluster.spawn("alice", "up", "--home", str(alice))
+        assert wait_for(lambda: cluster.named[waiting].poll() is not None, 60, f"{waiting} to stop") is True
+        assert _exited(cluster.named[waiting], 5) == 3
+        assert f"{USED}{held} at " in (tmp_path / f"{waiting}.log").read_text()
+        wait_for(lambda: not any(p["provisional"] for p in status(bob)["peers"]), 30, "the acknowledgement")
+        assert cluster.named[held].poll() is None
     finally:
         cluster.close()

@@ -30,10 +30,11 @@ SURFACES: dict[str, set[str]] = {
         'RecordError', 'RecordSet', 'RevokeError', 'Send', 'TaskSignatureError', 'Timing', 'Token',
         'TokenError', 'Train', 'TtpeerError', 'admitted', 'cancel_of', 'canonical_chain', 'checkpoints',
         'contributions', 'covered', 'decode', 'default_sizing', 'encode', 'failed_here', 'job_ended', 'joined_after',
-        'lost_joins', 'make_token', 'may_cancel', 'member_variants', 'members', 'open_task', 'overlapped',
+        'lost_joins', 'acknowledged', 'provisional', 'used_by', 'Admit',
+        'make_token', 'may_cancel', 'member_variants', 'members', 'open_task', 'overlapped',
         'parse', 'parse_token', 'pool_id_of', 'public_hex', 'revocation_keep', 'revocations',
         'select_cover', 'sign', 'sign_task', 'standing', 'standing_declines', 'train_base', 'verify_proof',
-        'verify_revocation',
+        'verify_revocation', 'token_used_message',
         # typed reports of the executor's outcomes, and the job record read once
         'Aggregated', 'Applied', 'CheckpointPublished', 'Declined', 'DeltaEncoded', 'DeltaPublished', 'Failed',
         'Fetched', 'Holds', 'JobFailed', 'JobSpec', 'Prepared', 'Progress', 'Report', 'StateLost', 'Trained',

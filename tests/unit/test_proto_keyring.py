@@ -45,6 +45,16 @@ RACE_TWO = sorted((P.join(INV_TWO, key(f"kr-two-{i}"), signer=IK_TWO, name=f"two
                   key=lambda r: r.id)
 
 
+def admit(join: Record) -> Record:
+    """The admin's acknowledgement of ``join``."""
+    body = {"invite": join["invite"], "join": join.id, "node": join["node"], "name": join["name"], "at": join["at"]}
+    return sign("admit", P.id, body, P.root)
+
+
+# The admin saw the winners first: every use of both invites is acknowledged.
+ACK_ONE, ACK_TWO = [admit(j) for j in RACE_ONE[:1]], [admit(j) for j in RACE_TWO[:2]]
+
+
 def revoke(node: str, at: int = 5) -> Record:
     return sign("revoke", P.id, {"node": node, "keep": [], "at": at}, P.root)
 
@@ -94,7 +104,14 @@ def test_a_revoked_node_is_shown_exactly_its_own_revocations():
 def test_a_race_loser_is_shown_its_invite_and_the_joins_that_took_its_uses(invite, race, uses):
     loser = proof(invite, race[-1])
     rs = records(*BASE, INV_ONE, INV_TWO, *RACE_ONE, *RACE_TWO)
-    assert hello(ring(), loser, rs) == TellEnded(race[-1]["node"], loser.seal, "lost", (invite, *race[:uses]))
+    assert hello(ring(), loser, rs) is None  # nothing acknowledged yet: the admin decides, not us
+    acks = ACK_ONE if uses == 1 else ACK_TWO
+    for rec in ACK_ONE + ACK_TWO:
+        rs.add(rec)
+    told = hello(ring(), loser, rs)
+    assert isinstance(told, TellEnded) and (told.node, told.seal, told.where) == (race[-1]["node"], loser.seal, "lost")
+    assert told.records[: uses + 1] == (invite, *race[:uses])
+    assert sorted(r.id for r in told.records[uses + 1:]) == sorted(r.id for r in acks)  # so it can judge too
 
 
 def test_a_node_whose_standing_is_not_known_yet_is_told_nothing():
@@ -166,17 +183,19 @@ def test_the_admin_rotates_once_per_new_race_loser():
     assert r.check_lost_races(rs) is None
     for rec in (INV_ONE, *RACE_ONE):
         rs.add(rec)
+    assert r.check_lost_races(rs) is None  # not lost for good until the winner is acknowledged
+    rs.add(ACK_ONE[0])
     assert r.check_lost_races(rs) == Rotate(1)
     assert r.check_lost_races(rs) is None  # the same records: checked already
     rs.add(P.join(INV, key("kr-d"), signer=IK, name="d"))  # a membership change, no new loser
     assert r.check_lost_races(rs) is None
-    for rec in (INV_TWO, *RACE_TWO):
+    for rec in (INV_TWO, *RACE_TWO, *ACK_TWO):
         rs.add(rec)
     assert r.check_lost_races(rs) == Rotate(1)
 
 
 def test_only_the_admin_rotates_for_a_lost_race():
-    rs = records(*BASE, INV_ONE, *RACE_ONE)
+    rs = records(*BASE, INV_ONE, *RACE_ONE, *ACK_ONE)
     assert ring(admin=False).check_lost_races(rs) is None
     assert ring(admin=True).check_lost_races(rs) == Rotate(1)
 
@@ -191,7 +210,7 @@ def test_a_revocation_is_no_lost_race():
 
 def test_races_lost_before_a_restart_were_answered_then():
     r = ring(admin=True)
-    rs = records(*BASE, INV_ONE, *RACE_ONE)
+    rs = records(*BASE, INV_ONE, *RACE_ONE, *ACK_ONE)
     assert r.loaded(rs) is None
     rs.add(revoke(CID))
     assert r.check_lost_races(rs) is None
@@ -204,9 +223,11 @@ def test_a_revoked_or_lost_node_ends_its_membership():
     assert ring(me=BID, name="b").check_standing(records(*BASE, revoke(BID))) == EndMembership("revoked")
     loser = RACE_ONE[-1]
     rs = records(*BASE, INV_ONE, *RACE_ONE)
-    assert ring(me=loser["node"], name=loser["name"]).check_standing(rs) == EndMembership("lost")
+    assert ring(me=loser["node"], name=loser["name"]).check_standing(rs) is None  # waiting: the admin decides
+    rs.add(ACK_ONE[0])
+    assert ring(me=loser["node"], name=loser["name"]).check_standing(rs) == EndMembership("lost", ACK_ONE[0])
     assert ring(me=BID, name="b").loaded(records(*BASE, revoke(BID))) == EndMembership("revoked")
-    assert ring(me=loser["node"], name=loser["name"]).loaded(rs) == EndMembership("lost")
+    assert ring(me=loser["node"], name=loser["name"]).loaded(rs) == EndMembership("lost", ACK_ONE[0])
 
 
 def test_standing_is_checked_once_per_membership_change():
@@ -236,3 +257,24 @@ def test_a_hello_again_at_most_once_per_interval():
     r = ring()
     assert [r.rehello_due(t) for t in (0.0, 10.0, REHELLO_EVERY - 0.1, REHELLO_EVERY, REHELLO_EVERY + 1)] == [
         True, False, False, True, False]
+
+
+# -- acknowledging joins ----------------------------------------------------------------
+
+def test_the_admin_acknowledges_each_unacknowledged_member_once():
+    r = ring(admin=True)
+    rs = records(*BASE, INV_ONE, RACE_ONE[-1])
+    first = r.check_admits(rs)
+    assert sorted(a.member.node for a in first) == sorted([AID, BID, CID, RACE_ONE[-1]["node"]])
+    assert all(a.at == rs.by_id[a.member.join]["at"] for a in first)
+    assert r.check_admits(rs) == []  # the same records: checked already
+    for a in first:  # the daemon signs them and adds them to the records
+        rs.add(admit(rs.by_id[a.member.join]))
+    rs.add(RACE_ONE[0])  # a later, lower-id join of the used invite: nobody new to acknowledge
+    assert r.check_admits(rs) == []
+    assert RACE_ONE[-1]["node"] in rs.members and RACE_ONE[0]["node"] not in rs.members
+    assert r.check_lost_races(rs) == Rotate(1)  # it may have been handed the key: rotate
+
+
+def test_only_the_admin_acknowledges():
+    assert ring(admin=False).check_admits(records(*BASE)) == []

@@ -6,7 +6,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ttpeer.proto import Member, ProofError, Record, members, public_hex, verify_proof
+from ttpeer.proto import (
+    Member,
+    ProofError,
+    Record,
+    lost_joins,
+    members,
+    provisional,
+    public_hex,
+    sign,
+    standing,
+    used_by,
+    verify_proof,
+)
 
 from .proto_helpers import Pool, hex64, key
 
@@ -194,3 +206,95 @@ def test_verify_proof_rejects_any_mutated_byte(which: int, data: st.DataObject) 
 def test_fuzz_verify_proof_raises_only_proof_error(proof: list[bytes]) -> None:
     with pytest.raises(ProofError):
         verify_proof(P.id, NID["A"], proof)
+
+
+# -- the machine that joined first keeps its place ---------------------------------------
+
+def _admit(join: Record, pool: Pool = P) -> Record:
+    body = {"invite": join["invite"], "join": join.id, "node": join["node"], "name": join["name"], "at": join["at"]}
+    return sign("admit", pool.id, body, pool.root)
+
+
+IK_ONE = key("ik-one")
+INV_ONE = P.invite(IK_ONE, uses=1)
+ONE = sorted((P.join(INV_ONE, key(f"one:{i}"), signer=IK_ONE, name=f"one{i}") for i in range(3)),
+             key=lambda r: r.id)
+FIRST = ONE[-1]  # the highest id: the lowest-id rule alone would evict it
+SEEN_FIRST = _admit(FIRST)
+
+
+def test_an_acknowledged_join_keeps_the_seat_against_any_lower_id():
+    for later in (ONE[:1], ONE[:2]):
+        got = members(P.id, [INV_ONE, FIRST, SEEN_FIRST, *later])
+        assert list(got) == [FIRST["node"]]
+        for loser in later:
+            assert standing(P.id, [INV_ONE, FIRST, SEEN_FIRST, *later], loser["node"]) == "lost"
+            assert used_by(P.id, [INV_ONE, FIRST, SEEN_FIRST, *later], loser["node"]) == SEEN_FIRST
+        assert provisional(P.id, [INV_ONE, FIRST, SEEN_FIRST, *later]) == set()
+
+
+def test_before_the_admin_acknowledges_the_lowest_id_is_a_provisional_member_and_the_other_waits():
+    rs = [INV_ONE, FIRST, ONE[0]]
+    assert list(members(P.id, rs)) == [ONE[0]["node"]]
+    assert provisional(P.id, rs) == {ONE[0]["node"]}
+    assert standing(P.id, rs, FIRST["node"]) == "waiting"  # not final: the admin decides
+    assert lost_joins(P.id, rs) == set()
+
+
+def test_an_acknowledgement_whose_join_has_not_arrived_still_holds_its_use():
+    # The admit came before the join it names: the invite admits nobody else meanwhile.
+    rs = [INV_ONE, SEEN_FIRST, ONE[0]]
+    assert members(P.id, rs) == {}
+    assert standing(P.id, rs, ONE[0]["node"]) == "lost"
+
+
+def test_a_forged_acknowledgement_counts_for_nothing():
+    body = {**SEEN_FIRST.body}
+    forged = sign("admit", P.id, body, MALLORY)  # not the pool's root
+    assert list(members(P.id, [INV_ONE, FIRST, ONE[0], forged])) == [ONE[0]["node"]]
+    other_pool = sign("admit", Q.id, {**body}, Q.root)
+    assert list(members(P.id, [INV_ONE, FIRST, ONE[0], other_pool])) == [ONE[0]["node"]]
+
+
+def test_two_uses_acknowledged_for_the_first_two_leave_the_rest_lost():
+    ik = key("ik-two-acks")
+    inv = P.invite(ik, uses=2)
+    joins = sorted((P.join(inv, key(f"two-acks:{i}"), signer=ik, name=f"t{i}") for i in range(4)), key=lambda r: r.id)
+    seen = joins[2:]  # the admin saw the two highest ids first
+    rs = [inv, *joins, *map(_admit, seen)]
+    assert set(members(P.id, rs)) == {j["node"] for j in seen}
+    assert lost_joins(P.id, rs) == {j["node"] for j in joins[:2]}
+    one_acked = [inv, *joins, _admit(joins[3])]  # one use acknowledged, one left to the lowest id
+    assert set(members(P.id, one_acked)) == {joins[3]["node"], joins[0]["node"]}
+    assert provisional(P.id, one_acked) == {joins[0]["node"]}
+    assert standing(P.id, one_acked, joins[1]["node"]) == "waiting"
+
+
+ACK_WORLD = [INV_ONE, *ONE, SEEN_FIRST, *GENUINE, *map(_admit, RACE_WINNERS[1:])]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.permutations(ACK_WORLD), st.lists(st.sampled_from(ACK_WORLD), max_size=12), st.data())
+def test_acknowledged_membership_ignores_order_and_duplication(perm: list[Record], dups: list[Record],
+                                                               data: st.DataObject) -> None:
+    """I1 with acknowledgements: any order, any duplication, the same members and standings."""
+    records = list(perm)
+    for rec in dups:
+        records.insert(data.draw(st.integers(0, len(records))), rec)
+    assert members(P.id, records) == members(P.id, ACK_WORLD)
+    assert lost_joins(P.id, records) == lost_joins(P.id, ACK_WORLD) == {j["node"] for j in ONE[:2]}
+    assert FIRST["node"] in members(P.id, records)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.booleans(), min_size=3, max_size=3), st.permutations(range(3)))
+def test_an_acknowledged_member_is_never_evicted_by_any_record_that_can_follow(acked: list[bool],
+                                                                              order: list[int]) -> None:
+    """Whatever the admin acknowledged (at most the invite's one use) and in whatever order the
+    joins arrive after it, a join once acknowledged stays a member."""
+    chosen = [j for j, a in zip(ONE, acked, strict=True) if a][:1]
+    rs = [INV_ONE, *map(_admit, chosen)]
+    for i in order:
+        rs.append(ONE[i])
+        if chosen and chosen[0] in rs:
+            assert chosen[0]["node"] in members(P.id, rs)

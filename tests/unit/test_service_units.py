@@ -62,7 +62,7 @@ def test_the_daemon_units_say_what_the_issue_asks():
     for unit in (system, user):
         for line in ("Type=notify", "NotifyAccess=main", "Restart=on-failure", "NoNewPrivileges=yes",
                      "ProtectSystem=strict", "PrivateTmp=yes", "KillSignal=SIGTERM", "CapabilityBoundingSet=",
-                     # exit 3: revoked, or the token enrolled another machine first; a restart cannot help
+                     # exit 3: revoked, or the token was used up by other machines; a restart cannot help
                      "RestartPreventExitStatus=3"):
             assert line in unit.splitlines(), line
         assert re.search(r"^WatchdogSec=\d+", unit, re.M)

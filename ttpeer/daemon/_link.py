@@ -155,3 +155,8 @@ class Link:
 
 def revoked_by_relay(exc: Exception) -> bool:
     return isinstance(exc, RelayRejected) and exc.status == 403 and exc.code == ErrorCode.REVOKED
+
+
+def token_used_at_relay(exc: Exception) -> bool:
+    """The relay refused our login: every use of our token is acknowledged for other machines."""
+    return isinstance(exc, RelayRejected) and exc.status == 403 and exc.code == ErrorCode.TOKEN_USED

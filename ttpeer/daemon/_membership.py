@@ -7,8 +7,10 @@ A member answers a hello with the keys if the records show the sender a member w
 invite was not used after it expired; with the records that show why, if the sender is
 no member (revoked, or its join lost the race for its invite's last use). The admin
 rotates the key on a revocation and when a join lost such a race (it may have been
-handed the key first). A node that the records show revoked or lost stops for good
-(``MembershipEnded``) and marks its home.
+handed the key first). The admin also acknowledges each member's join as it first sees
+it (a root-signed ``admit``, gossiped and handed to the relays): the machine that used a
+token first keeps its place, and the relays refuse the token's later joins. A node that
+the records show revoked or lost stops for good (``MembershipEnded``) and marks its home.
 
 The decisions are the pure ``proto.KeyRing``'s, which remembers what they need (what it
 checked, when it last answered whom). ``Membership`` executes them: it decodes, verifies
@@ -29,11 +31,13 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from ttpeer.errors import DiskError, MembershipEnded, TtpeerError
 from ttpeer.net import NetError, Transport
 from ttpeer.proto import (
+    Admit,
     Effect,
     EndMembership,
     HandKeys,
     KeyRing,
     PeerMachine,
+    Record,
     Refuse,
     RejectKeys,
     Renamed,
@@ -41,6 +45,8 @@ from ttpeer.proto import (
     decode,
     encode,
     parse,
+    sign,
+    token_used_message,
     verify_proof,
 )
 
@@ -52,11 +58,18 @@ log = logging.getLogger("ttpeer.daemon")
 
 HELLO_EVERY = 5.0  # until some member hands us the pool key
 ENDED = {
-    "lost": "this token enrolled another machine first; ask the admin for a new one "
+    "lost": "this token's uses went to other machines; ask the admin for a new one "
             "(and join with it in a new --home, or after deleting this one)",
     "revoked": "this machine was revoked from the pool by its admin; it can no longer take part "
                "(ask the admin for a new token, and join with it in a new --home)",
 }
+
+
+def _ended_words(ended: EndMembership) -> str:
+    """Why this machine's membership ended, for the log and the exit: who used the token up."""
+    if ended.where == "lost" and ended.by is not None:
+        return token_used_message(ended.by) + " (join with it in a new --home, or after deleting this one)"
+    return ENDED[ended.where]
 
 
 class Host(Protocol):
@@ -74,6 +87,7 @@ class Host(Protocol):
     seal_key: X25519PrivateKey
     key_event: trio.Event
     is_admin: bool
+    nursery: trio.Nursery | None
     outbox_send: trio.MemorySendChannel[tuple[str | None, bytes]]
 
     @property
@@ -97,7 +111,7 @@ class Membership:
         node = self._node
         ended = self.ring.loaded(node.machine.records)
         if ended is not None:
-            node.fatal = MembershipEnded(ENDED[ended.where])
+            node.fatal = MembershipEnded(_ended_words(ended))
             self.mark_ended()
             raise node.fatal
 
@@ -176,19 +190,32 @@ class Membership:
             return
         found = self.ring.check_standing(self._node.machine.records)
         if isinstance(found, EndMembership):
-            self.end(found.where)
+            self.end(_ended_words(found))
         elif isinstance(found, Renamed):
             log.warning("another machine in this pool was named %r first: this one is %r in the pool",
                         found.chose, found.shows)
 
-    def end(self, where: str, *, mark: bool = True) -> None:
-        """Stop with ``MembershipEnded``. ``mark`` the home only when our own records show
+    def end(self, why: str, *, mark: bool = True) -> None:
+        """Stop with ``MembershipEnded(why)``. ``mark`` the home only when our own records show
         it: a relay's 403 is its word, not a signed record, and must not end a home for good."""
-        self._node.fatal = MembershipEnded(ENDED[where])
+        self._node.fatal = MembershipEnded(why)
         log.error("%s", self._node.fatal)
         if mark:
             self.mark_ended()
         self._node.stop()
+
+    def token_used(self, proof: tuple[bytes, ...], said: str) -> None:
+        """The relay refused our login: every use of our token is acknowledged for other
+        machines, and ``proof`` (its answer's records) should show it. What the signed
+        records show ends the membership for good (the home is marked); the relay's word
+        alone (``said``) stops this run only."""
+        node = self._node
+        for raw in (*node.cfg.proof, *proof):
+            with contextlib.suppress(TtpeerError):
+                node.process(node.machine.add_local(parse(raw), node.now()), wake=False)
+        self.check_standing()
+        if node.fatal is None:
+            self.end(f"{said} (join with it in a new --home, or after deleting this one)", mark=False)
 
     def mark_ended(self) -> None:
         try:
@@ -212,6 +239,33 @@ class Membership:
         self._node.keys.rotate()
         for to in self.ring.hand_all(self._node.machine.records):
             self.hand_keys(to)
+
+    def check_admits(self) -> None:
+        """Admin only: acknowledge each member's join not acknowledged yet (root-signed),
+        gossip it, and hand it to the relays, which then refuse the token's later joins."""
+        node = self._node
+        for admit in self.ring.check_admits(node.machine.records):
+            rec = self._admit_record(admit)
+            node.process(node.machine.add_local(rec, node.now()))
+            log.info("acknowledged %s's join (%s)", admit.member.name, admit.member.node[:12])
+            if node.nursery is not None:
+                node.nursery.start_soon(self.hand_relay, rec)
+
+    def _admit_record(self, admit: Admit) -> Record:
+        m, node = admit.member, self._node
+        # Its name in the pool (a chosen name another machine took first gets a suffix).
+        name = m.name if len(m.name) <= 64 else node.machine.records.by_id[m.join]["name"]
+        return sign("admit", node.cfg.pool, {"invite": m.invite, "join": m.join, "node": m.node, "name": name,
+                                             "at": admit.at}, node.home.root_key())
+
+    async def hand_relay(self, rec: Record) -> None:
+        """Hand the relays a root-signed record they enforce (a revocation, an acknowledged
+        join). Root-signed, so any member may carry it; a relay that lost its disk relearns
+        them from the next peer that starts."""
+        try:
+            await (self._node.transport.revoke if rec.kind == "revoke" else self._node.transport.admit)(rec.raw)
+        except NetError as exc:
+            log.warning("the relay did not take a %s record: %s", rec.kind, exc)
 
     def check_lost_races(self) -> None:
         """Admin only: a join that lost the race for an invite's last use may have been

@@ -57,7 +57,7 @@ from ttpeer.errors import (
     DiskError,
     TtpeerError,
 )
-from ttpeer.net import NetError, RelayRejected, Transport
+from ttpeer.net import RelayRejected, Transport
 from ttpeer.proto import (
     Effect,
     PeerMachine,
@@ -77,8 +77,8 @@ from ._home import Home, PoolConfig
 from ._keys import BLOB as BLOB
 from ._keys import GOSSIP as GOSSIP
 from ._keys import Blobs, PoolKeys, SealError
-from ._link import Link, revoked_by_relay
-from ._membership import Membership
+from ._link import Link, revoked_by_relay, token_used_at_relay
+from ._membership import ENDED, Membership
 from ._recordlog import RecordLog
 from ._relays import Follower, relays_now
 from ._relays import change as change_relays
@@ -185,22 +185,17 @@ class Node:
             await self.link.connect()
         except RelayRejected as exc:
             if revoked_by_relay(exc):
-                self.membership.end("revoked", mark=False)
+                self.membership.end(ENDED["revoked"], mark=False)
+                raise self.fatal from None  # type: ignore[misc]
+            if token_used_at_relay(exc):
+                self.membership.token_used(exc.records, exc.message)
                 raise self.fatal from None  # type: ignore[misc]
             raise
-        await self._repeat_revocations()
+        for rec in [r for r in self.machine.records if r.kind in ("revoke", "admit")]:
+            await self.membership.hand_relay(rec)  # a relay that lost its disk relearns them
 
     def _revoked_by_relay(self) -> None:
-        self.membership.end("revoked", mark=False)
-
-    async def _repeat_revocations(self) -> None:
-        """Hand the relay every revocation we hold: a relay that lost its disk relearns
-        them from the first peer that starts. Root-signed, so anyone may carry them."""
-        for rec in [r for r in self.machine.records if r.kind == "revoke"]:
-            try:
-                await self.transport.revoke(rec.raw)
-            except NetError as exc:
-                log.warning("the relay did not take a revocation: %s", exc)
+        self.membership.end(ENDED["revoked"], mark=False)
 
     # -- time and liveness -----------------------------------------------------------
 
@@ -279,6 +274,7 @@ class Node:
     def _settle(self) -> None:
         """After a batch of messages: one decision for the whole batch, not one per message."""
         self.process(self.machine.settle(self.now()))
+        self.membership.check_admits()  # before the races: an acknowledgement decides them
         self.membership.check_lost_races()
         self.effects.release_ended()
         self.membership.check_standing()

@@ -3,7 +3,7 @@
     {"version": 1, "node": {...}, "relay": {...}, "bytes_sent", "bytes_received",
      "gossip": {"digests_out", "digests_in", "records_out", "answers_out", "records_in_new",
                 "records_in_held"},
-     "peers": [{"id", "name", "role", "self", "last_seen_s", "liveness", "rate"}],
+     "peers": [{"id", "name", "role", "self", "last_seen_s", "liveness", "rate", "provisional"}],
      "jobs": [{"id", "task", "mode", "state", "round", "rounds", "shards_done",
                "shards_total", "eval_loss", "eval_metric", "metric_name",
                "bytes_sent", "bytes_received", "compression_ratio", "declined",
@@ -67,6 +67,7 @@ from ttpeer.proto import (
     failed_here,
     job_ended,
     joined_after,
+    provisional,
     slow_link_of,
     standing_declines,
     train_base,
@@ -231,6 +232,7 @@ def snapshot(node: NodeView) -> dict[str, Any]:
     m = node.machine
     now = trio.current_time()
     peers = []
+    unacked = provisional(node.cfg.pool, m.records)
     for pid, member in sorted(m.records.members.items(), key=lambda kv: kv[1].name):
         seen = node.counters.peers_seen.get(pid)
         peers.append({
@@ -238,6 +240,8 @@ def snapshot(node: NodeView) -> dict[str, Any]:
             "last_seen_s": 0.0 if pid == node.me else (round(now - seen, 1) if seen is not None else None),
             "liveness": node.liveness(pid),
             "rate": round(m.rate if pid == node.me else m.peer_rates.get(pid, 0.0), 3),
+            # Its join is not acknowledged by the admin yet (``proto.provisional``).
+            "provisional": pid in unacked,
         })
     jobs = []
     me = m.records.members.get(node.me)  # its name in the pool: unique, may differ from the chosen one

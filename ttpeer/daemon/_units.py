@@ -10,8 +10,8 @@ Two flavours:
   your configured home (``ReadWritePaths=`` it, the rest of your home read-only).
 
 Both are ``Type=notify`` (READY, WATCHDOG, STOPPING: see ``_systemd``),
-``Restart=on-failure`` (but not after exit 3: revoked, or the token enrolled another
-machine first), and hardened as far as a GPU training job allows: no new
+``Restart=on-failure`` (but not after exit 3: revoked, or the token was used up by
+other machines), and hardened as far as a GPU training job allows: no new
 privileges, a read-only system, private /tmp, no capabilities, no realtime, no
 kernel tunables/modules/logs, native syscalls only. Left open on purpose:
 ``PrivateDevices=`` (it would hide /dev/nvidia* and /dev/dri), and
@@ -175,7 +175,7 @@ def render_unit(*, user: bool, python: str, config: Path, home: Path | None = No
         "Environment=PYTHONUNBUFFERED=1",
         "Restart=on-failure",
         "RestartSec=10",
-        "# Exit 3: revoked, or the token enrolled another machine first. Restarting cannot help.",
+        "# Exit 3: revoked, or the token was used up by other machines. Restarting cannot help.",
         f"RestartPreventExitStatus={MembershipEnded.exit_code}",
         "WatchdogSec=120",
         "TimeoutStartSec=180",

@@ -18,6 +18,7 @@ from ttpeer_wire import (
     pool_id_of,
     public_hex,
     sign,
+    token_used_message,
     verify_proof,
     verify_revocation,
 )
@@ -51,6 +52,7 @@ from ._jobspec import JobSpec
 from ._keyring import (
     EXPIRY_GRACE,
     AcceptKeys,
+    Admit,
     EndMembership,
     HandKeys,
     KeyRing,
@@ -72,7 +74,7 @@ from ._ledger import (
     select_cover,
     train_base,
 )
-from ._membership import admitted, lost_joins, members, revocations, standing
+from ._membership import acknowledged, admitted, lost_joins, members, provisional, revocations, standing, used_by
 from ._outcome import (
     DECLINE_CODES,
     Ended,
@@ -227,11 +229,16 @@ __all__ = [
     "members",
     "admitted",
     "lost_joins",
+    "acknowledged",
+    "provisional",
+    "used_by",
+    "Admit",
     "standing",
     "parse",
     "pool_id_of",
     "public_hex",
     "sign",
     "verify_proof",
+    "token_used_message",
     "verify_revocation",
 ]

@@ -15,8 +15,11 @@ and passes in the records, whether it holds a key, and its clocks.
 - A handover of keys (``offer_keys``) is taken when we hold none; else only from a
   current member, and only if it extends the epochs we hold (only the admin makes
   epochs; members pass them on). ``AcceptKeys`` or ``RejectKeys`` with why.
-- Our own standing (``check_standing``): revoked or lost is final (``EndMembership``);
-  a chosen name another machine took first is said once (``Renamed``).
+- Our own standing (``check_standing``): revoked or lost is final (``EndMembership``,
+  with the acknowledgement that used our token up); a chosen name another machine took
+  first is said once (``Renamed``).
+- The admin acknowledges every member's join it has not acknowledged yet (``Admit``),
+  so that the machine that used an invite first keeps its place (``_membership``).
 - The admin rotates the key once for every join newly seen to have lost the race for
   its invite's last use (``Rotate``): it may have been handed the key first. Revoked
   nodes are not counted: their revocation rotated the key already. ``hand_all`` says
@@ -38,7 +41,7 @@ from typing import Literal
 from ttpeer_wire import Member, Record
 
 from ._ledger import RecordSet
-from ._membership import lost_joins, revocations, standing
+from ._membership import acknowledged, lost_joins, revocations, standing, used_by
 
 EXPIRY_GRACE = 15 * 60.0  # clock skew and a slow first hello, past an invite's expiry
 REHELLO_EVERY = 30.0  # at most one hello per this many seconds for messages we cannot open
@@ -80,9 +83,19 @@ class Refuse:
 
 @dataclass(frozen=True)
 class EndMembership:
-    """This node is no member and never will be: stop for good."""
+    """This node is no member and never will be: stop for good. ``by``: for "lost", the
+    acknowledgement of the join that took the token's last use, if held."""
 
     where: EndedAs
+    by: Record | None = None
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Admin: sign an ``admit`` for ``member``'s join (of ``at``, the join's time)."""
+
+    member: Member
+    at: int
 
 
 @dataclass(frozen=True)
@@ -124,6 +137,7 @@ class KeyRing:
     def __init__(self, pool: str, me: str, name: str, *, admin: bool) -> None:
         self.pool, self.me, self.name, self.admin = pool, me, name, admin
         self._lost_checked = -1  # membership version last checked for lost join races
+        self._admits_checked = -1  # membership version last checked for joins to acknowledge
         self._lost_seen: set[str] = set()
         self._rehello_at = 0.0
         self._standing_checked = -1  # membership version last checked for our own standing
@@ -135,7 +149,7 @@ class KeyRing:
         Lost join races already in the log were answered (by a rotation) back then."""
         where = _final(standing(self.pool, records, self.me))
         if where is not None:
-            return EndMembership(where)
+            return EndMembership(where, used_by(self.pool, records, self.me) if where == "lost" else None)
         self._lost_seen = lost_joins(self.pool, records)
         self._lost_checked = records.membership_version
         return None
@@ -183,7 +197,8 @@ class KeyRing:
             shown = [r for r in records if r.kind == "revoke" and r["node"] == member.node]
         elif where == "lost":
             winners = [m.join for m in records.members.values() if m.invite == member.invite]
-            shown = [records.by_id[member.invite], *(records.by_id[j] for j in sorted(winners))]
+            admits = [r for r in records if r.kind == "admit" and r["invite"] == member.invite]
+            shown = [records.by_id[member.invite], *(records.by_id[j] for j in sorted(winners)), *admits]
         else:
             return None
         self._told_ended[member.node] = now
@@ -217,11 +232,21 @@ class KeyRing:
         where = standing(self.pool, records, self.me)
         final = _final(where)
         if final is not None:
-            return EndMembership(final)
+            return EndMembership(final, used_by(self.pool, records, self.me) if final == "lost" else None)
         if where == "member" and records.members[self.me].name != self.name and not self._renamed:
             self._renamed = True
             return Renamed(self.name, records.members[self.me].name)
         return None
+
+    def check_admits(self, records: RecordSet) -> list[Admit]:
+        """Admin only, once per membership change: the members whose join is not
+        acknowledged yet, to acknowledge now (the first machine that used each use keeps it)."""
+        if not self.admin or self._admits_checked == records.membership_version:
+            return []
+        self._admits_checked = records.membership_version
+        acked = set().union(*acknowledged(self.pool, records.by_id.values()).values())
+        return [Admit(m, records.by_id[m.join]["at"]) for _n, m in sorted(records.members.items())
+                if m.join not in acked and m.join in records.by_id]
 
     def check_lost_races(self, records: RecordSet) -> Rotate | None:
         """Admin only, once per membership change: rotate when a join newly lost its race."""

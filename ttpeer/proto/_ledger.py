@@ -63,7 +63,7 @@ class RecordSet:
         if rec.pool != self.pool or rec.id in self.by_id:
             return False
         self.by_id[rec.id] = rec
-        if rec.kind in ("invite", "join", "revoke"):
+        if rec.kind in ("invite", "join", "revoke", "admit"):
             self._any_revoke = self._any_revoke or rec.kind == "revoke"
             self._members = None
             self.membership_version += 1

@@ -3,9 +3,14 @@
 Theory of operation. The pool id is a hash of the root public key, so an invite
 is genuine exactly when its author hashes to the pool id. A join is genuine when
 its invite is, it is signed by that invite's key, and it was made before the
-invite expired. An invite admits at most ``uses`` joins; when more race for it,
-the joins with the lowest ids win, so every peer that holds the same records
-picks the same members (I1). A node that joined twice counts once.
+invite expired. An invite admits at most ``uses`` joins. The machine that used it first
+keeps its place: the admin's daemon acknowledges the joins it sees (a root-signed
+``admit`` for each), and an acknowledged join beats any that is not; once every use is
+acknowledged the invite admits nobody more, and the other joins are lost for good.
+Among joins not acknowledged (the admin was offline), the lowest ids win the uses left,
+and such members are provisional until the admin acknowledges them. Every peer that
+holds the same records picks the same members, in whatever order they arrived (I1).
+A node that joined twice counts once.
 
 Revocation. A root-signed ``revoke`` names a node and the ids of its records that
 stay valid (``keep``). The node is no member, whatever joins it holds; of its
@@ -55,21 +60,45 @@ def admitted(pool: str, records: Iterable[Record]) -> dict[str, Member]:
             invites[rec.id] = rec
         elif rec.kind == "join":
             joins.append(rec)
-    used: dict[str, int] = {}
+    acked = acknowledged(pool, records)
+    used: dict[str, int] = {}  # uses taken by joins not acknowledged, per invite
     out: dict[str, Member] = {}
     at: dict[str, int] = {}
-    for join in sorted(joins, key=lambda r: r.id):
+    # Acknowledged joins first: the machine the admin saw first keeps its place.
+    for join in sorted(joins, key=lambda r: (r.id not in acked.get(r["invite"], ()), r.id)):
         invite = invites.get(join["invite"])
-        if invite is None or not join_fits_invite(join, invite):
+        if invite is None or not join_fits_invite(join, invite) or join["node"] in out:
             continue
-        if used.get(invite.id, 0) >= invite["uses"] or join["node"] in out:
-            continue
-        used[invite.id] = used.get(invite.id, 0) + 1  # a revoked node still used its invite
+        mine = acked.get(invite.id, frozenset())
+        if join.id in mine:
+            if join.id not in sorted(mine)[: invite["uses"]]:
+                continue  # more acknowledged than uses (never made so): the lowest ids count
+        elif used.get(invite.id, 0) >= invite["uses"] - len(mine):
+            continue  # the uses left are taken, or held for acknowledged joins
+        else:
+            used[invite.id] = used.get(invite.id, 0) + 1  # a revoked node still used its invite
         out[join["node"]] = Member(
             join["node"], join["seal"], join["name"], invite["role"], join.id, invite.id
         )
         at[join["node"]] = join["at"]
     return _unique_names(out, at)
+
+
+def acknowledged(pool: str, records: Iterable[Record]) -> dict[str, frozenset[str]]:
+    """The joins the admin acknowledged (root-signed ``admit`` records), by invite."""
+    out: dict[str, set[str]] = {}
+    for rec in records:
+        if rec.kind == "admit" and rec.pool == pool and pool_id_of(rec.author) == pool:
+            out.setdefault(rec["invite"], set()).add(rec["join"])
+    return {invite: frozenset(joins) for invite, joins in out.items()}
+
+
+def provisional(pool: str, records: Iterable[Record]) -> set[str]:
+    """Members whose join the admin has not acknowledged yet (it was offline when they
+    joined): until it does, a lower-id join of the same invite can still take the seat."""
+    records = list(records)
+    acked = set().union(*acknowledged(pool, records).values())
+    return {n for n, m in members(pool, records).items() if m.join not in acked}
 
 
 def _unique_names(nodes: dict[str, Member], at: dict[str, int]) -> dict[str, Member]:
@@ -91,29 +120,50 @@ def _unique_names(nodes: dict[str, Member], at: dict[str, int]) -> dict[str, Mem
 
 
 def lost_joins(pool: str, records: Iterable[Record]) -> set[str]:
-    """Nodes holding a genuine join that is not a membership: they lost a race for an
-    invite's last use (or were revoked). They may have been handed the pool key
-    before the winner's join reached the peer that handed it over."""
+    """Nodes holding a genuine join that is not a membership and never will be: every use
+    of its invite is acknowledged for other joins (or the node was revoked). They may have
+    been handed the pool key before."""
     records = list(records)
-    invites = {r.id: r for r in records if r.kind == "invite" and r.pool == pool and pool_id_of(r.author) == pool}
-    genuine = {
-        r["node"] for r in records
-        if r.kind == "join" and r.pool == pool and r["invite"] in invites and join_fits_invite(r, invites[r["invite"]])
-    }
+    acked = acknowledged(pool, records)
+    genuine = {j["node"] for j, invite in _genuine_joins(pool, records)
+               if j.id not in acked.get(invite.id, ()) and len(acked.get(invite.id, ())) >= invite["uses"]}
     return genuine - set(members(pool, records))
+
+
+def used_by(pool: str, records: Iterable[Record], node: str) -> Record | None:
+    """For a node whose join lost (``lost_joins``): the acknowledgement that took its
+    invite's last use (the latest made), to say who used the token and when."""
+    records = list(records)
+    join = next((r for r in records if r.kind == "join" and r.pool == pool and r["node"] == node), None)
+    if join is None:
+        return None
+    admits = [r for r in records if r.kind == "admit" and r.pool == pool and pool_id_of(r.author) == pool
+              and r["invite"] == join["invite"] and r["join"] != join.id]
+    return max(admits, key=lambda r: (r["at"], r["join"]), default=None)
 
 
 def standing(pool: str, records: Iterable[Record], node: str) -> str:
     """Where ``node`` stands by the records: "member"; "revoked"; "lost" (its genuine
-    join lost the race for its invite's last use, so it never will be one); or
-    "unknown" (no genuine join of it is held yet). Only "revoked" and "lost" are final:
-    no record that can still arrive makes such a node a member again."""
+    join is not a membership and every use of its invite is acknowledged for other
+    joins, so it never will be one); "waiting" (its join lost a tie-break among joins the
+    admin has not acknowledged yet: the admin decides); or "unknown" (no genuine join of
+    it is held yet). Only "revoked" and "lost" are final: no record that can still arrive
+    makes such a node a member again."""
     records = list(records)
     if node in members(pool, records):
         return "member"
     if node in revocations(pool, records):
         return "revoked"
-    return "lost" if node in lost_joins(pool, records) else "unknown"
+    if node in lost_joins(pool, records):
+        return "lost"
+    return "waiting" if any(j["node"] == node for j, _ in _genuine_joins(pool, records)) else "unknown"
+
+
+def _genuine_joins(pool: str, records: list[Record]) -> list[tuple[Record, Record]]:
+    """Every genuine join held, with its invite."""
+    invites = {r.id: r for r in records if r.kind == "invite" and r.pool == pool and pool_id_of(r.author) == pool}
+    return [(r, invites[r["invite"]]) for r in records if r.kind == "join" and r.pool == pool
+            and r["invite"] in invites and join_fits_invite(r, invites[r["invite"]])]
 
 
 def revocations(pool: str, records: Iterable[Record]) -> dict[str, frozenset[str]]:

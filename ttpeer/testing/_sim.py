@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 from ttpeer.daemon import Home, Node, new_invite
+from ttpeer.errors import MembershipEnded
 from ttpeer.net import MemoryRelay, MultiRelay, Transport
 from ttpeer.net._entropy import seeded
 from ttpeer.proto import Timing, Token
@@ -140,7 +141,10 @@ class Simulation:
         with trio.CancelScope() as scope:
             assert peer.node is not None
             task_status.started(scope)
-            await peer.node.run()
+            try:
+                await peer.node.run()
+            except* MembershipEnded:
+                pass  # the daemon exits (status 3); ``node.fatal`` says why
 
     def kill(self, i: int) -> None:
         """Stop peer ``i`` at once, like SIGKILL: memory lost, its home and disk kept."""
