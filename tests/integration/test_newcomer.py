@@ -159,7 +159,7 @@ def test_newcomer_walk(tmp_path: Path) -> None:
         long_job = walk.ttpeer("submit", "--task", str(task), "--rounds", "50", "--inner-steps", "5000",
                                "--shards", "2", "--home", str(alice)).stdout.splitlines()[-1]
         walk.ttpeer("report", long_job, str(out / "long.html"), "--home", str(alice))
-        assert "so far (round 0)" in (out / "long.html").read_text()
+        assert "so far (0 rounds closed)" in (out / "long.html").read_text()
         wait_for(lambda: (_job_state(bob, long_job) or {}).get("training_shard") is not None, 60,
                  "bob to train a shard")
         relay = cluster.named["relay"]
