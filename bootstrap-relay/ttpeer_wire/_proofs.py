@@ -12,7 +12,6 @@ the whole record set (``ttpeer.proto``'s membership views).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -80,9 +79,22 @@ def token_used_by(acked: Mapping[str, Record], invite: Record, join: str) -> Rec
 
 def token_used_message(admit: Record) -> str:
     """What a machine whose token was used up is told (relay refusals, ``ttpeer join``)."""
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(admit["at"]))
-    return (f"this token was already used by {admit['name']} at {when}; "
+    return (f"this token was already used by {admit['name']} at {utc_text(admit['at'])}; "
             "ask the pool admin for a new one ('ttpeer invite')")
+
+
+def utc_text(seconds: int) -> str:
+    """``2026-12-05 14:02 UTC`` for Unix time ``seconds``: the civil date by arithmetic alone
+    (H. Hinnant's days-to-civil), so this module reads no clock and imports no time module."""
+    days, rest = divmod(seconds, 86400)
+    era, doe = divmod(days + 719468, 146097)
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    month = mp + 3 if mp < 10 else mp - 9
+    year = yoe + era * 400 + (month <= 2)
+    day = doy - (153 * mp + 2) // 5 + 1
+    return f"{year:04d}-{month:02d}-{day:02d} {rest // 3600:02d}:{rest % 3600 // 60:02d} UTC"
 
 
 def verify_proof(pool: str, peer: str, proof: Sequence[bytes]) -> Member:

@@ -298,3 +298,13 @@ def test_an_acknowledged_member_is_never_evicted_by_any_record_that_can_follow(a
         rs.append(ONE[i])
         if chosen and chosen[0] in rs:
             assert chosen[0]["node"] in members(P.id, rs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**34))
+def test_the_time_a_token_was_used_is_the_calendars(seconds: int) -> None:
+    import time
+
+    from ttpeer_wire._proofs import utc_text  # by arithmetic: the wire reads no clock
+
+    assert utc_text(seconds) == time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
