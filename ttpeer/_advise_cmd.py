@@ -157,27 +157,6 @@ def advise(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def quick_advice(task_name: str, home: Path, *, peers: int, batch: int, bits: int, overlap: bool,
-                 chunk: int | None = DEFAULT_CHUNK, slice_bits: int = DEFAULT_SLICE_BITS, device: str = "cpu",
-                 threads: int | None = None) -> list[str]:
-    """Two lines of ``ttpeer advise --quick`` for a job (the demo's): the figures, measured
-    here and to the relay of ``home``'s pool, and the verdict for ``peers`` machines
-    (``chunk``: the job's, None for all deltas).
-    ``threads``: torch's threads for the step, as the job's peers have them (for good:
-    torch has no way back)."""
-    import torch
-
-    if threads is not None:
-        torch.set_num_threads(threads)
-    link, link_line = resolve_link(None, None, home, None)
-    task = _load(task_name, home)
-    fig = measure_step(task, batch, device, bits, slice_bits=slice_bits, budget_s=1.0)
-    job = fig.job(overlap, chunk)
-    rows = _advise.predict(job, link, peers, _advise.sqrt_gain)
-    return [f"step {fig.step_s * 1000:.3g} ms, delta {_size(fig.delta_bytes)}; {link_line}; gain assumed sqrt(k)",
-            _advise.verdict(rows, job, link)]
-
-
 def _slices_line(job: _advise.Job, fig: StepFigures, chunk: int | None, slice_bits: int) -> str:
     """What the pool's rounds close from, in words: the chunks, and the reduced model's size."""
     if chunk is None:

@@ -218,8 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the task file, for a job trained from one (default: found by its hash beside "
                          "the model, where export copies it, or in --home)")
 
-    d = sub.add_parser("demo", parents=[common], help="a relay and 3 peers on this machine train mnist1d")
-    d.add_argument("--rounds", type=positive_int, default=8)
+    d = sub.add_parser("demo", parents=[common],
+                       help="a relay and 4 peers on this machine: a pool of 3 against one peer alone, on paced steps")
+    d.add_argument("--rounds", type=positive_int, default=8,
+                   help="each job's length: ROUNDS x 80 steps a peer (default 8: about a minute)")
     d.add_argument("--keep", action="store_true", help="keep the temporary directory")
 
     from ttpeer._advise_cmd import add_parser as add_advise

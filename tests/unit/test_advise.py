@@ -223,7 +223,7 @@ def test_the_verdict_of_a_slow_link_blames_the_link_with_its_figures():
 
 
 def test_the_verdict_of_short_steps_on_a_fast_link_blames_the_steps_not_the_link():
-    # The demo's case: 2.4 ms steps on loopback. The close alone (0.15 s; 0.14 s measured on
+    # A tiny model's case: 2.4 ms steps on loopback. The close alone (0.15 s; 0.14 s measured on
     # loopback, two real daemons) needs hundreds of such steps a round to hide.
     job = Job(step_s=0.0024, delta_bytes=76_000, overlap=False)
     link = Link(1e9 / 8, 1e9 / 8, 0.003)
