@@ -116,7 +116,10 @@ class Slicer:
             else:
                 since = self._seen.setdefault(sk, now)
                 makers = {r.author for r in every}
-                order = [a for a in order if a not in makers]
+                # The checkers take turns from the first maker on: the ones before it in the
+                # order had their turn at the slice already (a silent one would hold it twice).
+                first = min((order.index(a) for a in makers if a in order), default=-1)
+                order = [a for a in order[first + 1:] + order[:first + 1] if a not in makers]
                 if not order:
                     continue  # every author made one and they disagree: nothing counts
                 due = order[turn(order, now - since, job.lease)] == self.me
