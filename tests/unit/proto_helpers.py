@@ -130,6 +130,7 @@ def valid_bodies() -> dict[str, dict[str, Any]]:
         },
         "ckpt": {"job": hex64("job"), "round": 1, "state": state(1), "blob": hex64("ck"), "size": 99},
         "revoke": {"node": hex64("node"), "keep": sorted([hex64("k1"), hex64("k2")]), "at": 7},
+        "admit": {"invite": hex64("inv"), "join": hex64("join"), "node": hex64("node"), "name": "laptop", "at": 8},
         "decline": {"job": hex64("job"), "reason": "needs 2.0 GiB, has 1.0 GiB", "need": 2**31, "have": 2**30},
         "cancel": {"job": hex64("job"), "at": 9},
         "dataset": dataset_body(),

@@ -62,7 +62,7 @@ def make_pool(n: int, fixed: str | None = None) -> tuple[str, list[tuple[Ed25519
 def test_both_transports_satisfy_the_protocol() -> None:
     pool, [(key, proof)] = make_pool(1)
     methods = {"connect", "send", "broadcast", "recv", "roster", "put_blob", "get_blob", "put_blob_file",
-               "get_blob_file", "get_blob_range", "has_blob", "aclose", "revoke", "touch_blobs", "blob_ttl"}
+               "get_blob_file", "get_blob_range", "has_blob", "aclose", "revoke", "admit", "touch_blobs", "blob_ttl"}
     declared = {name for name in vars(Transport) if not name.startswith("_")}
     assert declared == methods
     assert isinstance(MemoryRelay().client(pool, key, proof), Transport)

@@ -68,7 +68,10 @@ def test_standing_member_revoked_lost_unknown() -> None:
     revoke = sign("revoke", P.id, {"node": public_hex(ANN), "keep": [], "at": 200}, P.root)
     records = [*ALL, single, x, y, revoke]
     assert standing(P.id, records, winner["node"]) == "member"
-    assert standing(P.id, records, loser["node"]) == "lost"
+    assert standing(P.id, records, loser["node"]) == "waiting"  # the admin has not settled it yet
+    body = {"invite": single.id, "join": winner.id, "node": winner["node"], "name": "x", "at": winner["at"]}
+    records.append(sign("admit", P.id, body, P.root))
+    assert standing(P.id, records, loser["node"]) == "lost"  # every use acknowledged: final
     assert standing(P.id, records, public_hex(ANN)) == "revoked"
     assert standing(P.id, [single, loser], loser["node"]) == "member"  # the winner not heard of yet
     assert standing(P.id, [loser], loser["node"]) == "unknown"  # its invite not held

@@ -40,6 +40,8 @@ def test_public_surface() -> None:
         # datasets (ttpeer_wire/_dataset.py)
         "DEFAULT_PIECE_SIZE", "MIN_PIECE_SIZE", "dataset_id", "path_problem", "piece_count", "piece_sizes",
         "record_files", "SAMPLE_FORMATS", "samples_hash", "urls_problem", "tar_key",
+        # acknowledged joins: the first machine that used a token keeps its place
+        "ADMIT", "verify_admit", "token_used_by", "token_used_message", "error_records",
     ])
     for name in ttpeer_wire.__all__:
         assert getattr(ttpeer_wire, name) is not None
