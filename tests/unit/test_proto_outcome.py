@@ -75,6 +75,22 @@ def test_a_decline_other_than_a_failure_no_longer_stands_once_its_author_trained
     assert failed_here(rs, JOB, AID) is not None and failed_here(rs, JOB, public_hex(OUTSIDER)) is None
 
 
+def test_a_failure_for_good_stands_over_an_earlier_soft_decline_by_the_same_member():
+    """A member that first declined softly (say the model did not fit) and later failed the
+    task for good stands declined *for good*, whatever the two records' ids: the failure is
+    what keeps it out even once it trains, and what ``job_ended`` (and the status, from
+    ``standing_declines``) reports as its reason. Here the soft decline has the smaller id,
+    so an order by id alone would report the soft one."""
+    failure = decline(OTHER, "c.py:7 in step: boom", code="failed")
+    soft = next(d for d in (decline(OTHER, f"needs more memory ({i})", code="fit") for i in range(1000))
+                if d.id < failure.id)
+    rs = records(decline(ADMIN, "a.py:1 in init: boom", code="failed"),
+                 decline(SUBMITTER, "s.py:2 in data: boom", code="failed"), soft, failure)
+    assert standing_declines(rs, JOB)[OID] == failure, "an earlier soft decline stood over a failure for good"
+    assert job_ended(rs, JOB) == Ended("failed", reasons=tuple(sorted(
+        [(AID, "a.py:1 in init: boom"), (SID, "s.py:2 in data: boom"), (OID, "c.py:7 in step: boom")])))
+
+
 def test_only_the_submitter_or_an_admin_cancels():
     assert may_cancel(records(), JOB, SID) and may_cancel(records(), JOB, AID)
     assert not may_cancel(records(), JOB, OID) and not may_cancel(records(), JOB, public_hex(OUTSIDER))
