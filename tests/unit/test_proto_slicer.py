@@ -11,6 +11,7 @@ from ttpeer_wire import public_hex
 from ttpeer.proto import FetchSlices, RecordSet, ReduceSlice, canonical_chain, sign
 from ttpeer.proto import _slices as sl
 from ttpeer.proto._jobspec import JobSpec
+from ttpeer.proto._reports import RETRY_AFTER
 from ttpeer.proto._slicer import Slicer
 
 from .proto_helpers import Pool, hex64, job_body, key, state
@@ -111,6 +112,82 @@ def test_each_slice_goes_to_its_author_first_then_passes_after_a_lease(monkeypat
     nxt = Slicer(order[1])
     assert 1 not in [w.slice for w in nxt.step(SPEC, 0, cover, spans, 0.0, SPEC.lease - 0.1, rs)[0]]
     assert 1 in [w.slice for w in nxt.step(SPEC, 0, cover, spans, 0.0, SPEC.lease, rs)[0]]
+
+
+def test_a_slice_in_flight_is_not_asked_again_and_a_failed_one_waits_its_retry_time(monkeypatch):
+    """While this peer's reduction of a slice runs, later steps (every tick, every record
+    heard) must not ask for it again: a second ``ReduceSlice`` of the same slice would
+    download and reduce it twice. When the reduction failed (``failed``), the slice is
+    asked again only from its retry time (``RETRY_AFTER`` on), not at once: a reduction
+    that cannot run now (its downloads failed) would otherwise be retried in a busy loop."""
+    monkeypatch.setattr(sl, "CHECK_ONE_IN", 10**9)  # no slice checked
+    cover = _contribs()
+    spans = sl.plan(SPEC, cover)
+    rs = _records(*cover)
+    for name in NAMES:  # an author whose turn it is at some slice from the cover on
+        me = Slicer(name)
+        work = [w for w in me.step(SPEC, 0, cover, spans, 0.0, 0.0, rs)[0] if isinstance(w, ReduceSlice)]
+        if work:
+            break
+    mine = work[0]
+    assert work == [mine]
+
+    def asked(now: float) -> list[int]:
+        return [w.slice for w in me.step(SPEC, 0, cover, spans, 0.0, now, rs)[0] if isinstance(w, ReduceSlice)]
+
+    assert asked(1.0) == [], "a slice in flight was asked again"
+    me.failed(mine, 1.0)
+    assert 1.0 + RETRY_AFTER in me.deadlines()  # the machine wakes for the retry
+    assert asked(1.0 + RETRY_AFTER - 0.1) == [], "a failed slice was retried before its retry time"
+    assert asked(1.0 + RETRY_AFTER) == [mine.slice]  # still its turn (a lease is 30 s): made again
+    assert asked(1.0 + RETRY_AFTER + 0.1) == []  # and in flight again
+
+
+def test_forgetting_the_rounds_before_a_round_keeps_that_rounds_slicing(monkeypatch):
+    """``forget_before(job, r)`` is called with the chain's round r when this peer starts
+    work on a round (with overlap: round r+1, while round r is still being reduced). Round
+    r's state must survive it: a failed reduction keeps its retry time (not retried at once),
+    the results already fetched ahead are not fetched again, and ``ready_at`` still says
+    when every slice had a result. Rounds before r go."""
+    monkeypatch.setattr(sl, "CHECK_ONE_IN", 10**9)  # no slice checked
+    cover = _contribs()
+    spans = sl.plan(SPEC, cover)
+    rs = _records(*cover)
+    for name in NAMES:
+        me = Slicer(name)
+        work = [w for w in me.step(SPEC, 0, cover, spans, 0.0, 0.0, rs)[0] if isinstance(w, ReduceSlice)]
+        if work:
+            break
+    me.failed(work[0], 1.0)
+    me.forget_before(JOB.id, 0)
+    assert not [w for w in me.step(SPEC, 0, cover, spans, 0.0, 1.5, rs)[0] if isinstance(w, ReduceSlice)], \
+        "the retry time of the round being reduced was forgotten"
+    results = [_slice(KEYS[s], cover, s) for s in range(4)]
+    rs = _records(*cover, *results)
+    work, chosen = me.step(SPEC, 0, cover, spans, 0.0, 4.0, rs)
+    assert chosen == tuple(results) and FetchSlices(JOB, 0, tuple(results)) in work
+    me.forget_before(JOB.id, 0)
+    assert me.ready_at(JOB.id, 0, BASE, cover) == 4.0
+    work, chosen = me.step(SPEC, 0, cover, spans, 0.0, 5.0, rs)
+    assert chosen == tuple(results) and not [w for w in work if isinstance(w, FetchSlices)], \
+        "results fetched ahead were fetched again"
+    me.forget_before(JOB.id, 1)
+    assert me.ready_at(JOB.id, 0, BASE, cover) is None
+
+
+def test_a_close_naming_any_refused_result_is_refuted():
+    """A close whose slices include one result this peer refused (its blob did not hash as
+    its record says) cannot be applied from here, however many of its other results are
+    good: ``refutes`` says so for one refused result among several, not only for all."""
+    cover = _contribs()
+    results = [_slice(KEYS[s], cover, s) for s in range(4)]
+    body = {"job": JOB.id, "round": 0, "base": BASE, "contribs": sorted(c.id for c in cover),
+            "state": state("r"), "metrics": {}, "slices": [r.id for r in results]}
+    close = sign("close", P.id, body, KEYS[0])
+    me = Slicer(NAMES[1])
+    assert not me.refutes(close)
+    me.refused(results[2].id)
+    assert me.refutes(close), "a close naming one refused result among good ones was taken"
 
 
 def test_a_checked_slice_is_reduced_once_then_checked_on_a_chunk_by_the_next_in_its_order(monkeypatch):
@@ -240,3 +317,40 @@ def test_an_oversized_slice_is_no_result_and_a_refused_one_is_made_again_at_once
 def test_a_check_rate_below_one_is_refused(one_in):
     with pytest.raises(ValueError):
         sl.checked(JOB.id, 0, 0, one_in)
+
+
+def test_a_silent_first_aggregator_of_a_checked_slice_checks_it_last_not_first_again():
+    """A checked slice whose first aggregator A never publishes: B makes it a lease later,
+    and the checkers take turns from B on (C, D, ..., then A), so C checks it as soon as
+    B's result is seen. A had its turn already: first again among the checkers, its
+    silence would cost the round a second lease. Real ``checked`` and ``aggregators``."""
+    cover = _contribs()
+    spans = sl.plan(SPEC, cover)
+    s = next(s for s, (first, stop) in enumerate(spans) if stop - first > 1 and sl.checked(JOB.id, 0, s))
+    order = sl.aggregators(JOB.id, 0, NAMES, s)
+    assert len(order) == 4
+    silent, maker, *checkers = order
+    lease = SPEC.lease
+    seen = lease + 1.0  # B made it on its turn (A's lease passed without a result)
+    result = _slice(KEYS[NAMES.index(maker)], cover, s)
+    before, after = _records(*cover), _records(*cover, result)
+
+    def asked(me: Slicer, now: float, rs: RecordSet) -> list[ReduceSlice]:
+        return [w for w in me.step(SPEC, 0, cover, spans, 0.0, now, rs)[0]
+                if isinstance(w, ReduceSlice) and w.slice == s]
+
+    peers = {name: Slicer(name) for name in NAMES}
+    (made,) = asked(peers[silent], 0.0, before)  # A's turn first ...
+    peers[silent].reduced(made)  # ... and its result never arrives
+    for name in (maker, *checkers):
+        assert not asked(peers[name], 0.0, before)
+    # The check of B's result is C's at once, on one chunk: not A's again, not a lease later.
+    at_once = {name: asked(me, seen, after) for name, me in peers.items()}
+    assert sorted(order.index(n) for n, work in at_once.items() if work) == [2], \
+        "the check of B's result (order[1]) went at once to order[i] for the i listed, not to order[2] alone"
+    assert at_once[checkers[0]] == [ReduceSlice(JOB, 0, BASE, tuple(cover), s, len(spans), *spans[s], result, True)]
+    # Then one lease each: D, and A only after every other checker had its turn.
+    for i, name in enumerate([*checkers[1:], silent], start=1):
+        me = peers[name]
+        assert not asked(me, seen + i * lease - 0.1, after), f"{order.index(name)}-th in the order checked early"
+        assert [w.against for w in asked(me, seen + i * lease, after)] == [result]
