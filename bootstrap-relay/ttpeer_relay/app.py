@@ -285,31 +285,31 @@ class RelayApp:
 
     async def revoke(self, request: Request, _: dict[str, str], s: Session | None) -> Response:
         """A root-signed revocation (raw record bytes): refuse that peer from now on."""
-        s = _member(s)
-        body = await request.body(MAX_RECORD_BYTES)
-        try:
-            peer = self.rosters.revoke(s.pool, body)
-        except ProofError as exc:
-            raise HttpError(403, ErrorCode.BAD_REVOCATION, f"bad revocation: {exc}") from None
-        except RosterFull as exc:
-            raise HttpError(507, ErrorCode.ROSTER_FULL, str(exc)) from None
-        await self.rosters.save(s.pool)
-        log.info("pool %s: revoked peer %s", s.pool[:12], peer[:12])
+        pool, peer = await self._root_record(request, s, self.rosters.revoke, ErrorCode.BAD_REVOCATION, "revocation")
+        log.info("pool %s: revoked peer %s", pool[:12], peer[:12])
         return json_response(200, {"revoked": peer})
 
     async def admit(self, request: Request, _: dict[str, str], s: Session | None) -> Response:
         """A root-signed acknowledgement of a join (raw record bytes): once its invite's uses
         are all acknowledged, other joins of it are refused at login."""
+        _pool, rec = await self._root_record(request, s, self.rosters.acknowledge, ErrorCode.BAD_ADMIT,
+                                             "acknowledgement")
+        return json_response(200, {"admitted": rec["node"]})
+
+    async def _root_record(self, request: Request, s: Session | None, take: Callable[[str, bytes], Any],
+                           bad: ErrorCode, what: str) -> tuple[str, Any]:
+        """A member hands the relay a root-signed record it enforces: ``take`` (the rosters')
+        checks and keeps it; the roster is saved. Returns the pool and what ``take`` did."""
         s = _member(s)
         body = await request.body(MAX_RECORD_BYTES)
         try:
-            rec = self.rosters.acknowledge(s.pool, body)
+            got = take(s.pool, body)
         except ProofError as exc:
-            raise HttpError(403, ErrorCode.BAD_ADMIT, f"bad acknowledgement: {exc}") from None
+            raise HttpError(403, bad, f"bad {what}: {exc}") from None
         except RosterFull as exc:
             raise HttpError(507, ErrorCode.ROSTER_FULL, str(exc)) from None
         await self.rosters.save(s.pool)
-        return json_response(200, {"admitted": rec["node"]})
+        return s.pool, got
 
     async def roster(self, request: Request, _: dict[str, str], s: Session | None) -> Response:
         s = _member(s)

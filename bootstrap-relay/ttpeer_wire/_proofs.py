@@ -43,29 +43,29 @@ def join_fits_invite(join: Record, invite: Record) -> bool:
     )
 
 
-def verify_revocation(pool: str, raw: bytes) -> str:
-    """Check that ``raw`` is a revocation signed by ``pool``'s root; returns the revoked
-    node. The relay uses it to refuse that node's sessions. Raises ``ProofError``."""
+def _root_signed(pool: str, raw: bytes, kind: str, what: str) -> Record:
+    """``raw`` parsed, if it is a ``kind`` record signed by ``pool``'s root; ``what`` names
+    it in the ``ProofError`` raised otherwise."""
     try:
         rec = parse(raw)
     except RecordError as exc:
-        raise ProofError(f"revocation is not a valid record: {exc}") from None
-    if rec.kind != "revoke" or rec.pool != pool or pool_id_of(rec.author) != pool:
-        raise ProofError("not a revocation signed by this pool's root key")
-    node: str = rec["node"]
+        raise ProofError(f"{what} is not a valid record: {exc}") from None
+    if rec.kind != kind or rec.pool != pool or pool_id_of(rec.author) != pool:
+        raise ProofError(f"not {what} signed by this pool's root key")
+    return rec
+
+
+def verify_revocation(pool: str, raw: bytes) -> str:
+    """Check that ``raw`` is a revocation signed by ``pool``'s root; returns the revoked
+    node. The relay uses it to refuse that node's sessions. Raises ``ProofError``."""
+    node: str = _root_signed(pool, raw, "revoke", "a revocation")["node"]
     return node
 
 
 def verify_admit(pool: str, raw: bytes) -> Record:
     """Check that ``raw`` is an ``admit`` signed by ``pool``'s root; returns it. Raises
     ``ProofError``."""
-    try:
-        rec = parse(raw)
-    except RecordError as exc:
-        raise ProofError(f"acknowledgement is not a valid record: {exc}") from None
-    if rec.kind != "admit" or rec.pool != pool or pool_id_of(rec.author) != pool:
-        raise ProofError("not an acknowledgement of a join signed by this pool's root key")
-    return rec
+    return _root_signed(pool, raw, "admit", "an acknowledgement of a join")
 
 
 def token_used_by(acked: Mapping[str, Record], invite: Record, join: str) -> Record | None:
