@@ -34,7 +34,7 @@ def behind_lines(job: dict[str, Any]) -> list[str]:
         out.append(f"slow link: this peer's delta of round {slow['round'] + 1} went up at {mine:.1f} Mbit/s against "
                    f"the pool's median {median:.1f} Mbit/s (encoding and sealing included), so the other peers "
                    "reduce the rounds' slices; a round still waits for this peer's own delta when it trains")
-    if trained == 0 and looked >= 3 and job.get("training_shard") is None:
+    if trained == 0 and looked >= 3 and job.get("training_shard") is None and not job.get("phase"):
         out.append(f"this peer trained none of the last {looked} rounds: their shards were taken "
                    "before it held each round's model (a slower link than the others'?); longer rounds "
                    "('ttpeer submit --inner-steps N') give it time to join in")

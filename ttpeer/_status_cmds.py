@@ -72,6 +72,8 @@ def status(args: argparse.Namespace, home: Any) -> int:
     print("peers:")
     running = [j for j in st["jobs"] if j["state"] == "running"]
     silent = {p["id"] for p in st["peers"] if _silent(p, running)}
+    # Peers that may be preparing a job: heard from, and not silent since.
+    heard = {p["id"] for p in st["peers"] if p["last_seen_s"] is not None and p["id"] not in silent}
     for peer in st["peers"]:
         seen = "this machine" if peer["self"] else (
             "never heard from" if peer["last_seen_s"] is None else f"heard {peer['last_seen_s']:.0f}s ago")
@@ -120,7 +122,7 @@ def status(args: argparse.Namespace, home: Any) -> int:
                   + (f", {later:.1f} s after it (prefetch did not keep up)" if w["waits"] > 1 else ""))
         if job.get("advice"):
             print(f"    {job['advice']}")
-        waiting = [p["name"] for p in job.get("peers") or [] if not p.get("started", True) and p["id"] not in silent]
+        waiting = [p["name"] for p in job.get("peers") or [] if not p.get("started", True) and p["id"] in heard]
         if waiting and job["state"] == "running":
             print(f"    not started yet (preparing the job): {', '.join(waiting)}")
         end = job.get("ended")

@@ -95,6 +95,12 @@ def test_status_shows_a_peer_silent_past_the_lease_and_what_becomes_of_its_shard
     assert "heard 4s ago" in bob
     assert "not started yet (preparing the job): bob\n" in out  # carol is silent, not preparing
 
+    st["peers"][-1].update(last_seen_s=None, liveness="unknown")  # never heard from: no claim either way
+    assert main(["status", "--home", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "never heard from" in out and "not started yet (preparing the job): bob\n" in out
+    st["peers"][-1].update(last_seen_s=16.0, liveness="suspect")
+
     st["peers"][-1].update(last_seen_s=45.0, liveness="dead")
     assert main(["status", "--home", str(tmp_path)]) == 0
     assert "went back to the pool 15s ago (its 30s lease)" in capsys.readouterr().out
@@ -159,3 +165,13 @@ def test_the_commands_print_their_suggestions_with_the_users_home_and_config(tmp
     Home(tmp_path / "lab").create_pool("https://127.0.0.1:1", "sha256:" + "0" * 64, "alice", time.time())
     assert main(["status", "--home", str(tmp_path / "lab")]) == 1
     assert f"(start it with 'ttpeer up --home {tmp_path / 'lab'}')" in capsys.readouterr().err
+
+
+def test_a_peer_still_preparing_is_not_said_to_train_nothing_for_want_of_a_link():
+    from ttpeer._behind import behind_lines
+
+    job = {"mode": "fused", "state": "running", "declined": None, "round": 9, "rounds": 20, "training_shard": None,
+           "held_round": 8, "rounds_trained": 0, "rounds_looked_at": 3}
+    assert any("trained none of the last 3 rounds" in line for line in behind_lines(job))
+    preparing = {**job, "phase": "loading the task and its data, checking it fits"}
+    assert not any("trained none" in line for line in behind_lines(preparing))
