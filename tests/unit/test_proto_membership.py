@@ -308,3 +308,16 @@ def test_the_time_a_token_was_used_is_the_calendars(seconds: int) -> None:
     from ttpeer_wire._proofs import utc_text  # by arithmetic: the wire reads no clock
 
     assert utc_text(seconds) == time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
+
+
+def test_a_record_sets_provisional_members_follow_the_records_it_is_given():
+    from ttpeer.proto import RecordSet
+
+    rs = RecordSet(P.id)
+    for rec in (INV_ONE, ONE[0]):
+        rs.add(rec)
+    assert rs.provisional == {ONE[0]["node"]}  # held until the membership changes...
+    rs.add(_admit(ONE[0]))
+    assert rs.provisional == frozenset()  # ...which an acknowledgement does
+    rs.add(FIRST)
+    assert rs.provisional == frozenset() and set(rs.members) == {ONE[0]["node"]}

@@ -67,7 +67,6 @@ from ttpeer.proto import (
     failed_here,
     job_ended,
     joined_after,
-    provisional,
     slow_link_of,
     standing_declines,
     train_base,
@@ -232,7 +231,7 @@ def snapshot(node: NodeView) -> dict[str, Any]:
     m = node.machine
     now = trio.current_time()
     peers = []
-    unacked = provisional(node.cfg.pool, m.records)
+    unacked = m.records.provisional
     for pid, member in sorted(m.records.members.items(), key=lambda kv: kv[1].name):
         seen = node.counters.peers_seen.get(pid)
         peers.append({
@@ -240,7 +239,7 @@ def snapshot(node: NodeView) -> dict[str, Any]:
             "last_seen_s": 0.0 if pid == node.me else (round(now - seen, 1) if seen is not None else None),
             "liveness": node.liveness(pid),
             "rate": round(m.rate if pid == node.me else m.peer_rates.get(pid, 0.0), 3),
-            # Its join is not acknowledged by the admin yet (``proto.provisional``).
+            # Its join is not acknowledged by the admin yet (``RecordSet.provisional``).
             "provisional": pid in unacked,
         })
     jobs = []

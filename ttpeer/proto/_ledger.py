@@ -30,7 +30,7 @@ from ttpeer_wire import Member, Record
 
 from ._cadence import Plan, round_size
 from ._jobspec import JobSpec
-from ._membership import members, revocations
+from ._membership import members, provisional, revocations
 from ._slices import counts, fits, plan
 
 
@@ -44,6 +44,7 @@ class RecordSet:
         default_factory=lambda: defaultdict(lambda: defaultdict(list))
     )
     _members: dict[str, Member] | None = None
+    _provisional: frozenset[str] | None = None
     _kept: frozenset[str] = frozenset()  # records of revoked nodes that still count
     _any_revoke: bool = False
     _jobs: list[Record] = field(default_factory=list)
@@ -65,7 +66,7 @@ class RecordSet:
         self.by_id[rec.id] = rec
         if rec.kind in ("invite", "join", "revoke", "admit"):
             self._any_revoke = self._any_revoke or rec.kind == "revoke"
-            self._members = None
+            self._members = self._provisional = None
             self.membership_version += 1
         elif rec.kind == "job":
             self._jobs.append(rec)
@@ -121,6 +122,14 @@ class RecordSet:
             revoked = revocations(self.pool, self.by_id.values())
             self._kept = frozenset().union(*revoked.values())
         return self._members
+
+    @property
+    def provisional(self) -> frozenset[str]:
+        """Members whose join the admin has not acknowledged yet (``_membership.provisional``),
+        kept until the membership changes."""
+        if self._provisional is None:
+            self._provisional = frozenset(provisional(self.pool, self.by_id.values()))
+        return self._provisional
 
     def counts(self, rec: Record) -> bool:
         """Whether ``rec`` counts: its author is a member, or a revocation kept it."""
