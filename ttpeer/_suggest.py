@@ -6,7 +6,8 @@ ttpeer's messages suggest the next command in quotes, as ``'ttpeer up'`` or
 than thread the options through each, ``carrying`` rewrites what the command prints, on
 its way out: a user who ran ``ttpeer pool create --home ./lab`` reads ``start it with
 'ttpeer up --home ./lab'``. A suggested command that takes no such option, or already
-gives it, is left as it is; so is ``ttpeer relay`` serving, which has no home.
+gives it, is left as it is; so is ``ttpeer relay`` serving, which has no home, and ``ttpeer
+invite``, which ttpeer suggests to a joiner for the pool admin to run on its own machine.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 CARRIED = ("--home", "--config")
-_ELSEWHERE = {("relay",)}  # serving a relay: no home (its subcommands have one)
+# Serving a relay (no home; its subcommands have one); an invite (the admin's, elsewhere).
+_ELSEWHERE = {("relay",), ("invite",)}
 
 # A quoted suggestion: 'ttpeer ...' or `ttpeer ...`, optionally after sudo, on one line.
 _QUOTED = re.compile(r"(['`])((?:sudo )?ttpeer [^'`\n]*)\1")

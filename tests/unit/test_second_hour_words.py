@@ -146,6 +146,7 @@ COMMANDS = takers(build_parser())
     ("'ttpeer up --home other'", "'ttpeer up --home other'"),  # chosen already
     ("'ttpeer relay --listen 0.0.0.0:8443 --data D'", "'ttpeer relay --listen 0.0.0.0:8443 --data D'"),  # no home
     ("'ttpeer relay ls'", "'ttpeer relay ls --home ./lab'"),
+    ("ask the pool admin for a new one ('ttpeer invite')", "ask the pool admin for a new one ('ttpeer invite')"),
     ("ttpeer up, unquoted, is prose", "ttpeer up, unquoted, is prose"),
 ])
 def test_a_suggested_command_carries_the_home_given(said, carried):
