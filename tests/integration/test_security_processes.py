@@ -11,38 +11,16 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from ttpeer.daemon import call
-from ttpeer_harness import Cluster, job_spec, make_pool, status, ttpeer, wait_for
+from ttpeer_harness import Cluster, job_spec, make_pool, secrets_of, status, ttpeer, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def _secrets(homes: list[Path], tokens: list[str]) -> dict[str, str]:
-    """Every secret of the run, in the spellings a leak would take (hex, base64, the token)."""
-    found: dict[str, str] = {}
-    for i, token in enumerate(tokens):
-        found[f"token{i}"] = token
-        found[f"token{i} body"] = token[5:45]
-    for home in homes:
-        for name in ("node.key", "seal.key", "pool.key", "root.key", "pool.keys"):
-            path = home / name
-            if not path.exists():
-                continue
-            data = path.read_bytes()
-            for j in range(0, len(data), 32):
-                key = data[j : j + 32]
-                found[f"{home.name}/{name}[{j // 32}] hex"] = key.hex()
-                found[f"{home.name}/{name}[{j // 32}] b64"] = base64.b64encode(key).decode()[:40]
-                found[f"{home.name}/{name}[{j // 32}] b64url"] = base64.urlsafe_b64encode(key).decode()[:40]
-    return found
 
 
 def _cli(cluster: Cluster, outputs: list[str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -136,7 +114,7 @@ def test_revoke_fake_relay_and_no_secret_in_any_output(tmp_path):
     logs = [p.read_text(errors="replace") for p in tmp_path.glob("*.log")]
     assert any("DEBUG" in text or "debug" in text for text in logs)  # the logs ran at debug level
     text = "\n".join(logs + outputs)
-    secrets = _secrets(homes, [token])
+    secrets = secrets_of(homes, [token])
     assert len(secrets) >= 3 * 3 * 3 + 2  # node, seal, pool keys of three homes (three spellings), the token
     leaked = [name for name, secret in secrets.items() if secret in text]
     assert not leaked, leaked
