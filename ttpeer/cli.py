@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ttpeer._parser import DEFAULT_CHUNK, Parser, chunk_values, duration, positive_int
+from ttpeer._relay_check import check_any_relay, check_typed_relay
 from ttpeer._submit_cmd import AUTO_FIRST, FIXED_OUTER_LR, FIXED_OUTER_MOMENTUM, submit
 from ttpeer.errors import TtpeerError, UsageError
 from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN
@@ -303,7 +304,7 @@ def _relay(args: argparse.Namespace) -> int:
         from ttpeer import _commands
 
         if args.relay_command == "add":
-            _check_typed_relay(args.url, args.fingerprint, args.settings.proxy or None, url_is="the relay's URL",
+            check_typed_relay(args.url, args.fingerprint, args.settings.proxy or None, url_is="the relay's URL",
                                nothing="nothing was changed")
         return _commands.relays(args, _home(args))
     if args.data is None:
@@ -402,45 +403,11 @@ def _default_name() -> str:
     return name or "peer"
 
 
-def _check_relay(url: str, fingerprint: str, proxy: str | None) -> None:
-    """Fetch the relay's certificate (through ``proxy`` when set: the daemon will use
-    it too) and compare it with the pin, before anything else."""
-    import trio
-
-    from ttpeer.net import RelayFingerprintMismatch, fetch_certificate, fingerprint_of
-
-    der = trio.run(lambda: fetch_certificate(url, proxy=proxy))
-    got = fingerprint_of(der)
-    if got != fingerprint:
-        raise RelayFingerprintMismatch(expected=fingerprint, got=got, url=url)
-
-
-def _check_typed_relay(url: str, fingerprint: str, proxy: str | None, *, url_is: str, nothing: str) -> None:
-    """A relay the admin typed (``pool create``, ``relay add``): an https URL that answers
-    with the certificate given, before anything is made. ``url_is`` names the URL in errors,
-    ``nothing`` says what was not done."""
-    if not re.fullmatch(r"sha256:[0-9a-f]{64}", fingerprint):
-        raise UsageError("--fingerprint must look like sha256:<64 hex digits> (the relay prints it)")
-    if not url.startswith("https://"):
-        raise UsageError(f"{url_is} must be an https:// URL")
-    from ttpeer.net import NetError, RelayFingerprintMismatch
-
-    try:
-        _check_relay(url, fingerprint, proxy)
-    except RelayFingerprintMismatch as exc:
-        # The admin typed this pin, from the relay's own start-up line: no token is involved.
-        raise UsageError(f"the relay at {url} presents certificate {exc.got}, not the --fingerprint given "
-                         f"({fingerprint}): copy it from that relay's 'relay ready URL sha256:...' line, and "
-                         f"check that the URL is that relay's; {nothing}") from None
-    except NetError as exc:
-        raise UsageError(f"{exc}; start that relay first, or check the URL; {nothing}") from None
-
-
 def _pool_create(args: argparse.Namespace) -> int:
     from ttpeer.daemon import new_invite
     from ttpeer.proto import make_token
 
-    _check_typed_relay(args.relay, args.fingerprint, args.settings.proxy or None, url_is="--relay",
+    check_typed_relay(args.relay, args.fingerprint, args.settings.proxy or None, url_is="--relay",
                        nothing="nothing was created")
     home = _home(args)
     now = time.time()
@@ -470,7 +437,7 @@ def _join(args: argparse.Namespace) -> int:
     from ttpeer.proto import parse_token
 
     token = parse_token(read_token(args, os.environ), now=time.time())
-    _check_relay(token.relays[0], token.fingerprint, args.settings.proxy or None)  # before any key is made or sent
+    check_any_relay(token.relay_pairs(), args.settings.proxy or None)  # before any key is made or sent
 
     def enroll(home) -> None:  # type: ignore[no-untyped-def]
         cfg = home.enroll(token, args.settings.name or _default_name(), time.time())
