@@ -79,22 +79,25 @@ def draw(seed: int, *, root: bool = True) -> Plan:
     others = list(range(1, peers))  # the admin (0) is never killed for good nor revoked
     rng.shuffle(others)
     gone: set[int] = set()  # peers that will not come back (killed for good, revoked)
+    picked: set[int] = set()  # peers a kill, a revoke or a full disk already targets: one each
     faults: list[Fault] = []
     tmpfs = None
     for kind in kinds:
         at = round(rng.uniform(3.0, 20.0), 1)
         if kind in ("kill", "revoke"):
-            target = next((p for p in others if p not in gone and p != tmpfs), None)
+            target = next((p for p in others if p not in picked), None)
             if target is None:
                 continue
+            picked.add(target)
             hold = None if kind == "revoke" or rng.random() < 0.5 else round(rng.uniform(2.0, 10.0), 1)
             if hold is None:
                 gone.add(target)
             faults.append(Fault(kind, at, target, hold))
         elif kind == "disk_full":
-            tmpfs = next((p for p in others if p not in gone), None)
+            tmpfs = next((p for p in others if p not in picked), None)
             if tmpfs is None:
                 continue
+            picked.add(tmpfs)
             faults.append(Fault(kind, at, tmpfs, round(rng.uniform(3.0, 10.0), 1)))
         elif kind in ("stop", "cut", "kill_worker"):
             target = rng.randrange(peers)

@@ -78,9 +78,14 @@ class Proxies:
                     writer.write(b"HTTP/1.1 403 Forbidden\r\n\r\n")
                     writer.close()
                     return
-                up_reader, up_writer = await asyncio.open_connection(host, int(port))
             except (TimeoutError, OSError, ValueError, asyncio.IncompleteReadError):
                 writer.transport.abort()
+                return
+            try:
+                up_reader, up_writer = await asyncio.open_connection(host, int(port))
+            except OSError:  # the relay is down: say so, as a real proxy would
+                writer.write(b"HTTP/1.1 502 Bad Gateway\r\n\r\n")
+                writer.close()
                 return
             if not gate.open:  # cut while it connected
                 up_writer.transport.abort()

@@ -10,6 +10,7 @@ faults; waits for the job to end; and judges the run (``_chaos_check``). Run ``i
     scripts/chaos                       # 10 runs from seed 0
     scripts/chaos --runs 100 --seed 1000 --json chaos.json
     scripts/chaos --seed 17 --runs 1 --keep   # replay one run, keep its folder to read
+    scripts/chaos --load                # 8 peers, 3 jobs and a dataset on one relay: its footprint
 
 Output: one line per run (seed, pool, faults, outcome, seconds), then a table by fault
 kind and a last line ``N runs, M faults, K violations``; the exit status is 1 when K > 0.
@@ -78,6 +79,21 @@ def summary(results: list[tuple[Result, list[str]]]) -> list[str]:
     return rows
 
 
+def load(folder: Path | None) -> int:
+    from ._chaos_load import load_run
+
+    base = folder or Path(tempfile.mkdtemp(prefix="ttpeer-chaos-load-"))
+    base.mkdir(parents=True, exist_ok=True)
+    with proxies() as gates:
+        report, violations = load_run(base, gates)
+    for row in report + [f"    {v}" for v in violations]:
+        print(row)
+    print(f"load: {len(violations)} violations" + (f" (logs and homes kept in {base})" if violations else ""))
+    if not violations and folder is None:
+        shutil.rmtree(base, ignore_errors=True)
+    return 1 if violations else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/chaos", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -87,9 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep every run's folder, not only failed ones")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write every run's plan, outcome and journal")
     parser.add_argument("--dir", type=Path, help="where the runs' folders go (default: a new temporary folder)")
+    parser.add_argument("--load", action="store_true",
+                        help="instead of the campaign: 8 peers, 3 concurrent jobs and a dataset on one relay")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.load:
+        return load(args.dir)
     root_user = can_mount()
     if not root_user:
         print(f"not root (or no 'mount'): {', '.join(NEEDS_ROOT)} faults are skipped "
