@@ -18,7 +18,7 @@ from ttpeer.proto import size_text as _size
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     st = sub.add_parser("status", parents=[common], help="peers, jobs, progress")
-    st.add_argument("--json", action="store_true", help="one JSON object (schema in the README)")
+    st.add_argument("--json", action="store_true", help="one JSON object (schema: docs/guide/7-watching.md)")
     st.add_argument("--watch", action="store_true", help="redraw live progress per peer and per round (Ctrl-C)")
     st.add_argument("--interval", type=float, default=1.0, help="seconds between redraws (default 1)")
     st.add_argument("--frames", type=positive_int, default=None, help=argparse.SUPPRESS)  # tests: stop after N

@@ -1,6 +1,6 @@
 """``ttpeer status --watch``: the status snapshot drawn with rich, per peer and per round.
 
-``render(status)`` is a pure function from the status JSON (README schema) to a
+``render(status)`` is a pure function from the status JSON (schema: docs/guide/7-watching.md) to a
 rich renderable, so what the watch view shows is what ``--json`` says.
 """
 

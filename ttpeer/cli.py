@@ -135,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("submit", parents=[common], help="submit a training job to the pool")
     s.add_argument("--task", required=True,
-                   help="'mnist1d[:samples=N]', 'charlm[:key=int,...]' or a task file path/to/task.py (see README)")
+                   help="'mnist1d[:samples=N]', 'charlm[:key=int,...]' or a task file path/to/task.py "
+                        "(see docs/guide/2-tasks.md)")
     s.add_argument("--mode", choices=["fused", "ensemble"], default="fused",
                    help="fused: one model, periodic averaging; ensemble: --members diverse models that vote")
     s.add_argument("--members", type=positive_int, default=None,

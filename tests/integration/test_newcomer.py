@@ -4,7 +4,7 @@ people make on the way, and no traceback anywhere.
 
 What it shows: the member's daemon holds no token in its argv or environment; client
 commands answer without importing torch; mistyped flags get "did you mean"; a model
-trained from the README's task file loads and predicts without being told where the
+trained from the guide's task file (docs/guide/2-tasks.md) loads and predicts without being told where the
 task file is, and a commented copy is named as a different file; sidecars and the
 report say what the job was (fused or ensemble); a daemon whose relay is gone stops
 within 3 s of SIGTERM, even with a claim in flight.
@@ -27,13 +27,13 @@ from ttpeer_harness import Cluster, status, wait_for
 
 pytestmark = pytest.mark.slow
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+TASKS_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "2-tasks.md"
 
 
-def _readme_task() -> str:
-    """The task file the README shows, exactly (so the README's example is what is tested)."""
-    found = re.search(r'```python\n("""my_task\.py.*?)```', README.read_text(), re.S)
-    assert found, "the README's my_task.py example is missing"
+def _guide_task() -> str:
+    """The task file the guide shows, exactly (so the guide's example is what is tested)."""
+    found = re.search(r'```python\n("""my_task\.py.*?)```', TASKS_GUIDE.read_text(), re.S)
+    assert found, "the guide's my_task.py example is missing"
     return found.group(1)
 
 
@@ -111,7 +111,7 @@ def test_newcomer_walk(tmp_path: Path) -> None:
         walk.mistake("wait", "deadbeef", "--home", str(bob), says="no job 'deadbeef'")
 
         task = tmp_path / "my_task.py"
-        task.write_text(_readme_task())
+        task.write_text(_guide_task())
         walk.mistake("submit", "--task", str(task), "--rouns", "2", "--home", str(alice),
                      says="did you mean --rounds?", code=2)
         walk.mistake("submit", "--task", str(task), "--round", "2", "--home", str(alice),
@@ -137,7 +137,7 @@ def test_newcomer_walk(tmp_path: Path) -> None:
         (out / "p.json").rename(moved / "p.json")
         predicted = walk.ttpeer("predict", str(moved / "p.safetensors"), str(rows), "--home", str(bob))
         assert len(predicted.stdout.splitlines()) == 3  # found in bob's home by its hash
-        (moved / "my_task.py").write_text(_readme_task() + "# a comment\n")
+        (moved / "my_task.py").write_text(_guide_task() + "# a comment\n")
         said = walk.mistake("predict", str(moved / "p.safetensors"), str(rows), "--home", str(tmp_path / "none"),
                             says="is a different file")
         assert "my_task.py" in said

@@ -346,9 +346,11 @@ def test_advise_with_no_pool_says_which_figures_it_assumed(capsys, tmp_path):
     assert any(line.startswith(("over 2 machines", "will not help: ")) for line in out)
 
 
-def test_the_advise_section_of_the_readme_is_there():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert "## Will more machines help? `ttpeer advise`" in readme and "| `ttpeer advise --task" in readme
+def test_the_advise_section_of_the_guide_and_the_readme_are_there():
+    root = Path(__file__).resolve().parents[2]
+    guide = (root / "docs" / "guide" / "6-sizing.md").read_text()
+    assert "## Will more machines help? `ttpeer advise`" in guide
+    assert "| `ttpeer advise --task T --peers N` |" in (root / "README.md").read_text()
 
 
 @pytest.mark.parametrize(("url", "local"), [("https://127.0.0.1:8443", True), ("https://localhost:1", True),

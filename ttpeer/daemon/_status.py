@@ -1,4 +1,4 @@
-"""The status snapshot: one JSON object, the schema documented in the README.
+"""The status snapshot: one JSON object, the schema documented in docs/guide/7-watching.md.
 
     {"version": 1, "node": {...}, "relay": {...}, "bytes_sent", "bytes_received",
      "gossip": {"digests_out", "digests_in", "records_out", "answers_out", "records_in_new",
