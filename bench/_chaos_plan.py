@@ -19,7 +19,7 @@ KINDS: dict[str, str] = {
     "relay_restart": "SIGKILL a relay, wipe its data (keeping its certificate), start it again",
     "relay_kill": "SIGKILL a relay for good",
     "disk_full": "fill a peer's home (a small tmpfs), free it later",
-    "cut": "cut a peer off from both relays, mend it later",
+    "cut": "cut a peer off from both relays (connections reset, or bytes dropped), mend it later",
     "corrupt_blob": "flip bytes of a blob on a relay's disk",
     "revoke": "the admin revokes a peer",
     "join": "a new peer joins mid-job",
@@ -34,6 +34,7 @@ class Fault:
     at: float  # seconds after submit
     target: int = 0  # a peer's index (0 is the admin) or a relay's
     hold: float | None = None  # seconds until it is undone (restart, SIGCONT, mend, free); None: never
+    silent: bool = False  # a cut that drops bytes (a pulled cable) rather than resetting connections
 
     def describe(self, names: list[str]) -> str:
         who = f"relay{self.target}" if self.kind.startswith("relay") or self.kind == "corrupt_blob" else (
@@ -43,7 +44,7 @@ class Fault:
         held = "" if self.hold is None else f" for {self.hold:.0f}s"
         if self.kind in ("kill", "relay_kill") and self.hold is None:
             held = " for good"
-        return f"{self.kind}{'(' + who + ')' if who else ''}@{self.at:.0f}s{held}"
+        return f"{self.kind}{'(' + who + ')' if who else ''}@{self.at:.0f}s{held}{' silently' if self.silent else ''}"
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,9 @@ def draw(seed: int, *, root: bool = True) -> Plan:
     for f in relays:  # one relay each, and a blob is corrupted on a relay that lives
         if f.kind != "relay_kill" and dead is not None and f.target == dead:
             faults[faults.index(f)] = Fault(f.kind, f.at, 1 - f.target, f.hold)
+    # Drawn apart, so that adding it left every other draw of a seed as it was.
+    quiet = random.Random(f"ttpeer-chaos-silent:{seed}")
+    faults = [Fault(f.kind, f.at, f.target, f.hold, quiet.random() < 0.5) if f.kind == "cut" else f for f in faults]
     rounds = rng.randint(5, 8)
     return Plan(seed=seed, peers=peers, mode=mode, rounds=rounds, inner_steps=rng.choice((60, 90, 120)),
                 faults=tuple(sorted(faults, key=lambda f: f.at)), tmpfs_peer=tmpfs if root else None)

@@ -3,8 +3,11 @@
 Each peer runs with ``HTTPS_PROXY`` set to its own ``Gate``: an HTTP CONNECT proxy on
 loopback, served by one asyncio loop in a thread for all of them. ``cut()`` resets every
 tunnel the peer has open and refuses new ones (the connection is closed before any
-answer), as a link that went down would; ``mend()`` lets it through again. Nothing else
-is changed: a cut peer keeps training, and its daemon sees only failed connections.
+answer), as a link whose router answers would; ``cut(silent=True)`` drops every byte
+instead and leaves connections hanging, as a pulled cable would (the daemon notices only
+when a request times out). ``mend()`` lets traffic through again; tunnels that were
+silenced are then reset, as TCP connections that timed out would be. Nothing else is
+changed: a cut peer keeps training.
 """
 
 from __future__ import annotations
@@ -24,25 +27,40 @@ class Gate:
         self.port = server.sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.open = True
+        self.silent = False  # cut, dropping bytes rather than resetting
         self.tunnels: set[asyncio.StreamWriter] = set()
+        self.held: set[asyncio.StreamWriter] = set()  # connections made or silenced during a silent cut
         self.refused = 0
 
-    def cut(self) -> None:
-        self._loop.call_soon_threadsafe(self._cut)
+    def cut(self, silent: bool = False) -> None:
+        self._loop.call_soon_threadsafe(self._cut, silent)
 
     def mend(self) -> None:
-        self._loop.call_soon_threadsafe(setattr, self, "open", True)
+        self._loop.call_soon_threadsafe(self._mend)
 
-    def _cut(self) -> None:
-        self.open = False
+    def _cut(self, silent: bool) -> None:
+        self.open, self.silent = False, silent
         for writer in list(self.tunnels):
-            writer.transport.abort()  # a reset, not a polite close
-        self.tunnels.clear()
+            if silent:
+                self.held.add(writer)
+            else:
+                writer.transport.abort()  # a reset, not a polite close
+        if not silent:
+            self.tunnels.clear()
+
+    def _mend(self) -> None:
+        for writer in list(self.held):
+            writer.transport.abort()
+            self.tunnels.discard(writer)
+        self.held.clear()
+        self.open, self.silent = True, False
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pipe(gate: Gate, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     with contextlib.suppress(OSError, asyncio.CancelledError):
         while data := await reader.read(1 << 16):
+            if writer in gate.held or not gate.open:
+                continue  # dropped on the floor
             writer.write(data)
             await writer.drain()
     with contextlib.suppress(OSError):
@@ -68,6 +86,12 @@ class Proxies:
             gate = holder[0]
             if not gate.open:
                 gate.refused += 1
+                if gate.silent:  # nothing answers: the client waits for its own timeout
+                    gate.held.add(writer)
+                    with contextlib.suppress(OSError):
+                        while await reader.read(1 << 16):
+                            pass
+                    return
                 writer.transport.abort()
                 return
             try:
@@ -94,7 +118,7 @@ class Proxies:
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             gate.tunnels.update((writer, up_writer))
             try:
-                await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+                await asyncio.gather(_pipe(gate, reader, up_writer), _pipe(gate, up_reader, writer))
             finally:
                 gate.tunnels.discard(writer)
                 gate.tunnels.discard(up_writer)
@@ -109,7 +133,12 @@ class Proxies:
         async def stop() -> None:
             for gate in self.gates:
                 gate._server.close()
-                gate._cut()
+                gate._cut(False)
+                gate._mend()
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -309,7 +309,7 @@ class Runner:
             self.res.exits.pop(name, None)
         elif f.kind == "cut":
             gate = self.pool.gate(name)
-            gate.cut() if phase == "do" else gate.mend()
+            gate.cut(f.silent) if phase == "do" else gate.mend()
         elif f.kind == "corrupt_blob":
             relay = f"relay{f.target}"
             blob = corrupt(self.res.root / relay, self.rng)

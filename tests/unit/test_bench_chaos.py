@@ -52,6 +52,7 @@ def test_a_fault_says_what_and_when():
     assert Fault("stop", 3.0, 2, 7.4).describe(names) == "stop(carol)@3s for 7s"
     assert Fault("relay_restart", 5.0, 1, 2.0).describe(names) == "relay_restart(relay1)@5s for 2s"
     assert Fault("join", 9.0).describe(names) == "join@9s"
+    assert Fault("cut", 4.0, 0, 6.0, silent=True).describe(names) == "cut(alice)@4s for 6s silently"
 
 
 def _echo_server() -> tuple[socket.socket, int]:
@@ -107,6 +108,31 @@ def test_a_cut_gate_resets_its_tunnels_and_refuses_new_ones_until_mended():
             again.sendall(b"back")
             assert again.recv(16) == b"back"
             assert gate.refused >= 1
+    finally:
+        srv.close()
+
+
+def test_a_silent_cut_drops_bytes_and_leaves_connections_hanging_until_mended():
+    srv, port = _echo_server()
+    try:
+        with proxies() as p:
+            gate = p.gate()
+            s = _tunnel(gate.port, port)
+            gate.cut(silent=True)
+            s.settimeout(0.5)
+            s.sendall(b"lost")  # no reset: the write succeeds, and nothing comes back
+            with pytest.raises(TimeoutError):
+                s.recv(16)
+            hanging = socket.create_connection(("127.0.0.1", gate.port), timeout=0.5)
+            hanging.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
+            with pytest.raises(TimeoutError):  # a new CONNECT gets no answer either
+                hanging.recv(16)
+            gate.mend()
+            s.settimeout(5)
+            assert s.recv(16) == b""  # the silenced tunnel is reset at the mend, as a timed-out one
+            again = _tunnel(gate.port, port)
+            again.sendall(b"back")
+            assert again.recv(16) == b"back"
     finally:
         srv.close()
 
