@@ -311,10 +311,12 @@ class Runner:
             gate = self.pool.gate(name)
             gate.cut(f.silent) if phase == "do" else gate.mend()
         elif f.kind == "corrupt_blob":
-            relay = f"relay{f.target}"
-            blob = corrupt(self.res.root / relay, self.rng)
+            blob = None
+            for relay in (f"relay{f.target}", f"relay{1 - f.target}"):  # blobs go to the first live relay
+                if relay not in self.res.exits and (blob := corrupt(self.res.root / relay, self.rng)) is not None:
+                    break
             if blob is None:
-                self.res.skipped.append(f"{f.describe(self.plan.names)}: no blob on {relay} yet")
+                self.res.skipped.append(f"{f.describe(self.plan.names)}: no blob on a live relay yet")
                 return
             self.note(f"corrupted blob {blob} on {relay}")
             return
@@ -403,6 +405,15 @@ class Runner:
             wait_for(ended, max(left, 1.0), f"job {job[:12]} to end on {', '.join(self.res.survivors)}", poll=0.5)
         except TtpeerError as exc:
             self.res.error = str(exc)
+        late = self.res.homes.get("late")
+        if late is not None and "late" not in self.res.exits:  # a joiner must get in, whatever else happened
+            admin_home = self.res.homes[self.names[0]]
+            try:
+                wait_for(lambda: status(late)["node"]["has_pool_key"]
+                         and any(p["name"] == "late" for p in status(admin_home)["peers"]), 60,
+                         "the peer that joined mid-job to be a member", poll=0.5)
+            except TtpeerError as exc:
+                self.res.error = str(exc)
         admin = next((j for j in status(self.res.homes[self.names[0]])["jobs"] if j["id"] == job), None)
         self.note(f"job ended: {admin and admin['state']}, round {admin and admin['round']}"
                   if self.res.error is None else "job did not end in time")
