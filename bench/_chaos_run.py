@@ -265,6 +265,10 @@ class Runner:
         name = self.plan.names[f.target]
         home = self.res.homes.get(name)
         proc = self.pool.procs.get(name)
+        if f.kind in ("kill", "stop", "kill_worker") and (proc is None or proc.poll() is not None):
+            if phase == "do":  # gone already (revoked, or its disk filled): nothing to do it to
+                self.res.skipped.append(f"{f.describe(self.plan.names)}: {name} had exited")
+            return
         if f.kind == "kill":
             if phase == "do":
                 assert proc is not None

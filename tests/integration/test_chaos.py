@@ -1,12 +1,14 @@
 """The chaos campaign's fixed seeds, on real processes (``scripts/chaos``, bench/chaos.py).
 
-Four seeds whose faults together are every kind the campaign draws: a relay restarted
-empty, a blob corrupted on a relay's disk and a peer's processes stopped (6); a peer's
-home filled, a peer cut off from both relays and a peer joining mid-job (17, the full disk
-only as root); a worker killed, a peer revoked and a broken task submitted beside the job
-(288); the relay named first in the token killed for good before a peer joins with it, and
-a daemon killed for good (4698: ``join`` used to give up when the token's first relay was
-down). Each run must end with no violation, every fault injected while the job ran."""
+Four seeds whose faults together are every kind the campaign draws, each a pool of 3
+and a job of 5 rounds of 60 steps: a broken task beside the job, a full disk (as root) and
+a blob corrupted on a relay's disk (80); a peer cut off silently (its bytes dropped) and
+revoked in the same second, so that it hears of it only once the cut mends (793); a
+worker killed and a relay restarted empty (3109); the relay named first in the token
+killed for good before a peer joins with that token, and a daemon killed for good (4698:
+``join`` used to give up when the token's first relay was down). Each run must end with
+no violation, and every fault happen while the job ran (a fault on a peer already gone
+is said to be skipped, and allowed)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from bench.chaos import can_mount, line, one_run
 
 pytestmark = pytest.mark.slow
 
-SEEDS = [6, 17, 288, 4698]
+SEEDS = [80, 793, 3109, 4698]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -25,4 +27,5 @@ def test_a_campaign_seed_keeps_every_invariant(tmp_path, seed):
     report = "\n".join([line(res, violations), *violations, *res.journal])
     assert violations == [], report
     allowed = [] if can_mount() else ["disk_full"]
-    assert all(s.split("(")[0] in allowed for s in res.skipped), report  # each fault happened mid-job
+    for skipped in res.skipped:  # each fault happened mid-job, but to a peer already gone
+        assert skipped.split("(")[0] in allowed or skipped.endswith(" had exited"), report
