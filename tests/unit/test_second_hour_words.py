@@ -176,3 +176,28 @@ def test_a_peer_still_preparing_is_not_said_to_train_nothing_for_want_of_a_link(
     assert any("trained none of the last 3 rounds" in line for line in behind_lines(job))
     preparing = {**job, "phase": "loading the task and its data, checking it fits"}
     assert not any("trained none" in line for line in behind_lines(preparing))
+
+
+def test_a_full_disk_while_writing_tensorboard_events_is_one_warning_and_the_next_round_tries_again(
+        tmp_path, caplog):
+    import logging
+    import os
+
+    from ttpeer.daemon._board import Board
+    from ttpeer.errors import DiskError
+
+    board = Board.__new__(Board)  # only update()'s handling is under test: _update fails as a full disk does
+    board.root, board._disabled = tmp_path, False
+    calls = []
+
+    def full() -> None:
+        calls.append(1)
+        raise DiskError(tmp_path / ".written", OSError(28, os.strerror(28)))
+
+    board._update = full
+    with caplog.at_level(logging.WARNING, logger="ttpeer.daemon"):
+        board.update()
+        board.update()
+    assert len(calls) == 2 and not board._disabled  # it tries again at the next round
+    assert all(r.exc_info is None for r in caplog.records), "a traceback in the log"
+    assert "could not write TensorBoard events" in caplog.text and "the disk is full" in caplog.text

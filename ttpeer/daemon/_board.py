@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from ttpeer.errors import DiskError
 from ttpeer.proto import Record
 
 from ._files import write_atomic
@@ -120,7 +121,7 @@ class Board:
             self._disabled = True
             log.warning("the tensorboard package is not installed, so no event files are written "
                         "(pip install tensorboard)")
-        except OSError as exc:
+        except (OSError, DiskError) as exc:  # a full disk: the next round tries again
             log.warning("could not write TensorBoard events under %s: %s", self.root, exc)
         except Exception:  # a bug here must not take the daemon down: stop writing, say so once
             self._disabled = True
