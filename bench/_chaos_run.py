@@ -148,7 +148,9 @@ class Pool:
         from ttpeer_harness import stop_processes
 
         stop_processes(list(self.procs.values()))
-        for home in self.mounts:
+        for home in self.mounts:  # a copy stays to read (the tmpfs goes with the unmount)
+            shutil.copytree(home, home.with_name(home.name + "-tmpfs"), ignore=shutil.ignore_patterns("chaos-fill"),
+                            dirs_exist_ok=True, ignore_dangling_symlinks=True)
             subprocess.run(["umount", "-l", str(home)], check=False, capture_output=True)
 
 
