@@ -149,8 +149,9 @@ class Pool:
 
         stop_processes(list(self.procs.values()))
         for home in self.mounts:  # a copy stays to read (the tmpfs goes with the unmount)
-            shutil.copytree(home, home.with_name(home.name + "-tmpfs"), ignore=shutil.ignore_patterns("chaos-fill"),
-                            dirs_exist_ok=True, ignore_dangling_symlinks=True)
+            with contextlib.suppress(shutil.Error, OSError):  # sockets and the like are not copied
+                shutil.copytree(home, home.with_name(home.name + "-tmpfs"), dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("chaos-fill", "*.sock"))
             subprocess.run(["umount", "-l", str(home)], check=False, capture_output=True)
 
 
