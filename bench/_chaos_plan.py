@@ -84,13 +84,13 @@ def draw(seed: int, *, root: bool = True) -> Plan:
     faults: list[Fault] = []
     tmpfs = None
     for kind in kinds:
-        at = round(rng.uniform(3.0, 20.0), 1)
+        at = round(rng.uniform(2.0, 14.0), 1)
         if kind in ("kill", "revoke"):
             target = next((p for p in others if p not in picked), None)
             if target is None:
                 continue
             picked.add(target)
-            hold = None if kind == "revoke" or rng.random() < 0.5 else round(rng.uniform(2.0, 10.0), 1)
+            hold = None if kind == "revoke" or rng.random() < 0.5 else round(rng.uniform(2.0, 8.0), 1)
             if hold is None:
                 gone.add(target)
             faults.append(Fault(kind, at, target, hold))
@@ -99,10 +99,10 @@ def draw(seed: int, *, root: bool = True) -> Plan:
             if tmpfs is None:
                 continue
             picked.add(tmpfs)
-            faults.append(Fault(kind, at, tmpfs, round(rng.uniform(3.0, 10.0), 1)))
+            faults.append(Fault(kind, at, tmpfs, round(rng.uniform(3.0, 8.0), 1)))
         elif kind in ("stop", "cut", "kill_worker"):
             target = rng.randrange(peers)
-            hold = None if kind == "kill_worker" else round(rng.uniform(3.0, 12.0), 1)
+            hold = None if kind == "kill_worker" else round(rng.uniform(3.0, 10.0), 1)
             faults.append(Fault(kind, at, target, hold))
         elif kind in ("relay_restart", "relay_kill", "corrupt_blob"):
             hold = round(rng.uniform(1.0, 6.0), 1) if kind == "relay_restart" else None
@@ -117,6 +117,6 @@ def draw(seed: int, *, root: bool = True) -> Plan:
     # Drawn apart, so that adding it left every other draw of a seed as it was.
     quiet = random.Random(f"ttpeer-chaos-silent:{seed}")
     faults = [Fault(f.kind, f.at, f.target, f.hold, quiet.random() < 0.5) if f.kind == "cut" else f for f in faults]
-    rounds = rng.randint(5, 8)
-    return Plan(seed=seed, peers=peers, mode=mode, rounds=rounds, inner_steps=rng.choice((60, 90, 120)),
+    rounds = rng.randint(4, 6)
+    return Plan(seed=seed, peers=peers, mode=mode, rounds=rounds, inner_steps=rng.choice((40, 60, 80)),
                 faults=tuple(sorted(faults, key=lambda f: f.at)), tmpfs_peer=tmpfs if root else None)
