@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import queue
 import random
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,7 @@ from ._chaos_proxy import Gate, Proxies
 
 STEP_S = "0.05"  # every training step lasts this long (emulated compute, as a GPU's step would)
 JOB_BOUND = 240.0  # seconds from submit within which the job must have ended on every survivor
+ADMIN_FAULTS = ("revoke", "join", "bad_task")  # carried out by commands on the admin's home
 TMPFS_SIZE = "48m"
 BAD_TASK = '''
 import torch
@@ -205,6 +208,8 @@ class Runner:
         self.rng = random.Random(f"ttpeer-chaos-apply:{plan.seed}")
         self.names = plan.names[: plan.peers]
         self.relays: dict[str, tuple[str, str]] = {}
+        self.undone: set[Fault] = set()
+        self.admin_failures: list[str] = []
 
     def note(self, what: str) -> None:
         self.res.journal.append(f"{time.monotonic() - self.pool.t0:6.1f}s {what}")
@@ -268,10 +273,14 @@ class Runner:
         name = self.plan.names[f.target]
         home = self.res.homes.get(name)
         proc = self.pool.procs.get(name)
-        if f.kind in ("kill", "stop", "kill_worker") and (proc is None or proc.poll() is not None):
-            if phase == "do":  # gone already (revoked, or its disk filled): nothing to do it to
-                self.res.skipped.append(f"{f.describe(self.plan.names)}: {name} had exited")
+        if f.kind in ("kill", "stop", "kill_worker") and phase == "do" and (proc is None or proc.poll() is not None):
+            self.res.skipped.append(f"{f.describe(self.plan.names)}: {name} had exited")  # revoked, or its disk filled
             return
+        if f.kind == "stop" and phase == "undo" and (proc is None or proc.poll() is not None):
+            self.undone.add(f)  # it exited while stopped (a revocation heard at SIGCONT): nothing to continue
+            return
+        if phase == "undo":
+            self.undone.add(f)
         if f.kind == "kill":
             if phase == "do":
                 assert proc is not None
@@ -347,9 +356,21 @@ class Runner:
         """A command on the admin's home; retried while the admin does not answer (it may
         be stopped or cut by another fault), up to 60 s."""
         admin = self.res.homes[self.names[0]]
-        with contextlib.redirect_stderr(io.StringIO()):
-            return wait_for(lambda: ttpeer(*args, "--home", str(admin)), 60, f"'ttpeer {args[0]}' on the admin",
-                            poll=1.0)
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said):
+                return wait_for(lambda: ttpeer(*args, "--home", str(admin)), 60, f"'ttpeer {args[0]}' on the admin",
+                                poll=1.0)
+        except TtpeerError as exc:
+            last = said.getvalue().strip().splitlines()[-1:] or ["nothing on stderr"]
+            raise TtpeerError(f"{exc}; it said: {last[0]}") from None
+
+    def _admin_faults(self, faults: queue.Queue[Fault | None]) -> None:
+        while (fault := faults.get()) is not None:
+            try:
+                self.apply("do", fault)
+            except (TtpeerError, OSError) as exc:
+                self.admin_failures.append(f"{fault.describe(self.plan.names)}: {exc}")
 
     def _job_over(self) -> bool:
         return _state(self.res.homes[self.names[0]], self.res.job) in ("done", "failed", "cancelled")
@@ -374,6 +395,12 @@ class Runner:
         try:
             self.build()
             self.submit()
+            # The admin's commands (revoke, invite, submit) wait while the admin does not answer
+            # (stopped or cut by another fault): they run in order on a thread of their own, so
+            # the schedule's other faults, and their undoing, keep their times.
+            admin_queue: queue.Queue[Fault | None] = queue.Queue()
+            admin_thread = threading.Thread(target=self._admin_faults, args=(admin_queue,), daemon=True)
+            admin_thread.start()
             for at, phase, fault in self.events():
                 delay = self.pool.t0 + at - time.monotonic()
                 if delay > 0:
@@ -383,7 +410,18 @@ class Runner:
                     continue
                 if phase == "undo" and any(s.startswith(fault.describe(self.plan.names)) for s in self.res.skipped):
                     continue
-                self.apply(phase, fault)
+                if fault.kind in ADMIN_FAULTS:
+                    admin_queue.put(fault)
+                else:
+                    self.apply(phase, fault)
+            admin_queue.put(None)
+            admin_thread.join(timeout=150)
+            if self.admin_failures:
+                raise TtpeerError(self.admin_failures[0])
+            lost = [f.describe(self.plan.names) for f in self.plan.faults if f.hold is not None and f not in self.undone
+                    and not any(s.startswith(f.describe(self.plan.names)) for s in self.res.skipped)]
+            if lost:  # the harness's own check: what it did, it undid
+                raise TtpeerError(f"the campaign never undid {', '.join(lost)}")
             self.res.survivors = [n for n in self.names if n not in self.res.exits]
             self._await_end()
         except (TtpeerError, OSError, subprocess.CalledProcessError) as exc:
