@@ -32,7 +32,7 @@ from ._chaos_run import Result
 def _job(home: Path, job: str) -> dict | None:  # type: ignore[type-arg]
     try:
         return next((j for j in status(home)["jobs"] if j["id"] == job), None)
-    except TtpeerError:
+    except (TtpeerError, OSError):
         return None
 
 

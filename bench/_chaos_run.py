@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ttpeer.daemon import call
 from ttpeer.errors import TtpeerError
 from ttpeer_harness import READY_TIMEOUT, status, ttpeer, wait_for
 
@@ -373,7 +374,17 @@ class Runner:
                 self.admin_failures.append(f"{fault.describe(self.plan.names)}: {exc}")
 
     def _job_over(self) -> bool:
-        return _state(self.res.homes[self.names[0]], self.res.job) in ("done", "failed", "cancelled")
+        """Whether the first peer that answers within 2 s (a stopped one does not) has the job ended."""
+        for name in self.names:
+            if name in self.res.exits:
+                continue
+            try:
+                st = call(self.res.homes[name] / "control.sock", {"op": "status"}, timeout=2)["status"]
+            except (TtpeerError, OSError):
+                continue
+            job = next((j for j in st["jobs"] if j["id"] == self.res.job), None)
+            return job is not None and job["state"] in ("done", "failed", "cancelled")
+        return False
 
     def _kill_worker(self, name: str, pid: int) -> None:
         deadline = time.monotonic() + 10
@@ -427,6 +438,7 @@ class Runner:
         except (TtpeerError, OSError, subprocess.CalledProcessError) as exc:
             self.res.error = f"{type(exc).__name__}: {exc}"
         finally:
+            self._release()  # a run cut short leaves nothing stopped or cut for the checkers to wait on
             self.res.unexpected = [f"{n} exited with {p.returncode}" for n, p in self.pool.procs.items()
                                    if p.poll() is not None and n not in self.res.exits]
             self.res.procs_rc = {n: p.poll() for n, p in self.pool.procs.items()}
@@ -463,6 +475,13 @@ class Runner:
         self.note(f"job ended: {admin and admin['state']}, round {admin and admin['round']}"
                   if self.res.error is None else "job did not end in time")
 
+    def _release(self) -> None:
+        for proc in self.pool.procs.values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGCONT)
+        for gate in self.pool.gates.values():
+            gate.mend()
+
     def _record_exits(self) -> None:
         for name, proc in self.pool.procs.items():
             if proc.poll() is not None:
@@ -472,7 +491,7 @@ class Runner:
 def _ended_for_pool(home: Path, job: str) -> bool:
     try:
         found = next((j for j in status(home)["jobs"] if j["id"] == job), None)
-    except TtpeerError:
+    except (TtpeerError, OSError):
         return False
     return found is not None and found["ended"] is not None
 
@@ -480,6 +499,6 @@ def _ended_for_pool(home: Path, job: str) -> bool:
 def _state(home: Path, job: str | None) -> str | None:
     try:
         found = next((j for j in status(home)["jobs"] if j["id"] == job), None)
-    except TtpeerError:
+    except (TtpeerError, OSError):
         return None
     return None if found is None else found["state"]
