@@ -43,7 +43,7 @@ def direct_addrs(v: Any) -> bool:
         if type(a) is not str or len(a) > 300:
             return False
         host, _, port = a.rpartition(":")
-        return host_ok(host) and port.isdigit() and port[0] != "0" and 1 <= int(port) <= 65535
+        return host_ok(host) and port.isascii() and port.isdigit() and port[0] != "0" and 1 <= int(port) <= 65535
 
     return type(v) is list and 1 <= len(v) <= MAX_DIRECT_ADDRS and all(map(addr, v)) and len(set(v)) == len(v)
 
