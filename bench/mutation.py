@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODULES = [f"ttpeer/proto/{m}.py" for m in ("_leases", "_slicer", "_cadence", "_outcome", "_keyring",
                                                      "_slices", "_membership")]
 ALL_MODULES = ["ttpeer/proto/*.py", "ttpeer_wire/*.py"]
-DEFAULT_TESTS = ["tests/unit/test_proto_*.py", "tests/unit/test_wire*.py", "tests/unit/test_cadence.py", "tests/unit/test_outer_rule.py",
+DEFAULT_TESTS = ["tests/unit/test_proto_*.py", "tests/unit/test_wire*.py", "tests/unit/test_cadence.py",
+                 "tests/unit/test_outer_rule.py",
                  "tests/unit/test_security_records.py", "tests/unit/test_local_agreement.py"]
 STATES = ("killed", "survived", "no tests", "timeout", "suspicious", "skipped", "segfault")
 
