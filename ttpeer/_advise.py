@@ -89,7 +89,10 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ttpeer.proto import CHECK_ONE_IN, DEFAULT_H_MAX, DEFAULT_H_MIN, sliced, steps_for
+from ttpeer._parser import DEFAULT_H_MAX, DEFAULT_H_MIN
+
+# ttpeer.proto is imported where it is used: every command's parser reads this module's
+# link forms, and the client commands import no protocol (tests/unit/test_client_imports.py).
 
 H_HALF = 500.0  # e(H_HALF, 2) = 1/2 where the gain is as large as the peers (fitted: the module's docstring)
 NOISE_EXPONENT = 0.8  # the share kept where the gain is below the peers: (g / n) ** this
@@ -165,6 +168,8 @@ class Job:
 
     def slices(self, peers: int) -> int:
         """How many slices a round of ``peers`` contributions is reduced in; 0: all deltas."""
+        from ttpeer.proto import sliced
+
         return min(peers, self.chunks) if sliced(peers, self.chunks) else 0
 
 
@@ -197,6 +202,8 @@ def sliced_sync_seconds(peers: int, slices: int, delta_bytes: int, reduced_bytes
     delta of ``chunks`` chunks (None: as many as slices): upload one delta, reduce a slice
     from the others' ranges, upload it, download the other slices, and the expected cost
     of a spot check, which waits for the result (the formula in the module's docstring)."""
+    from ttpeer.proto import CHECK_ONE_IN
+
     n, s, d, r, c = peers, slices, delta_bytes, reduced_bytes, chunks or slices
     trips = 2 * math.ceil((n - 1) / FETCHES_AT_ONCE)
     reduce = (n - 1) * d / (s * link.down) + trips * link.rtt
@@ -218,6 +225,8 @@ def received(peers: int, slices: int, delta_bytes: int, reduced_bytes: int, chun
         return 0.0
     if not slices:
         return float((peers - 1) * delta_bytes)
+    from ttpeer.proto import CHECK_ONE_IN
+
     checks = slices / CHECK_ONE_IN  # slices checked a round, each by some peer
     return ((peers - 1) * delta_bytes * (1.0 / slices + checks / (peers * (chunks or slices)))
             + (slices - 1) * reduced_bytes / slices)
@@ -254,6 +263,8 @@ def predict(job: Job, link: Link, peers: int, gain: Callable[[int], float],
             fixed: float = ROUND_FIXED_S) -> list[Row]:
     """One row per peer count 1..``peers``; ``gain(k)`` is g(k) (g(1) = 1); ``fixed``: a
     close's own seconds (0 asks what a sync that costs nothing would give)."""
+    from ttpeer.proto import steps_for
+
     rows = [Row(1, 0.0, 0, 0.0, None, 1.0, 1.0, 1.0, 1.0)]
     for n in range(2, peers + 1):
         s = job.slices(n)

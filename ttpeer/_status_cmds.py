@@ -10,10 +10,10 @@ import time
 from typing import Any
 
 from ttpeer._behind import behind_lines, round_now
+from ttpeer._figures import count as count_text
+from ttpeer._figures import size as _size
 from ttpeer._parser import duration, positive_int
 from ttpeer.errors import JobError, UsageError
-from ttpeer.proto import count_text
-from ttpeer.proto import size_text as _size
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:

@@ -10,10 +10,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ttpeer._parser import chunk_of, slice_bits_of
+from ttpeer._parser import DEFAULT_H_MAX, DEFAULT_H_MIN, chunk_of, slice_bits_of
 from ttpeer._status_cmds import trainable_line
 from ttpeer.errors import UsageError
-from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN, outer_settings
 
 ADAPTER_FILE = "adapter_model.safetensors"  # what peft's save_pretrained writes
 MAX_STEP_TIMEOUT = 7 * 86400.0  # the job record's bound
@@ -106,6 +105,8 @@ def outer_fields(args: argparse.Namespace) -> dict[str, Any]:
     if args.outer_momentum is not None and not 0 <= args.outer_momentum < 1:
         raise UsageError(f"--outer-momentum is Nesterov momentum: from 0 to less than 1, got {args.outer_momentum:g}")
     if args.mode == "fused" and not given and args.outer_lr_schedule in (None, "constant"):
+        from ttpeer.proto import outer_settings
+
         first = outer_settings(2, AUTO_FIRST)
         return {"outer_lr": first.lr, "outer_momentum": first.momentum, "outer_auto": 1}
     return {"outer_lr": FIXED_OUTER_LR if args.outer_lr is None else args.outer_lr,

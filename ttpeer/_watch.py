@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ttpeer._behind import behind_lines, round_now
-from ttpeer.proto import size_text as _size
+from ttpeer._figures import size as _size
 
 HISTORY_ROWS = 8
 

@@ -13,11 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from ttpeer._parser import DEFAULT_CHUNK, Parser, chunk_values, duration, positive_int
+from ttpeer._parser import DEFAULT_CHUNK, DEFAULT_H_MAX, DEFAULT_H_MIN, Parser, chunk_values, duration, positive_int
 from ttpeer._relay_check import check_any_relay, check_typed_relay
 from ttpeer._submit_cmd import AUTO_FIRST, FIXED_OUTER_LR, FIXED_OUTER_MOMENTUM, submit
 from ttpeer.errors import TtpeerError, UsageError
-from ttpeer.proto import DEFAULT_H_MAX, DEFAULT_H_MIN
 
 EPILOG = """\
 Start here:
@@ -405,8 +404,9 @@ def _default_name() -> str:
 
 
 def _pool_create(args: argparse.Namespace) -> int:
+    from ttpeer_wire import make_token
+
     from ttpeer.daemon import new_invite
-    from ttpeer.proto import make_token
 
     check_typed_relay(args.relay, args.fingerprint, args.settings.proxy or None, url_is="--relay",
                        nothing="nothing was created")
@@ -422,8 +422,9 @@ def _pool_create(args: argparse.Namespace) -> int:
 
 
 def _invite(args: argparse.Namespace) -> int:
+    from ttpeer_wire import make_token
+
     from ttpeer.daemon import new_invite
-    from ttpeer.proto import make_token
 
     home = _home(args)
     cfg = home.config()

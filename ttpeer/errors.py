@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ttpeer.proto import ProofError, RecordError, TokenError, TtpeerError
+# From the wire, not ttpeer.proto: the client commands import this module and no protocol.
+from ttpeer_wire import ProofError, RecordError, TokenError, TtpeerError
 
 
 class UsageError(TtpeerError):

@@ -5,6 +5,8 @@
 - membership proofs and revocations, checked from their bytes alone (``_proofs``);
 - the relay's HTTPS API: paths, limits, the login bytes, the certificate fingerprint,
   and the error codes of its answers (``_relay_api``);
+- the join token, what an admin hands a new machine: the relays, their pins, the
+  invite and its key (``_token``; the relay never sees one);
 - the root of the exception tree, ``TtpeerError``, with the errors of reading all that.
 
 Both ``ttpeer`` (``proto`` and ``net`` build on it) and the relay (``ttpeer_relay``)
@@ -28,7 +30,7 @@ from ._dataset import (
     tar_key,
     urls_problem,
 )
-from ._errors import ProofError, RecordError, TtpeerError
+from ._errors import ProofError, RecordError, TokenError, TtpeerError
 from ._netfields import MAX_RELAYS, host_ok
 from ._proofs import (
     Member,
@@ -83,6 +85,7 @@ from ._relay_api import (
     read_error,
     send_path,
 )
+from ._token import Token, make_token, parse_token
 
 __all__ = [
     "API",
@@ -120,6 +123,10 @@ __all__ = [
     "ProofError",
     "Record",
     "RecordError",
+    "Token",
+    "TokenError",
+    "make_token",
+    "parse_token",
     "TtpeerError",
     "blob_path",
     "dataset_id",

@@ -1,4 +1,4 @@
-"""The root of ttpeer's exception tree and the errors of reading bytes from the wire.
+"""The root of ttpeer's exception tree and the errors of reading what came from outside.
 
 ``TtpeerError`` lives here, in the bottom layer, so that every package of ttpeer and
 the relay share one root. The full tree is drawn in ``ttpeer/errors.py``.
@@ -21,3 +21,7 @@ class RecordError(TtpeerError):
 
 class ProofError(TtpeerError):
     """A membership proof does not chain from the pool root to the claimed node."""
+
+
+class TokenError(TtpeerError):
+    """A join token is malformed, expired, or does not match the pool it names."""

@@ -10,8 +10,6 @@ import ipaddress
 import re
 from typing import Any
 
-from cryptography import x509
-
 _HEXSTR = re.compile(r"^([0-9a-f]{2})+$")
 
 
@@ -66,6 +64,10 @@ def certificate(v: Any) -> bool:
     """A DER X.509 certificate in hex, at most ``MAX_CERT_BYTES`` bytes."""
     if type(v) is not str or not 2 <= len(v) <= 2 * MAX_CERT_BYTES or not _HEXSTR.fullmatch(v):
         return False
+    # Here, not at the top: x509 is most of this package's import time, and the client
+    # commands (status, --help) import the errors through it but never read a certificate.
+    from cryptography import x509
+
     try:
         x509.load_der_x509_certificate(bytes.fromhex(v))
     except ValueError:

@@ -6,7 +6,7 @@ layer and the ones below, never one above, and the packages of one layer (``SIBL
 not each other:
 
     ttpeer_wire                          pure: records, codec, proofs, the relay API (shared with the relay)
-    ttpeer.proto                         pure: membership views, ledger, machines (no I/O, no clock)
+    ttpeer.proto | ttpeer._figures       pure: membership views, ledger, machines (no I/O, no clock) | numbers as text
     ttpeer.net | ttpeer.train | base     trio + httpx | torch | errors, logging, settings
     ttpeer.tasks                         task helpers built on train (Hugging Face)
     ttpeer.daemon                        one nursery driving proto with net, train, the disk
@@ -34,7 +34,7 @@ SHIPPED = ("ttpeer", "ttpeer_relay", "ttpeer_wire")  # what the wheel holds (pyp
 BASE = ("ttpeer.errors", "ttpeer._logging", "ttpeer.config", "ttpeer._trim", "ttpeer._chunked")
 LAYERS: list[tuple[str, ...]] = [
     ("ttpeer_wire",),
-    ("ttpeer.proto",),
+    ("ttpeer.proto", "ttpeer._figures"),
     ("ttpeer.net", "ttpeer.train", *BASE),
     ("ttpeer.tasks",),
     ("ttpeer.daemon",),

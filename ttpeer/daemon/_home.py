@@ -21,15 +21,19 @@ import json
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from ttpeer_wire import Record, pool_id_of, public_hex, sign
 
 from ttpeer.errors import HomeError
 from ttpeer.net._entropy import new_sealing_key, new_signing_key, random_bytes
-from ttpeer.proto import Record, Token, pool_id_of, public_hex, sign
 
 from ._files import make_private_dir, write_atomic, write_secret
+
+if TYPE_CHECKING:  # the client commands read a home and import no protocol
+    from ttpeer.proto import Token
 
 ENDED = "ended"
 

@@ -1,9 +1,9 @@
 """Pure protocol state machines: no I/O, no clock reads, no trio, no torch.
 
 Everything here takes ``now`` as an argument and returns effects; the daemon and
-the simulator execute them. Records, their codec, membership proofs and the root
-error live in ``ttpeer_wire`` (the contract the relay shares, without this package)
-and are re-exported here unchanged.
+the simulator execute them. Records, their codec, membership proofs, join tokens and
+the root error live in ``ttpeer_wire`` (the contract the relay shares, without this
+package) and are re-exported here unchanged.
 """
 
 from ttpeer_wire import (
@@ -12,9 +12,13 @@ from ttpeer_wire import (
     PRECISION_CODES,
     Member,
     Record,
+    Token,
+    TokenError,
     decode,
     encode,
+    make_token,
     parse,
+    parse_token,
     pool_id_of,
     public_hex,
     sign,
@@ -24,7 +28,7 @@ from ttpeer_wire import (
 )
 
 from ._antientropy import GOSSIP_TRAFFIC
-from ._cadence import DEFAULT_H_MAX, DEFAULT_H_MIN, Plan, steps_for
+from ._cadence import Plan, steps_for
 from ._datasets import dataset_sources, direct_routes, live_datasets, may_remove_dataset, resolve_dataset
 from ._effects import (
     Aggregate,
@@ -46,8 +50,6 @@ from ._effects import (
 )
 from ._ensemble import member_variants
 from ._errors import DatasetMissing, ProofError, RecordError, RevokeError, TtpeerError
-from ._figures import count as count_text
-from ._figures import size as size_text
 from ._jobspec import JobSpec
 from ._keyring import (
     EXPIRY_GRACE,
@@ -112,11 +114,8 @@ from ._reports import (
 from ._sizing import default_sizing
 from ._slices import CHECK_ONE_IN, SLICES_FROM, slice_chunks, sliced, slow_link_of
 from ._tasksig import TaskSignatureError, open_task, sign_task
-from ._token import Token, TokenError, make_token, parse_token
 
 __all__ = [
-    "DEFAULT_H_MAX",
-    "DEFAULT_H_MIN",
     "Plan",
     "steps_for",
     "Outer",
@@ -124,8 +123,6 @@ __all__ = [
     "outer_settings",
     "describe_effect",
     # numbers as a person reads them (every message: proto's, train's, the commands')
-    "count_text",
-    "size_text",
     "Aggregate",
     "Apply",
     "Broadcast",

@@ -48,7 +48,6 @@ from ttpeer_wire import Record
 SYNC_MARGIN = 2.0  # overlap: a round's compute >= this x the sync
 UTILIZATION = 0.9  # no overlap: the share of a peer's time in inner steps to aim for
 MAX_CHANGE = 2.0  # a round's size moves by at most this factor from the round it follows
-DEFAULT_H_MIN, DEFAULT_H_MAX = 5, 1000  # ``--inner-steps auto``'s bounds unless given
 
 
 def hidden_ratio(overlap: bool) -> float:

@@ -50,8 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ttpeer.proto import count_text as _count
-from ttpeer.proto import size_text as _size
+from ttpeer._figures import count as _count
+from ttpeer._figures import size as _size
 
 from ._adapters import qlora_problem
 from ._spec import LoadedTask, fetch_batch

@@ -18,15 +18,14 @@ import re
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from ttpeer_wire import Record, RecordError, TtpeerError, decode, encode, parse, pool_id_of
+
+from ._codec import decode, encode
+from ._errors import RecordError, TokenError
+from ._records import Record, parse, pool_id_of
 
 PREFIX = "ttp1."
 MAX_TOKEN = 8192
 _FP = re.compile(r"^sha256:[0-9a-f]{64}$")
-
-
-class TokenError(TtpeerError):
-    """A join token is malformed, expired, or does not match the pool it names."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
-"""Numbers as a person reads them, for every message and table (pure: proto and train both
-print them)."""
+"""Numbers as a person reads them, for every message and table.
+
+Pure, and in the lowest layer of ``ttpeer`` beside ``proto`` (tests/unit/test_architecture.py),
+so that ``train`` and the client commands both print with it without importing the protocol."""
 
 from __future__ import annotations
 
