@@ -10,7 +10,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ttpeer._parser import DEFAULT_H_MAX, DEFAULT_H_MIN, chunk_of, slice_bits_of
+from ttpeer._parser import (
+    DEFAULT_CHUNK,
+    DEFAULT_H_MAX,
+    DEFAULT_H_MIN,
+    chunk_of,
+    chunk_values,
+    duration,
+    positive_int,
+    slice_bits_of,
+)
 from ttpeer._status_cmds import trainable_line
 from ttpeer.errors import UsageError
 
@@ -20,6 +29,106 @@ AUTO_FIRST = 25  # an auto-cadence job's first rounds' size (and its budget's un
 # A fused job's outer step is picked by each close (proto/_outer.py) unless the user gives one;
 # a flag given alone takes the other from here (DiLoCo's lr; the momentum that suits 2-8 peers).
 FIXED_OUTER_LR, FIXED_OUTER_MOMENTUM = 0.7, 0.7
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``ttpeer submit``'s flags."""
+    s = sub.add_parser("submit", parents=[common], help="submit a training job to the pool")
+    s.add_argument("--task", required=True,
+                   help="'mnist1d[:samples=N]', 'charlm[:key=int,...]' or a task file path/to/task.py "
+                        "(see docs/guide/2-tasks.md)")
+    s.add_argument("--mode", choices=["fused", "ensemble"], default="fused",
+                   help="fused: one model, periodic averaging; ensemble: --members diverse models that vote")
+    s.add_argument("--members", type=positive_int, default=None,
+                   help="ensemble: how many members (each on the full data, its own seed and lr/weight decay)")
+    s.add_argument("--rounds", type=positive_int, default=10,
+                   help="outer rounds (default 10); ensemble: units each member trains")
+    s.add_argument("--inner-steps", type=_inner_steps, default=None, metavar="N|auto[:MIN-MAX]",
+                   help="inner AdamW steps per shard. auto (fused jobs' default): the pool picks each round's "
+                        "steps, as few as keep the sync hidden behind compute (bounds "
+                        f"{DEFAULT_H_MIN}-{DEFAULT_H_MAX} unless given), within a budget of --rounds x "
+                        f"{AUTO_FIRST} inner steps per shard, so the round count follows the link. N: every "
+                        f"round N steps (ensemble: steps per unit, default {AUTO_FIRST})")
+    s.add_argument("--shards", type=positive_int, default=None,
+                   help="shards per round (default: from the speeds peers publish, 2 per peer at first)")
+    s.add_argument("--batch-size", type=positive_int, default=None, help="default: the task's")
+    s.add_argument("--inner-lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    s.add_argument("--weight-decay", type=float, default=0.01)
+    s.add_argument("--outer-lr", type=float, default=None,
+                   help="outer Nesterov SGD lr for every round (default: each round's close picks its outer step "
+                        "from how many peers contributed, measured by scripts/bench/convergence; "
+                        f"{FIXED_OUTER_LR} when only --outer-momentum is given)")
+    s.add_argument("--outer-momentum", type=float, default=None,
+                   help="outer Nesterov momentum for every round (default: picked per round, as --outer-lr; "
+                        f"{FIXED_OUTER_MOMENTUM} when only --outer-lr is given)")
+    s.add_argument("--bits", type=int, choices=[4, 8], default=8, help="delta quantization (default 8)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--lease", type=duration, default=None,
+                   help="a shard's claim expires this long after its last renewal (default: twice the "
+                        "slowest peer's shard time, 15s-5m; 30s before any speed is known)")
+    s.add_argument("--no-steal", action="store_true",
+                   help="idle peers do not run backup copies of stragglers' shards")
+    s.add_argument("--step-timeout", type=duration, default=600.0, metavar="SECONDS",
+                   help="a training step that takes longer than this (e.g. 90, 90s, 10m; default 10m) is "
+                        "judged hung: its worker is stopped and the job fails on that peer")
+    s.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="fused (on by default): train round r+1 while round r's deltas travel, starting from "
+                        "this peer's own estimate of round r's result and moving onto the real one as soon as "
+                        "it lands; --no-overlap: every round waits for the one before to close (fewer steps to "
+                        "a loss, the sync not hidden)")
+    s.add_argument("--slices", type=chunk_values, nargs="?", const=DEFAULT_CHUNK, default=None, metavar="VALUES",
+                   help="fused (on by default): a round of three or more peers closes from aggregation slices: "
+                        "each peer reduces one slice of the mean and everyone downloads the reduced slices, so "
+                        "a peer receives about one delta and one model a round instead of every other peer's "
+                        f"delta. VALUES per chunk, a power of two (default {DEFAULT_CHUNK}; a slice is whole "
+                        "chunks, so a model needs three chunks for three slices)")
+    s.add_argument("--no-slices", action="store_true",
+                   help="fused: close every round from all deltas: each peer downloads every other peer's "
+                        "delta, n-1 a round (what a pool of two does either way)")
+    s.add_argument("--slice-bits", type=int, choices=[3, 4, 8], default=None,
+                   help="with slices: the bits a reduced slice is sent in (default 3: 0.31x the bytes of 8, "
+                        "0.68x of 4, and no measured loss in scripts/bench/requantize; 4 or 8 if your model's "
+                        "loss says otherwise)")
+    s.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None,
+                   help="autocast of forward/backward (weights, optimizer, deltas stay fp32); default: each "
+                        "peer picks, bf16 on a GPU that has it, fp32 elsewhere (CPU bf16 is slower)")
+    s.add_argument("--micro-batch", type=positive_int, default=None,
+                   help="samples per forward/backward pass, gradients accumulated over the batch (default: "
+                        "each peer picks the largest its memory holds)")
+    s.add_argument("--checkpointing", action="store_true",
+                   help="activation checkpointing, for models with gradient_checkpointing_enable()")
+    s.add_argument("--lr-schedule", choices=["constant", "cosine", "linear"], default=None,
+                   help="inner lr over the job's global inner steps (rounds x inner steps; default constant)")
+    s.add_argument("--warmup", type=int, default=None,
+                   help="inner steps of linear lr warm-up at the job's start (default 0)")
+    s.add_argument("--final-lr-ratio", type=float, default=None,
+                   help="cosine/linear: the last step's lr as a fraction of --inner-lr (default 0)")
+    s.add_argument("--outer-lr-schedule", choices=["constant", "cosine", "linear"], default=None,
+                   help="outer lr over the job's rounds, the same on every peer (default constant)")
+    s.add_argument("--outer-warmup", type=int, default=None,
+                   help="rounds of linear outer-lr warm-up at the job's start (default 0)")
+    s.add_argument("--outer-final-lr-ratio", type=float, default=None,
+                   help="outer cosine/linear: the last round's outer lr as a fraction of --outer-lr (default 0)")
+    s.add_argument("--init", default=None, metavar="FILE|JOB",
+                   help="warm start: a .safetensors state dict of the task's model, or a finished job's "
+                        "id (its final model on this peer)")
+
+
+
+def _inner_steps(text: str) -> int | tuple[int, int]:
+    """``N``, or ``auto`` / ``auto:MIN-MAX`` (the pool picks each round's size within bounds)."""
+    t = text.strip().lower()
+    if t == "auto":
+        return DEFAULT_H_MIN, DEFAULT_H_MAX
+    m = re.fullmatch(r"auto:(\d+)-(\d+)", t)
+    if m:
+        lo, hi = int(m.group(1)), int(m.group(2))
+        if not 1 <= lo <= hi <= 1_000_000:
+            raise argparse.ArgumentTypeError(f"auto bounds must be 1 <= MIN <= MAX <= 1000000, got {text!r}")
+        return lo, hi
+    if t.isdigit() and int(t) > 0:
+        return int(t)
+    raise argparse.ArgumentTypeError(f"not a step count: {text!r} (use e.g. 25, auto, or auto:10-500)")
 
 
 def submit(args: argparse.Namespace, home: Any) -> int:

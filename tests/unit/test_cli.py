@@ -132,8 +132,9 @@ def test_fused_jobs_slice_by_default_and_no_slices_turns_it_off():
     # scripts/bench/exchange: slices were faster from 4 peers up, with equal links and with
     # one slow one; two peers close from all deltas whatever the job says (the proto's rule).
     # scripts/bench/requantize: 3-bit reduced slices cost no loss, so they are the default.
+    from ttpeer._parser import DEFAULT_CHUNK
     from ttpeer._submit_cmd import slices_fields as _slices_fields
-    from ttpeer.cli import DEFAULT_CHUNK, build_parser
+    from ttpeer.cli import build_parser
     from ttpeer.errors import UsageError
 
     def fields(*extra: str) -> dict[str, int]:
