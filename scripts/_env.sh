@@ -16,9 +16,9 @@ want="$(cat "$ROOT/pyproject.toml" "$ROOT/bootstrap-relay/pyproject.toml" | sha2
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   python -m pip install -q --upgrade pip >&2
   python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0" >&2
-  # [hf]: the Hugging Face tests need transformers and datasets (about 40 s more CPU on a fresh .venv)
+  # [all]: the tests cover every extra (Hugging Face: about 40 s more CPU on a fresh .venv)
   # PYTHONWARNINGS: setuptools warns of every editable install ("be careful with folders
   # ... with the same name as your package"), which only worries a newcomer here.
-  PYTHONWARNINGS=ignore python -m pip install -q -e "$ROOT[test,hf]" >&2
+  PYTHONWARNINGS=ignore python -m pip install -q -e "$ROOT[test,all]" >&2
   echo "$want" >"$stamp"
 fi

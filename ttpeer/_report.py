@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import html
+import importlib.util
 import io
 import time
 from pathlib import Path
@@ -311,8 +312,13 @@ def _shares(p: dict[str, Any]) -> list[str]:
 
 
 def write_report(home: Home, prefix: str, out: Path) -> str:
-    """Write the report for the job ``prefix`` names to ``out``; returns a summary line."""
+    """Write the report for the job ``prefix`` names to ``out``; returns a summary line.
+    Raises UsageError, before reading anything, where matplotlib is not installed."""
     from ttpeer.daemon._files import write_atomic
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("'ttpeer report' draws its charts with matplotlib, which is not installed here: "
+                         "pip install 'ttpeer[report]'")
 
     rs, note = load_records(home)
     job = find_job(rs, prefix)

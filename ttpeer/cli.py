@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import os
 import re
@@ -347,6 +348,7 @@ def _join(args: argparse.Namespace) -> int:
     from ttpeer.proto import parse_token
 
     token = parse_token(read_token(args, os.environ), now=time.time())
+    _check_extras(args.settings)  # before the token is used up
     check_any_relay(token.relay_pairs(), args.settings.proxy or None)  # before any key is made or sent
 
     def enroll(home) -> None:  # type: ignore[no-untyped-def]
@@ -364,6 +366,13 @@ def _join(args: argparse.Namespace) -> int:
     become_daemon(args, home.path)  # 'ttpeer up', without the token in argv or environment
 
 
+def _check_extras(cfg) -> None:  # type: ignore[no-untyped-def]
+    """A setting that needs an optional package says so before a daemon starts or a token is used."""
+    if cfg.metrics and importlib.util.find_spec("prometheus_client") is None:
+        raise UsageError("metrics (--metrics, or 'metrics' in the config) need the prometheus-client package, "
+                         "which is not installed here: pip install 'ttpeer[metrics]'")
+
+
 def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
     home.config()  # a missing or unenrolled home says so, before torch is imported
     import trio
@@ -377,6 +386,7 @@ def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
     from ttpeer.daemon._systemd import Notifier
 
     cfg = args.settings
+    _check_extras(cfg)
     device = cfg.device  # "auto" is resolved by the worker processes, which load torch: the daemon does not
     options = {name: getattr(args, name) for name in ("slowdown", "step_s") if getattr(args, name, 0)} or None
     notifier = Notifier.from_environ(os.environ)  # systemd's protocol, not a setting

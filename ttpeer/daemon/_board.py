@@ -119,8 +119,8 @@ class Board:
             self._update()
         except ImportError:
             self._disabled = True
-            log.warning("the tensorboard package is not installed, so no event files are written "
-                        "(pip install tensorboard)")
+            log.warning("no TensorBoard event files: the tensorboard package is not installed "
+                        "(pip install 'ttpeer[board]')")
         except (OSError, DiskError) as exc:  # a full disk: the next round tries again
             log.warning("could not write TensorBoard events under %s: %s", self.root, exc)
         except Exception:  # a bug here must not take the daemon down: stop writing, say so once

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._atomic import write_atomic
+from ._errors import TaskError
 from ._spec import TaskSpec
 
 CACHE_NAME = "mnist1d.npz"
@@ -158,7 +159,11 @@ def _save(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _generate(samples: int) -> dict[str, np.ndarray]:
-    import mnist1d.data  # type: ignore[import-untyped]  # only needed on a cold cache
+    try:  # only needed on a cold cache; an extra, as it brings scipy and matplotlib
+        import mnist1d.data  # type: ignore[import-untyped]
+    except ImportError:
+        raise TaskError("the mnist1d task makes its data with the mnist1d package, which is not installed "
+                        "here: pip install 'ttpeer[mnist1d]'") from None
 
     # make_dataset reseeds the global `random` and numpy generators; put them back
     # so that loading a task has no side effects on the rest of the process.
