@@ -92,7 +92,8 @@ async def serve_control(
 
 
 async def _read_all(stream: trio.SocketStream) -> bytes:
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         chunk = await stream.receive_some(65536)
         if not chunk:
@@ -153,9 +154,9 @@ async def _dispatch(node: Node, request: dict[str, Any], status: Callable[[], di
         if ready is not None:
             await ready.wait()
         url = str(request.get("url", ""))
-        rec, said = (node.relay_change(add=(url, str(request.get("fingerprint", "")))) if op == "relay_add"
-                     else node.relay_change(remove=url))
-        return {"ok": True, "record": rec.id if rec is not None else None, "said": said,
+        made, said = (node.relay_change(add=(url, str(request.get("fingerprint", "")))) if op == "relay_add"
+                      else node.relay_change(remove=url))
+        return {"ok": True, "record": made.id if made is not None else None, "said": said,
                 "relays": node.relay_list()}
     if op == "relay_ls":
         return {"ok": True, "relays": node.relay_list()}

@@ -481,8 +481,8 @@ def _parquet_index(path: Path, rel: str, size: int, piece_size: int) -> tuple[li
     last of those reaches, the number of the first; and where the file's footer begins.
     A row group lies from its first column chunk's first page to its last chunk's end."""
     try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]
     except ImportError:
         raise DataError(_NO_PYARROW) from None
     try:
@@ -530,13 +530,13 @@ def _tar_index(path: Path, rel: str, size: int, piece_size: int) -> tuple[list[i
             for member in tar:
                 if not member.isfile():
                     continue
-                k = tar_key(member.name)
+                member_key = tar_key(member.name)
                 end = member.offset_data + member.size
-                if k == key:
+                if member_key == key:
                     spans[-1][1] = end
                 else:
                     spans.append([member.offset, end])
-                    key = k
+                    key = member_key
     except tarfile.TarError as exc:
         raise DataError(f"{rel} is not a tar file (--format tar): {exc}") from None
     for start, end in spans:

@@ -24,7 +24,7 @@ import secrets
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import trio
 
@@ -79,6 +79,7 @@ from ._executor import Decline, Deltas, Executor
 from ._home import Home, PoolConfig
 from ._keys import RANGES_AT_ONCE, Blobs, PoolKeys, SealError, in_order, off_span
 from ._recordlog import RecordLog
+from ._relays import Follower
 from ._replay import ReplayGuard
 
 log = logging.getLogger("ttpeer.daemon")
@@ -102,6 +103,7 @@ class Host(Protocol):
     blobs: Blobs
     counters: Counters
     data: Datasets
+    relays: Follower
     nursery: trio.Nursery | None
     outbox_send: trio.MemorySendChannel[tuple[str | None, bytes]]
 
@@ -201,9 +203,6 @@ class Effects:
 
     def queue(self, peer: str | None, payload: bytes) -> None:
         """Seal a gossip payload and queue it for ``peer`` (None: every peer)."""
-        self._queue(peer, payload)
-
-    def _queue(self, peer: str | None, payload: bytes) -> None:
         if self._node.pool_key is None:
             return  # not a full member yet: gossip will resend once we are
         sealed = self._node.keys.seal_gossip(self._node.me, self._node.replay.next_counter(), payload)
@@ -383,7 +382,7 @@ class Effects:
             async with self._node.blobs.deltas(eff.job, eff.contribs, (chunk, chunk + 1)) as deltas:
                 return await self._node.executor.reduce_slice(eff.job, deltas, chunk, chunk + 1, rnd=eff.round)
 
-        data, part = await in_order([functools.partial(self._slice_result, rec), alone], limit=2)
+        data, part = await in_order([lambda: self._slice_result(rec), alone], limit=2)
         stats = self._node.counters.job(eff.job.id)
         try:
             same = await off_span(len(data), run_matches, data, part, (chunk - eff.first) * values)
@@ -481,7 +480,7 @@ class Effects:
             state, metrics = await self._node.executor.aggregate(eff.job, eff.base, deltas, rnd=eff.round,
                                                                  sliced=bool(eff.slices), outer=eff.outer)
         trim()  # the blobs this close fetched: back to the system
-        weights = tuple(metrics.pop("weights", None) or ())  # type: ignore[arg-type]  # an ensemble's vote
+        weights = tuple(cast("list[int]", metrics.pop("weights", None) or ()))  # an ensemble puts its vote there
         self._report(Aggregated(eff.job, eff.round, eff.base, tuple(c.id for c in eff.contribs), state, metrics,
                                 tuple(s.id for s in eff.slices), weights, eff.outer))
 
@@ -598,8 +597,8 @@ def _job_of(eff: Effect) -> Record:
 # node's nursery under ``Effects._guarded`` (their failure path), reporting back when done.
 _INLINE: dict[type, Callable[[Effects, Any], None]] = {
     Persist: lambda fx, eff: fx._persist(eff.record),
-    Broadcast: lambda fx, eff: fx._queue(None, eff.payload),
-    Send: lambda fx, eff: fx._queue(eff.peer, eff.payload),
+    Broadcast: lambda fx, eff: fx.queue(None, eff.payload),
+    Send: lambda fx, eff: fx.queue(eff.peer, eff.payload),
     Cancel: Effects._on_cancel,
     FetchSlices: Effects._on_fetch_slices,
     JobDone: Effects._on_job_done,

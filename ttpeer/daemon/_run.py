@@ -56,7 +56,8 @@ def _thread_failed(args: threading.ExceptHookArgs) -> None:
     one line in the log, not a traceback; the daemon goes on, and says what failed."""
     name = args.thread.name if args.thread is not None else "a thread"
     log.warning("background thread %s stopped: %s: %s", name, args.exc_type.__name__, args.exc_value)
-    log.debug("background thread %s", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+    if args.exc_value is not None:  # always, when threading calls the hook
+        log.debug("background thread %s", name, exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
 
 
 def _register_secrets(home: Home) -> None:
@@ -96,7 +97,7 @@ async def run_daemon(
         match, _rest = group.split(TtpeerError)
         if match is None:
             raise
-        first = match
+        first: TtpeerError | BaseExceptionGroup[TtpeerError] = match
         while isinstance(first, BaseExceptionGroup):
             first = first.exceptions[0]
         raise first from None

@@ -72,18 +72,11 @@ from ttpeer.proto import (
     train_base,
 )
 
-from ._counters import Touches
+from ._counters import JobStats, Touches
 from ._home import PoolConfig
 from ._replay import ReplayGuard
 
 SCHEMA_VERSION = 1
-
-
-class JobStatsView(Protocol):
-    @property
-    def fp32_bytes(self) -> int: ...
-    @property
-    def wire_bytes(self) -> int: ...
 
 
 class CountersView(Protocol):
@@ -92,7 +85,7 @@ class CountersView(Protocol):
     @property
     def peers_seen(self) -> Mapping[str, float]: ...
     @property
-    def jobs(self) -> Mapping[str, JobStatsView]: ...
+    def jobs(self) -> Mapping[str, JobStats]: ...
     @property
     def relay_ok(self) -> bool: ...
     @property
@@ -271,7 +264,7 @@ def snapshot(node: NodeView) -> dict[str, Any]:
         if not over:
             done = len(covered(contributions(m.records, job, chain.round, train_base(job, chain, chain.round))))
         stats = node.counters.jobs.get(job.id)
-        ratio = round(stats.fp32_bytes / stats.wire_bytes, 2) if stats and stats.wire_bytes else None
+        ratio = stats.ratio() if stats else None
         jobs.append({
             "id": job.id, "task": job["task"], "mode": job["mode"], "state": state,
             "round": min(chain.round, plan.expected_rounds()), "rounds": plan.expected_rounds(),

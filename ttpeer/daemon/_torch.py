@@ -49,6 +49,7 @@ import trio
 from ttpeer import train
 from ttpeer.errors import DiskError, JobError, StateMissing
 from ttpeer.proto import JobSpec, Outer, PublishDelta, Record, Train, overlapped, slice_chunks
+from ttpeer.train import LoadedTask, OuterState  # by name: in annotations the method ``train`` hides the module
 
 from ._datastore import DataStore
 from ._executor import Decline, Deltas, delta_bytes
@@ -65,16 +66,16 @@ WARM_TASK = "mnist1d"  # the README's and the demo's task: its data is made at s
 
 @dataclass
 class _Job:
-    task: train.LoadedTask
+    task: LoadedTask
     trainer: train.InnerTrainer
-    like: train.OuterState  # names and shapes only, on the meta device (``train.template``)
+    like: OuterState  # names and shapes only, on the meta device (``train.template``)
     # Ensemble: at most one, the one in use. Fused: none (states are read from their files
     # when used, see ``_state_path``).
-    states: dict[str, train.OuterState] = field(default_factory=dict)
+    states: dict[str, OuterState] = field(default_factory=dict)
     verified: set[str] = field(default_factory=set)  # states whose file's hash was checked here
     residual: dict[str, torch.Tensor] | None = None
     # Ensemble: member checkpoints trained here and not yet published, by (round, member).
-    units: dict[tuple[int, int], train.OuterState] = field(default_factory=dict)
+    units: dict[tuple[int, int], OuterState] = field(default_factory=dict)
     mode: str = "fused"
     # Overlapped fused jobs: where each round's local work started, and its corrections.
     overlap: EagerStart = field(default_factory=EagerStart)
@@ -140,8 +141,8 @@ class TorchExecutor:
         return path
 
     def _load_task(self, name: str, task_file: bytes | None,
-                   check: Callable[[train.LoadedTask], None] | None = None,
-                   datasets: train.DatasetResolver | None = None) -> train.LoadedTask:
+                   check: Callable[[LoadedTask], None] | None = None,
+                   datasets: train.DatasetResolver | None = None) -> LoadedTask:
         """Load a built-in by ``name``, or the task file (its copy in the home, compiled
         under ``name``, the user's file name), and run ``check`` on it. A copy that does
         not load or pass is not kept. ``datasets`` answers the task's ``dataset_path``."""
@@ -269,7 +270,7 @@ class TorchExecutor:
                 like = train.template(train.init_ensemble(task, job["members"]))
             else:  # the local model's own tensors, as meta: no second model is built
                 own = {n: t for n, t in trainer.model.state_dict().items() if t.is_floating_point()}
-                like = train.template(train.OuterState(params=own, momentum=own))
+                like = train.template(OuterState(params=own, momentum=own))
             ctx = self._jobs[job.id] = _Job(task, trainer, like, mode=job["mode"])
             if job.body.get("holdout"):
                 ctx.held, ctx.kept = train.holdout_split(task.n_train, job["holdout"], job["seed"])
@@ -313,7 +314,7 @@ class TorchExecutor:
             ctx.verified.add(state)
         return path
 
-    def _state(self, job: Record, state: str) -> train.OuterState:
+    def _state(self, job: Record, state: str) -> OuterState:
         """``state`` in memory. A fused job's is read from its file at every call and not
         kept: while a shard trains, the local model has the params and nothing needs the
         outer momentum, so 8 bytes a parameter stayed resident for nothing (the peak of a
@@ -338,7 +339,7 @@ class TorchExecutor:
         except FileNotFoundError:
             raise StateMissing(state) from None
 
-    def _hold(self, job: Record, state: train.OuterState) -> str:
+    def _hold(self, job: Record, state: OuterState) -> str:
         ctx = self._job(job)
         digest = train.state_hash(state)
         write_atomic(self._state_file(job.id, digest), train.state_chunks(state))
@@ -419,8 +420,7 @@ class TorchExecutor:
             return await in_thread(unit if ctx.ensemble else shard, job["task"])
 
     @staticmethod
-    def _shard_pieces(task: train.LoadedTask, job: Record, rnd: int, shard: int, steps: int,
-                      first: int) -> list[int]:
+    def _shard_pieces(task: LoadedTask, job: Record, rnd: int, shard: int, steps: int, first: int) -> list[int]:
         """The pieces of a ``dataset_samples`` training set that shard ``shard`` of ``rnd`` reads."""
         if not isinstance(task.train, train.Samples) or job["mode"] == "ensemble":
             return []
@@ -449,12 +449,12 @@ class TorchExecutor:
         def look() -> dict[str, Any]:
             per = {s: self._shard_pieces(ctx.task, job, rnd, s, steps, first) for s in shards}
             test = ctx.task.test
-            same = isinstance(test, train.Samples) and test.index.dataset == train_set.index.dataset
+            # The test set, when it is a part of the same dataset (``split``): every close reads it.
+            same = test if isinstance(test, train.Samples) and test.index.dataset == train_set.index.dataset else None
             return {"dataset": train_set.index.dataset, "name": train_set.index.name,
                     "pieces": {str(s): p for s, p in per.items()},
                     "missing": {str(s): train_set.missing(p) for s, p in per.items()},
-                    # the test set's, when it is a part of the same dataset (``split``): every close reads it
-                    "test": train_set.missing(test.pieces_for(range(len(test)))) if same else []}
+                    "test": train_set.missing(same.pieces_for(range(len(same)))) if same is not None else []}
 
         return await in_thread(run, job["task"])
 
@@ -515,19 +515,19 @@ class TorchExecutor:
                 return self._start_from(ctx, eff, None, guess)
         self._start_from(ctx, eff, eff.base)
 
-    def _start_from(self, ctx: _Job, eff: Train, state: str | None, guess: train.OuterState | None = None) -> None:
+    def _start_from(self, ctx: _Job, eff: Train, state: str | None, guess: OuterState | None = None) -> None:
         """Load held ``state``'s params (read from its file) or ``guess`` into the local model."""
         if guess is not None:
             ctx.trainer.start(guess)
         else:
             assert state is not None
             params = dict(self._params(eff.job, state))
-            ctx.trainer.start(train.OuterState(params=params, momentum=params))
+            ctx.trainer.start(OuterState(params=params, momentum=params))
         if overlapped(eff.job):
             ctx.overlap.begin(eff.round, eff.base, estimate=guess, state=state)
 
     def _outer(self, job: Record, base: str, deltas: Deltas, rnd: int, sliced: bool,
-               step: Outer) -> train.OuterState:
+               step: Outer) -> OuterState:
         ctx = self._job(job)
         if ctx.ensemble:  # the round's member checkpoints replace their members in ``base``
             try:

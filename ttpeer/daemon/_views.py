@@ -105,21 +105,21 @@ def peer_rows(rs: RecordSet, job: Record, chain: Chain) -> list[dict[str, Any]]:
             row(r.author)["started"] = True
     used = {cid for close in chain.closes for cid in close["contribs"]}
     for c in sorted(rs.of_job(job.id, "contrib"), key=lambda r: r["round"]):
-        r = row(c.author)
-        r["contributions"] += 1
-        r["used"] += c.id in used
-        r["shards"] += len(c["shards"])
-        r["samples"] += c["samples"]
+        peer = row(c.author)
+        peer["contributions"] += 1
+        peer["used"] += c.id in used
+        peer["shards"] += len(c["shards"])
+        peer["samples"] += c["samples"]
         m = c["metrics"]
         for key in TIME_KEYS:
-            r[key] = round(r[key] + float(m.get(key, 0.0)), 3)
+            peer[key] = round(peer[key] + float(m.get(key, 0.0)), 3)
         if "samples_per_s" in m:
-            r["samples_per_s"] = round(float(m["samples_per_s"]), 1)
+            peer["samples_per_s"] = round(float(m["samples_per_s"]), 1)
         # How the peer trains (train/_recipe.py), as its latest contribution says.
         if "precision" in m:
-            r["precision"] = PRECISIONS.get(int(m["precision"]), "?")
+            peer["precision"] = PRECISIONS.get(int(m["precision"]), "?")
         if "micro_batch" in m:
-            r["micro_batch"] = int(m["micro_batch"])
+            peer["micro_batch"] = int(m["micro_batch"])
     if not Plan.of(job, chain.closes).finished(chain.round):
         current = contributions(rs, job, chain.round, train_base(job, chain, chain.round))
         done = covered(current)

@@ -162,8 +162,8 @@ class _Worker:
         if op == "pieces":
             return await ex.pieces(job, a["round"], a["shards"], a["steps"], a["first"])
         if op == "delta":
-            eff = PublishDelta(job, a["round"], a["base"], tuple(a["shards"]), a["samples"])
-            data, metrics = await ex.delta(eff)
+            publish = PublishDelta(job, a["round"], a["base"], tuple(a["shards"]), a["samples"])
+            data, metrics = await ex.delta(publish)
             if a.get("rank", 0) > 0:  # its copy is the same as the first worker's: keep one
                 return {"file": None, "metrics": metrics}
             return {"file": str(write_work(Path(a["out"]), data)), "metrics": metrics}

@@ -233,9 +233,10 @@ async def _all(group: list[_Worker], request: Callable[[int], tuple[str, dict[st
         for kind in (TaskFailed, WorkerDied, DatasetMissing):  # the most telling failure first
             match, _rest = eg.split(kind)
             if match is not None:
-                while isinstance(match, BaseExceptionGroup):
-                    match = match.exceptions[0]
-                raise match from None
+                first: BaseException = match
+                while isinstance(first, BaseExceptionGroup):
+                    first = first.exceptions[0]
+                raise first from None
         raise
     return results
 

@@ -11,6 +11,7 @@ and each holds a base it loaded itself.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -112,7 +113,7 @@ def qlora_problem(device: str) -> str | None:
         return ("QLoRA (LoRA(base_bits=4)) needs a CUDA GPU, and this peer trains on "
                 f"{device}; LoRA over the base at its own dtype (base_bits=16, the default) trains here")
     try:
-        import bitsandbytes  # noqa: F401
+        importlib.import_module("bitsandbytes")  # an optional extra: only whether it loads here
     except ImportError:
         return ("QLoRA (LoRA(base_bits=4)) needs bitsandbytes: pip install 'ttpeer[qlora]' on this peer, or "
                 "use LoRA(base_bits=16)")

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -216,8 +216,13 @@ class Ensemble(nn.Module):
         self.members = nn.ModuleList(m for m, w in zip(members, weights, strict=True) if w)
 
     def forward(self, x: Tensor) -> Tensor:
-        total = sum(self.weights)
-        return sum(w * F.softmax(m(x), dim=-1) for w, m in zip(self.weights, self.members, strict=True)) / total
+        return _vote(self.weights, (F.softmax(m(x), dim=-1) for m in self.members))
+
+
+def _vote(weights: Sequence[int], probs: Iterable[Tensor]) -> Tensor:
+    """The members' probabilities averaged, member ``k``'s counted ``weights[k]`` times."""
+    # A sum of tensors is one: a vote has a member of weight > 0 (``Ensemble`` checks it).
+    return cast(Tensor, sum(w * p for w, p in zip(weights, probs, strict=True) if w)) / sum(weights)
 
 
 def member_models(task: LoadedTask, state: OuterState, device: str = "cpu") -> list[nn.Module]:
@@ -244,7 +249,6 @@ def evaluate(task: LoadedTask, state: OuterState, device: str = "cpu", weights: 
     argmax-accuracy need from logits. ``models``: the state's ``member_models``, if built."""
     models = list(models) if models is not None else member_models(task, state, device)
     weights = [1] * len(models) if weights is None else list(weights)
-    total = sum(weights)
     sums = [[0.0, 0.0] for _ in range(len(models) + 1)]
     n_test = task.n_test
     with torch.no_grad():
@@ -258,7 +262,7 @@ def evaluate(task: LoadedTask, state: OuterState, device: str = "cpu", weights: 
                 probs.append(F.softmax(out, dim=-1))
                 sums[k][0] += float(task.spec.loss(out, y)) * len(idx)
                 sums[k][1] += float(task.spec.metric(out, y)) * len(idx)
-            vote = (sum(w * p for w, p in zip(weights, probs, strict=True) if w) / total).clamp_min(1e-12).log()
+            vote = _vote(weights, probs).clamp_min(1e-12).log()
             sums[-1][0] += float(task.spec.loss(vote, y)) * len(idx)
             sums[-1][1] += float(task.spec.metric(vote, y)) * len(idx)
     scores = [(loss / n_test, metric / n_test) for loss, metric in sums]

@@ -71,8 +71,8 @@ class RowGroups:
     def __init__(self, name: str, files: list[tuple[str, int]], piece_size: int, footer: list[int],
                  pread: FilesPread) -> None:
         try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+            import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type hints
+            import pyarrow.parquet as pq  # type: ignore[import-untyped]
         except ImportError:
             raise TaskError(f"dataset {name!r} is parquet (--format parquet): reading it needs pyarrow: "
                             "pip install pyarrow") from None

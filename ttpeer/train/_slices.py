@@ -79,9 +79,10 @@ def iter_mean(slices: Iterable[Tensor], like: OuterState) -> Iterator[tuple[str,
         pieces = []
         while need:
             if offset == current.numel():
-                current, offset = next(pending, None), 0
-                if current is None:
+                following = next(pending, None)
+                if following is None:
                     raise DeltaError("the slices hold fewer values than the model")
+                current, offset = following, 0
                 continue
             take = min(need, current.numel() - offset)
             pieces.append(current[offset:offset + take])

@@ -164,7 +164,7 @@ def state_from_file(path: Path, like: OuterState | None = None) -> OuterState:
         def tensor(shape: tuple[int, ...]) -> Tensor:
             out = torch.empty(shape, dtype=torch.float32)
             array = out.numpy().reshape(-1).view(np.uint8)
-            if f.readinto(array) != array.size:
+            if f.readinto(array.data) != array.size:
                 raise CheckpointError("state checkpoint is truncated")
             if sys.byteorder != "little":
                 out.numpy().byteswap(inplace=True)
@@ -218,7 +218,7 @@ def iter_state_file(path: Path, like: OuterState) -> Iterator[tuple[str, Tensor,
             out = torch.empty(shape, dtype=torch.float32)
             array = out.numpy().reshape(-1).view(np.uint8)
             f.seek(at)
-            if f.readinto(array) != array.size:
+            if f.readinto(array.data) != array.size:
                 raise CheckpointError("state checkpoint is truncated")
             if sys.byteorder != "little":
                 out.numpy().byteswap(inplace=True)
