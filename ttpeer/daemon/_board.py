@@ -76,7 +76,7 @@ def round_scalars(node: Node, job: Record, close: Record) -> dict[str, float]:
 
 class _JobBoard:
     def __init__(self, folder: Path, written: int, live_from: int) -> None:
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter  # type: ignore[import-untyped]  # no hints
 
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
@@ -85,8 +85,8 @@ class _JobBoard:
         self.live_from = live_from  # rounds past this one closed while this daemon watched
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
-        from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.compat.proto.event_pb2 import Event  # type: ignore[import-untyped]  # no type hints
+        from tensorboard.compat.proto.summary_pb2 import Summary  # type: ignore[import-untyped]  # no type hints
 
         summary = Summary(value=[Summary.Value(tag=tag, simple_value=value) for tag, value in sorted(scalars.items())])
         self.writer.add_event(Event(wall_time=time.time(), step=step, summary=summary))
