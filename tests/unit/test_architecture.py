@@ -276,3 +276,26 @@ def test_no_module_is_over_500_lines_and_none_of_the_long_ones_grows():
     over = {name: n for name, n in lengths.items() if n > LONG_MODULES.get(name, MAX_LINES)}
     assert over == {}
     assert {name for name in LONG_MODULES if name not in MODULES} == set()  # a split module leaves the list
+
+
+PROBES = ("getattr", "hasattr")
+
+
+def test_no_getattr_probe_of_a_protocol_member():
+    """Callers use what ``Executor``, ``Transport`` and ``PoolTransport`` declare; a method
+    some implementations lack is declared (and given to all), not probed for."""
+    from ttpeer.daemon import Executor
+    from ttpeer.net import PoolTransport, Transport
+
+    members = {name for proto in (Executor, Transport, PoolTransport) for name in vars(proto)
+               if not name.startswith("_")}
+    probes = []
+    for module, path in MODULES.items():
+        if not _within(module, "ttpeer"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            probe = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in PROBES
+            if (probe and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                    and node.args[1].value in members):
+                probes.append(f"{module}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})")
+    assert probes == []

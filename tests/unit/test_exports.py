@@ -58,7 +58,9 @@ SURFACES: dict[str, set[str]] = {
         'BlobCorrupt', 'BlobMissing', 'ErrorCode', 'Faults', 'MemoryRelay', 'MemoryTransport', 'Message', 'NetError',
         'MultiRelay', 'RelayClient', 'RelayFingerprintMismatch', 'RelayLimit', 'RelayRejected', 'RelayUnavailable',
         'Transport', 'fetch_certificate', 'fingerprint', 'fingerprint_of', 'login_message',
-        'pinned_ssl_context'
+        'pinned_ssl_context',
+        # what a node drives: the pool's relays as one transport
+        'PoolTransport',
     },
     'ttpeer.daemon': {
         'DataStore', 'DeltaRef', 'Deltas', 'Executor', 'Home', 'Node', 'PoolConfig', 'call', 'delta_bytes',

@@ -26,6 +26,7 @@ from ttpeer.net import (
     BlobMissing,
     Faults,
     MemoryRelay,
+    PoolTransport,
     RelayClient,
     RelayRejected,
     RelayUnavailable,
@@ -62,18 +63,25 @@ def make_pool(n: int, fixed: str | None = None) -> tuple[str, list[tuple[Ed25519
 def test_both_transports_satisfy_the_protocol() -> None:
     pool, [(key, proof)] = make_pool(1)
     methods = {"connect", "send", "broadcast", "recv", "roster", "put_blob", "get_blob", "put_blob_file",
-               "get_blob_file", "get_blob_range", "has_blob", "aclose", "revoke", "admit", "touch_blobs", "blob_ttl"}
+               "get_blob_file", "get_blob_range", "has_blob", "aclose", "revoke", "admit", "touch_blobs", "blob_ttl",
+               "bytes_sent", "bytes_received"}
     declared = {name for name in vars(Transport) if not name.startswith("_")}
     assert declared == methods
     assert isinstance(MemoryRelay().client(pool, key, proof), Transport)
     assert isinstance(RelayClient("https://127.0.0.1:1", "sha256:" + "0" * 64, pool=pool,
                                   peer_key=key, proof=proof), Transport)
+    # What a node drives besides (the pool's relays as one): the memory relay's client too.
+    pooled = {"run", "set_relays", "describe", "spooled"}
+    assert {name for name in vars(PoolTransport) if not name.startswith("_")} == pooled
+    memory = MemoryRelay().client(pool, key, proof)
+    assert all(callable(getattr(memory, name)) for name in pooled) and memory.describe() == []
 
 
 def test_public_surface() -> None:
     assert sorted(ttpeer.net.__all__) == sorted([
         "BlobCorrupt", "BlobMissing", "ErrorCode", "Faults", "MemoryRelay", "MemoryTransport", "Message",
-        "MultiRelay", "NetError", "RelayClient", "RelayFingerprintMismatch", "RelayLimit", "RelayRejected",
+        "MultiRelay", "NetError", "PoolTransport", "RelayClient", "RelayFingerprintMismatch", "RelayLimit",
+        "RelayRejected",
         "RelayUnavailable", "Transport", "fetch_certificate", "fingerprint", "fingerprint_of",
         "login_message", "pinned_ssl_context",
     ])

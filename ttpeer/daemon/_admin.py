@@ -19,7 +19,7 @@ import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ttpeer.errors import JobError, UsageError
-from ttpeer.net import NetError, Transport
+from ttpeer.net import NetError, PoolTransport
 from ttpeer.proto import (
     MAX_KEEP,
     DatasetMissing,
@@ -55,7 +55,7 @@ class Host(Protocol):
     cfg: PoolConfig
     home: Home
     executor: Executor
-    transport: Transport
+    transport: PoolTransport
     blobs: Blobs
     data: Datasets
     node_key: Ed25519PrivateKey

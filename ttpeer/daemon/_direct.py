@@ -398,9 +398,8 @@ async def _serve_direct(node: Any, mode: tuple[str | None, int], relay_url: str)
     home: Path = node.home.path
     cert, key = await trio.to_thread.run_sync(ensure_certificate, home / "direct-tls", "0.0.0.0")
     der = ssl.PEM_cert_to_DER_cert(await trio.to_thread.run_sync(cert.read_text))
-    spooled = getattr(node.transport, "spooled", None)  # the sealed blobs this peer uploaded (net/_multi.py)
     app = DirectServer(node.me, lambda: node.machine.records.members, node.data.piece_source,
-                       lambda: node.pool_key, node.wall, blobs=spooled or (lambda _name: None))
+                       lambda: node.pool_key, node.wall, blobs=node.transport.spooled)  # the sealed blobs we uploaded
     node.data.direct_stats = app.stats
     choice = port or await trio.to_thread.run_sync(_saved_port, home)
     if choice and not _free(choice):

@@ -285,15 +285,14 @@ class Effects:
         pieces each shard of round ``rnd`` reads (the chain's round, then the next). Tell
         the machine which shards' data is here (it claims those first), and prefetch the
         pieces of this peer's share of the round (``PeerMachine.share``)."""
-        pieces = getattr(self._node.executor, "pieces", None)
-        if pieces is None or not job.body.get("samples") or job["mode"] == "ensemble":
+        if not job.body.get("samples") or job["mode"] == "ensemble":
             return
         plan = self._node.machine.plan(job)
         if not plan.has_round(rnd):
             return
         shards = list(range(job["shards"]))
         try:
-            found = await pieces(job, rnd, shards, plan.batches(rnd), plan.first_step(rnd))
+            found = await self._node.executor.pieces(job, rnd, shards, plan.batches(rnd), plan.first_step(rnd))
         except TtpeerError as exc:
             log.debug("job %s: no look-ahead for round %d: %s", job.id[:12], rnd, exc)
             return

@@ -9,12 +9,12 @@ bytes only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ttpeer.proto import Outer, PublishDelta, Record, Train
+from ttpeer.proto import DatasetMissing, Outer, PublishDelta, Record, Train
 
 # A contribution's encoded delta: its bytes, or the path of a file that holds them. The
 # node hands over files (fetched one blob at a time) so that neither it nor the worker
@@ -43,6 +43,11 @@ class Decline:
 
 
 class Executor(Protocol):
+    # Called with a job and the ``DatasetMissing`` of pieces a task read that are not here
+    # (set by the node): the node fetches them and the call is made again. An executor
+    # whose tasks never wait on pieces leaves it unused.
+    on_missing: Callable[[Record, DatasetMissing], Awaitable[None]] | None
+
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes | Path]:
         """Build a job's initial state for submission. Returns the job fields this side
         fixes (``task_hash``, ``init``, ``data``: a fingerprint of the task's data) and the
@@ -117,4 +122,9 @@ class Executor(Protocol):
     async def release(self, job: str) -> None:
         """The job ended on this peer (failed, cancelled, failed for the pool): free what
         holds it in memory (its model, its worker processes). Its files stay."""
+        ...
+
+    async def pieces(self, job: Record, rnd: int, shards: list[int], steps: int, first: int) -> dict[str, Any]:
+        """What shards ``shards`` of round ``rnd`` read of a ``dataset_samples`` job's
+        dataset (``TorchExecutor.pieces``); empty when its data is not read by pieces."""
         ...

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ttpeer.errors import DiskError, MembershipEnded, TtpeerError
-from ttpeer.net import NetError, Transport
+from ttpeer.net import NetError, PoolTransport
 from ttpeer.proto import (
     Admit,
     Effect,
@@ -80,7 +80,7 @@ class Host(Protocol):
     cfg: PoolConfig
     home: Home
     keys: PoolKeys
-    transport: Transport
+    transport: PoolTransport
     counters: Counters
     fatal: TtpeerError | None
     node_key: Ed25519PrivateKey

@@ -57,7 +57,7 @@ from ttpeer.errors import (
     DiskError,
     TtpeerError,
 )
-from ttpeer.net import RelayRejected, Transport
+from ttpeer.net import PoolTransport, RelayRejected
 from ttpeer.proto import (
     Effect,
     PeerMachine,
@@ -94,7 +94,7 @@ class Node:
     def __init__(
         self,
         home: Home,
-        transport: Transport,
+        transport: PoolTransport,
         executor: Executor,
         *,
         timing: Timing = Timing(),
@@ -131,8 +131,7 @@ class Node:
         self.data = Datasets(self)
         self.blobs.direct = self.data.fetch_blob  # deltas and states from their uploaders, on a LAN
         self.blobs.direct_range = self.data.fetch_blob_range  # a slice's chunks of them
-        if hasattr(executor, "on_missing"):  # a task reading dataset pieces not here yet
-            executor.on_missing = self.effects.fetch_missing
+        executor.on_missing = self.effects.fetch_missing  # a task reading dataset pieces not here yet
         if self.pool_key is not None:
             self.key_event.set()
 
@@ -165,9 +164,7 @@ class Node:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             await self._connect()
-            relays = getattr(self.transport, "run", None)
-            if relays is not None:  # several relays: revive those that go down (net/_multi.py)
-                await nursery.start(relays)
+            await nursery.start(self.transport.run)  # revive relays that go down (net/_multi.py)
             nursery.start_soon(self.link.receiver, self._on_message, self._settle, self._revoked_by_relay)
             nursery.start_soon(self.link.outbox)
             nursery.start_soon(self.membership.hello_loop)
@@ -355,7 +352,7 @@ class Node:
 
     def relay_list(self) -> list[dict[str, Any]]:
         """The pool's relays, in order, with this peer's view of each when the transport has one."""
-        seen = {d["url"]: d for d in getattr(self.transport, "describe", list)()}
+        seen = {d["url"]: d for d in self.transport.describe()}
         return [{"url": url, "fingerprint": fp, "state": seen.get(url, {}).get("state"),
                  "error": seen.get(url, {}).get("error"), "primary": seen.get(url, {}).get("primary", False)}
                 for url, fp in relays_now(self)]
@@ -383,11 +380,11 @@ class Node:
 
     @property
     def bytes_sent(self) -> int:
-        return int(getattr(self.transport, "bytes_sent", 0))
+        return self.transport.bytes_sent
 
     @property
     def bytes_received(self) -> int:
-        return int(getattr(self.transport, "bytes_received", 0))
+        return self.transport.bytes_received
 
     def status(self) -> dict[str, Any]:
         from ._status import snapshot

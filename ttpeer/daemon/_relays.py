@@ -91,9 +91,7 @@ class Follower:
             return
         self._using = (rec["n"], rec.id)
         pairs = relay_pairs(rec)
-        setter = getattr(node.transport, "set_relays", None)
-        if setter is not None:
-            setter(pairs)
+        node.transport.set_relays(pairs)
         if pairs != node.cfg.relay_pairs():
             log.info("the pool's relays are now %s", ", ".join(u for u, _ in pairs))
         try:

@@ -93,8 +93,8 @@ class TorchExecutor:
                  memory_limit: int | None = None) -> None:
         """``memory_limit``: bytes of the device this peer may use at most (the
         ``memory_limit`` setting); None: what the device has free."""
-        self.home = home
-        self.device = device
+        self.home, self.device = home, device
+        self.on_missing = None  # unused: a task here raises DatasetMissing to its caller (the worker)
         # This executor's place among the peer's workers (``join_group``): fused shards are
         # trained by all of them together, each on its part of every batch.
         self.rank, self.world = 0, 1

@@ -23,14 +23,14 @@ trio's monotonic clock: no wall clock is read.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from ttpeer.proto import Outer, PublishDelta, Record, Train
+from ttpeer.proto import DatasetMissing, Outer, PublishDelta, Record, Train
 
 from ._executor import Decline, Deltas, Executor
 
@@ -106,18 +106,16 @@ class TimedExecutor:
         return await self.inner.new_job(spec, task_file)
 
     @property
-    def on_missing(self) -> Any:
-        """The inner executor's fetcher of missing dataset pieces (``ProcessExecutor``)."""
-        return getattr(self.inner, "on_missing", None)
+    def on_missing(self) -> Callable[[Record, DatasetMissing], Awaitable[None]] | None:
+        """The inner executor's fetcher of missing dataset pieces."""
+        return self.inner.on_missing
 
     @on_missing.setter
-    def on_missing(self, fetch: Any) -> None:
-        if hasattr(self.inner, "on_missing"):
-            self.inner.on_missing = fetch
+    def on_missing(self, fetch: Callable[[Record, DatasetMissing], Awaitable[None]] | None) -> None:
+        self.inner.on_missing = fetch
 
     async def pieces(self, job: Record, rnd: int, shards: list[int], steps: int, first: int) -> dict[str, Any]:
-        inner = getattr(self.inner, "pieces", None)
-        return dict(await inner(job, rnd, shards, steps, first)) if inner is not None else {}
+        return await self.inner.pieces(job, rnd, shards, steps, first)
 
     async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
         return await self._timed(job.id, "compute_s", self.inner.prepare(job, task_file))

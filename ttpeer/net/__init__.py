@@ -28,13 +28,13 @@ if TYPE_CHECKING:
     from ._multi import MultiRelay
     from ._relay_client import RelayClient
     from ._tls import fetch_certificate, pinned_ssl_context
-    from ._transport import Message, Transport
+    from ._transport import Message, PoolTransport, Transport
 
 # The rest on first use: httpx (with its own command line's click and rich) costs a
 # client command such as 'ttpeer status' more than everything else it imports.
 _LAZY = {"Faults": "_memory", "MemoryRelay": "_memory", "MemoryTransport": "_memory", "MultiRelay": "_multi",
          "RelayClient": "_relay_client", "fetch_certificate": "_tls", "pinned_ssl_context": "_tls",
-         "Message": "_transport", "Transport": "_transport"}
+         "Message": "_transport", "PoolTransport": "_transport", "Transport": "_transport"}
 
 
 def __getattr__(name: str) -> Any:
@@ -56,6 +56,7 @@ __all__ = [
     "Message",
     "MultiRelay",
     "NetError",
+    "PoolTransport",
     "RelayClient",
     "RelayFingerprintMismatch",
     "RelayLimit",

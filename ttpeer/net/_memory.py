@@ -23,10 +23,12 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import Counter, deque
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -229,6 +231,20 @@ class MemoryTransport:
         self._proof = list(proof)
         self._connected = False
         self.blob_ttl: float | None = None  # as the relay's session answer tells it
+
+    # -- as a node's whole pool (PoolTransport): one relay, nothing to revive or spool ------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+
+    def set_relays(self, relays: Sequence[tuple[str, str]]) -> None:
+        """A test pool has its one memory relay, whatever the records say."""
+
+    def describe(self) -> list[dict[str, Any]]:
+        return []
+
+    def spooled(self, name: str) -> Path | None:
+        return None
 
     async def __aenter__(self) -> MemoryTransport:
         await self.connect()

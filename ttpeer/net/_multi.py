@@ -255,8 +255,8 @@ class MultiRelay:
                 now = trio.current_time()
                 while self._closing:
                     r = self._closing.pop()
-                    self._gone_sent += _counter(r.client, "bytes_sent")
-                    self._gone_received += _counter(r.client, "bytes_received")
+                    self._gone_sent += r.client.bytes_sent
+                    self._gone_received += r.client.bytes_received
                     nursery.start_soon(_close, r.client)
                 for r in self._relays:
                     if r.state != LIVE and r.retry_at <= now and id(r) not in reviving:
@@ -480,11 +480,11 @@ class MultiRelay:
 
     @property
     def bytes_sent(self) -> int:
-        return self._gone_sent + sum(_counter(r.client, "bytes_sent") for r in self._relays)
+        return self._gone_sent + sum(r.client.bytes_sent for r in self._relays)
 
     @property
     def bytes_received(self) -> int:
-        return self._gone_received + sum(_counter(r.client, "bytes_received") for r in self._relays)
+        return self._gone_received + sum(r.client.bytes_received for r in self._relays)
 
     # -- the spool: this peer's uploads, to send again --------------------------------------
 
@@ -579,10 +579,6 @@ def _acknowledge(r: _Relay, upto: int) -> None:
 
 def _revoked(exc: BaseException) -> bool:
     return isinstance(exc, RelayRejected) and exc.status == 403 and exc.code == ErrorCode.REVOKED
-
-
-def _counter(client: Any, name: str) -> int:
-    return int(getattr(client, name, 0))
 
 
 async def _close(client: Transport) -> None:

@@ -22,10 +22,12 @@ runs one suite against both.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+import trio
 from ttpeer_wire import TOUCH_MAX_BLOBS
 
 _BLOB_NAME = re.compile(r"^[0-9a-f]{64}$")
@@ -123,5 +125,32 @@ class Transport(Protocol):
         """Seconds the relay keeps a blob after its last upload or touch, as it said at
         login; None before, or from a relay that does not say."""
 
+    @property
+    def bytes_sent(self) -> int:
+        """Request bodies sent so far (blobs, messages), for status."""
+
+    @property
+    def bytes_received(self) -> int:
+        """Response bodies received so far, for status."""
+
     async def aclose(self) -> None:
         """Release connections; the transport cannot be used after."""
+
+
+class PoolTransport(Transport, Protocol):
+    """What a node drives: a ``Transport`` to the pool's relays as a whole. ``MultiRelay``
+    is one over HTTPS relays; a ``MemoryTransport`` is one to the only relay of a test pool."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Until cancelled: keep the relays connected (revive those that go down, connect new
+        ones, close removed ones). Started at once."""
+
+    def set_relays(self, relays: Sequence[tuple[str, str]]) -> None:
+        """Use ``relays`` ((url, pin) pairs, the newest ``relays`` record's) from now on."""
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each relay in the pool's order: ``url``, ``fingerprint``, ``state``, ``error``,
+        ``primary``; empty where there is no such view."""
+
+    def spooled(self, name: str) -> Path | None:
+        """The file of this peer's blob ``name`` as uploaded, if kept on disk; else None."""

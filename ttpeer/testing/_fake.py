@@ -109,6 +109,10 @@ class FakeExecutor:
         self.trained: list[tuple[str, int, int]] = []  # (job, round, shard) actually trained
         self.task_files: dict[str, bytes | None] = {}  # job -> the task file prepare was given
         self._local: dict[str, tuple[str, list[int]]] = {}  # job -> (base, shards in local model)
+        self.on_missing = None  # its tasks read no dataset pieces
+
+    async def pieces(self, job: Record, rnd: int, shards: list[int], steps: int, first: int) -> dict[str, Any]:
+        return {}
 
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
         init = _h("init", spec["task"], spec["seed"])
