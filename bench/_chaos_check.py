@@ -26,7 +26,7 @@ from ttpeer.errors import TtpeerError
 from ttpeer.proto import RecordSet, canonical_chain, covered, parse
 from ttpeer_harness import secrets_of, status, ttpeer
 
-from ._chaos_run import Result
+from ._chaos_run import KILLED, Result
 
 
 def _job(home: Path, job: str) -> dict | None:  # type: ignore[type-arg]
@@ -49,11 +49,26 @@ def ended(res: Result) -> list[str]:
             why = "" if job is None or not job.get("ended") else f" ({job['ended']})"
             out.append(f"job on {name}: {state}{why}, not done")
     if res.bad_job is not None:
-        job = _job(res.homes[res.plan.names[0]], res.bad_job)
-        if job is None or job["state"] != "failed" or not job["ended"]:
-            out.append(f"the broken task's job is {None if job is None else job['state']}, not failed for the pool")
-        elif any("broken_task.py" not in r["reason"] for r in job["ended"]["reasons"]):
-            out.append(f"the broken task's job failed without naming its file: {job['ended']}")
+        out += _broken_job(res)
+    return out
+
+
+def _broken_job(res: Result) -> list[str]:
+    """The broken task's job failed for the pool, each reason naming its file. A member
+    killed for good never answers, which keeps the job open for the pool (proto/_outcome.py,
+    as documented): then it must have failed on every survivor, each naming the file."""
+    assert res.bad_job is not None
+    silent = [name for name, why in res.exits.items() if why == KILLED]
+    out = []
+    for name in res.survivors if silent else res.plan.names[:1]:
+        job = _job(res.homes[name], res.bad_job)
+        if job is None or job["state"] != "failed" or not (silent or job["ended"]):
+            out.append(f"the broken task's job on {name} is {None if job is None else job['state']}, "
+                       f"not failed{'' if silent else ' for the pool'}")
+            continue
+        reasons = [r["reason"] for r in job["ended"]["reasons"]] if job["ended"] else [job["declined"] or ""]
+        if any("broken_task.py" not in r for r in reasons):
+            out.append(f"the broken task's job failed on {name} without naming its file: {reasons}")
     return out
 
 

@@ -34,6 +34,7 @@ from ._chaos_proxy import Gate, Proxies
 
 STEP_S = "0.05"  # every training step lasts this long (emulated compute, as a GPU's step would)
 JOB_BOUND = 240.0  # seconds from submit within which the job must have ended on every survivor
+KILLED = "killed (SIGKILL)"  # why a peer killed for good is gone (res.exits); a restart removes it
 ADMIN_FAULTS = ("revoke", "join", "bad_task")  # carried out by commands on the admin's home
 TMPFS_SIZE = "48m"
 
@@ -223,7 +224,7 @@ class Runner:
         if f.kind == "kill":
             if phase == "do":
                 assert proc is not None
-                self.res.exits[name] = "killed (SIGKILL)"
+                self.res.exits[name] = KILLED
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
             else:
@@ -392,7 +393,10 @@ class Runner:
 
         def ended() -> bool:
             states = [_state(h, job) for h in homes]
-            if self.res.bad_job and not _ended_for_pool(self.res.homes[self.names[0]], self.res.bad_job):
+            bad = self.res.bad_job
+            # A member killed for good keeps the broken job open for the pool (_chaos_check._broken_job).
+            if bad and not (_ended_for_pool(self.res.homes[self.names[0]], bad)
+                            or (KILLED in self.res.exits.values() and all(_state(h, bad) == "failed" for h in homes))):
                 return False
             return all(s in ("done", "failed", "cancelled") for s in states)
 

@@ -169,6 +169,24 @@ def test_exits_flag_what_the_schedule_did_not_stop(tmp_path):
     assert "carol exited on a full disk without saying the disk is full" in exits(res)
 
 
+
+def test_the_broken_job_fails_for_the_pool_unless_a_member_never_answers(tmp_path, monkeypatch):
+    """Seed 1044: bob killed for good before the broken task came: it never declines, which
+    keeps the job open for the pool (proto/_outcome.py); each survivor failing it is enough."""
+    from bench import _chaos_check
+    from bench._chaos_run import KILLED
+
+    failed_here = {"state": "failed", "ended": None, "declined": "broken_task.py:18 in loss: RuntimeError: boom"}
+    jobs = {"good": {"state": "done", "ended": None}, "bad": failed_here}
+    monkeypatch.setattr(_chaos_check, "_job", lambda home, job: jobs[job])
+    res = _result(tmp_path, job="good", bad_job="bad", survivors=["alice", "carol"],
+                  homes={n: tmp_path / n for n in ("alice", "bob", "carol")})
+    assert _chaos_check.ended(res) == ["the broken task's job on alice is failed, not failed for the pool"]
+    res.exits["bob"] = KILLED
+    assert _chaos_check.ended(res) == []
+    jobs["bad"] = {**failed_here, "declined": "something else"}
+    assert _chaos_check.ended(res)[0].startswith("the broken task's job failed on alice without naming its file")
+
 def test_the_summary_counts_faults_by_kind_and_the_line_names_the_seed(tmp_path):
     join = next(f for f in draw(1).faults if f.kind == "join").describe(draw(1).names)
     res = _result(tmp_path, seconds=42.0, skipped=[f"{join}: the job had ended"])
