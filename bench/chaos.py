@@ -95,9 +95,9 @@ def load(folder: Path | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/chaos", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="scripts/chaos", description=__doc__.split("\n\n")[0].replace("``", ""),
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]).replace("``", ""))
     parser.add_argument("--runs", type=int, default=10, help="how many runs (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="the first run's seed (default 0)")
     parser.add_argument("--keep", action="store_true", help="keep every run's folder, not only failed ones")

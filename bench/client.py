@@ -46,7 +46,7 @@ def _heavy(args: list[str], env: dict[str, str]) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="scripts/bench/client", description=__doc__.splitlines()[0].replace("``", ""))
     p.add_argument("--runs", type=int, default=10, help="times each command is run (default 10)")
     args = p.parse_args()
     if args.runs < 1:
