@@ -117,7 +117,6 @@ from ._workfiles import disk_or_job
 
 log = logging.getLogger("ttpeer.daemon")
 
-WANT = b'{"want":'  # how a want payload starts (canonical JSON, its one key)
 MAX_WANT = 256  # pieces named in one want
 DEFAULT_CACHE_BYTES = 64 * 2**30
 RETRY_FIRST, RETRY_MAX = 0.5, 15.0  # seconds between passes over pieces not fetched yet
@@ -150,7 +149,7 @@ class Host(Protocol):
     def wall(self) -> float: ...
     def now(self) -> float: ...
     def process(self, effects: list[Effect], *, wake: bool = True) -> None: ...
-    def broadcast_payload(self, payload: bytes) -> None: ...
+    def broadcast_want(self, payload: bytes) -> None: ...
 
 
 @dataclass
@@ -689,7 +688,7 @@ class Datasets:
 
     def _want(self, dataset: str, missing: list[int], damaged: list[int]) -> None:
         want = {"id": dataset, "pieces": missing[:MAX_WANT], "damaged": damaged[:MAX_WANT]}
-        self._node.broadcast_payload(encode({"want": want}))
+        self._node.broadcast_want(encode({"want": want}))
 
     # -- serving pieces again ---------------------------------------------------------------
 

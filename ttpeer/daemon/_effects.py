@@ -201,11 +201,11 @@ class Effects:
     def _report(self, result: Any) -> None:
         self._node.process(self._node.machine.report(result, self._node.now()))
 
-    def queue(self, peer: str | None, payload: bytes) -> None:
-        """Seal a gossip payload and queue it for ``peer`` (None: every peer)."""
+    def queue(self, peer: str | None, payload: bytes, kind: bytes = b"P") -> None:
+        """Seal a payload of ``kind`` (gossip; ``W``: a want) and queue it for ``peer`` (None: every peer)."""
         if self._node.pool_key is None:
             return  # not a full member yet: gossip will resend once we are
-        sealed = self._node.keys.seal_gossip(self._node.me, self._node.replay.next_counter(), payload)
+        sealed = self._node.keys.seal_gossip(self._node.me, self._node.replay.next_counter(), payload, kind)
         try:
             self._node.outbox_send.send_nowait((peer, sealed))
         except trio.WouldBlock:

@@ -64,6 +64,7 @@ from ._workfiles import disk_or_job, write_work
 log = logging.getLogger("ttpeer.daemon")
 
 GOSSIP = b"ttpeer/gossip/v1"
+SEALED = {b"P": GOSSIP, b"W": b"ttpeer/want/v1"}  # a sealed message's kind: gossip, or a want of dataset pieces
 BLOB = b"ttpeer/blob/v1"
 PIECE_SALT = b"ttpeer/data-piece/v1\n"  # a dataset piece's salt: from its hash (``Blobs.put_piece``)
 KEY_DOMAIN = b"ttpeer/keyshare/v1\n"
@@ -111,14 +112,13 @@ class PoolKeys:
                 continue
         raise SealError("sealed payload does not authenticate under any pool key held here")
 
-    def seal_gossip(self, sender: str, counter: int, payload: bytes) -> bytes:
-        """A P message: ``payload`` after its replay counter, bound to its sender."""
-        return b"P" + self.seal(gossip_ad(GOSSIP, sender), counter.to_bytes(COUNTER, "big") + payload)
+    def seal_gossip(self, sender: str, counter: int, payload: bytes, kind: bytes = b"P") -> bytes:
+        """A message of ``kind`` (``SEALED``): ``payload`` after its replay counter, bound to its sender."""
+        return kind + self.seal(gossip_ad(SEALED[kind], sender), counter.to_bytes(COUNTER, "big") + payload)
 
-    def open_gossip(self, sender: str, body: bytes) -> tuple[int, bytes] | None:
-        """(counter, payload) of a P message from ``sender``; None if too short for a
-        counter. Raises ``SealError``."""
-        plain = self.open(gossip_ad(GOSSIP, sender), body)
+    def open_gossip(self, sender: str, body: bytes, kind: bytes = b"P") -> tuple[int, bytes] | None:
+        """(counter, payload) of a ``kind`` message from ``sender``; None if too short for a counter."""
+        plain = self.open(gossip_ad(SEALED[kind], sender), body)  # raises SealError
         if len(plain) < COUNTER:
             return None
         return int.from_bytes(plain[:COUNTER], "big"), plain[COUNTER:]

@@ -70,13 +70,13 @@ from ttpeer.proto import (
 
 from . import _admin
 from ._counters import Counters
-from ._data import WANT, Datasets
+from ._data import Datasets
 from ._effects import Effects
 from ._executor import Executor
 from ._home import Home, PoolConfig
 from ._keys import BLOB as BLOB
 from ._keys import GOSSIP as GOSSIP
-from ._keys import Blobs, PoolKeys, SealError
+from ._keys import SEALED, Blobs, PoolKeys, SealError
 from ._link import Link, revoked_by_relay, token_used_at_relay
 from ._membership import ENDED, Membership
 from ._recordlog import RecordLog
@@ -240,9 +240,9 @@ class Node:
         log.error("%s", exc)
         self.stop()
 
-    def broadcast_payload(self, payload: bytes) -> None:
-        """Send a gossip payload to every peer, sealed (a dataset part's want)."""
-        self.effects.queue(None, payload)
+    def broadcast_want(self, payload: bytes) -> None:
+        """Send a want of dataset pieces to every peer, sealed (a ``W`` message, ``_data``)."""
+        self.effects.queue(None, payload, b"W")
 
     async def _put_sealed(self, data: bytes) -> str:
         return await self.blobs.put(data)
@@ -280,16 +280,16 @@ class Node:
     def _on_message(self, sender: str, data: bytes) -> None:
         kind, body = data[:1], data[1:]
         try:
-            if kind == b"P" and self.pool_key is not None:
-                opened = self.keys.open_gossip(sender, body)
+            if kind in SEALED and self.pool_key is not None:
+                opened = self.keys.open_gossip(sender, body, kind)
                 if opened is None or not self.replay.accept(sender, opened[0]):
                     log.debug("dropped a replayed or stale message from %s", sender[:12])
                     return
-                if opened[1].startswith(WANT):  # a peer asks holders for dataset pieces (``_data``)
+                if kind == b"W":  # a peer asks holders for dataset pieces (``_data``)
                     self.data.on_want(sender, opened[1])
                     return
                 self.process(self.machine.receive(sender, opened[1], self.now(), settle=False), wake=False)
-            elif kind == b"P":
+            elif kind in SEALED:
                 return  # no key yet: the hello loop is asking for it
             elif kind == b"H":
                 self.membership.on_hello(sender, body)
@@ -302,7 +302,7 @@ class Node:
         except SealError as exc:
             self.counters.reject("message: SealError")
             log.debug("dropped a message from %s: %s", sender[:12], exc)
-            if kind == b"P":
+            if kind in SEALED:
                 self.membership.rehello()
         except (RecordError, ProofError, InvalidSignature, ValueError, TypeError, KeyError) as exc:
             # InvalidSignature: a key handover the relay (or anyone) forged; uncaught it

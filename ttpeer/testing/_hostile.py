@@ -82,7 +82,7 @@ class HostileRelay(MemoryRelay):
             return
         rng = self._rng(f"msg/{sender}/{recipient}")
         box = self._box(pool, recipient)
-        sealed = data[:1] == b"P" and len(data) > 1
+        sealed = data[:1] in (b"P", b"W") and len(data) > 1
         roll = rng.random()
         if sealed and roll < h.flip:
             bit = rng.randrange(8, 8 * len(data))  # past the kind byte: the sealed part
