@@ -77,7 +77,7 @@ MAX_LINES = 500
 LONG_MODULES = {
     "ttpeer.daemon._data": 957, "ttpeer.daemon._torch": 679, "ttpeer.daemon._datastore": 624,
     "ttpeer.daemon._effects": 614, "ttpeer.net._multi": 588, "ttpeer.net._relay_client": 582,
-    "ttpeer.daemon._keys": 582, "ttpeer.daemon._procexec": 538, "bench.wan": 520,
+    "ttpeer.daemon._keys": 582, "bench.wan": 520,
 }
 
 def _modules() -> dict[str, Path]:

@@ -21,16 +21,16 @@ become one of three outcomes, matched by the kind the worker sends, never words:
                                                  (LocalWorkLost), then TaskFailed
     a state missing, a full disk, other          StateMissing, DiskError, JobError as before
 
-The executor owns its worker processes in its own nursery (``run``); cancelling it
-kills them all. One spare worker, torch already imported, waits for the next job or
-submission so that neither pays for an interpreter start.
+The executor's ``WorkerPool`` (``_workerpool.py``) starts the worker processes in its
+own nursery (``run``); cancelling it kills them all. One spare worker, torch already
+imported, waits for the next job or submission so that neither pays for an interpreter
+start.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -44,7 +44,8 @@ from ttpeer.proto import DatasetMissing, Outer, PublishDelta, Record, Train
 
 from ._executor import Decline, Deltas
 from ._home import Home
-from ._workerproc import HELLO_TIMEOUT, WorkerDied, _all, _close_all, _loading, _Worker
+from ._workerpool import WorkerPool
+from ._workerproc import WorkerDied, _all, _close_all, _loading, _Worker
 from ._workfiles import read_and_remove, write_work
 
 log = logging.getLogger("ttpeer.workers")
@@ -97,109 +98,32 @@ class ProcessExecutor:
         self.device = device
         self.task_options = task_options or {}
         self.memory_limit = memory_limit
-        self._python = python
-        self._keep_spare = spare
-        self._env = env
+        self.pool = WorkerPool(self._config, device=device, python=python, env=env, spare=spare)
         self._step_timeout = step_timeout
         self._max_deaths = max_deaths
         self._jobs: dict[str, _JobWorkers] = {}
-        self._nursery: trio.Nursery | None = None
-        self._spare: _Worker | None = None
-        self._spare_lock = trio.Lock()
         # Pieces a task read that are not here (``DatasetMissing`` with pieces): the node
         # fetches them (``Effects.fetch_missing``) and the call is made again.
         self.on_missing: Callable[[Record, DatasetMissing], Awaitable[None]] | None = None
-        self.devices: list[str] = []  # what the workers train on, for status
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the worker processes until cancelled; then end them all."""
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                task_status.started()
-                await trio.sleep_forever()
+            await self.pool.run(task_status=task_status)
         finally:
-            self._nursery = None
-            workers = [w for j in self._jobs.values() for w in j.group]
-            if self._spare is not None:
-                workers.append(self._spare)
-            for w in workers:
+            for w in (w for j in self._jobs.values() for w in j.group):
                 w.kill("the daemon is stopping")
 
     async def warm_up(self) -> None:
-        """Start the spare worker (torch imported, meta kernels loaded, the default task's
-        data made) off any job's path."""
-        if self._keep_spare:
-            await self._refill_spare()
+        """Start the spare worker off any job's path (``WorkerPool.warm_up``)."""
+        await self.pool.warm_up()
 
-    async def _refill_spare(self) -> None:
-        async with self._spare_lock:
-            if self._spare is not None and self._spare.alive:
-                return
-            try:
-                spare = await self._configured(await self._spawn())
-                await spare.call("warm", {}, timeout=HELLO_TIMEOUT)
-            except (WorkerDied, TaskFailed, JobError) as exc:
-                log.warning("could not start a spare worker: %s", exc)
-                return
-            self._spare = spare
-
-    async def _spawn(self) -> _Worker:
-        if self._nursery is None:
-            raise JobError("the worker supervisor is not running")
-        env = dict(self._env if self._env is not None else os.environ)
-        env.setdefault("TTPEER_WORKER_LOG", logging.getLevelName(logging.getLogger("ttpeer").getEffectiveLevel()))
-        # glibc keeps freed blocks under its mmap threshold in its heaps (one per thread that
-        # allocated, and the executor's calls run in several threads), and that threshold
-        # rises to 32 MB as large blocks are freed: a model's tensors, freed, stayed
-        # resident. A fixed 1 MiB threshold maps each tensor of a model on its own and
-        # gives it back when freed (scripts/bench/memory). Other allocators ignore it.
-        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
-        process = await trio.lowlevel.open_process(
-            # -P: a folder named ttpeer in the daemon's working directory must not shadow ours
-            [self._python, "-P", "-m", "ttpeer.daemon._worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env=env, start_new_session=False)
-        worker = _Worker(process)
-        await self._nursery.start(worker.start)
-        self._nursery.start_soon(worker._sender)
-        return worker
-
-    async def _configured(self, worker: _Worker) -> _Worker:
-        device = worker.device = self._device_for(worker)
-        await worker.send({"op": "config", "config": {**self._config(), "device": device}})
-        if device not in self.devices:
-            self.devices.append(device)
-        return worker
-
-    async def _take(self) -> _Worker:
-        """A configured worker with no job: the spare if one is ready, else a new one."""
-        async with self._spare_lock:
-            worker, self._spare = self._spare, None
-        if worker is not None and worker.alive:
-            return worker
-        return await self._configured(await self._spawn())
-
-    async def _give_back(self, worker: _Worker) -> None:
-        """A worker that holds no job (it built a submission): keep it as the spare."""
-        async with self._spare_lock:
-            if self._keep_spare and worker.alive and (self._spare is None or not self._spare.alive):
-                self._spare = worker
-                return
-        await worker.close()
-
-    def _spare_soon(self) -> None:
-        """A job's worker ended: have a spare ready for the next job, off its path."""
-        if self._keep_spare and self._nursery is not None:
-            self._nursery.start_soon(self._refill_spare)
-
-    def _device_for(self, worker: _Worker) -> str:
-        if self.device == "cuda":
-            return "cuda:0"
-        if self.device != "auto":
-            return self.device
-        return "cuda:0" if worker.hello.get("cuda_devices", 0) > 0 else "cpu"
+    @property
+    def devices(self) -> list[str]:
+        """What the workers train on, for status."""
+        return self.pool.devices
 
     def _timeout(self, body: Any, *, step: bool = False) -> float:
         limit = step_timeout(body, self._step_timeout)
@@ -265,10 +189,10 @@ class ProcessExecutor:
         when there are several. Raises as ``_start`` says; closes what it started."""
         group: list[_Worker] = []
         async with _loading(group):
-            group.append(await self._take())
+            group.append(await self.pool.take())
             n = self._ranks(j.job, group[0])
             for _ in range(n - 1):
-                group.append(await self._configured(await self._spawn()))
+                group.append(await self.pool.new())
             if n > 1:
                 store = self._work_dir(j.job.id) / f"group-{j.deaths}-{os.getpid()}"
                 store.unlink(missing_ok=True)
@@ -279,7 +203,7 @@ class ProcessExecutor:
         return group
 
     def _rank_device(self, worker: _Worker, rank: int) -> str:
-        device = self._device_for(worker)
+        device = self.pool.device_for(worker)
         return f"cuda:{rank}" if device.startswith("cuda") else device
 
     async def _group(self, j: _JobWorkers) -> list[_Worker]:
@@ -368,29 +292,29 @@ class ProcessExecutor:
         what it imported, such as transformers, so the next job starts at once); a group
         ends (its workers are joined in this job's process group)."""
         group, j.group = j.group, []
-        if len(group) == 1 and group[0].alive and self._keep_spare:
+        if len(group) == 1 and group[0].alive and self.pool.keeps_spare:
             try:
                 await group[0].call("forget", {"job": j.job.id}, timeout=CALL_TIMEOUT)
             except (WorkerDied, TaskFailed, JobError):
                 await _close_all(group)
             else:
-                await self._give_back(group[0])
+                await self.pool.give_back(group[0])
                 return
         await _close_all(group)
-        self._spare_soon()
+        self.pool.spare_soon()
 
     async def _drop(self, j: _JobWorkers, why: str | None = None) -> None:
         group, j.group, pending, j.pending = j.group, [], j.pending, []
         group += pending
         if group:
             await _close_all(group, why)
-            self._spare_soon()
+            self.pool.spare_soon()
 
     # -- the executor interface ------------------------------------------------------------
 
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], Path]:
         """The initial state comes back as the worker's file: the caller removes it."""
-        worker = await self._take()
+        worker = await self.pool.take()
         out = self._work_dir("submit") / f"init-{os.getpid()}-{id(worker)}.state"
         try:
             result = await worker.call("new_job", {"spec": spec, "task_file": self._task_path(task_file),
@@ -400,7 +324,7 @@ class ProcessExecutor:
         except BaseException:
             await worker.close()
             raise
-        await self._give_back(worker)  # it holds no job: the job's own worker, if this peer prepares it
+        await self.pool.give_back(worker)  # it holds no job: the job's own worker, if this peer prepares it
         return result["fixed"], Path(result["file"])
 
     async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
