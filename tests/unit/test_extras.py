@@ -107,3 +107,16 @@ def test_the_board_without_tensorboard_is_one_line_and_the_daemon_goes_on(monkey
     assert attempts == [1] and board._disabled  # said once, then no more tries
     (record,) = caplog.records
     assert record.exc_info is None and "pip install 'ttpeer[board]'" in record.getMessage()
+
+
+@pytest.mark.slow  # loads torch
+def test_a_headless_worker_warms_up_without_the_demo_data_and_says_nothing(monkeypatch, caplog, home):
+    import trio
+
+    from ttpeer.daemon._torch import TorchExecutor
+
+    _missing(monkeypatch, "mnist1d")
+    with caplog.at_level(logging.WARNING, logger="ttpeer.daemon"):
+        trio.run(TorchExecutor(Home(home)).warm_up)
+    assert caplog.records == []  # no "could not prepare the mnist1d data" at every start
+    assert not list(home.glob("data/mnist1d*"))

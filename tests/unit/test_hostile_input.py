@@ -303,6 +303,7 @@ def _messages(pair: Pair) -> st.SearchStrategy[bytes]:
     return st.one_of(
         st.binary(max_size=300),
         st.binary(max_size=300).map(lambda b: b"P" + b),
+        st.binary(max_size=300).map(lambda b: b"W" + b),
         st.binary(max_size=300).map(lambda b: b"H" + b),
         st.binary(max_size=300).map(lambda b: b"K" + b),
         gossip_objects.map(lambda o: b"H" + encode(o)),
@@ -311,6 +312,8 @@ def _messages(pair: Pair) -> st.SearchStrategy[bytes]:
         st.just(_hello(pair.admin_home)),
         # Sealed under the real pool key (an insider's payload): the protocol still checks it.
         gossip_objects.map(lambda o: b"P" + seal(admin_key, b"ttpeer/gossip/v1", encode(o))),
+        # A want (W) sealed as one, by an insider: its body is checked where it is read.
+        gossip_objects.map(lambda o: b"W" + seal(admin_key, b"ttpeer/want/v1", bytes(8) + encode({"want": o}))),
     )
 
 
@@ -335,7 +338,7 @@ def test_fuzz_relay_messages_never_break_a_daemon(pair: Pair) -> None:
                     node._on_message(sender, data)  # raises nothing, whatever the bytes
                     refused = sum(node.counters.rejected.values()) - before
                     assert refused in (0, 1)
-                    if data[:1] not in (b"P", b"H", b"K"):
+                    if data[:1] not in (b"P", b"W", b"H", b"K"):
                         assert refused == 1
                 nursery.cancel_scope.cancel()
 

@@ -25,13 +25,13 @@ and does its file work in worker threads (``_datastore``).
   not: the final model is written by the task this peer loads). A record with ``urls``:
   each piece is asked of those first (``_urlsource``, a Range GET), checked by the same
   hash; wrong bytes there are counted but do not mark the relay's copy damaged.
-- **keeping pieces fetchable**: a fetcher that misses pieces broadcasts a *want* (a sealed
-  gossip payload ``{"want": {"id", "pieces", "damaged"}}``, which the protocol machine
-  never sees); every peer holding the dataset uploads those pieces again: a piece the relay
-  lost (its TTL, its quota, a restart) under the same blob name, one it served damaged under
-  a new name, in a newer record of the same id (the relay keeps a blob it holds, so the same
-  name would bring the damaged copy back). So a piece stays fetchable for as long as one
-  holder is up. Fetchers try the newest record's blob first.
+- **keeping pieces fetchable**: a fetcher that misses pieces broadcasts a *want* (a ``W``
+  message, sealed as gossip is under a purpose of its own: ``{"want": {"id", "pieces",
+  "damaged"}}``, which the protocol machine never sees); every peer holding the dataset
+  uploads those pieces again: a piece the relay lost (its TTL, its quota, a restart) under
+  the same blob name, one it served damaged under a new name, in a newer record of the same
+  id (the relay keeps a blob it holds, so the same name would bring the damaged copy back).
+  So a piece stays fetchable while one holder is up. Fetchers try the newest record's first.
 - **the pin** (``keep_pinned``): a holder may go offline for good (the desktop that ran
   ``data add``) while the others train for days, and a piece nobody holds whole would
   lapse with the relay's blob TTL. So while a job that names a dataset has not ended for

@@ -5,11 +5,11 @@ stores them: the newest seals, any of them opens (so blobs of old epochs stay re
 Only the admin adds an epoch (``rotate``, on a revocation or a lost join race); members
 take the whole list from a key handover (``handover``/``open_handover``: sealed to one
 member, signed by the giver, with the giver's membership proof). The envelopes are made
-and opened here: P (gossip, pool-sealed, bound to its sender, after a replay counter), K
-(the handover) and L (``ended_message``: the records that show a node it is no member).
-``Blobs`` seals and opens
-blobs on the transport, in memory for small ones (deltas, task files) and file to file for
-model-sized states, which never sit in the daemon's memory.
+and opened here: P (gossip, pool-sealed, bound to its sender, after a replay counter), W
+(a want of dataset pieces, sealed the same way under its own purpose), K (the handover)
+and L (``ended_message``: the records that show a node it is no member). ``Blobs`` seals
+and opens blobs on the transport, in memory for small ones (deltas, task files) and file to
+file for model-sized states, which never sit in the daemon's memory.
 
 What breaks it: a key handed to a node that is no member (the node checks membership
 before it hands keys), or a key written to the log (``_logging.add_secret`` knows each).

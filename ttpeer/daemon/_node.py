@@ -19,6 +19,8 @@ Envelopes on the wire (the relay sees the first byte, sizes and timing only):
     P + pool-sealed (counter + gossip payload)   records and digests; the sender's id is
                                                  bound in as associated data, the counter
                                                  feeds the receiver's replay window (_replay)
+    W + pool-sealed (counter + want)             a want of dataset pieces (``_data``), sealed
+                                                 as P is under a purpose of its own; one counter
 
 Pool key epochs. ``ttpeer revoke`` rotates the pool key: the admin makes a new
 key, hands the whole list (oldest first) to each remaining member, and seals

@@ -31,6 +31,7 @@ and ``aggregate``/``apply`` put the round's member checkpoints into the state.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import math
@@ -117,14 +118,12 @@ class TorchExecutor:
         self.rank, self.world, self.device = rank, world, device
 
     async def warm_up(self) -> None:
-        """Load torch's lazily imported pieces that a job's first step would wait for
-        (see ``train.warm_up``), and make the default built-in task's data, in a worker
-        thread: the daemon calls it at start-up. The data is made once per home (seconds
-        on a cold cache, 7-20 s with three daemons starting on two cores): made here, it
-        is off the critical path of the first ``submit`` (which blocked on it) and of this
-        peer's preparing the first job (while the submitter, whose data was warm, took
-        most of an ensemble's units)."""
+        """Load torch's lazily imported pieces a job's first step would wait for (``train.warm_up``)
+        and make the default built-in task's data where its extra is installed, in a worker thread
+        at start-up: once per home, off the path of the first ``submit`` and this peer's first job."""
         await trio.to_thread.run_sync(train.warm_up)
+        if importlib.util.find_spec("mnist1d") is None:  # a headless install: no demo data to make
+            return
         try:
             await in_thread(lambda: self._load_task(WARM_TASK, None), WARM_TASK)
         except (JobError, OSError) as exc:  # the job that needs it will say so
