@@ -24,16 +24,10 @@ from pathlib import Path
 from ttpeer.daemon._integrity import scan_log
 from ttpeer.errors import TtpeerError
 from ttpeer.proto import RecordSet, canonical_chain, covered, parse
-from ttpeer_harness import secrets_of, status, ttpeer
+from ttpeer_harness import secrets_of, ttpeer
 
 from ._chaos_run import KILLED, Result
-
-
-def _job(home: Path, job: str) -> dict | None:  # type: ignore[type-arg]
-    try:
-        return next((j for j in status(home)["jobs"] if j["id"] == job), None)
-    except (TtpeerError, OSError):
-        return None
+from ._chaos_run import job_status as _job
 
 
 def ended(res: Result) -> list[str]:

@@ -26,6 +26,8 @@ from ._chaos_check import invariants, logs
 from ._chaos_plan import Plan
 from ._chaos_proxy import Proxies
 from ._chaos_run import Pool, Result
+from ._chaos_run import job_status as _job
+from ._chaos_run import state as _state
 
 PEERS = 8
 DATA_SIZE = 16 << 20  # 4,096 records of 4 KiB
@@ -146,14 +148,3 @@ def load_run(root: Path, proxies: Proxies) -> tuple[list[str], list[str]]:
     report += fp.lines() + [f"whole run {time.monotonic() - started:.0f} s"]
     return report, violations
 
-
-def _job(home: Path, job: str) -> dict | None:  # type: ignore[type-arg]
-    try:
-        return next((j for j in status(home)["jobs"] if j["id"] == job), None)
-    except TtpeerError:
-        return None
-
-
-def _state(home: Path, job: str) -> str | None:
-    found = _job(home, job)
-    return None if found is None else found["state"]

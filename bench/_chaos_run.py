@@ -392,11 +392,11 @@ class Runner:
         left = JOB_BOUND - (time.monotonic() - self.pool.t0)
 
         def ended() -> bool:
-            states = [_state(h, job) for h in homes]
+            states = [state(h, job) for h in homes]
             bad = self.res.bad_job
             # A member killed for good keeps the broken job open for the pool (_chaos_check._broken_job).
             if bad and not (_ended_for_pool(self.res.homes[self.names[0]], bad)
-                            or (KILLED in self.res.exits.values() and all(_state(h, bad) == "failed" for h in homes))):
+                            or (KILLED in self.res.exits.values() and all(state(h, bad) == "failed" for h in homes))):
                 return False
             return all(s in ("done", "failed", "cancelled") for s in states)
 
@@ -430,17 +430,19 @@ class Runner:
                 self.note(f"{name} exited {proc.returncode} ({self.res.exits.get(name, 'on its own')})")
 
 
-def _ended_for_pool(home: Path, job: str) -> bool:
+def job_status(home: Path, job: str | None) -> dict | None:  # type: ignore[type-arg]
+    """What ``ttpeer status`` on ``home`` says of ``job``; None when it does not answer or know it."""
     try:
-        found = next((j for j in status(home)["jobs"] if j["id"] == job), None)
+        return next((j for j in status(home)["jobs"] if j["id"] == job), None)
     except (TtpeerError, OSError):
-        return False
+        return None
+
+
+def _ended_for_pool(home: Path, job: str) -> bool:
+    found = job_status(home, job)
     return found is not None and found["ended"] is not None
 
 
-def _state(home: Path, job: str | None) -> str | None:
-    try:
-        found = next((j for j in status(home)["jobs"] if j["id"] == job), None)
-    except (TtpeerError, OSError):
-        return None
+def state(home: Path, job: str | None) -> str | None:
+    found = job_status(home, job)
     return None if found is None else found["state"]

@@ -20,6 +20,7 @@ import time
 from ttpeer_harness import make_pool, temporary_cluster
 
 TARGETS = {"--help": 0.15, "status": 0.25}
+# What the client path must not import (tests/unit/test_client_imports.py runs PROBE too).
 HEAVY = ("ttpeer.proto", "torch", "trio", "httpx", "cryptography.x509", "numpy", "zstandard")
 # Runs the command as ``python -m ttpeer`` does, then names the heavy modules it imported.
 PROBE = ("import sys\nfrom ttpeer.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"

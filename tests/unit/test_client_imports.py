@@ -16,13 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.client import PROBE
 from ttpeer.daemon import Home
 
-HEAVY = ("ttpeer.proto", "torch", "trio", "httpx", "cryptography.x509", "numpy", "zstandard")
 pytestmark = pytest.mark.slow  # a fresh interpreter per command: what is imported is per process
-
-PROBE = ("import sys\nfrom ttpeer.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-         f"print('HEAVY', *[m for m in {HEAVY!r} if m in sys.modules], file=sys.stderr)\n")
 
 
 @pytest.fixture(scope="module")
