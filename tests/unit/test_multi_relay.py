@@ -18,7 +18,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ttpeer_relay import RelayConfig, RelayRunning, serve
 
 from ttpeer.net import MemoryRelay, RelayClient, RelayUnavailable, Transport
-from ttpeer.net._multi import DOWN, LIVE, WRONG_CERT, MultiRelay
+from ttpeer.net._multi import MultiRelay
+from ttpeer.net._relayset import DOWN, LIVE, WRONG_CERT
 from ttpeer.proto import public_hex
 
 from .test_relay import Pool
