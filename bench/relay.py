@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ttpeer.net import RelayClient, RelayLimit
-from ttpeer.net._relay_client import UPLOAD_PIECE
+from ttpeer.net._session import UPLOAD_PIECE
 from ttpeer.proto import pool_id_of, public_hex, sign
 from ttpeer_harness import Cluster
 

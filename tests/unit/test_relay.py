@@ -30,7 +30,7 @@ import trio.testing
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-import ttpeer.net._relay_client as relay_client
+import ttpeer.net._session as relay_session
 from ttpeer.net import (
     RelayClient,
     RelayFingerprintMismatch,
@@ -42,7 +42,8 @@ from ttpeer.net import (
     login_message,
     pinned_ssl_context,
 )
-from ttpeer.net._relay_client import ASK_FIRST_BYTES, UPLOAD_PIECE, _pieces
+from ttpeer.net._relay_client import ASK_FIRST_BYTES
+from ttpeer.net._session import UPLOAD_PIECE, _pieces
 from ttpeer.proto import Record, pool_id_of, public_hex, sign
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -376,14 +377,14 @@ async def test_large_upload_goes_out_in_pieces_under_its_content_length(
     async with member(running, pool, "a") as a, member(running, pool, "b") as b:
         seen: list[httpx.Request] = []
         pieces: list[int] = []
-        transmit, cut = a._transmit, relay_client._pieces
+        transmit, cut = a._transmit, relay_session._pieces
 
         async def counted(body: bytes) -> AsyncIterator[memoryview]:
             async for piece in cut(body):
                 pieces.append(len(piece))
                 yield piece
 
-        monkeypatch.setattr(relay_client, "_pieces", counted)
+        monkeypatch.setattr(relay_session, "_pieces", counted)
 
         async def spy(request: httpx.Request, stream: bool) -> httpx.Response:
             seen.append(request)
