@@ -15,7 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ttpeer_wire import RecordError, dataset_id, samples_hash, sign
 
-from ttpeer.daemon._datastore import DataStore, Piece, copy_and_hash, pieces_of_files, sample_index
+from ttpeer.daemon._dataread import copy_and_hash
+from ttpeer.daemon._datasamples import sample_index
+from ttpeer.daemon._datastore import DataStore, Piece, pieces_of_files
 from ttpeer.errors import DataError
 from ttpeer.train import DatasetMissing, piece_shard_indices
 from ttpeer.train._samples import SampleIndex, open_samples
@@ -407,7 +409,7 @@ def test_peers_share_a_rounds_shards_in_turn_in_an_order_they_all_compute():
 
 
 def test_the_default_piece_size_makes_about_256_pieces_and_fits_a_record():
-    from ttpeer.daemon._datastore import auto_piece_size
+    from ttpeer.daemon._dataread import auto_piece_size
 
     assert auto_piece_size([10 << 20]) == 1 << 20  # small data: the smallest default, 10 pieces
     assert auto_piece_size([1 << 30]) == 4 << 20  # 1 GiB: 256 pieces of 4 MiB
