@@ -62,6 +62,8 @@ KNOWN_PRIVATE = {
     ("ttpeer._report", "ttpeer.daemon._integrity"),
     ("ttpeer._report", "ttpeer.daemon._views"),
     ("ttpeer.cli", "ttpeer.daemon._systemd"),
+    ("ttpeer.daemon._blobs", "ttpeer.net._entropy"),
+    ("ttpeer.daemon._blobs", "ttpeer.net._seal"),
     ("ttpeer.daemon._home", "ttpeer.net._entropy"),
     ("ttpeer.daemon._keys", "ttpeer.net._entropy"),
     ("ttpeer.daemon._keys", "ttpeer.net._seal"),
@@ -77,7 +79,7 @@ MAX_LINES = 500
 LONG_MODULES = {
     "ttpeer.daemon._torch": 678,
     "ttpeer.daemon._effects": 614,
-    "ttpeer.daemon._keys": 582, "bench.wan": 520,
+    "bench.wan": 520,
 }
 
 def _modules() -> dict[str, Path]:

@@ -127,7 +127,7 @@ def test_a_full_disk_mid_append_keeps_every_record_written(tmp_path):
 def test_a_kept_copy_of_an_own_delta_is_used_only_while_it_hashes_as_uploaded(tmp_path):
     import hashlib
 
-    from ttpeer.daemon._keys import _copy_own
+    from ttpeer.daemon._owncopies import _copy_own
 
     own = tmp_path / "own.bin"
     own.write_bytes(b"delta bytes" * 100)

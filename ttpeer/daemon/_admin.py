@@ -39,10 +39,11 @@ from ttpeer.proto import (
     sign_task,
 )
 
+from ._blobs import Blobs
 from ._data import Datasets
 from ._executor import Executor
 from ._home import Home, PoolConfig
-from ._keys import Blobs, ended_message
+from ._keys import ended_message
 
 log = logging.getLogger("ttpeer.daemon")
 MAX_DATASETS = 64  # a job's datasets (the record's bound): each one fetched at submit at most once

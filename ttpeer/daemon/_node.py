@@ -71,14 +71,15 @@ from ttpeer.proto import (
 )
 
 from . import _admin
+from ._blobs import BLOB as BLOB
+from ._blobs import Blobs
 from ._counters import Counters
 from ._data import Datasets
 from ._effects import Effects
 from ._executor import Executor
 from ._home import Home, PoolConfig
-from ._keys import BLOB as BLOB
 from ._keys import GOSSIP as GOSSIP
-from ._keys import SEALED, Blobs, PoolKeys, SealError
+from ._keys import SEALED, PoolKeys, SealError
 from ._link import Link, revoked_by_relay, token_used_at_relay
 from ._membership import ENDED, Membership
 from ._recordlog import RecordLog
