@@ -64,25 +64,25 @@ async def test_an_overlapped_round_starts_from_the_own_estimate_of_its_base(tmp_
         ctx = executor._jobs[job.id]
         samples = await executor.train(Train(job, 0, 0, 0, s0, fresh=True), lambda: False)
         await executor.delta(PublishDelta(job, 0, s0, (0,), samples))
-        own0 = ctx.overlap.own
+        own0 = ctx.mode.overlap.own
         base = executor._state(job, s0)
         # Round 1 trains on the initial state too when overlapped (on round 1's base when not:
         # here the test hands it the same state, so only the start differs).
         await executor.train(Train(job, 1, 1, 0, s0, fresh=True), lambda: False)
         if not overlap:  # the start is the round's base, and neither it nor the delta is kept twice
-            assert own0 is None and ctx.overlap.start is None
+            assert own0 is None and ctx.mode.overlap.start is None
             local = train._state.floating_state(ctx.trainer.model)
             assert not all(local[n].equal(base.params[n]) for n in local)  # it trained from there
             continue
         assert own0 is not None and own0[0] == 0
-        started = ctx.overlap.start.estimate.params
+        started = ctx.mode.overlap.start.estimate.params
         eager = train.outer_step(base, [(own0[1], 1)], lr=0.7, momentum=0.9, nesterov=True).params
         assert all(started[n].equal(eager[n]) for n in eager)
         assert not all(started[n].equal(base.params[n]) for n in eager)
         # The delta published for round 1 is measured from where round 1 started.
         local = train._state.floating_state(ctx.trainer.model)
         await executor.delta(PublishDelta(job, 1, s0, (1,), samples))
-        assert all(ctx.overlap.own[1][n].equal(started[n] - local[n]) for n in started)
+        assert all(ctx.mode.overlap.own[1][n].equal(started[n] - local[n]) for n in started)
 
 
 async def test_a_backup_after_publishing_starts_from_the_same_estimate(tmp_path: Path) -> None:
@@ -93,11 +93,11 @@ async def test_a_backup_after_publishing_starts_from_the_same_estimate(tmp_path:
     executor, job, s0, samples, _delta = await _after_round_0(tmp_path)
     ctx = executor._jobs[job.id]
     await executor.train(Train(job, 1, 0, 0, s0, fresh=True), lambda: False)
-    first = {n: t.clone() for n, t in ctx.overlap.start.estimate.params.items()}
+    first = {n: t.clone() for n, t in ctx.mode.overlap.start.estimate.params.items()}
     await executor.delta(PublishDelta(job, 1, s0, (0,), samples))
-    assert ctx.overlap.own[0] == 1  # its own delta is now round 1's
+    assert ctx.mode.overlap.own[0] == 1  # its own delta is now round 1's
     await executor.train(Train(job, 1, 1, 1, s0, fresh=True), lambda: False)  # the backup
-    again = ctx.overlap.start.estimate.params
+    again = ctx.mode.overlap.start.estimate.params
     base = executor._state(job, s0).params
     assert all(again[n].equal(first[n]) for n in first)
     assert not all(again[n].equal(base[n]) for n in first)
@@ -112,17 +112,17 @@ async def test_a_round_whose_base_is_held_starts_from_it(tmp_path: Path) -> None
     executor, job, s0, samples, delta = await _after_round_0(tmp_path)
     ctx = executor._jobs[job.id]
     s1, _metrics = await executor.aggregate(job, s0, [(delta, samples)], rnd=0)
-    ctx.overlap.own = None  # as on the peer that trained no shard of round 0
+    ctx.mode.overlap.own = None  # as on the peer that trained no shard of round 0
     await executor.train(Train(job, 1, 1, 0, s0, fresh=True, ahead=s1), lambda: False)
-    assert ctx.overlap.start.state == s1 and ctx.overlap.start.estimate is None
+    assert ctx.mode.overlap.start.state == s1 and ctx.mode.overlap.start.estimate is None
     held = executor._state(job, s1).params
     local = train._state.floating_state(ctx.trainer.model)
     await executor.delta(PublishDelta(job, 1, s0, (1,), samples))
-    assert all(ctx.overlap.own[1][n].equal(held[n] - local[n]) for n in held)
+    assert all(ctx.mode.overlap.own[1][n].equal(held[n] - local[n]) for n in held)
     # A state this peer does not hold is not a start: the base is (no estimate either).
-    ctx.overlap.own = None
+    ctx.mode.overlap.own = None
     await executor.train(Train(job, 2, 0, 0, s1, fresh=True, ahead="sha256:" + "0" * 64), lambda: False)
-    assert ctx.overlap.start.state == s1 and ctx.overlap.start.estimate is None
+    assert ctx.mode.overlap.start.state == s1 and ctx.mode.overlap.start.estimate is None
 
 
 async def test_a_close_that_lands_mid_round_moves_the_local_model_onto_it(tmp_path: Path) -> None:
@@ -139,18 +139,18 @@ async def test_a_close_that_lands_mid_round_moves_the_local_model_onto_it(tmp_pa
         nonlocal count
         if count == 2:
             seen["s1"] = trio.from_thread.run(lambda: executor.aggregate(job, s0, [(delta, samples)], rnd=0))[0]
-            seen["estimate"] = {n: t.clone() for n, t in ctx.overlap.start.estimate.params.items()}
+            seen["estimate"] = {n: t.clone() for n, t in ctx.mode.overlap.start.estimate.params.items()}
         count += 1
         return False
 
     await executor.train(Train(job, 1, 1, 0, s0, fresh=True), hook)
     s1 = seen["s1"]
-    assert ctx.overlap.start.state == s1 and ctx.overlap.start.estimate is None
+    assert ctx.mode.overlap.start.state == s1 and ctx.mode.overlap.start.estimate is None
     real = executor._state(job, s1).params
     assert not all(real[n].equal(seen["estimate"][n]) for n in real)  # there was something to correct
     local = train._state.floating_state(ctx.trainer.model)
     await executor.delta(PublishDelta(job, 1, s0, (1,), samples))
-    assert all(ctx.overlap.own[1][n].equal(real[n] - local[n]) for n in real)
+    assert all(ctx.mode.overlap.own[1][n].equal(real[n] - local[n]) for n in real)
 
 
 def test_the_move_is_the_real_base_minus_the_estimate_at_the_next_batch(tmp_path: Path) -> None:
@@ -199,17 +199,17 @@ async def test_a_close_that_lands_after_the_shard_changes_nothing(tmp_path: Path
     executor, job, s0, samples, delta = await _after_round_0(tmp_path)
     ctx = executor._jobs[job.id]
     await executor.train(Train(job, 1, 1, 0, s0, fresh=True), lambda: False)
-    estimate = {n: t.clone() for n, t in ctx.overlap.start.estimate.params.items()}
+    estimate = {n: t.clone() for n, t in ctx.mode.overlap.start.estimate.params.items()}
     s1, _metrics = await executor.aggregate(job, s0, [(delta, samples)], rnd=0)
     local = train._state.floating_state(ctx.trainer.model)
     await executor.delta(PublishDelta(job, 1, s0, (1,), samples))
-    assert all(ctx.overlap.own[1][n].equal(estimate[n] - local[n]) for n in estimate)
+    assert all(ctx.mode.overlap.own[1][n].equal(estimate[n] - local[n]) for n in estimate)
     await executor.train(Train(job, 1, 0, 1, s0, fresh=True, ahead=s1), lambda: False)
-    assert ctx.overlap.start.state == s1
+    assert ctx.mode.overlap.start.state == s1
     # The same without ``ahead`` (the machine has not heard of the close yet): this executor
     # made it, so a fresh shard of the round starts from it all the same.
     await executor.train(Train(job, 1, 1, 2, s0, fresh=True), lambda: False)
-    assert ctx.overlap.start.state == s1 and ctx.overlap.start.estimate is None
+    assert ctx.mode.overlap.start.state == s1 and ctx.mode.overlap.start.estimate is None
 
 
 def _lab(tmp_path: Path, name: str, sync: int | None) -> list[tuple[int, float]]:

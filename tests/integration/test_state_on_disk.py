@@ -1,4 +1,4 @@
-"""A fused job's outer states live on disk (``TorchExecutor._state_path``): none is kept
+"""A fused job's outer states live on disk (``JobStates``): none is kept
 in memory while a shard trains (the local model has the params; the momentum waits for
 the close), the delta reads the base's params from its file and the close streams the
 base tensor by tensor, with the same bits as the state in memory gave. Host memory of a
@@ -30,29 +30,29 @@ async def test_no_state_is_in_memory_while_a_shard_trains_and_the_bits_are_the_o
     held_while_training: list[int] = []
 
     def stop() -> bool:  # asked in the training thread before every batch
-        held_while_training.append(len(ctx.states))
+        held_while_training.append(ctx.states.in_memory)
         return False
 
     samples = await executor.train(Train(job, 0, 0, 0, s0, fresh=True), stop)
     # Main kept the round's base (params and outer momentum, 8 bytes a parameter) here.
     assert held_while_training and set(held_while_training) == {0}
-    base = train.state_from_file(executor._state_file(job.id, s0), like=ctx.like)
+    base = train.state_from_file(ctx.states.file(s0), like=ctx.states.like)
     local = train._state.floating_state(ctx.trainer.model)
     data, _ = await executor.delta(PublishDelta(job, 0, s0, (0,), samples))
     # The delta as ``InnerTrainer.delta`` took it from the state in memory, encoded the same.
     assert data == train.encode_delta({n: base.params[n] - local[n] for n in base.params}, None, bits=8)[0]
-    assert not ctx.states
+    assert not ctx.states.in_memory
 
     state, metrics = await executor.aggregate(job, s0, [(data, samples), (data, 3)], rnd=0)
-    decoded = train.decode_delta(data, ctx.like)
+    decoded = train.decode_delta(data, ctx.states.like)
     new = train.outer_step(base, [(decoded, samples), (decoded, 3)], lr=train.outer_lr(job.body, 0),
                            momentum=SPEC["outer_momentum"], nesterov=True)
-    assert state == train.state_hash(new) and not ctx.states
+    assert state == train.state_hash(new) and not ctx.states.in_memory
     assert metrics["eval_loss"] == round(ctx.trainer.evaluate(new.params)[0], 6)
     assert await executor.apply(job, s0, [(data, samples), (data, 3)], state, rnd=0)
 
     # A state file whose bytes changed is still found corrupt by an executor that did not write it.
-    path = executor._state_file(job.id, state)
+    path = ctx.states.file(state)
     raw = bytearray(path.read_bytes())
     raw[-5] ^= 0x40
     path.write_bytes(bytes(raw))
