@@ -47,7 +47,7 @@ async def test_peers_fetch_a_rounds_slices_ahead_of_its_close_and_only_once(tmp_
             records = sim.peers[0].node.machine.records
             blobs = {records.by_id[s]["blob"] for c in closes for s in c["slices"]}
             assert max(n for (_peer, blob), n in relay.blob_gets.items() if blob in blobs) == 1
-            assert sum(p.node.effects.slices_ahead_used for p in sim.peers) >= 2 * len(closes)
+            assert sum(p.node.effects.slices.ahead_used for p in sim.peers) >= 2 * len(closes)
             # What `ttpeer status` shows of each: the final model held, how many rounds it trained.
             rows = [next(j for j in snapshot(p.node)["jobs"] if j["id"] == job) for p in sim.peers]
             assert {(r["held_round"], r["rounds_looked_at"]) for r in rows} == {(spec["rounds"], 3)}

@@ -1,29 +1,41 @@
-"""The daemon's effects: one handler per effect type, in two tables.
+"""The daemon's effects: one handler per effect type, in two tables, and one funnel for
+what they report.
 
-Theory of operation. The machine decides; the node executes. ``Effects.execute`` runs
-the cheap effects at once on the trio thread (``_INLINE``: persist a record, queue a
-message, mark a shard cancelled, start fetching a round's slices ahead of its close,
-start writing a finished job's files), and the long ones (``_TASKS``: prepare, train,
-publish a delta, reduce a slice, aggregate, apply, fetch a state, publish a checkpoint) as
-tasks in the node's nursery, each inside ``_guarded``, the one boundary that judges
-their errors, and each reporting its result back into the machine.
+Theory of operation. The machine decides; the node executes. ``Effects.execute`` names
+each effect (its kind and a number, ``Train#17``) and runs the cheap ones at once on the
+trio thread (``_INLINE``: persist a record, queue a message, mark a shard cancelled, start
+fetching a round's slices ahead of its close, start writing a finished job's files), and
+the long ones (``_TASKS``: prepare, train, publish a delta, reduce a slice, aggregate,
+apply, fetch a state, publish a checkpoint) as tasks in the node's nursery, each inside
+``_guarded``: the one runner, which feeds the machine every report the handler makes
+(``_feed``) and judges its errors.
+
+A task handler is an async generator of its reports, as dask's instructions return their
+events; it never calls the machine. A generator, not a returned list, because a report
+must reach the machine when it is made: ``DeltaEncoded`` frees the local model, so the
+next shard trains while the delta uploads; ``Prepared`` comes before the look-ahead it
+starts. An error of the tree says what it means (``StateMissing``, ``LocalWorkLost``,
+``SliceMismatch``), and the runner reports that (``StateLost``, ``WorkLost``,
+``SliceRefused``) before ``Failed``. Each report fed, and each line a handler logs
+(``EffectLog``), carries the effect's name.
 
 What it promises: a full disk stops the daemon (retrying would only fail again); a
 task's own failure ends its job on this peer; an error of ttpeer's tree is reported
-(``Failed``, after ``StateLost``/``WorkLost`` when it says so) and the machine retries
-when it sees fit; any other exception is a bug that costs its job, never the daemon.
+(``Failed``, after what it says) and the machine retries when it sees fit; any other
+exception is a bug that costs its job, never the daemon. What this peer is doing for its
+jobs (phases, the shards in training) is kept in ``_activity``; the slices fetched ahead
+of a close in ``_ahead``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
+import itertools
 import logging
 import secrets
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Callable, MutableMapping
 from typing import Any, Protocol, cast
 
 import trio
@@ -40,7 +52,6 @@ from ttpeer.proto import (
     Broadcast,
     Cancel,
     CheckpointPublished,
-    DatasetMissing,
     Declined,
     DeltaEncoded,
     DeltaPublished,
@@ -60,6 +71,7 @@ from ttpeer.proto import (
     PublishDelta,
     Record,
     ReduceSlice,
+    Report,
     Send,
     SliceReduced,
     SliceRefused,
@@ -73,20 +85,35 @@ from ttpeer.proto import (
     open_task,
 )
 
+from ._activity import Phases, Training
+from ._blobs import Blobs
 from ._counters import Counters
 from ._data import Datasets
-from ._executor import Decline, Deltas, Executor
+from ._executor import Decline, Executor
 from ._home import Home, PoolConfig
-from ._keys import RANGES_AT_ONCE, Blobs, PoolKeys, SealError, in_order, off_span
+from ._keys import PoolKeys, SealError
+from ._offload import in_order, off_span
 from ._recordlog import RecordLog
 from ._relays import Follower
 from ._replay import ReplayGuard
+from ._slices import SliceMismatch, Slices
+from ._taskdata import TaskData
 
 log = logging.getLogger("ttpeer.daemon")
 
 
-class SliceMismatch(TtpeerError):
-    """A reduced slice's blob does not hash or size as its record says."""
+class EffectLog(logging.LoggerAdapter[logging.Logger]):
+    """The daemon's log, each line led by the name of the effect it is about (``[Train#17]``)."""
+
+    def __init__(self, eff: Effect, number: int) -> None:
+        super().__init__(log)
+        self.id = f"{type(eff).__name__}#{number}"
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        return f"[{self.id}] {msg}", kwargs
+
+
+Reports = AsyncGenerator[Report, None]  # what a task handler yields, one report at a time
 
 
 class Host(Protocol):
@@ -118,88 +145,61 @@ class Host(Protocol):
     def disk_full(self, exc: DiskError) -> None: ...
 
 
-@dataclass
-class _Progress:
-    """Batches done in the shard in training: written by the training thread (one int),
-    read on the trio thread, where the times are taken: no lock for a progress hint."""
-
-    started: float  # trio time
-    done: int = 0
-
-    def stopper(self, cancelled: Callable[[], bool]) -> Callable[[], bool]:
-        calls = 0
-
-        def should_stop() -> bool:  # asked before every batch
-            nonlocal calls
-            self.done = max(0, calls)
-            calls += 1
-            return cancelled()
-
-        return should_stop
-
-    def rate(self, now: float) -> float:
-        elapsed = now - self.started
-        return self.done / elapsed if self.done and elapsed > 0 else 0.0
-
-
 class Effects:
     def __init__(self, node: Host) -> None:
         self._node = node
-        self.cancelled: set[tuple[str, int, int]] = set()
-        self.progress: dict[tuple[str, int, int], _Progress] = {}  # the shard in training
+        self._numbers = itertools.count(1)  # each effect's name: its kind and the next number
+        self.training = Training()  # the shards in training, their progress and cancellations
+        self.phases = Phases()  # what this peer does for a job before it can train it (status)
+        self.slices = Slices(node.blobs)  # reduced slices as a close reads them, some fetched ahead
+        self.task_data = TaskData(node, self.phases)  # the dataset pieces a task reads
         self._job_done: dict[str, trio.Event] = {}
         self._released: set[str] = set()  # jobs whose executor state was freed (ended here)
         self.finished: dict[str, str] = {}  # job -> the state whose final files this peer wrote
-        # job -> what this peer is doing before it can train it ("loading the task"...), for status
-        self.phases: dict[str, str] = {}
-        # Reduced slices fetched ahead of their close (``FetchSlices``), of one round at a
-        # time: blob -> plaintext, and the fetches still under way (an Apply waits for them).
-        self._ahead: dict[str, bytes] = {}
-        self._ahead_round: tuple[str, int] | None = None
-        self._ahead_pending: dict[str, trio.Event] = {}
-        self.slices_ahead_used = 0  # slices a close applied that had come ahead of it (tests)
 
     def done_event(self, job: str) -> trio.Event:
         return self._job_done.setdefault(job, trio.Event())
 
     def execute(self, eff: Effect) -> None:
         """Cheap effects run here and now; long ones (``_TASKS``) as tasks in the nursery,
-        inside ``_guarded``, that report back into the machine when done."""
+        inside ``_guarded``, which feeds their reports to the machine."""
         assert self._node.nursery is not None, "effects run only inside Node.run"
+        elog = EffectLog(eff, next(self._numbers))
         if log.isEnabledFor(logging.DEBUG) and not isinstance(eff, (Broadcast, Send, Persist)):
-            log.debug("effect %s", describe_effect(eff))
+            elog.debug("effect %s", describe_effect(eff))
         inline = _INLINE.get(type(eff))
         if inline is not None:
-            inline(self, eff)
+            inline(self, eff, elog)
         elif type(eff) in _TASKS:
-            self._node.nursery.start_soon(self._guarded, eff)
+            self._node.nursery.start_soon(self._guarded, eff, elog)
         else:
             raise TypeError(f"unknown effect {eff!r}")
 
-    async def _guarded(self, eff: Effect) -> None:
-        """Run ``eff``'s handler; the one place its errors are judged. A full disk stops the
-        daemon (retrying would only fail again); the task's own failure ends the job here;
-        an error of the tree is reported (``Failed``, after ``StateLost``/``WorkLost`` when
-        that is what it says), so the machine retries; anything else is a bug that costs
-        the job, not the daemon."""
+    async def _guarded(self, eff: Effect, log: EffectLog) -> None:
+        """Run ``eff``'s handler, feeding the machine each report it yields; the one place
+        its errors are judged. A full disk stops the daemon (retrying would only fail
+        again); the task's own failure ends the job here; an error of the tree is reported
+        (``Failed``, after what it says: ``_corrections``), so the machine retries; anything
+        else is a bug that costs the job, not the daemon."""
         try:
-            await _TASKS[type(eff)](self, eff)
+            async with contextlib.aclosing(_TASKS[type(eff)](self, eff, log)) as reports:
+                async for report in reports:
+                    self._feed(report, log)
         except DiskError as exc:
             self._node.disk_full(exc)
         except TaskFailed as exc:
-            self.task_failed(_job_of(eff), exc.reason)
+            self.task_failed(_job_of(eff), exc.reason, log)
         except (NetError, SealError, TtpeerError) as exc:
-            log.warning("%s failed: %s", type(eff).__name__, exc)
-            if isinstance(exc, StateMissing):  # so the machine recomputes or fetches it
-                self._report(StateLost(exc.state))
-            if isinstance(exc, LocalWorkLost):  # so the machine trains those shards again
-                self._report(WorkLost(exc.job))
-            self._report(Failed(eff))
+            log.warning("failed: %s", exc)
+            for report in [*_corrections(exc), Failed(eff)]:
+                self._feed(report, log)
         except Exception as exc:  # noqa: BLE001 - the last resort: a bug fails the job, not the daemon
-            self._bug(_job_of(eff), type(eff).__name__, exc)
+            self._bug(_job_of(eff), type(eff).__name__, exc, log)
 
-    def _report(self, result: Any) -> None:
-        self._node.process(self._node.machine.report(result, self._node.now()))
+    def _feed(self, report: Report, log: EffectLog) -> None:
+        """The funnel: every report of an effect reaches the machine here, at once."""
+        log.debug("reports %s", type(report).__name__)
+        self._node.process(self._node.machine.report(report, self._node.now()))
 
     def queue(self, peer: str | None, payload: bytes, kind: bytes = b"P") -> None:
         """Seal a payload of ``kind`` (gossip; ``W``: a want) and queue it for ``peer`` (None: every peer)."""
@@ -216,139 +216,75 @@ class Effects:
         if rec.kind == "relays":  # the pool's relays moved: this peer follows (``_relays``)
             self._node.relays.follow(rec)
 
-    def _on_cancel(self, eff: Cancel) -> None:
-        self.cancelled.add((eff.job, eff.round, eff.shard))
-
-    def _on_job_done(self, eff: JobDone) -> None:
+    def _on_fetch_slices(self, eff: FetchSlices, log: EffectLog) -> None:
         assert self._node.nursery is not None
-        if self._ahead_round is not None and self._ahead_round[0] == eff.job.id:
-            # Slices of its last round that no close read: not needed now, nor those still
-            # on their way (``_fetch_ahead`` keeps only its round's).
-            self._ahead.clear()
-            self._ahead_round = None
-        self._node.nursery.start_soon(self._finish, eff.job, eff.state)
+        self.slices.start_ahead(eff, self._node.nursery, log)
 
-    async def _prepare(self, eff: PrepareJob) -> None:
+    def _on_job_done(self, eff: JobDone, log: EffectLog) -> None:
+        assert self._node.nursery is not None
+        self.slices.forget_job(eff.job.id)
+        self._node.nursery.start_soon(self._finish, eff.job, eff.state, log)
+
+    async def _prepare(self, eff: PrepareJob, log: EffectLog) -> Reports:
         job = eff.job
         try:
-            with self._phase(job.id, "fetching the task file"):
+            with self.phases.during(job.id, "fetching the task file"):
                 task_file = (open_task(self._node.cfg.pool, await self._node.blobs.get(job["task_blob"]))
                              if job["task_blob"] else None)
         except TaskSignatureError as exc:
             log.warning("refusing job %s: %s", job.id[:12], exc)
-            self._report(Declined(job.id, str(exc), code="refused"))
+            yield Declined(job.id, str(exc), code="refused")
             return
         if job.body.get("datasets"):  # before the worker loads the task: it reads them
             try:
-                await self._node.data.ensure(job, lambda text: self.phases.__setitem__(job.id, text))
+                await self._node.data.ensure(job, self.phases.setter(job.id))
             finally:
-                self.phases.pop(job.id, None)
-        with self._phase(job.id, "loading the task and its data, checking it fits"):
+                self.phases.clear(job.id)
+        with self.phases.during(job.id, "loading the task and its data, checking it fits"):
             decline = await self._node.executor.prepare(job, task_file)
         if isinstance(decline, str):
             decline = Decline(decline)
         if decline is not None:
             log.warning("declining job %s: %s", job.id[:12], decline.reason)
-            self._report(Declined(job.id, decline.reason, decline.need, decline.have, decline.code))
+            yield Declined(job.id, decline.reason, decline.need, decline.have, decline.code)
         else:
-            self._report(Prepared(job.id))
+            yield Prepared(job.id)
             if job.body.get("samples") and self._node.nursery is not None:  # the first shard's pieces
-                self._node.nursery.start_soon(self._guarded_look_ahead, job, self._node.machine.chain(job).round)
+                rnd = self._node.machine.chain(job).round
+                self._node.nursery.start_soon(self.task_data.look_ahead, job, rnd, log)
 
-    async def fetch_missing(self, job: Record, exc: DatasetMissing) -> None:
-        """The task read pieces of a dataset that are not here (``DatasetMissing`` with
-        pieces, raised before it did anything), or a whole dataset of its job: fetch them,
-        so its call can be made again."""
-        if not exc.pieces:  # the whole dataset (a task reading it with dataset_path too)
-            dataset = (job.body.get("datasets") or {}).get(exc.name)
-            if dataset is None:
-                raise exc
-            await self._node.data.fetch(dataset, exc.name, lambda t: self.phases.__setitem__(job.id, t), job)
-            return
-        log.info("job %s: fetching %d pieces of dataset %s for the task", job.id[:12], len(exc.pieces), exc.name)
-        if job.id in self.phases:  # still preparing: status says what it waits for
-            await self._node.data.fetch(exc.dataset, exc.name, lambda t: self.phases.__setitem__(job.id, t), job,
-                                        pieces=exc.pieces)
-            return
-        began = trio.current_time()
-        await self._node.data.fetch(exc.dataset, exc.name, lambda _t: None, job, pieces=exc.pieces,
-                                    within=float(job["lease"]))
-        waited = trio.current_time() - began
-        stats = self._node.counters.job(job.id)
-        stats.data_waits += 1
-        stats.data_wait_s += waited
-        if stats.first_data_wait_s is None:
-            stats.first_data_wait_s = waited
-
-    async def _look_ahead(self, job: Record, rnd: int) -> None:
-        """For a ``dataset_samples`` job, once prepared and while each shard trains: which
-        pieces each shard of round ``rnd`` reads (the chain's round, then the next). Tell
-        the machine which shards' data is here (it claims those first), and prefetch the
-        pieces of this peer's share of the round (``PeerMachine.share``)."""
-        if not job.body.get("samples") or job["mode"] == "ensemble":
-            return
-        plan = self._node.machine.plan(job)
-        if not plan.has_round(rnd):
-            return
-        shards = list(range(job["shards"]))
-        try:
-            found = await self._node.executor.pieces(job, rnd, shards, plan.batches(rnd), plan.first_step(rnd))
-        except TtpeerError as exc:
-            log.debug("job %s: no look-ahead for round %d: %s", job.id[:12], rnd, exc)
-            return
-        if not found:
-            return
-        missing = {int(s): list(m) for s, m in found["missing"].items()}
-        # This peer's share of the round: the shards the others leave to it first. Their
-        # pieces are prefetched, so its claims there find them here (and say so).
-        share = self._node.machine.share(job.id, rnd, len(shards))
-        self._node.machine.prefer(job.id, rnd, {s: 0 if s in share else len(m) for s, m in missing.items()})
-        self._node.data.prefetch(found["dataset"], found["name"],
-                                 sorted({*found.get("test", ()), *(k for s in share for k in missing.get(s, ()))}))
-
-    async def _train(self, eff: Train) -> None:
-        job, key = eff.job, (eff.job.id, eff.round, eff.shard)
-        self.cancelled.discard(key)
+    async def _train(self, eff: Train, log: EffectLog) -> Reports:
+        job = eff.job
         if self._node.nursery is not None and job.body.get("samples"):
-            self._node.nursery.start_soon(self._guarded_look_ahead, job, eff.round + 1)
-        started = trio.current_time()
-        progress = self.progress[key] = _Progress(started)
-        try:
-            samples = await self._node.executor.train(eff, progress.stopper(lambda: key in self.cancelled))
-        finally:
-            self.progress.pop(key, None)
-            self.cancelled.discard(key)
-        seconds = trio.current_time() - started
+            self._node.nursery.start_soon(self.task_data.look_ahead, job, eff.round + 1, log)
+        with self.training.shard((job.id, eff.round, eff.shard)) as progress:
+            samples = await self._node.executor.train(eff, progress.should_stop)
+        seconds = trio.current_time() - progress.started
         stats = self._node.counters.job(job.id)
         stats.shards_trained += 1 if samples else 0
         stats.train_seconds += seconds
         batches = samples // job["batch_size"]
-        self._report(Trained(job.id, eff.round, eff.shard, samples, batches, seconds))
+        yield Trained(job.id, eff.round, eff.shard, samples, batches, seconds)
 
-    async def _guarded_look_ahead(self, job: Record, rnd: int) -> None:
-        try:
-            await self._look_ahead(job, rnd)
-        except (TtpeerError, NetError) as exc:  # only a hint: a failure costs the prefetch
-            log.info("job %s: looking ahead for round %d failed: %s", job.id[:12], rnd, exc)
-
-    async def _publish_delta(self, eff: PublishDelta) -> None:
+    async def _publish_delta(self, eff: PublishDelta, log: EffectLog) -> Reports:
         job, rnd, base, shards = eff.job, eff.round, eff.base, eff.shards
         data, metrics = await self._node.executor.delta(eff)
         # The local model is free: the next shard trains while this delta uploads.
-        self._report(DeltaEncoded(job, rnd, base, shards))
+        yield DeltaEncoded(job, rnd, base, shards)
         blob = await self._node.blobs.upload_delta(data, cut=data[:4] == b"TTD2")
         if blob is None:
-            self._report(Failed(eff))
+            yield Failed(eff)
             return
         stats = self._node.counters.job(job.id)
         stats.fp32_bytes += int(metrics.pop("fp32_bytes", 0))
         stats.wire_bytes += len(data)
         chunks = metrics.pop("chunks", None)
-        self._report(DeltaPublished(job, rnd, base, shards, eff.samples, blob, len(data), metrics,
-                                    None if chunks is None else int(chunks)))
+        yield DeltaPublished(job, rnd, base, shards, eff.samples, blob, len(data), metrics,
+                             None if chunks is None else int(chunks))
 
-    async def _reduce_slice(self, eff: ReduceSlice) -> None:
-        if eff.sample and eff.against is not None and await self._sample_slice(eff, eff.against):
+    async def _reduce_slice(self, eff: ReduceSlice, log: EffectLog) -> Reports:
+        if eff.sample and eff.against is not None and await self._sample_slice(eff, eff.against, log):
+            yield SliceReduced(eff, eff.against["sha256"], eff.against["size"], None)
             return
         async with self._node.blobs.deltas(eff.job, eff.contribs, (eff.first, eff.stop)) as deltas:
             data = await self._node.executor.reduce_slice(eff.job, deltas, eff.first, eff.stop, rnd=eff.round)
@@ -364,15 +300,15 @@ class Effects:
         kept = blob if blob is not None or eff.against is None else eff.against["blob"]
         if kept is not None:
             self._node.blobs.keep_slice(kept, data)
-        self._report(SliceReduced(eff, sha, len(data), blob))
+        yield SliceReduced(eff, sha, len(data), blob)
 
-    async def _sample_slice(self, eff: ReduceSlice, rec: Record) -> bool:
+    async def _sample_slice(self, eff: ReduceSlice, rec: Record, log: EffectLog) -> bool:
         """A spot check of the result ``rec`` on one chunk of its slice, drawn here from this
         peer's own randomness (its author cannot foresee which): that chunk of every
-        contribution is fetched and reduced, and the result downloaded (``_slice_result``;
+        contribution is fetched and reduced, and the result downloaded (``Slices.result``;
         every peer needs it for the close, so it is kept). True when the chunk is the result's (its hash is
         signed, nothing uploaded); False when the whole slice is to be reduced. A result
-        that does not hash as ``rec`` says is refused (``SliceRefused``: made again at once)."""
+        that does not hash as ``rec`` says raises ``SliceMismatch`` (refused: made again at once)."""
         chunk = eff.first + secrets.randbelow(eff.stop - eff.first)
         values = JobSpec.of(eff.job).chunk
         assert values is not None  # only a sliced job has slices
@@ -381,7 +317,7 @@ class Effects:
             async with self._node.blobs.deltas(eff.job, eff.contribs, (chunk, chunk + 1)) as deltas:
                 return await self._node.executor.reduce_slice(eff.job, deltas, chunk, chunk + 1, rnd=eff.round)
 
-        data, part = await in_order([lambda: self._slice_result(rec), alone], limit=2)
+        data, part = await in_order([lambda: self.slices.result(rec), alone], limit=2)
         stats = self._node.counters.job(eff.job.id)
         try:
             same = await off_span(len(data), run_matches, data, part, (chunk - eff.first) * values)
@@ -396,113 +332,38 @@ class Effects:
             return False
         stats.samples += 1
         self._node.blobs.keep_slice(rec["blob"], data)
-        self._report(SliceReduced(eff, rec["sha256"], rec["size"], None))
         return True
 
-    async def _slice_result(self, rec: Record) -> bytes:
-        """The plaintext of the reduced slice of record ``rec``: the copy kept here (made or
-        checked here), fetched ahead (waited for while under way), or downloaded. Raises
-        ``SliceMismatch`` after ``SliceRefused`` when it does not size or hash as ``rec``
-        says (the slice is then made again)."""
-        pending = self._ahead_pending.get(rec["blob"])
-        if pending is not None:  # fetched ahead right now: wait rather than fetch it twice
-            await pending.wait()
-        data = self._node.blobs.kept_slice(rec["blob"])
-        if data is None and (data := self._ahead.pop(rec["blob"], None)) is not None:
-            self.slices_ahead_used += 1
-        if data is None:
-            data = await self._node.blobs.get(rec["blob"], max_size=rec["size"] + 64, uploaders=[rec.author])
-        if len(data) != rec["size"] or hashlib.sha256(data).hexdigest() != rec["sha256"]:
-            self._node.blobs.refused("slice")
-            self._report(SliceRefused(rec.id))
-            raise SliceMismatch(f"slice {rec['slice']} of round {rec['round']} by {rec.author[:12]} does not "
-                                "hash as its record says; it is made again")
-        return data
-
-    @contextlib.asynccontextmanager
-    async def _outer_inputs(self, job: Record, contribs: tuple[Record, ...],
-                            slices: tuple[Record, ...]) -> AsyncIterator[Deltas]:
-        """What a close applies: the contributions' deltas, or a sliced close's reduced
-        slices, each checked against its record (a slice that is not is refused)."""
-        if not slices:
-            async with self._node.blobs.deltas(job, contribs) as deltas:
-                yield deltas
-            return
-
-        async def fetch(rec: Record) -> tuple[bytes, int]:
-            return await self._slice_result(rec), 1
-
-        # All at once (RANGES_AT_ONCE at a time): together they are one reduced model, held
-        # here whichever way they come, and one at a time each cost a round trip.
-        yield await in_order([functools.partial(fetch, rec) for rec in slices], limit=RANGES_AT_ONCE)
-
-    def _on_fetch_slices(self, eff: FetchSlices) -> None:
-        """Start fetching the slices not held here, ``RANGES_AT_ONCE`` at a time; each is
-        marked pending at once, so an Aggregate or Apply started in the same step waits for
-        it rather than fetch it too. Slices of an earlier round still held are dropped: one
-        round's at most."""
-        assert self._node.nursery is not None
-        key = (eff.job.id, eff.round)
-        if self._ahead_round != key:
-            self._ahead.clear()
-            self._ahead_round = key
-        todo = [rec for rec in eff.slices if rec["blob"] not in self._ahead and rec["blob"] not in
-                self._ahead_pending and self._node.blobs.kept_slice(rec["blob"]) is None]
-        for rec in todo:
-            self._ahead_pending[rec["blob"]] = trio.Event()
-        if todo:
-            self._node.nursery.start_soon(self._fetch_ahead, key, todo)
-
-    async def _fetch_ahead(self, key: tuple[str, int], todo: list[Record]) -> None:
-        """What does not come or does not check is left to the Aggregate or Apply that
-        reads the slice (it fetches, checks and refuses it as ever): nothing is reported."""
-
-        async def one(rec: Record) -> None:
-            blob = rec["blob"]
-            try:
-                data = await self._node.blobs.get(blob, max_size=rec["size"] + 64, uploaders=[rec.author])
-                if (self._ahead_round == key and len(data) == rec["size"]
-                        and hashlib.sha256(data).hexdigest() == rec["sha256"]):
-                    self._ahead[blob] = data
-            except (NetError, SealError, TtpeerError) as exc:
-                log.info("fetching slice %d of round %d ahead of its close failed (%s); it is fetched when "
-                         "needed", rec["slice"], key[1], exc)
-            except Exception:  # a bug here costs only the head start: the close fetches the slice
-                log.exception("fetching slice %d of round %d ahead of its close failed", rec["slice"], key[1])
-            finally:
-                self._ahead_pending.pop(blob).set()
-
-        await in_order([functools.partial(one, rec) for rec in todo], limit=RANGES_AT_ONCE)
-
-    async def _aggregate(self, eff: Aggregate) -> None:
-        async with self._outer_inputs(eff.job, eff.contribs, eff.slices) as deltas:
+    async def _aggregate(self, eff: Aggregate, log: EffectLog) -> Reports:
+        async with self.slices.close_inputs(eff.job, eff.contribs, eff.slices) as deltas:
             state, metrics = await self._node.executor.aggregate(eff.job, eff.base, deltas, rnd=eff.round,
                                                                  sliced=bool(eff.slices), outer=eff.outer)
         trim()  # the blobs this close fetched: back to the system
         weights = tuple(cast("list[int]", metrics.pop("weights", None) or ()))  # an ensemble puts its vote there
-        self._report(Aggregated(eff.job, eff.round, eff.base, tuple(c.id for c in eff.contribs), state, metrics,
-                                tuple(s.id for s in eff.slices), weights, eff.outer))
+        yield Aggregated(eff.job, eff.round, eff.base, tuple(c.id for c in eff.contribs), state, metrics,
+                         tuple(s.id for s in eff.slices), weights, eff.outer)
 
-    async def _apply(self, eff: Apply) -> None:
+    async def _apply(self, eff: Apply, log: EffectLog) -> Reports:
         job, close = eff.job, eff.close
-        async with self._outer_inputs(job, eff.contribs, eff.slices) as deltas:
+        async with self.slices.close_inputs(job, eff.contribs, eff.slices) as deltas:
             ok = await self._node.executor.apply(job, close["base"], deltas, close["state"], rnd=close["round"],
                                                  sliced=bool(eff.slices), outer=eff.outer)
         trim()
         if not ok:
             log.warning("round %d of job %s did not reproduce state %s here; fetching a checkpoint instead",
                         close["round"], job.id[:12], close["state"][:19])
-        self._report(Applied(close["state"], ok))
+        yield Applied(close["state"], ok)
 
-    async def _fetch_state(self, eff: FetchState) -> None:
+    async def _fetch_state(self, eff: FetchState, log: EffectLog) -> Reports:
         job, state = eff.job, eff.state
         what = "the initial state" if state == job["init"] else "the latest checkpoint"
-        with self._phase(job.id, f"fetching {what}"), self._node.blobs.work_files(job.id, "fetch") as (sealed, plain):
+        with (self.phases.during(job.id, f"fetching {what}"),
+              self._node.blobs.work_files(job.id, "fetch") as (sealed, plain)):
             # The initial state this peer submitted is here already (it is checked all the same).
             if not await self._node.blobs.take_state(state, plain):
                 await self._node.blobs.get_file(eff.blob, sealed, plain, uploaders=self._uploaders(job, eff.blob))
             ok = await self._node.executor.import_state(job, state, plain)
-        self._report(Fetched(state, ok))
+        yield Fetched(state, ok)
 
     def _uploaders(self, job: Record, blob: str) -> list[str]:
         """Who uploaded the state blob ``blob`` of ``job`` (the submitter, or the checkpoints'
@@ -511,7 +372,7 @@ class Effects:
             return [job.author]
         return sorted({r.author for r in self._node.machine.records.of_job(job.id, "ckpt") if r["blob"] == blob})
 
-    async def _publish_checkpoint(self, eff: PublishCheckpoint) -> None:
+    async def _publish_checkpoint(self, eff: PublishCheckpoint, log: EffectLog) -> Reports:
         # File to file, a piece at a time: a model-sized state is never in the daemon's
         # memory (it was, three times over: bytes, sealed, in transport).
         with self._node.blobs.work_files(eff.job.id, "checkpoint") as (plain, sealed):
@@ -523,11 +384,11 @@ class Effects:
                 await self._node.executor.export_state(eff.job, eff.state, plain)
             size = plain.stat().st_size
             blob = await self._node.blobs.put_file(plain, sealed)
-        self._report(CheckpointPublished(eff.job, eff.round, eff.state, blob, size))
+        yield CheckpointPublished(eff.job, eff.round, eff.state, blob, size)
 
-    def task_failed(self, job: Record, reason: str) -> None:
+    def task_failed(self, job: Record, reason: str, log: EffectLog) -> None:
         log.error("job %s failed on this peer: %s", job.id[:12], reason)
-        self._node.process(self._node.machine.report(JobFailed(job.id, reason), self._node.now()))
+        self._feed(JobFailed(job.id, reason), log)
         self.release(job.id)
 
     def release(self, job: str) -> None:
@@ -543,34 +404,24 @@ class Effects:
             if job.id not in self._released and job_ended(rs, job) is not None:
                 self.release(job.id)
 
-    def _bug(self, job: Record, what: str, exc: Exception) -> None:
+    def _bug(self, job: Record, what: str, exc: Exception, log: EffectLog) -> None:
         """An exception outside the error tree escaped ``what``: log its traceback once and
         end the job on this peer, so a bug costs one job, never the daemon."""
         log.error("%s of job %s raised %s: a bug in ttpeer or an executor; the job ends on this peer "
                   "(please report this traceback)", what, job.id[:12], type(exc).__name__, exc_info=exc)
-        self.task_failed(job, f"internal error: {type(exc).__name__}: {exc} (a bug; see this peer's log)")
+        self.task_failed(job, f"internal error: {type(exc).__name__}: {exc} (a bug; see this peer's log)", log)
 
-    @contextlib.contextmanager
-    def _phase(self, job: str, what: str) -> Iterator[None]:
-        """Say in status what this peer is doing for ``job`` before it can train it."""
-        self.phases[job] = what
+    async def _finish(self, job: Record, state: str, log: EffectLog) -> None:
         try:
-            yield
-        finally:
-            if self.phases.get(job) == what:
-                del self.phases[job]
-
-    async def _finish(self, job: Record, state: str) -> None:
-        try:
-            await self._write_final(job, state)
+            await self._write_final(job, state, log)
         except DiskError as exc:
             self._node.disk_full(exc)
         except TaskFailed as exc:
-            self.task_failed(job, exc.reason)
+            self.task_failed(job, exc.reason, log)
         except Exception as exc:  # noqa: BLE001 - as in _guarded: the job, not the daemon
-            self._bug(job, "writing the final model", exc)
+            self._bug(job, "writing the final model", exc, log)
 
-    async def _write_final(self, job: Record, state: str) -> None:
+    async def _write_final(self, job: Record, state: str, log: EffectLog) -> None:
         chain = self._node.machine.chain(job)
         metrics = dict(chain.closes[-1]["metrics"]) if chain.closes else {}
         stats = self._node.counters.job(job.id)
@@ -584,6 +435,20 @@ class Effects:
         log.info("job %s done: state %s", job.id[:12], state)
 
 
+def _corrections(exc: Exception) -> list[Report]:
+    """What an error of the tree tells the machine before ``Failed``: a state not held
+    here (so it recomputes or fetches it), shards' work lost (so it trains them again), a
+    slice that does not hash as its record says (so it is made again)."""
+    said: list[Report] = []
+    if isinstance(exc, StateMissing):
+        said.append(StateLost(exc.state))
+    if isinstance(exc, LocalWorkLost):
+        said.append(WorkLost(exc.job))
+    if isinstance(exc, SliceMismatch):
+        said.append(SliceRefused(exc.record))
+    return said
+
+
 def _job_of(eff: Effect) -> Record:
     """The job of an effect that ``_guarded`` runs (each of them names one)."""
     job = getattr(eff, "job", None)
@@ -592,17 +457,18 @@ def _job_of(eff: Effect) -> Record:
     return job
 
 
-# The handler of each effect: inline ones run at once on the trio thread, task ones in the
-# node's nursery under ``Effects._guarded`` (their failure path), reporting back when done.
-_INLINE: dict[type, Callable[[Effects, Any], None]] = {
-    Persist: lambda fx, eff: fx._persist(eff.record),
-    Broadcast: lambda fx, eff: fx.queue(None, eff.payload),
-    Send: lambda fx, eff: fx.queue(eff.peer, eff.payload),
-    Cancel: Effects._on_cancel,
+# The handler of each effect, given the effect and its log: inline ones run at once on the
+# trio thread, task ones in the node's nursery under ``Effects._guarded``, which feeds the
+# machine the reports they yield and judges their errors.
+_INLINE: dict[type, Callable[[Effects, Any, EffectLog], None]] = {
+    Persist: lambda fx, eff, _log: fx._persist(eff.record),
+    Broadcast: lambda fx, eff, _log: fx.queue(None, eff.payload),
+    Send: lambda fx, eff, _log: fx.queue(eff.peer, eff.payload),
+    Cancel: lambda fx, eff, _log: fx.training.cancel(eff.job, eff.round, eff.shard),
     FetchSlices: Effects._on_fetch_slices,
     JobDone: Effects._on_job_done,
 }
-_TASKS: dict[type, Callable[[Effects, Any], Awaitable[None]]] = {
+_TASKS: dict[type, Callable[[Effects, Any, EffectLog], Reports]] = {
     PrepareJob: Effects._prepare,
     Train: Effects._train,
     PublishDelta: Effects._publish_delta,

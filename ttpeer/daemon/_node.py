@@ -63,7 +63,6 @@ from ttpeer.net import PoolTransport, RelayRejected
 from ttpeer.proto import (
     Effect,
     PeerMachine,
-    Progress,
     ProofError,
     Record,
     RecordError,
@@ -125,7 +124,7 @@ class Node:
         self.outbox_send = self.link.outbox_send
         self.nursery: trio.Nursery | None = None
         self.effects = Effects(self)
-        self.finished, self.phases = self.effects.finished, self.effects.phases  # read by status
+        self.finished, self.phases = self.effects.finished, self.effects.phases.by_job  # read by status
         self.key_event = trio.Event()
         self.fatal: TtpeerError | None = None
         self.is_admin = (home.path / "root.key").exists()
@@ -134,7 +133,7 @@ class Node:
         self.data = Datasets(self)
         self.blobs.direct = self.data.fetch_blob  # deltas and states from their uploaders, on a LAN
         self.blobs.direct_range = self.data.fetch_blob_range  # a slice's chunks of them
-        executor.on_missing = self.effects.fetch_missing  # a task reading dataset pieces not here yet
+        executor.on_missing = self.effects.task_data.fetch_missing  # a task reading dataset pieces not here yet
         if self.pool_key is not None:
             self.key_event.set()
 
@@ -265,8 +264,8 @@ class Node:
             self._wake = trio.Event()
             if not timer.cancelled_caught:
                 continue
-            for (job, rnd, shard), p in list(self.effects.progress.items()):
-                self.machine.report(Progress(job, rnd, shard, p.done, p.rate(trio.current_time())), self.now())
+            for progress in self.effects.training.reports(trio.current_time()):
+                self.machine.report(progress, self.now())
             # Protocol time is trio time less the outages: the subtraction can land a hair
             # before the deadline that just fired, which must not leave it unfired.
             self.process(self.machine.tick(max(self.now(), deadline)), wake=False)
