@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ttpeer.proto import Effect, PeerMachine
 
+from ._blobs import Blobs
 from ._counters import Counters
 from ._home import Home, PoolConfig
-from ._keys import Blobs
 from ._workfiles import disk_or_job
 
 

@@ -28,7 +28,8 @@ from ttpeer.proto import dataset_sources
 from ._datahost import Host, WorkFiles
 from ._datastore import DataStore, Piece, piece_ok
 from ._direct import DirectFailed, DirectFetcher
-from ._keys import SealError, file_sha256, off_span
+from ._keys import SealError
+from ._offload import file_sha256, off_span
 from ._urlsource import UrlFailed, UrlSource, host_of
 
 log = logging.getLogger("ttpeer.daemon")

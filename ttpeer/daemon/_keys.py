@@ -26,14 +26,7 @@ from ttpeer.net._entropy import random_bytes
 from ttpeer.net._seal import COUNTER, SealError, gossip_ad, open_direct, open_sealed, seal, seal_to
 from ttpeer.proto import Record, decode, encode, parse, verify_proof
 
-# Re-exported: _effects and the dataset modules (_datahost, _datasources) import these
-# names of _blobs and _offload from here.
-from ._blobs import RANGES_AT_ONCE as RANGES_AT_ONCE
-from ._blobs import Blobs as Blobs
 from ._home import Home
-from ._offload import file_sha256 as file_sha256
-from ._offload import in_order as in_order
-from ._offload import off_span as off_span
 
 GOSSIP = b"ttpeer/gossip/v1"
 SEALED = {b"P": GOSSIP, b"W": b"ttpeer/want/v1"}  # a sealed message's kind: gossip, or a want of dataset pieces
