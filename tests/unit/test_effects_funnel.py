@@ -1,5 +1,5 @@
 """The one funnel of the effects (``daemon/_effects.py``): a task handler yields its
-reports and the runner feeds each to the machine when it is made, the effect's name on
+reports and the runner feeds each to the machine when it is made, the effect's id on
 every line logged; an error says what it means, reported before ``Failed``. And the
 shards in training (``_activity``), which a ``Cancel`` stops."""
 

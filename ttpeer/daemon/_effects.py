@@ -1,8 +1,8 @@
 """The daemon's effects: one handler per effect type, in two tables, and one funnel for
 what they report.
 
-Theory of operation. The machine decides; the node executes. ``Effects.execute`` names
-each effect (its kind and a number, ``Train#17``) and runs the cheap ones at once on the
+Theory of operation. The machine decides; the node executes. ``Effects.execute`` gives
+each effect an id (its kind and a number, ``Train#17``) and runs the cheap ones at once on the
 trio thread (``_INLINE``: persist a record, queue a message, mark a shard cancelled, start
 fetching a round's slices ahead of its close, start writing a finished job's files), and
 the long ones (``_TASKS``: prepare, train, publish a delta, reduce a slice, aggregate,
@@ -17,14 +17,15 @@ next shard trains while the delta uploads; ``Prepared`` comes before the look-ah
 starts. An error of the tree says what it means (``StateMissing``, ``LocalWorkLost``,
 ``SliceMismatch``), and the runner reports that (``StateLost``, ``WorkLost``,
 ``SliceRefused``) before ``Failed``. Each report fed, and each line a handler logs
-(``EffectLog``), carries the effect's name.
+(``EffectLog``), carries the effect's id.
 
 What it promises: a full disk stops the daemon (retrying would only fail again); a
 task's own failure ends its job on this peer; an error of ttpeer's tree is reported
 (``Failed``, after what it says) and the machine retries when it sees fit; any other
-exception is a bug that costs its job, never the daemon. What this peer is doing for its
-jobs (phases, the shards in training) is kept in ``_activity``; the slices fetched ahead
-of a close in ``_ahead``.
+exception is a bug that costs its job, never the daemon. What is not an effect lives
+beside: what this peer is doing for its jobs (phases, the shards in training) in
+``_activity``, the slices a close reads (some fetched ahead) in ``_slices``, the dataset
+pieces a task reads in ``_taskdata``.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ log = logging.getLogger("ttpeer.daemon")
 
 
 class EffectLog(logging.LoggerAdapter[logging.Logger]):
-    """The daemon's log, each line led by the name of the effect it is about (``[Train#17]``)."""
+    """The daemon's log, each line led by the id of the effect it is about (``[Train#17]``)."""
 
     def __init__(self, eff: Effect, number: int) -> None:
         super().__init__(log)
@@ -148,7 +149,7 @@ class Host(Protocol):
 class Effects:
     def __init__(self, node: Host) -> None:
         self._node = node
-        self._numbers = itertools.count(1)  # each effect's name: its kind and the next number
+        self._numbers = itertools.count(1)  # each effect's id: its kind and the next number
         self.training = Training()  # the shards in training, their progress and cancellations
         self.phases = Phases()  # what this peer does for a job before it can train it (status)
         self.slices = Slices(node.blobs)  # reduced slices as a close reads them, some fetched ahead
