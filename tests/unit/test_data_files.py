@@ -198,13 +198,12 @@ def test_dataset_path_answers_only_while_ttpeer_loads_a_task(tmp_path):
 
 
 def test_a_dataset_missing_in_a_worker_reaches_the_daemon_as_itself():
-    from ttpeer.daemon._worker import failure
-    from ttpeer.daemon._workerproc import _error
+    from ttpeer.daemon._failures import error, failure
     from ttpeer.proto import DatasetMissing
 
     frame = failure(DatasetMissing("corpus"))
     assert frame["error"] == "dataset"
-    back = _error(frame)
+    back = error(frame)
     assert isinstance(back, DatasetMissing) and back.name == "corpus"
 
 

@@ -1,21 +1,24 @@
 """The daemon's channel to its workers: bounded, versioned frames, and failures that
-travel as kinds the daemon matches (never words)."""
+travel as kinds the daemon matches (never words), from one table both ends read."""
 
 from __future__ import annotations
 
+import errno
 import json
 import signal
 import struct
+from pathlib import Path
 
 import pytest
 import torch
 import trio
 import trio.testing
 
-from ttpeer.daemon._channel import MAX_FRAME, VERSION, ChannelError, FrameReader, pack, send
-from ttpeer.daemon._worker import failure
-from ttpeer.daemon._workerproc import _error, describe_exit
-from ttpeer.errors import DiskError, JobError, StateMissing, TaskFailed
+from ttpeer.daemon._channel import MAX_FRAME, ChannelError, FrameReader, pack, send
+from ttpeer.daemon._failures import KINDS, MAX_ITEMS, error, failure
+from ttpeer.daemon._workerproc import describe_exit
+from ttpeer.errors import DiskError, JobError, LocalWorkLost, StateMissing, TaskFailed
+from ttpeer.proto import DatasetMissing
 
 
 async def _read_all(data: bytes) -> list[dict]:
@@ -43,7 +46,7 @@ async def test_frames_round_trip_in_pieces_and_end_cleanly() -> None:
         nursery.start_soon(writer)
         got = [await reader.read() for _ in range(3)]
         assert await reader.read() is None
-    assert [g["id"] for g in got] == [0, 1, 2] and all(g["v"] == VERSION for g in got)
+    assert [g["id"] for g in got] == [0, 1, 2] and all("v" not in g for g in got)  # checked, then taken off
 
 
 @pytest.mark.parametrize(("data", "said"), [
@@ -65,18 +68,75 @@ async def test_large_values_are_refused_before_they_are_sent() -> None:
         await send(send_stream, {"blob": "x" * MAX_FRAME})
 
 
-def test_failures_cross_as_kinds_and_come_back_as_the_same_errors() -> None:
-    def round_trip(exc: BaseException) -> Exception:
-        return _error(json.loads(json.dumps(failure(exc))))
+def _round_trip(exc: BaseException) -> Exception:
+    return error(json.loads(json.dumps(failure(exc))))
 
-    assert isinstance(round_trip(TaskFailed("my_task.py:3 in loss: boom")), TaskFailed)
-    back = round_trip(StateMissing("sha256:" + "a" * 64))
-    assert isinstance(back, StateMissing) and back.state == "sha256:" + "a" * 64
-    assert isinstance(round_trip(DiskError(__import__("pathlib").Path("/x"), OSError(28, "full"))), DiskError)
-    assert type(round_trip(JobError("no such state"))) is JobError
-    # Anything outside the tree is still the task's failure here, never the daemon's.
-    odd = round_trip(KeyError("weights"))
-    assert isinstance(odd, TaskFailed) and "KeyError" in str(odd)
+
+def _moved() -> DatasetMissing:
+    missing = DatasetMissing("corpus", dataset="ab" * 32, pieces=[3, 9], whole=False)
+    missing.moved = True
+    return missing
+
+
+# One of each kind, with every field it carries set away from its default.
+ONE_OF_EACH = {
+    "task": TaskFailed("my_task.py:3 in loss: boom"),
+    "state_missing": StateMissing("sha256:" + "a" * 64),
+    "work_lost": LocalWorkLost("cd" * 32, "the worker process died"),
+    "disk": DiskError(Path("/home/x/states/s"), OSError(errno.EROFS, "Read-only file system")),
+    "dataset": _moved(),
+    "job": JobError("no such state"),
+}
+
+
+def test_every_kind_of_the_table_has_an_example_here() -> None:
+    assert set(ONE_OF_EACH) == set(KINDS)
+
+
+@pytest.mark.parametrize("kind", sorted(ONE_OF_EACH))
+def test_every_kind_crosses_and_comes_back_as_the_same_error(kind: str) -> None:
+    sent = ONE_OF_EACH[kind]
+    assert failure(sent)["error"] == kind
+    back = _round_trip(sent)
+    assert type(back) is type(sent) and str(back) == str(sent)
+    for name in KINDS[kind][1]:
+        assert getattr(back, name) == getattr(sent, name), name
+
+
+def test_an_error_outside_the_table_is_the_tasks_failure_with_its_type_and_message() -> None:
+    try:
+        {}["weights"]
+    except KeyError as exc:
+        frame = failure(exc)
+    assert frame["error"] == "task"
+    assert frame["message"].startswith("KeyError: 'weights' (at test_worker_channel.py:")
+    back = _round_trip(KeyError("weights"))
+    assert type(back) is TaskFailed and back.reason == "KeyError: 'weights'"
+
+
+def test_the_workers_own_os_errors_are_the_disks_or_the_steps() -> None:
+    full = failure(OSError(errno.ENOSPC, "No space left on device", "/home/x/work/d.bin"))
+    assert full["error"] == "disk" and full["path"] == "/home/x/work/d.bin"
+    assert full["message"] == ("could not write /home/x/work/d.bin: No space left on device (the disk is full: "
+                               "free some space and run again)")
+    gone = failure(FileNotFoundError(errno.ENOENT, "No such file or directory", "/home/x/work/d.bin"))
+    assert gone == {"error": "job", "message": "/home/x/work/d.bin: No such file or directory"}
+
+
+def test_a_long_list_of_missing_pieces_crosses_cut_short() -> None:
+    frame = failure(DatasetMissing("corpus", dataset="ab" * 32, pieces=list(range(MAX_ITEMS + 10))))
+    assert len(frame["pieces"]) == MAX_ITEMS and len(pack({"id": 1, **frame})) < MAX_FRAME
+
+
+@pytest.mark.parametrize("frame", [
+    {"error": "no_such_kind", "message": "it broke"},
+    {"error": "state_missing", "message": "state gone"},  # its field is missing
+    {"error": "dataset", "message": "x", "name": "c", "dataset": "", "pieces": ["1"], "whole": True, "moved": False},
+    {"error": "task", "message": None},
+    {"error": None},
+])
+def test_a_failure_that_is_not_one_is_a_job_error_not_a_crash(frame: dict) -> None:
+    assert type(error(frame)) is JobError
 
 
 def test_cuda_running_out_of_memory_says_which_device_and_what_to_do() -> None:
@@ -84,7 +144,7 @@ def test_cuda_running_out_of_memory_says_which_device_and_what_to_do() -> None:
                                  "of 79.19 GiB of which 70.00 GiB is free.")
     for exc in (oom, _wrapped(oom)):
         message = failure(exc)
-        assert message["error"] == "oom"
+        assert message["error"] == "task"
         assert message["message"].startswith("out of GPU memory on cuda:1: try a smaller --micro-batch / --batch-size")
 
 
@@ -106,4 +166,5 @@ def test_how_a_worker_ended_is_said_by_signal_or_code() -> None:
 
 def test_a_failure_wrapped_by_a_nursery_is_sent_as_itself() -> None:
     wrapped = BaseExceptionGroup("Exceptions from Trio nursery", [TaskFailed("boom_task.py:31 in loss: boom")])
-    assert failure(wrapped) == {"error": "task", "message": "boom_task.py:31 in loss: boom"}
+    assert failure(wrapped) == {"error": "task", "message": "boom_task.py:31 in loss: boom",
+                                "reason": "boom_task.py:31 in loss: boom"}

@@ -8,14 +8,8 @@ is a broken peer: the reader raises ``ChannelError`` and the supervisor treats t
 worker as dead.
 
 Every frame carries ``"v": VERSION``; a worker started by another ttpeer version
-is refused at its first frame instead of misreading the next one.
-
-    request   {"v", "id", "op", "args"}                daemon -> worker
-    cancel    {"v", "id", "op": "cancel"}              daemon -> worker (stop the train ``id``)
-    hello     {"v", "hello": {...}}                    worker -> daemon, once, when ready
-    progress  {"v", "id", "progress": batches}         worker -> daemon, while ``id`` trains
-    reply     {"v", "id", "ok": result}                worker -> daemon
-    failure   {"v", "id", "error": kind, "message", ...}  worker -> daemon
+is refused at its first frame instead of misreading the next one. What the frames
+say, and the types they say it with, is ``_workermsg``'s.
 """
 
 from __future__ import annotations
@@ -49,7 +43,8 @@ def pack(obj: dict[str, Any]) -> bytes:
 
 
 class FrameReader:
-    """Reads frames from a trio receive stream; ``None`` at a clean end of stream."""
+    """Reads frames from a trio receive stream, each without its version (checked);
+    ``None`` at a clean end of stream."""
 
     def __init__(self, stream: _Receive) -> None:
         self._stream = stream
@@ -81,8 +76,9 @@ class FrameReader:
             raise ChannelError(f"frame is not JSON: {exc}") from None
         if not isinstance(obj, dict):
             raise ChannelError("frame is not a JSON object")
-        if obj.get("v") != VERSION:
-            raise ChannelError(f"frame of channel version {obj.get('v')!r}, this side speaks {VERSION}")
+        version = obj.pop("v", None)
+        if version != VERSION:
+            raise ChannelError(f"frame of channel version {version!r}, this side speaks {VERSION}")
         return obj
 
 

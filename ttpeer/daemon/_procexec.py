@@ -11,7 +11,8 @@ again), the worker, and how often it died. A worker is started on first use
 (``prepare``) and again after it died; the one after a death has lost the local
 model, so the next call that needs it (``train`` without ``fresh``, ``delta``)
 raises ``LocalWorkLost`` and the protocol trains those shards again. Failures
-become one of three outcomes, matched by the kind the worker sends, never words:
+become one of three outcomes, matched by the kind the worker sends (``_failures``),
+never words:
 
     the task's code raised / diverged            TaskFailed (the job ends on this peer)
     no batch finished within step_timeout        the worker is killed; TaskFailed
@@ -42,14 +43,18 @@ import trio
 from ttpeer.errors import JobError, LocalWorkLost, TaskFailed
 from ttpeer.proto import DatasetMissing, Outer, PublishDelta, Record, Train
 
+from . import _workermsg as msg
+from ._codec import Message
 from ._executor import Decline, Deltas
 from ._home import Home
+from ._workermsg import DeltaFiles
 from ._workerpool import WorkerPool
 from ._workerproc import WorkerDied, _all, _close_all, _loading, _Worker
 from ._workfiles import read_and_remove, write_work
 
 log = logging.getLogger("ttpeer.workers")
 T = TypeVar("T")
+R = TypeVar("R")
 
 DEFAULT_STEP_TIMEOUT = 600.0
 # Calls that are not a shard's steps (load the task, evaluate, an outer step, export)
@@ -129,8 +134,8 @@ class ProcessExecutor:
         limit = step_timeout(body, self._step_timeout)
         return limit if step else max(limit, CALL_TIMEOUT)
 
-    def _config(self) -> dict[str, Any]:
-        return {"home": str(self.home.path), "task_options": self.task_options, "memory_limit": self.memory_limit}
+    def _config(self, device: str) -> msg.Configure:
+        return msg.Configure(self.home.path, device, self.task_options, self.memory_limit)
 
     # -- per job -------------------------------------------------------------------------
 
@@ -139,7 +144,7 @@ class ProcessExecutor:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def _task_path(self, task_file: bytes | None) -> str | None:
+    def _task_path(self, task_file: bytes | None) -> Path | None:
         if task_file is None:
             return None
         import hashlib
@@ -149,7 +154,7 @@ class ProcessExecutor:
         path = folder / f"{hashlib.sha256(task_file).hexdigest()}.py"
         if not path.exists():
             write_work(path, task_file)
-        return str(path)
+        return path
 
     def _ranks(self, job: Record, first: _Worker) -> int:
         # Ensemble units train one member at a time: one worker (see the README's limits).
@@ -158,9 +163,9 @@ class ProcessExecutor:
         if self.workers_per_job is not None:
             return self.workers_per_job
         cuda = first.device.startswith("cuda") and self.device in ("auto", "cuda")
-        return max(1, int(first.hello.get("cuda_devices", 0))) if cuda else 1
+        return max(1, first.hello.cuda_devices) if cuda else 1
 
-    async def _start(self, j: _JobWorkers) -> dict[str, Any] | str | None:
+    async def _start(self, j: _JobWorkers) -> Decline | str | None:
         """Start the job's workers (one per local device, joined into a process group
         when there are several) and prepare the job in each (under ``j.lock``). Returns
         a worker's decline, if any (then no worker is kept)."""
@@ -172,8 +177,8 @@ class ProcessExecutor:
             group = await self._new_group(j)
         try:
             async with _loading(group, keep=(DatasetMissing,)):
-                args = {"job": j.job.raw.hex(), "task_file": self._task_path(j.task_file)}
-                declines = await _all(group, lambda _rank: ("prepare", args), timeout=self._timeout(j.job.body))
+                request = msg.Prepare(j.job, self._task_path(j.task_file))
+                declines = await _all(group, lambda _rank: request, timeout=self._timeout(j.job.body))
         except DatasetMissing:
             j.pending = group  # the daemon fetches what it missed; then these prepare again
             raise
@@ -196,10 +201,9 @@ class ProcessExecutor:
             if n > 1:
                 store = self._work_dir(j.job.id) / f"group-{j.deaths}-{os.getpid()}"
                 store.unlink(missing_ok=True)
-                await _all(group, lambda rank: ("group", {"rank": rank, "world": n, "store": str(store),
-                                                          "device": self._rank_device(group[rank], rank),
-                                                          "threads": max(1, (os.cpu_count() or 1) // n)}),
-                           timeout=self._timeout(j.job.body))
+                threads = max(1, (os.cpu_count() or 1) // n)
+                await _all(group, lambda rank: msg.JoinGroup(store, rank, n, self._rank_device(group[rank], rank),
+                                                             threads), timeout=self._timeout(j.job.body))
         return group
 
     def _rank_device(self, worker: _Worker, rank: int) -> str:
@@ -218,7 +222,7 @@ class ProcessExecutor:
                 await self._note_death(j, why)
             decline = await self._start(j)
             if decline is not None:
-                reason = decline["reason"] if isinstance(decline, dict) else str(decline)
+                reason = decline.reason if isinstance(decline, Decline) else decline
                 raise JobError(f"the restarted worker declines the job: {reason}")
             return j.group
 
@@ -249,27 +253,24 @@ class ProcessExecutor:
         raise JobError(f"job {job.id[:12]}: the task still misses pieces of its datasets after {MAX_FETCHES} "
                        "fetches (a task reading many pieces one at a time, outside its shards?)")
 
-    async def _call(self, job: Record, op: str, args: dict[str, Any], *, step: bool = False, every: bool = False,
-                    on_progress: Callable[[int], bool] | None = None) -> Any:
-        """``op`` in the job's first worker (``every``: in each of its workers, the first
-        one's result returned: training and the delta keep every local copy in step);
-        again once the dataset pieces it missed are here."""
-        return await self._fetching(job, lambda: self._call_once(job, op, args, step=step, every=every,
-                                                                 on_progress=on_progress))
+    async def _call(self, job: Record, request: Message[R] | Callable[[int], Message[R]], *, step: bool = False,
+                    on_progress: Callable[[int], bool] | None = None) -> R:
+        """``request`` in the job's first worker; or, given the request for each rank, in
+        each of its workers, the first one's result returned (training and the delta keep
+        every local copy in step); again once the dataset pieces it missed are here."""
+        return await self._fetching(job, lambda: self._call_once(job, request, step=step, on_progress=on_progress))
 
-    async def _call_once(self, job: Record, op: str, args: dict[str, Any], *, step: bool = False,
-                         every: bool = False, on_progress: Callable[[int], bool] | None = None) -> Any:
+    async def _call_once(self, job: Record, request: Message[R] | Callable[[int], Message[R]], *,
+                         step: bool = False, on_progress: Callable[[int], bool] | None = None) -> R:
         j = self._jobs.get(job.id)
         if j is None:
             raise JobError(f"job {job.id[:12]} is not prepared on this peer")
         group = await self._group(j)
         timeout = self._timeout(job.body, step=step)
-        call_args = {"job": job.raw.hex(), **args}
         try:
-            if not every or len(group) == 1:
-                return await group[0].call(op, call_args, timeout=timeout, step=step, on_progress=on_progress)
-            results = await _all(group, lambda rank: (op, {**call_args, "rank": rank}), timeout=timeout, step=step,
-                                 on_progress=on_progress)
+            if isinstance(request, Message):
+                return await group[0].call(request, timeout=timeout, step=step, on_progress=on_progress)
+            results = await _all(group, request, timeout=timeout, step=step, on_progress=on_progress)
             return results[0]
         except WorkerDied as exc:
             if any(w.stopped for w in group):  # ended here on purpose: nothing died, nothing trains again
@@ -294,7 +295,7 @@ class ProcessExecutor:
         group, j.group = j.group, []
         if len(group) == 1 and group[0].alive and self.pool.keeps_spare:
             try:
-                await group[0].call("forget", {"job": j.job.id}, timeout=CALL_TIMEOUT)
+                await group[0].call(msg.Forget(j.job.id), timeout=CALL_TIMEOUT)
             except (WorkerDied, TaskFailed, JobError):
                 await _close_all(group)
             else:
@@ -317,21 +318,20 @@ class ProcessExecutor:
         worker = await self.pool.take()
         out = self._work_dir("submit") / f"init-{os.getpid()}-{id(worker)}.state"
         try:
-            result = await worker.call("new_job", {"spec": spec, "task_file": self._task_path(task_file),
-                                                   "out": str(out)}, timeout=self._timeout(spec))
+            built = await worker.call(msg.NewJob(spec, self._task_path(task_file), out), timeout=self._timeout(spec))
         except WorkerDied as exc:
             raise TaskFailed(f"the worker process died while building the job ({exc})") from None
         except BaseException:
             await worker.close()
             raise
         await self.pool.give_back(worker)  # it holds no job: the job's own worker, if this peer prepares it
-        return result["fixed"], Path(result["file"])
+        return built.fixed, built.file
 
     async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
         j = self._jobs.get(job.id)
         if j is None or j.failed is not None:
             j = self._jobs[job.id] = _JobWorkers(job, task_file)
-        async def start() -> dict[str, Any] | str | None:
+        async def start() -> Decline | str | None:
             async with j.lock:
                 if j.group and all(w.alive for w in j.group):
                     return None
@@ -347,10 +347,7 @@ class ProcessExecutor:
         if decline is None:
             return None
         self._jobs.pop(job.id, None)
-        if isinstance(decline, dict):
-            return Decline(decline["reason"], need=decline["need"], have=decline["have"],
-                           code=str(decline.get("code", "")))
-        return str(decline)
+        return decline
 
     async def train(self, eff: Train, should_stop: Callable[[], bool]) -> int:
         j = self._jobs.get(eff.job.id)
@@ -369,17 +366,11 @@ class ProcessExecutor:
                 stop = should_stop() or stop
             return stop
 
-        samples = await self._call(eff.job, "train", {"round": eff.round, "shard": eff.shard, "attempt": eff.attempt,
-                                                      "base": eff.base, "fresh": eff.fresh,
-                                                      "steps": eff.steps, "first_step": eff.first_step,
-                                                      "ahead": eff.ahead},
-                                   step=True, every=True, on_progress=on_progress)
-        return int(samples)
+        return await self._call(eff.job, lambda _rank: msg.Train(eff), step=True, on_progress=on_progress)
 
     async def pieces(self, job: Record, rnd: int, shards: list[int], steps: int, first: int) -> dict[str, Any]:
         """See ``TorchExecutor.pieces``."""
-        result = await self._call(job, "pieces", {"round": rnd, "shards": shards, "steps": steps, "first": first})
-        return dict(result or {})
+        return await self._call(job, msg.Pieces(job, rnd, shards, steps, first))
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
         j = self._jobs.get(eff.job.id)
@@ -387,49 +378,49 @@ class ProcessExecutor:
             j.model_lost = False
             raise LocalWorkLost(eff.job.id, "the restarted worker does not hold this round's local model")
         out = self._work_dir(eff.job.id) / f"delta-{eff.round}-{'-'.join(map(str, eff.shards))[:64]}.bin"
-        result = await self._call(eff.job, "delta", {"round": eff.round, "base": eff.base, "shards": list(eff.shards),
-                                                     "samples": eff.samples, "out": str(out)}, every=True)
-        return read_and_remove(Path(result["file"])), result["metrics"]
+        made = await self._call(eff.job, lambda rank: msg.Delta(eff, out, rank))
+        if made.file is None:
+            raise JobError("the first worker of the job's group wrote no delta")
+        return read_and_remove(made.file), made.metrics
 
-    async def _with_deltas(self, job: Record, op: str, deltas: Deltas, **args: Any) -> Any:
+    async def _with_deltas(self, job: Record, deltas: Deltas, request: Callable[[DeltaFiles], Message[R]]) -> R:
         # Files the node wrote go to the worker as they are (no second copy); bytes become
         # files here, removed here afterwards. The worker reads each when it adds it.
         folder = self._work_dir(job.id)
-        mine = [write_work(folder / f"{op}-{id(deltas)}-{i}.bin", ref) for i, (ref, _s) in enumerate(deltas)
+        mine = [write_work(folder / f"deltas-{id(deltas)}-{i}.bin", ref) for i, (ref, _s) in enumerate(deltas)
                 if isinstance(ref, bytes)]
         made = iter(mine)
-        paths = [ref if isinstance(ref, Path) else next(made) for ref, _s in deltas]
+        files = [(ref if isinstance(ref, Path) else next(made), samples) for ref, samples in deltas]
         try:
-            return await self._call(job, op, {**args, "deltas": [[str(p), s] for p, (_d, s) in
-                                                                 zip(paths, deltas, strict=True)]})
+            return await self._call(job, request(files))
         finally:
             for p in mine:
                 p.unlink(missing_ok=True)
 
     async def reduce_slice(self, job: Record, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
         out = self._work_dir(job.id) / f"slice-{rnd}-{first}-{stop}.bin"
-        result = await self._with_deltas(job, "reduce_slice", deltas, first=first, stop=stop, round=rnd, out=str(out))
-        return read_and_remove(Path(result["file"]))
+        return read_and_remove(await self._with_deltas(
+            job, deltas, lambda files: msg.ReduceSlice(job, files, first, stop, rnd, out)))
 
     async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int,
                         sliced: bool = False, outer: Outer | None = None) -> tuple[str, dict[str, float]]:
-        result = await self._with_deltas(job, "aggregate", deltas, base=base, round=rnd, sliced=sliced, outer=outer)
-        return result["state"], result["metrics"]
+        done = await self._with_deltas(job, deltas, lambda files: msg.Aggregate(job, base, files, rnd, sliced, outer))
+        return done.state, done.metrics
 
     async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
                     sliced: bool = False, outer: Outer | None = None) -> bool:
-        return bool(await self._with_deltas(job, "apply", deltas, base=base, expect=expect, round=rnd, sliced=sliced,
-                                            outer=outer))
+        return await self._with_deltas(job, deltas,
+                                       lambda files: msg.Apply(job, base, files, expect, rnd, sliced, outer))
 
     async def export_state(self, job: Record, state: str, out: Path) -> None:
-        await self._call(job, "export_state", {"state": state, "out": str(out)})
+        await self._call(job, msg.ExportState(job, state, out))
 
     async def import_state(self, job: Record, state: str, data: bytes | Path) -> bool:
         """A file is handed to the worker as it is (the worker removes it once read)."""
         path = data if isinstance(data, Path) else write_work(
             self._work_dir(job.id) / f"import-{state.removeprefix('sha256:')[:16]}.state", data)
         try:
-            return bool(await self._call(job, "import_state", {"state": state, "file": str(path)}))
+            return await self._call(job, msg.ImportState(job, state, path))
         finally:
             path.unlink(missing_ok=True)
 
@@ -437,7 +428,7 @@ class ProcessExecutor:
         return self.home.held_states(job.id)
 
     async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
-        await self._call(job, "finish", {"state": state, "metrics": metrics})
+        await self._call(job, msg.Finish(job, state, metrics))
         j = self._jobs.get(job.id)
         if j is not None:  # the job is over here: free the workers' memory once they are idle
             j.retire = True
@@ -457,6 +448,6 @@ class ProcessExecutor:
             for rank, w in enumerate(j.group):
                 if w.alive:
                     out.append({"job": jid, "rank": rank, "pid": w.process.pid, "device": w.device,
-                                "deaths": j.deaths, "torch": w.hello.get("torch", "")})
+                                "deaths": j.deaths, "torch": w.hello.torch})
         return out
 

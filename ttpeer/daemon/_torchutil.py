@@ -17,10 +17,10 @@ import torch
 import trio
 
 from ttpeer import train
-from ttpeer.errors import DiskError, JobError, TaskFailed, TtpeerError
+from ttpeer.errors import TaskFailed, TtpeerError
 
 from ._executor import DeltaRef
-from ._workfiles import DISK_ERRNOS
+from ._failures import os_error
 
 log = logging.getLogger("ttpeer.train")
 T = TypeVar("T")
@@ -86,11 +86,12 @@ def chunk_run(ref: DeltaRef, numel: int, first: int, stop: int) -> tuple[train.C
 
 async def in_thread(fn: Callable[[], T], task: str) -> T:
     """Run ``fn`` (which calls into the task ``task`` and torch) in a worker thread: the
-    one place where what they raise is translated, once, for the node.
+    one place where what they raise is translated, once, for the node (a worker process
+    sends what comes out across its channel as it is: ``_failures``).
 
     - an ``OSError`` becomes a ``DiskError`` (which stops the daemon) when the disk is
       full, read-only or failing, else a ``JobError`` (the step fails and the protocol
-      tries again);
+      tries again): ``_failures.os_error``;
     - ttpeer's own errors pass as they are (a state missing, a peer's malformed delta or
       checkpoint: not the task's fault, the protocol tries again), except:
     - non-finite training (``train.Diverged``) and a task that does not load or keep its
@@ -100,9 +101,7 @@ async def in_thread(fn: Callable[[], T], task: str) -> T:
     try:
         return await trio.to_thread.run_sync(fn)
     except OSError as exc:
-        if exc.errno in DISK_ERRNOS:
-            raise DiskError(Path(exc.filename or "a file in the ttpeer home"), exc) from None
-        raise JobError(f"{exc.filename or 'a file'}: {exc.strerror or exc}") from None
+        raise os_error(exc) from None
     except train.Diverged as exc:
         raise TaskFailed(f"training diverged ({exc.where}): try a lower --inner-lr") from None
     except train.TaskError as exc:

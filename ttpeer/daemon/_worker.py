@@ -7,8 +7,9 @@ and 1 (a task that prints must not corrupt it: its output goes to stderr, the
 daemon's log), imports torch, and says ``hello`` with what it found (torch version,
 devices). The daemon then sends a ``config`` frame (home, device, memory limit, task
 options) and requests: each is one call of the executor interface
-(``daemon/_executor.py``), served by the same ``TorchExecutor`` that runs in-process
-in tests, so both paths train identically. Requests run concurrently as tasks (a
+(``daemon/_executor.py``), a message of ``_workermsg`` with one handler here
+(``_HANDLERS``), served by the same ``TorchExecutor`` that runs in-process in tests,
+so both paths train identically. Requests run concurrently as tasks (a
 round's close runs while the next round trains), each reply names its request.
 
 Large values never enter a frame: deltas, states and task files are files in the
@@ -18,9 +19,7 @@ seconds, which is also the heartbeat the daemon's step timeout watches; a
 ``cancel`` frame stops it before its next batch.
 
 Everything task code can raise is answered as a failure frame with a kind the
-daemon matches (never words): ``task`` (the task's code failed: the job fails on
-this peer), ``oom`` (CUDA ran out of memory), ``state_missing``, ``disk``, ``job``,
-``dataset`` (the task asked for a dataset not held here: the daemon fetches it).
+daemon matches (never words), from one table that both ends read (``_failures``).
 The worker exits when its channel closes: a daemon that dies, even by SIGKILL, closes
 it, and the worker's event loop (torch runs in threads) sees that at once, so no
 worker outlives its daemon. (``PR_SET_PDEATHSIG`` would not do: it fires when the
@@ -33,7 +32,7 @@ import logging
 import os
 import signal
 import sys
-import traceback
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +40,17 @@ import trio
 import trio.lowlevel
 
 from ttpeer._trim import trim
-from ttpeer.proto import Outer
 
+from . import _workermsg as msg
 from ._channel import ChannelError, FrameReader, send
+from ._codec import Message, MessageError
+from ._executor import Decline
+from ._failures import failure
+from ._workermsg import CODEC
+from ._workfiles import write_work
 
 PROGRESS_EVERY = 0.1
 log = logging.getLogger("ttpeer.worker")
-
-
-# Calls that allocate model-sized memory: the worker's resident set is trimmed after each.
-_LARGE = frozenset({"new_job", "prepare", "train", "delta", "reduce_slice", "aggregate", "apply", "export_state",
-                    "import_state", "finish"})
 
 
 def main() -> None:
@@ -80,34 +79,24 @@ class _Worker:
         self._out = out
         self._lock = trio.Lock()
         self.executor: Any = None
-        self._records: dict[str, Any] = {}
         self._runs: dict[int, _Run] = {}
 
     async def send(self, obj: dict[str, Any]) -> None:
         async with self._lock:
             await send(self._out, obj)
 
-    def record(self, raw_hex: str) -> Any:
-        from ttpeer.proto import parse
-
-        rec = self._records.get(raw_hex)
-        if rec is None:
-            rec = self._records[raw_hex] = parse(bytes.fromhex(raw_hex))
-        return rec
-
     def cancel(self, rid: int) -> None:
         run = self._runs.get(rid)
         if run is not None:
             run.cancelled = True
 
-    async def handle(self, msg: dict[str, Any]) -> None:
-        rid = msg["id"]
-        log.debug("request %d: %s", rid, msg["op"])
+    async def handle(self, rid: int, request: Message[Any]) -> None:
+        log.debug("request %d: %s", rid, request.op)
         try:
-            result = await self._dispatch(rid, msg["op"], msg.get("args", {}))
-            if msg["op"] in _LARGE:
+            result = await _HANDLERS[type(request)](self, request, rid)
+            if type(request) in _LARGE:
                 trim()  # what the call freed goes back to the system, not to glibc's heaps
-            reply: dict[str, Any] = {"id": rid, "ok": result}
+            reply: dict[str, Any] = {"id": rid, "ok": CODEC.to_json(result)}
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a frame
             if isinstance(exc, trio.Cancelled | KeyboardInterrupt | SystemExit):
                 raise
@@ -115,82 +104,78 @@ class _Worker:
         log.debug("reply %d: %s", rid, "ok" if "ok" in reply else reply["error"])
         await self.send(reply)
 
-    async def _dispatch(self, rid: int, op: str, a: dict[str, Any]) -> Any:
-        from ttpeer.proto import PublishDelta, Train
+    # -- one handler per request (``_HANDLERS``) ---------------------------------------------
 
-        from ._workfiles import write_work
+    async def _warm(self, _req: msg.Warm, _rid: int) -> None:
+        await self.executor.warm_up()
 
-        ex = self.executor
-        if op == "warm":  # a spare, while it waits: torch's meta kernels, the default task's data
-            await ex.warm_up()
-            return None
-        if op == "group":
-            import torch
+    async def _join_group(self, req: msg.JoinGroup, _rid: int) -> None:
+        import torch
 
-            torch.set_num_threads(a["threads"])
-            await ex.join_group(Path(a["store"]), a["rank"], a["world"], a["device"])
-            return None
-        if op == "forget":  # the job finished: drop its model, keep the process for the next
-            await ex.release(a["job"])
-            await trio.to_thread.run_sync(_free_memory)
-            return None
-        if op == "new_job":
-            fixed, init = await ex.new_job(a["spec"], _read_opt(a.get("task_file")))
-            return {"fixed": fixed, "file": str(write_work(Path(a["out"]), init))}
-        job = self.record(a["job"])
-        if op == "prepare":
-            decline = await ex.prepare(job, _read_opt(a.get("task_file")))
-            if decline is None or isinstance(decline, str):
-                return decline
-            return {"reason": decline.reason, "need": decline.need, "have": decline.have, "code": decline.code}
-        if op == "train":
-            eff = Train(job, a["round"], a["shard"], a["attempt"], a["base"], a["fresh"], a.get("steps"),
-                        a.get("first_step"), a.get("ahead"))
-            run = self._runs[rid] = _Run()
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._report_progress, rid, run)
-                    try:
-                        return await ex.train(eff, run.should_stop)
-                    except Exception as exc:  # out of the nursery as itself, not in a group
-                        failed = exc
-                    finally:
-                        nursery.cancel_scope.cancel()
-            finally:
-                self._runs.pop(rid, None)
-            raise failed
-        if op == "pieces":
-            return await ex.pieces(job, a["round"], a["shards"], a["steps"], a["first"])
-        if op == "delta":
-            publish = PublishDelta(job, a["round"], a["base"], tuple(a["shards"]), a["samples"])
-            data, metrics = await ex.delta(publish)
-            if a.get("rank", 0) > 0:  # its copy is the same as the first worker's: keep one
-                return {"file": None, "metrics": metrics}
-            return {"file": str(write_work(Path(a["out"]), data)), "metrics": metrics}
-        if op in ("aggregate", "apply", "reduce_slice"):
-            # Paths, read one at a time by the outer step; whoever wrote them removes them.
-            deltas = [(Path(p), samples) for p, samples in a["deltas"]]
-            sliced = bool(a.get("sliced"))
-            outer = Outer(*a["outer"]) if a.get("outer") else None
-            if op == "reduce_slice":
-                data = await ex.reduce_slice(job, deltas, a["first"], a["stop"], rnd=a["round"])
-                return {"file": str(write_work(Path(a["out"]), data))}
-            if op == "apply":
-                return await ex.apply(job, a["base"], deltas, a["expect"], rnd=a["round"], sliced=sliced, outer=outer)
-            state, metrics = await ex.aggregate(job, a["base"], deltas, rnd=a["round"], sliced=sliced, outer=outer)
-            return {"state": state, "metrics": metrics}
-        if op == "export_state":  # file to file: the worker never holds the state's bytes
-            await ex.export_state(job, a["state"], Path(a["out"]))
-            return a["out"]
-        if op == "import_state":
-            try:
-                return await ex.import_state(job, a["state"], Path(a["file"]))
-            finally:
-                Path(a["file"]).unlink(missing_ok=True)
-        if op == "finish":
-            await ex.finish(job, a["state"], a["metrics"])
-            return None
-        raise ValueError(f"unknown worker op {op!r}")
+        torch.set_num_threads(req.threads)
+        await self.executor.join_group(req.store, req.rank, req.world, req.device)
+
+    async def _forget(self, req: msg.Forget, _rid: int) -> None:
+        await self.executor.release(req.job)
+        await trio.to_thread.run_sync(_free_memory)
+
+    async def _new_job(self, req: msg.NewJob, _rid: int) -> msg.Built:
+        fixed, init = await self.executor.new_job(req.spec, _read_opt(req.task_file))
+        return msg.Built(fixed, write_work(req.out, init))
+
+    async def _prepare(self, req: msg.Prepare, _rid: int) -> Decline | str | None:
+        return await self.executor.prepare(req.job, _read_opt(req.task_file))  # type: ignore[no-any-return]
+
+    async def _train(self, req: msg.Train, rid: int) -> int:
+        run = self._runs[rid] = _Run()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._report_progress, rid, run)
+                try:
+                    return int(await self.executor.train(req.eff, run.should_stop))
+                except Exception as exc:  # out of the nursery as itself, not in a group
+                    failed = exc
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._runs.pop(rid, None)
+        raise failed
+
+    async def _pieces(self, req: msg.Pieces, _rid: int) -> dict[str, Any]:
+        return dict(await self.executor.pieces(req.job, req.round, req.shards, req.steps, req.first))
+
+    async def _delta(self, req: msg.Delta, _rid: int) -> msg.DeltaFile:
+        data, metrics = await self.executor.delta(req.eff)
+        if req.rank > 0:  # its copy is the same as the first worker's: keep one
+            return msg.DeltaFile(None, metrics)
+        return msg.DeltaFile(write_work(req.out, data), metrics)
+
+    # Deltas go as paths, read one at a time by the outer step; whoever wrote them removes them.
+
+    async def _reduce_slice(self, req: msg.ReduceSlice, _rid: int) -> Path:
+        data = await self.executor.reduce_slice(req.job, list(req.deltas), req.first, req.stop, rnd=req.round)
+        return write_work(req.out, data)
+
+    async def _aggregate(self, req: msg.Aggregate, _rid: int) -> msg.Aggregated:
+        state, metrics = await self.executor.aggregate(req.job, req.base, list(req.deltas), rnd=req.round,
+                                                       sliced=req.sliced, outer=req.outer)
+        return msg.Aggregated(state, metrics)
+
+    async def _apply(self, req: msg.Apply, _rid: int) -> bool:
+        return bool(await self.executor.apply(req.job, req.base, list(req.deltas), req.expect, rnd=req.round,
+                                              sliced=req.sliced, outer=req.outer))
+
+    async def _export_state(self, req: msg.ExportState, _rid: int) -> None:
+        await self.executor.export_state(req.job, req.state, req.out)  # file to file: no bytes held here
+
+    async def _import_state(self, req: msg.ImportState, _rid: int) -> bool:
+        try:
+            return bool(await self.executor.import_state(req.job, req.state, req.file))
+        finally:
+            req.file.unlink(missing_ok=True)
+
+    async def _finish(self, req: msg.Finish, _rid: int) -> None:
+        await self.executor.finish(req.job, req.state, req.metrics)
 
     async def _report_progress(self, rid: int, run: _Run) -> None:
         sent = 0
@@ -199,6 +184,18 @@ class _Worker:
             if run.calls != sent:
                 sent = run.calls
                 await self.send({"id": rid, "progress": sent})
+
+
+_HANDLERS: dict[type[Message[Any]], Callable[[_Worker, Any, int], Awaitable[Any]]] = {
+    msg.Warm: _Worker._warm, msg.JoinGroup: _Worker._join_group, msg.Forget: _Worker._forget,
+    msg.NewJob: _Worker._new_job, msg.Prepare: _Worker._prepare, msg.Train: _Worker._train,
+    msg.Pieces: _Worker._pieces, msg.Delta: _Worker._delta, msg.ReduceSlice: _Worker._reduce_slice,
+    msg.Aggregate: _Worker._aggregate, msg.Apply: _Worker._apply, msg.ExportState: _Worker._export_state,
+    msg.ImportState: _Worker._import_state, msg.Finish: _Worker._finish,
+}
+# Calls that allocate model-sized memory: the worker's resident set is trimmed after each.
+_LARGE = frozenset({msg.NewJob, msg.Prepare, msg.Train, msg.Delta, msg.ReduceSlice, msg.Aggregate, msg.Apply,
+                    msg.ExportState, msg.ImportState, msg.Finish})
 
 
 class _Run:
@@ -224,67 +221,8 @@ def _free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _read_opt(path: str | None) -> bytes | None:
-    return Path(path).read_bytes() if path else None
-
-
-def failure(exc: BaseException) -> dict[str, Any]:
-    """The failure frame for ``exc``: a kind the daemon matches, and a message for people."""
-    from ttpeer.errors import DiskError, JobError, StateMissing, TaskFailed
-
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]  # a nursery's wrapping says nothing of what failed
-    oom = _cuda_oom(exc)
-    if oom is not None:
-        return {"error": "oom", "message": oom}
-    if isinstance(exc, TaskFailed):
-        return {"error": "task", "message": exc.reason}
-    from ttpeer.proto import DatasetMissing
-
-    if isinstance(exc, DatasetMissing):
-        return {"error": "dataset", "message": str(exc), "name": exc.name, "dataset": exc.dataset,
-                "pieces": exc.pieces[:4096], "whole": exc.whole, "moved": exc.moved}
-    if isinstance(exc, StateMissing):
-        return {"error": "state_missing", "message": str(exc), "state": exc.state}
-    if isinstance(exc, DiskError):
-        return {"error": "disk", "message": str(exc), "path": str(exc.path)}
-    if isinstance(exc, JobError):
-        return {"error": "job", "message": str(exc)}
-    if isinstance(exc, OSError):  # the worker's own files: the disk's problem, not the task's
-        from ._workfiles import DISK_ERRNOS
-
-        if exc.errno in DISK_ERRNOS:
-            return {"error": "disk", "message": exc.strerror or str(exc), "path": str(exc.filename or "")}
-        return {"error": "job", "message": f"{exc.filename or 'a file'}: {exc.strerror or exc}"}
-    # Nothing else should reach here (the executor translates task code's exceptions);
-    # if it does, it is still the task's failure on this peer, never the daemon's.
-    where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
-    at = f" (at {Path(where[0].filename).name}:{where[0].lineno})" if where else ""
-    log.error("unexpected error in the worker", exc_info=exc)
-    return {"error": "task", "message": f"{type(exc).__name__}: {exc}{at}"}
-
-
-def _cuda_oom(exc: BaseException) -> str | None:
-    """The message for CUDA running out of memory anywhere in ``exc``'s chain, else None."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
-    seen: BaseException | None = exc
-    while seen is not None:
-        if oom_type is not None and isinstance(seen, oom_type):
-            device = _device_in(str(seen))
-            return (f"out of GPU memory on {device}: try a smaller --micro-batch / --batch-size "
-                    f"({str(seen).splitlines()[0][:200]})")
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _device_in(text: str) -> str:
-    import re
-
-    found = re.search(r"GPU (\d+)", text)
-    return f"cuda:{found.group(1)}" if found else "the GPU"
+def _read_opt(path: Path | None) -> bytes | None:
+    return path.read_bytes() if path else None
 
 
 async def _serve(fd_in: int, fd_out: int) -> None:
@@ -293,27 +231,46 @@ async def _serve(fd_in: int, fd_out: int) -> None:
     worker = _Worker(out)
     import torch
 
-    await worker.send({"hello": {"pid": os.getpid(), "torch": torch.__version__,
-                                 "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0}})
-    config = await reader.read()
-    if config is None:
+    await worker.send(CODEC.encode(msg.Hello(os.getpid(), torch.__version__,
+                                             torch.cuda.device_count() if torch.cuda.is_available() else 0)))
+    first = await reader.read()
+    if first is None:
         return
+    config = _decoded(first)
+    if not isinstance(config, msg.Configure):
+        raise ChannelError(f"the daemon sent {config.op!r} before its configuration")
     from ._home import Home
     from ._torch import TorchExecutor
 
-    c = config["config"]
-    worker.executor = TorchExecutor(Home(Path(c["home"])), device=c["device"], task_options=c.get("task_options"),
-                                    memory_limit=c.get("memory_limit"))
+    worker.executor = TorchExecutor(Home(config.home), device=config.device, task_options=config.task_options,
+                                    memory_limit=config.memory_limit)
     async with trio.open_nursery() as nursery:
-        while (msg := await reader.read()) is not None:
-            if msg.get("op") == "cancel":
-                worker.cancel(msg["id"])
+        while (frame := await reader.read()) is not None:
+            rid = frame.pop("id", None)
+            if type(rid) is not int:
+                raise ChannelError(f"a request without its id: {frame.get('op')!r}")
+            try:
+                request = CODEC.decode(frame)
+                if not isinstance(request, msg.Cancel) and type(request) not in _HANDLERS:
+                    raise MessageError(f"{request.op!r} is not a request")
+            except MessageError as exc:
+                await worker.send({"id": rid, **failure(exc)})
+                continue
+            if isinstance(request, msg.Cancel):
+                worker.cancel(rid)
             else:
-                nursery.start_soon(worker.handle, msg)
+                nursery.start_soon(worker.handle, rid, request)
         # The daemon closed the channel (it stops, or gave up on this worker): leave now,
         # without waiting for a step in a torch thread. Every file that matters was
         # written atomically, so nothing is torn.
         os._exit(0)
+
+
+def _decoded(frame: dict[str, Any]) -> Message[Any]:
+    try:
+        return CODEC.decode(frame)
+    except MessageError as exc:
+        raise ChannelError(f"not a message of this worker: {exc}") from None
 
 
 if __name__ == "__main__":

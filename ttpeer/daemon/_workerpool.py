@@ -14,21 +14,21 @@ import logging
 import os
 import subprocess
 from collections.abc import Callable
-from typing import Any
 
 import trio
 
 from ttpeer.errors import JobError, TaskFailed
 
+from . import _workermsg as msg
 from ._workerproc import HELLO_TIMEOUT, WorkerDied, _Worker
 
 log = logging.getLogger("ttpeer.daemon")
 
 
 class WorkerPool:
-    def __init__(self, config: Callable[[], dict[str, Any]], *, device: str, python: str,
+    def __init__(self, config: Callable[[str], msg.Configure], *, device: str, python: str,
                  env: dict[str, str] | None, spare: bool) -> None:
-        """``config``: what each worker is configured with besides its device; ``device``: a
+        """``config``: what a worker is configured with, given its device; ``device``: a
         torch device, or "auto" (the first CUDA device if the worker sees one, else the CPU);
         ``env``: the workers' environment (None: this process's); ``spare``: keep one waiting."""
         self._config = config
@@ -65,7 +65,7 @@ class WorkerPool:
                 return
             try:
                 spare = await self.new()
-                await spare.call("warm", {}, timeout=HELLO_TIMEOUT)
+                await spare.call(msg.Warm(), timeout=HELLO_TIMEOUT)
             except (WorkerDied, TaskFailed, JobError) as exc:
                 log.warning("could not start a spare worker: %s", exc)
                 return
@@ -95,7 +95,7 @@ class WorkerPool:
         """A new worker, started and configured."""
         worker = await self._spawn()
         device = worker.device = self.device_for(worker)
-        await worker.send({"op": "config", "config": {**self._config(), "device": device}})
+        await worker.configure(self._config(device))
         if device not in self.devices:
             self.devices.append(device)
         return worker
@@ -126,4 +126,4 @@ class WorkerPool:
             return "cuda:0"
         if self._device != "auto":
             return self._device
-        return "cuda:0" if worker.hello.get("cuda_devices", 0) > 0 else "cpu"
+        return "cuda:0" if worker.hello.cuda_devices > 0 else "cpu"

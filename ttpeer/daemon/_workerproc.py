@@ -1,7 +1,8 @@
 """One worker process and its channel (``_Worker``), and what a group of them does
 together: a call in every worker at once (``_all``), a load that ends them all when it
-fails (``_loading``), their end (``_close_all``); how a worker's failure reads
-(``_error``, ``describe_exit``). ``ProcessExecutor`` (``_procexec.py``) supervises them.
+fails (``_loading``), their end (``_close_all``); how a worker's end reads
+(``describe_exit``). What a failed call raises is ``_failures``' table's.
+``ProcessExecutor`` (``_procexec.py``) supervises them.
 
 A worker this daemon ends itself (``kill(why)``: the job ended here, the daemon stops)
 is said to have been stopped, with the reason, never to have died of a signal.
@@ -16,18 +17,22 @@ import math
 import signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
-from ttpeer.errors import DiskError, JobError, StateMissing, TaskFailed
+from ttpeer.errors import JobError, TaskFailed
 from ttpeer.proto import DatasetMissing
 
+from . import _workermsg as msg
 from ._channel import ChannelError, FrameReader, send
+from ._codec import Message, MessageError
+from ._failures import error
+from ._workermsg import CODEC
 
 log = logging.getLogger("ttpeer.workers")
 HELLO_TIMEOUT = 300.0  # importing torch on a cold, busy machine
+R = TypeVar("R")
 
 
 class WorkerDied(Exception):
@@ -53,7 +58,7 @@ class _Worker:
         self._reader = FrameReader(process.stdout)  # type: ignore[arg-type]
         self._send_lock = trio.Lock()
         self._pending: dict[int, _Call] = {}
-        self.hello: dict[str, Any] = {}
+        self.hello = msg.Hello(0, "", 0)
         self.device = ""
         self.died: str | None = None
         self.stopped: str | None = None  # why this daemon ended it, when it did
@@ -69,32 +74,36 @@ class _Worker:
         try:
             with trio.fail_after(HELLO_TIMEOUT):
                 first = await self._reader.read()
-            if first is None or "hello" not in first:
+            if first is None:
                 raise ChannelError("the worker ended before it was ready")
-            self.hello = first["hello"]
-        except (ChannelError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+            hello = CODEC.decode(first)
+            if not isinstance(hello, msg.Hello):
+                raise ChannelError(f"the worker said {hello.op!r} before hello")
+            self.hello = hello
+        except (ChannelError, MessageError, trio.TooSlowError, trio.BrokenResourceError) as exc:
             await self._ended(f"it did not start ({exc})")
             raise WorkerDied(self.died) from None
         task_status.started()
         try:
-            while (msg := await self._reader.read()) is not None:
-                self._on_frame(msg)
+            while (frame := await self._reader.read()) is not None:
+                self._on_frame(frame)
             await self._ended(None)
         except (ChannelError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             await self._ended(f"its channel broke ({exc})")
 
-    def _on_frame(self, msg: dict[str, Any]) -> None:
-        rid = msg.get("id", -1)
-        call = self._pending.get(rid)
+    def _on_frame(self, frame: dict[str, Any]) -> None:
+        call = self._pending.get(frame.get("id", -1))
         if call is None:
             return
-        if "progress" in msg:
+        if "progress" in frame:
+            if type(frame["progress"]) is not int:
+                raise ChannelError(f"a progress frame without a count: {frame['progress']!r}")
             call.beat = trio.current_time()
-            if call.on_progress is not None and call.on_progress(int(msg["progress"])) and not call.cancelled:
+            if call.on_progress is not None and call.on_progress(frame["progress"]) and not call.cancelled:
                 call.cancelled = True
-                self._nursery_send({"id": rid, "op": "cancel"})
+                self._nursery_send({"id": frame["id"], **CODEC.encode(msg.Cancel())})
             return
-        call.reply = msg
+        call.reply = frame
         call.done.set()
 
     async def _ended(self, why: str | None) -> None:
@@ -116,19 +125,23 @@ class _Worker:
         async with self._send_lock:
             await send(self.process.stdin, obj)  # type: ignore[arg-type]
 
-    async def call(self, op: str, args: dict[str, Any], *, timeout: float, step: bool = False,
-                   on_progress: Callable[[int], bool] | None = None) -> Any:
-        """Run ``op`` in the worker. ``timeout``: seconds without a reply (``step``: without
-        progress either) before the worker is killed and ``TaskFailed`` raised."""
+    async def configure(self, config: msg.Configure) -> None:
+        await self.send(CODEC.encode(config))
+
+    async def call(self, request: Message[R], *, timeout: float, step: bool = False,
+                   on_progress: Callable[[int], bool] | None = None) -> R:
+        """Run ``request`` in the worker. ``timeout``: seconds without a reply (``step``:
+        without progress either) before the worker is killed and ``TaskFailed`` raised.
+        A failure raises what the worker raised (``_failures``)."""
         if self.died is not None:
             raise WorkerDied(self.died)
         rid = next(self._ids)
-        log.debug("worker %d: request %d %s", self.process.pid, rid, op)
+        log.debug("worker %d: request %d %s", self.process.pid, rid, request.op)
         call = self._pending[rid] = _Call(beat=trio.current_time(), on_progress=on_progress)
         self.busy += 1
         try:
             try:
-                await self.send({"id": rid, "op": op, "args": args})
+                await self.send({"id": rid, **CODEC.encode(request)})
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 await call.done.wait()  # the reader is noting the death
             while not call.done.is_set():
@@ -136,7 +149,7 @@ class _Worker:
                     await call.done.wait()
                 if not call.done.is_set() and trio.current_time() >= call.beat + timeout:
                     self.kill()
-                    what = "a step" if step else f"the task's code ({op})"
+                    what = "a step" if step else f"the task's code ({request.op})"
                     raise TaskFailed(f"{what} took longer than {_seconds(timeout)} (the job's step timeout, "
                                      "submit --step-timeout): the worker was stopped")
         finally:
@@ -144,9 +157,12 @@ class _Worker:
             self._pending.pop(rid, None)
         if call.reply is None:
             raise WorkerDied(self.died or "it ended")
-        if "ok" in call.reply:
-            return call.reply["ok"]
-        raise _error(call.reply)
+        if "ok" not in call.reply:
+            raise error(call.reply)
+        try:
+            return CODEC.reply(request, call.reply["ok"])
+        except MessageError as exc:
+            raise JobError(f"the worker's reply is malformed: {exc}") from None
 
     def _nursery_send(self, obj: dict[str, Any]) -> None:
         """Send from the reader task without blocking it: a cancel waits for no one."""
@@ -177,24 +193,6 @@ class _Worker:
             self.kill()
 
 
-def _error(reply: dict[str, Any]) -> Exception:
-    kind, message = reply.get("error"), str(reply.get("message", ""))
-    if kind in ("task", "oom"):
-        return TaskFailed(message)
-    if kind == "state_missing":
-        return StateMissing(str(reply.get("state", "")))
-    if kind == "disk":
-        return DiskError(Path(str(reply.get("path") or "the ttpeer home")), OSError(28, message))
-    if kind == "dataset":
-        pieces = reply.get("pieces")
-        missing = DatasetMissing(str(reply.get("name", "")), dataset=str(reply.get("dataset") or ""),
-                                 pieces=[p for p in pieces if type(p) is int] if isinstance(pieces, list) else None,
-                                 whole=reply.get("whole") is not False)
-        missing.moved = reply.get("moved") is True
-        return missing
-    return JobError(message)
-
-
 def describe_exit(code: int | None) -> str:
     """How a worker ended, for people: the signal's name, or the exit code."""
     if code is None:
@@ -213,16 +211,15 @@ def _seconds(t: float) -> str:
     return f"{t / 60:g} min" if t >= 60 and t % 60 == 0 else f"{t:g} s"
 
 
-async def _all(group: list[_Worker], request: Callable[[int], tuple[str, dict[str, Any]]], *, timeout: float,
-               step: bool = False, on_progress: Callable[[int], bool] | None = None) -> list[Any]:
+async def _all(group: list[_Worker], request: Callable[[int], Message[R]], *, timeout: float,
+               step: bool = False, on_progress: Callable[[int], bool] | None = None) -> list[R]:
     """Run one call in every worker of a group at once (they meet in collectives, so
     one at a time would wait forever); results by rank. The first failure cancels the
     rest, whose workers the caller then ends."""
-    results: list[Any] = [None] * len(group)
+    results: dict[int, R] = {}
 
     async def one(rank: int) -> None:
-        op, args = request(rank)
-        results[rank] = await group[rank].call(op, args, timeout=timeout, step=step,
+        results[rank] = await group[rank].call(request(rank), timeout=timeout, step=step,
                                                on_progress=on_progress if rank == 0 else None)
 
     try:
@@ -238,7 +235,7 @@ async def _all(group: list[_Worker], request: Callable[[int], tuple[str, dict[st
                     first = first.exceptions[0]
                 raise first from None
         raise
-    return results
+    return [results[rank] for rank in range(len(group))]
 
 
 @contextlib.asynccontextmanager
