@@ -11,10 +11,15 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ttpeer.config import SYSTEM_FILE, SYSTEM_HOME, Config, ConfigError, config_file, render_file
 from ttpeer.errors import UsageError
+
+if TYPE_CHECKING:
+    from ttpeer.daemon.control import Message
+
+R = TypeVar("R")
 
 
 def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -48,14 +53,15 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     rep.add_argument("out", type=Path, help="output file (.html), self-contained")
 
 
-def ask_daemon(home: Any, request: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
-    """``call`` the home's daemon; when none answers, say why in the newcomer's terms: a
-    home that does not exist or is not enrolled needs more than 'ttpeer up'."""
-    from ttpeer.daemon import call
+def ask_daemon(home: Any, request: Message[R], timeout: float = 60.0) -> R:
+    """``ask`` the home's daemon (``ttpeer.daemon.control``); when none answers, say why in
+    the newcomer's terms: a home that does not exist or is not enrolled needs more than
+    'ttpeer up'."""
+    from ttpeer.daemon import ask
     from ttpeer.errors import DaemonNotRunning
 
     try:
-        return call(home.control_socket, request, timeout=timeout)
+        return ask(home.control_socket, request, timeout=timeout)
     except DaemonNotRunning:
         home.config()  # raises HomeError for a missing, unreadable or unenrolled home
         raise
@@ -192,9 +198,11 @@ def watch(home: Any, interval: float, frames: int | None) -> int:
     console = Console()
     count = 0
 
+    from ttpeer.daemon import control
+
     def fetch() -> Any:
         try:
-            return ask_daemon(home, {"op": "status"}, timeout=10)["status"]
+            return ask_daemon(home, control.Status(), timeout=10).status
         except (DaemonNotRunning, HomeError) as exc:
             return exc
 
@@ -220,12 +228,14 @@ def check_interval(value: float) -> float:
 
 def revoke(args: argparse.Namespace, home: Any) -> int:
     """Ask the running admin daemon to revoke a peer. Raises ``TtpeerError``."""
-    reply = ask_daemon(home, {"op": "revoke", "peer": args.peer}, timeout=120)
-    if reply.get("again"):
-        print(f"{reply['name']} ({reply['peer']}) was already revoked; the relay was told again")
+    from ttpeer.daemon import control
+
+    reply = ask_daemon(home, control.Revoke(args.peer), timeout=120)
+    if reply.again:
+        print(f"{reply.name} ({reply.peer}) was already revoked; the relay was told again")
     else:
-        print(f"revoked {reply['name']} ({reply['peer']}); the pool key is now at epoch {reply['epoch']}")
-    print(f"revocation record {reply['record']}")
+        print(f"revoked {reply.name} ({reply.peer}); the pool key is now at epoch {reply.epoch}")
+    print(f"revocation record {reply.record}")
     return 0
 
 
@@ -234,18 +244,21 @@ def revoke(args: argparse.Namespace, home: Any) -> int:
 
 def relays(args: argparse.Namespace, home: Any) -> int:
     """``relay ls | add | rm`` through the running daemon. Raises ``TtpeerError``."""
+    from ttpeer.daemon import control
+
+    said = ""
     if args.relay_command == "ls":
-        reply = ask_daemon(home, {"op": "relay_ls"})
-    elif args.relay_command == "add":
-        reply = ask_daemon(home, {"op": "relay_add", "url": args.url, "fingerprint": args.fingerprint})
+        rows = ask_daemon(home, control.RelayList()).relays
     else:
-        reply = ask_daemon(home, {"op": "relay_rm", "url": args.url})
+        change = ask_daemon(home, control.RelayAdd(args.url, args.fingerprint) if args.relay_command == "add"
+                            else control.RelayRemove(args.url))
+        rows, said = change.relays, change.said
     if getattr(args, "json", False):
-        print(json.dumps({"relays": reply["relays"]}, indent=2))
+        print(json.dumps({"relays": rows}, indent=2))
         return 0
-    if reply.get("said"):
-        print(reply["said"])
-    for i, r in enumerate(reply["relays"], 1):
+    if said:
+        print(said)
+    for i, r in enumerate(rows, 1):
         state = r["state"] or "not connected"
         if r["error"] and state != "live":
             state += f": {r['error']}"
@@ -258,10 +271,12 @@ def relays(args: argparse.Namespace, home: Any) -> int:
 
 def cancel(args: argparse.Namespace, home: Any) -> int:
     """Ask the running daemon to cancel a job for the pool. Raises ``TtpeerError``."""
-    reply = ask_daemon(home, {"op": "cancel", "job": args.job}, timeout=60)
-    if reply.get("again"):
-        print(f"job {reply['job'][:12]} was already cancelled by {reply['by']}")
+    from ttpeer.daemon import control
+
+    reply = ask_daemon(home, control.Cancel(args.job), timeout=60)
+    if reply.again:
+        print(f"job {reply.job[:12]} was already cancelled by {reply.by}")
     else:
-        print(f"cancelled job {reply['job'][:12]}; every peer stops working on it")
-    print(f"cancel record {reply['record']}")
+        print(f"cancelled job {reply.job[:12]}; every peer stops working on it")
+    print(f"cancel record {reply.record}")
     return 0

@@ -69,22 +69,21 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, home: Any) -> int:
     from ttpeer._commands import ask_daemon
+    from ttpeer.daemon import control
 
     if args.data_command == "add":
-        request = {"op": "data_add", "path": str(args.path.expanduser().absolute()), "name": args.dataset_name,
-                   "piece_size": args.piece_size, "format": args.sample_format, "urls": args.urls,
-                   "relay": not args.no_relay}
-        reply = ask_daemon(home, request, timeout=24 * 3600)
-        what = "added" if reply["new"] else "already added"
-        indexed = f", {reply['samples']} samples as {reply['format']}" if reply.get("format") else ""
-        print(f"{what} dataset {reply['name']}: {reply['files']} files, {_size(reply['bytes'])}, "
-              f"{reply['pieces']} pieces{indexed}")
-        print(f"id {reply['id']}")
-        for url in reply.get("urls", []):
+        request = control.DataAdd(str(args.path.expanduser().absolute()), args.dataset_name, args.piece_size,
+                                  args.sample_format, args.urls, relay=not args.no_relay)
+        added = ask_daemon(home, request, timeout=24 * 3600)
+        what = "added" if added.new else "already added"
+        indexed = f", {added.samples} samples as {added.format}" if added.format else ""
+        print(f"{what} dataset {added.name}: {added.files} files, {_size(added.bytes)}, {added.pieces} pieces{indexed}")
+        print(f"id {added.id}")
+        for url in added.urls:
             print(f"served by {url}")
         return 0
     if args.data_command == "ls":
-        rows = ask_daemon(home, {"op": "data_ls"})["datasets"]
+        rows = ask_daemon(home, control.DataList()).datasets
         if args.json:
             print(json.dumps({"datasets": rows}, indent=2))
             return 0
@@ -99,10 +98,10 @@ def run(args: argparse.Namespace, home: Any) -> int:
                   f"here: {r['here']} ({r['pieces_here']}/{r['pieces']}, fetched {_size(r['fetched_bytes'])}"
                   f"{refused})")
         return 0
-    reply = ask_daemon(home, {"op": "data_rm", "dataset": args.dataset, "withdraw": args.withdraw})
-    print(f"removed this peer's copy of {reply['id'][:12]}" if reply["removed"]
-          else f"this peer held no copy of {reply['id'][:12]}")
-    for rec in reply["withdrawn"]:
+    removed = ask_daemon(home, control.DataRemove(args.dataset, args.withdraw))
+    print(f"removed this peer's copy of {removed.id[:12]}" if removed.removed
+          else f"this peer held no copy of {removed.id[:12]}")
+    for rec in removed.withdrawn:
         print(f"withdrew record {rec}")
     return 0
 

@@ -33,8 +33,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def _status_obj(home: Any) -> dict[str, Any]:
     from ttpeer._commands import ask_daemon
+    from ttpeer.daemon import control
 
-    return ask_daemon(home, {"op": "status"})["status"]
+    return ask_daemon(home, control.Status()).status
 
 
 def status(args: argparse.Namespace, home: Any) -> int:

@@ -133,6 +133,7 @@ def _inner_steps(text: str) -> int | tuple[int, int]:
 
 def submit(args: argparse.Namespace, home: Any) -> int:
     from ttpeer._commands import ask_daemon
+    from ttpeer.daemon import control
 
     task_file = None
     task = args.task
@@ -170,21 +171,20 @@ def submit(args: argparse.Namespace, home: Any) -> int:
     if auto:
         spec["h_min"], spec["h_max"] = args.inner_steps
     spec.update(recipe_fields(args, home))
-    reply = ask_daemon(home, {"op": "submit", "spec": spec,
-                                       "task_file": task_file.hex() if task_file else None}, timeout=300)
+    job = ask_daemon(home, control.Submit(spec, task_file), timeout=300)
     if args.mode == "ensemble":
         print(f"submitted ensemble job: {args.members} members x {args.rounds} units x {args.inner_steps} steps, "
-              f"lease {reply.get('lease')} s")
+              f"lease {job.lease} s")
     elif auto:
-        print(f"submitted {args.mode} job: {args.rounds * steps} inner steps per shard x {reply.get('shards')} "
+        print(f"submitted {args.mode} job: {args.rounds * steps} inner steps per shard x {job.shards} "
               f"shards, in rounds of {args.inner_steps[0]}-{args.inner_steps[1]} steps picked as the link allows "
-              f"({steps} at first), lease {reply.get('lease')} s")
+              f"({steps} at first), lease {job.lease} s")
     else:
-        print(f"submitted {args.mode} job: {args.rounds} rounds x {reply.get('shards')} shards x "
-              f"{args.inner_steps} steps, lease {reply.get('lease')} s")
-    if reply.get("params"):
-        print(trainable_line(reply["trainable"], reply["params"]))
-    print(reply["job"])
+        print(f"submitted {args.mode} job: {args.rounds} rounds x {job.shards} shards x "
+              f"{args.inner_steps} steps, lease {job.lease} s")
+    if job.params and job.trainable is not None:
+        print(trainable_line(job.trainable, job.params))
+    print(job.job)
     return 0
 
 

@@ -132,9 +132,9 @@ def stop_processes(procs: list[subprocess.Popen[bytes]], grace: float = 10.0) ->
 
 
 def status(home: Path) -> dict[str, Any]:
-    from ttpeer.daemon import call
+    from ttpeer.daemon import ask, control
 
-    return call(home / "control.sock", {"op": "status"}, timeout=10)["status"]
+    return ask(home / "control.sock", control.Status(), timeout=10).status
 
 
 def wait_for(condition, timeout: float, what: str, poll: float = 0.1):  # type: ignore[no-untyped-def]
@@ -210,14 +210,14 @@ def run_job(homes: list[Path], spec: dict[str, Any], label: str, command: Comman
     """Submit ``spec`` from ``homes[0]``, wait until every peer in ``homes`` has it done, export
     the model on each (its sha256 in ``hashes``). ``progress``: a rich ``Progress`` built by
     ``progress_bar``, given a line for the job that shows what the ``Outcome`` will say."""
-    from ttpeer.daemon import call
+    from ttpeer.daemon import ask, control
 
     sent_before = sum(status(h)["bytes_sent"] for h in homes)  # counters are per daemon, not per job
     started = time.monotonic()
     unit = "units" if spec["mode"] == "ensemble" else "rounds"
     task = (progress.add_task(label, total=spec["rounds"], t0=started, wall=None, unit=unit, metric="")
             if progress else None)
-    job = call(homes[0] / "control.sock", {"op": "submit", "spec": spec, "task_file": None}, timeout=120)["job"]
+    job = ask(homes[0] / "control.sock", control.Submit(spec), timeout=120).job
     seen: dict[int, tuple[float, float]] = {}
 
     def done() -> bool:

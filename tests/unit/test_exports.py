@@ -63,7 +63,7 @@ SURFACES: dict[str, set[str]] = {
         'PoolTransport',
     },
     'ttpeer.daemon': {
-        'DataStore', 'DeltaRef', 'Deltas', 'Executor', 'Home', 'Node', 'PoolConfig', 'call', 'delta_bytes',
+        'DataStore', 'DeltaRef', 'Deltas', 'Executor', 'Home', 'Node', 'PoolConfig', 'ask', 'call', 'delta_bytes',
         'new_invite', 'run_daemon'
     },
     'ttpeer.tasks': {
@@ -89,6 +89,7 @@ SURFACES: dict[str, set[str]] = {
 # Public modules of a package that are its surface too (ttpeer's layers and commands; the
 # relay: one concern per module).
 PUBLIC_MODULES = {"ttpeer": {"proto", "net", "daemon", "train", "tasks", "testing", "errors", "config", "cli", "demo"},
+                  "ttpeer.daemon": {"control"},  # the control socket's requests and replies
                   "ttpeer_relay": {"app", "asgi", "auth", "blobs", "cli", "config", "mailbox", "ratelimit", "tls"},
                   "ttpeer_harness": {"netlab", "clidoc", "delayfwd"}}  # run as python -m
 PACKAGES = [*SURFACES, "ttpeer.train"]

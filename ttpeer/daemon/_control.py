@@ -1,19 +1,13 @@
-"""The local control socket: how ``ttpeer status``, ``submit`` and ``wait`` talk to
-the running daemon.
+"""The local control socket: how ``ttpeer status``, ``submit``, ``wait`` and the other
+client commands talk to the running daemon.
 
 A Unix socket at ``HOME/control.sock``, mode 0600 in a 0700 home, so only its
 owner can use it; the server also asks the kernel who connected (``SO_PEERCRED``)
 and answers only its own user and root, should the modes ever be loosened.
-One JSON request per connection, one JSON reply:
-``{"op": "status"}``, ``{"op": "submit", "spec": {...}, "task_file": hex|null}``,
-``{"op": "revoke", "peer": name|id|prefix}`` (admin only),
-``{"op": "cancel", "job": id|prefix}`` (the job's submitter or the admin),
-``{"op": "data_add", "path", "name", "piece_size"|null, "format", "urls": [...]|null, "relay": bool}``,
-``{"op": "data_ls"}``,
-``{"op": "data_rm", "dataset": name|id, "withdraw": bool}``,
-``{"op": "relay_add", "url", "fingerprint"}`` and ``{"op": "relay_rm", "url"}`` (admin only),
-``{"op": "relay_ls"}``.
-Replies are ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
+One request per connection, one reply: what they are is ``control``'s, read and
+written by its codec, and each request has one handler here (``_HANDLERS``). A
+request that does not decode is answered ``bad control request: ...``, an error of
+ttpeer's tree with its message; neither ends the server.
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ import logging
 import os
 import socket as pysocket
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +25,14 @@ import trio
 
 from ttpeer.errors import TtpeerError
 
+from . import control
 from ._client import call as call  # the client half, importable without trio
+from ._codec import Message
 from ._urlsource import shown
 
 if TYPE_CHECKING:
+    from ttpeer.proto import Record
+
     from ._node import Node
 
 log = logging.getLogger("ttpeer.control")
@@ -65,6 +63,7 @@ async def serve_control(
     os.chmod(path, 0o600)
     sock.listen(16)
     listener = trio.SocketListener(sock)
+    server = _Server(node, status or node.status, ready)
 
     async def handle(stream: trio.SocketStream) -> None:
         async with stream:
@@ -73,8 +72,8 @@ async def serve_control(
                 log.warning("refused a control connection from uid %d: only this daemon's user may use it", uid)
                 return
             try:
-                request = json.loads(await _read_all(stream))
-                reply = await _dispatch(node, request, status, ready)
+                request = control.CODEC.decode(_object(await _read_all(stream)))
+                reply = {"ok": True, **control.CODEC.to_json(await _HANDLERS[type(request)](server, request))}
             except TtpeerError as exc:
                 reply = {"ok": False, "error": str(exc)}
             except (ValueError, KeyError, TypeError) as exc:
@@ -104,60 +103,82 @@ async def _read_all(stream: trio.SocketStream) -> bytes:
         chunks.append(chunk)
 
 
-async def _dispatch(node: Node, request: dict[str, Any], status: Callable[[], dict[str, Any]] | None,
-                    ready: trio.Event | None) -> dict[str, Any]:
-    op = request.get("op")
-    if op == "status":
-        return {"ok": True, "status": status() if status is not None else node.status()}
-    if op == "submit":
-        if ready is not None:
-            await ready.wait()
-        task_file = bytes.fromhex(request["task_file"]) if request.get("task_file") else None
-        job = await node.submit(request["spec"], task_file)
-        return {"ok": True, "job": job.id, "shards": job["shards"], "lease": job["lease"],
-                "params": job.body.get("params"), "trainable": job.body.get("trainable")}
-    if op == "cancel":
-        job, rec, again = await node.cancel(str(request.get("job", "")))
-        by = node.machine.records.members.get(rec.author)
-        return {"ok": True, "job": job.id, "record": rec.id, "by": by.name if by else rec.author[:12],
-                "again": again}
-    if op == "data_add":
-        if ready is not None:
-            await ready.wait()
-        fmt = request.get("format")
-        urls = request.get("urls")
-        if urls is not None and not (type(urls) is list and all(type(u) is str for u in urls)):
-            raise ValueError("urls must be a list of addresses")
-        size = request.get("piece_size")
-        rec, new = await node.data_add(str(request["path"]), request.get("name"), int(size) if size else None,
-                                       str(fmt) if fmt else None, urls=urls, relay=bool(request.get("relay", True)))
-        pieces = sum(len(f["pieces"]) for f in rec["files"])
+def _object(data: bytes) -> dict[str, Any]:
+    request = json.loads(data)
+    if not isinstance(request, dict):
+        raise ValueError("a request is one JSON object")
+    return request
+
+
+class _Server:
+    """What the requests are served from: the node, the status it gives, and ``ready``
+    (the node is running), which the requests that change the pool wait for."""
+
+    def __init__(self, node: Node, status: Callable[[], dict[str, Any]], ready: trio.Event | None) -> None:
+        self.node = node
+        self._status = status
+        self._ready = ready
+
+    async def _started(self) -> None:
+        if self._ready is not None:
+            await self._ready.wait()
+
+    async def status(self, _req: control.Status) -> control.StatusReply:
+        return control.StatusReply(self._status())
+
+    async def submit(self, req: control.Submit) -> control.Submitted:
+        await self._started()
+        job = await self.node.submit(req.spec, req.task_file)
+        return control.Submitted(job.id, job["shards"], job["lease"], job.body.get("params"),
+                                 job.body.get("trainable"))
+
+    async def cancel(self, req: control.Cancel) -> control.Cancelled:
+        job, rec, again = await self.node.cancel(req.job)
+        by = self.node.machine.records.members.get(rec.author)
+        return control.Cancelled(job.id, rec.id, by.name if by else rec.author[:12], again)
+
+    async def revoke(self, req: control.Revoke) -> control.Revoked:
+        self.node.require_admin()
+        peer, name = self.node.resolve_peer(req.peer)
+        again = peer not in self.node.machine.records.members
+        rec = await self.node.revoke(peer)
+        return control.Revoked(peer, name, rec.id, len(self.node.pool_keys) - 1, again)
+
+    async def data_add(self, req: control.DataAdd) -> control.DataAdded:
+        await self._started()
+        rec, new = await self.node.data_add(req.path, req.name, req.piece_size or None, req.format or None,
+                                            urls=req.urls, relay=req.relay)
         samples = rec.body.get("samples")
-        return {"ok": True, "name": rec["name"], "id": rec["id"], "record": rec.id, "new": new,
-                "urls": [shown(u) for u in rec.body.get("urls", ())],
-                "files": len(rec["files"]), "pieces": pieces, "bytes": sum(f["size"] for f in rec["files"]),
-                "format": fmt if samples else None, "samples": sum(samples["counts"]) if samples else 0}
-    if op == "data_ls":
-        return {"ok": True, "datasets": node.data.listing()}
-    if op == "data_rm":
-        if ready is not None:
-            await ready.wait()
-        return {"ok": True, **await node.data_remove(str(request["dataset"]), bool(request.get("withdraw")))}
-    if op == "revoke":
-        node.require_admin()
-        peer, name = node.resolve_peer(str(request.get("peer", "")))
-        again = peer not in node.machine.records.members
-        rec = await node.revoke(peer)
-        return {"ok": True, "peer": peer, "name": name, "record": rec.id, "epoch": len(node.pool_keys) - 1,
-                "again": again}
-    if op in ("relay_add", "relay_rm"):
-        if ready is not None:
-            await ready.wait()
-        url = str(request.get("url", ""))
-        made, said = (node.relay_change(add=(url, str(request.get("fingerprint", "")))) if op == "relay_add"
-                      else node.relay_change(remove=url))
-        return {"ok": True, "record": made.id if made is not None else None, "said": said,
-                "relays": node.relay_list()}
-    if op == "relay_ls":
-        return {"ok": True, "relays": node.relay_list()}
-    raise ValueError(f"unknown op {op!r}")
+        return control.DataAdded(rec["name"], rec["id"], rec.id, new, [shown(u) for u in rec.body.get("urls", ())],
+                                 files=len(rec["files"]), pieces=sum(len(f["pieces"]) for f in rec["files"]),
+                                 bytes=sum(f["size"] for f in rec["files"]), format=req.format if samples else None,
+                                 samples=sum(samples["counts"]) if samples else 0)
+
+    async def data_list(self, _req: control.DataList) -> control.DataListing:
+        return control.DataListing(self.node.data.listing())
+
+    async def data_remove(self, req: control.DataRemove) -> control.DataRemoved:
+        await self._started()
+        return control.DataRemoved(**await self.node.data_remove(req.dataset, req.withdraw))
+
+    async def relay_add(self, req: control.RelayAdd) -> control.RelaysChanged:
+        await self._started()
+        return self._relays(*self.node.relay_change(add=(req.url, req.fingerprint)))
+
+    async def relay_remove(self, req: control.RelayRemove) -> control.RelaysChanged:
+        await self._started()
+        return self._relays(*self.node.relay_change(remove=req.url))
+
+    async def relay_list(self, _req: control.RelayList) -> control.RelayListing:
+        return control.RelayListing(self.node.relay_list())
+
+    def _relays(self, made: Record | None, said: str) -> control.RelaysChanged:
+        return control.RelaysChanged(made.id if made is not None else None, said, self.node.relay_list())
+
+
+_HANDLERS: dict[type[Message[Any]], Callable[[_Server, Any], Awaitable[Any]]] = {
+    control.Status: _Server.status, control.Submit: _Server.submit, control.Cancel: _Server.cancel,
+    control.Revoke: _Server.revoke, control.DataAdd: _Server.data_add, control.DataList: _Server.data_list,
+    control.DataRemove: _Server.data_remove, control.RelayAdd: _Server.relay_add,
+    control.RelayRemove: _Server.relay_remove, control.RelayList: _Server.relay_list,
+}
