@@ -17,7 +17,7 @@ import trio.testing
 from ttpeer.daemon._channel import MAX_FRAME, ChannelError, FrameReader, pack, send
 from ttpeer.daemon._failures import KINDS, MAX_ITEMS, error, failure
 from ttpeer.daemon._workerproc import describe_exit
-from ttpeer.errors import DiskError, JobError, LocalWorkLost, StateMissing, TaskFailed
+from ttpeer.errors import DiskError, JobError, LocalWorkLost, StateMissing, TaskFailed, TtpeerError
 from ttpeer.proto import DatasetMissing
 
 
@@ -86,6 +86,7 @@ ONE_OF_EACH = {
     "disk": DiskError(Path("/home/x/states/s"), OSError(errno.EROFS, "Read-only file system")),
     "dataset": _moved(),
     "job": JobError("no such state"),
+    "error": TtpeerError("a ttpeer error of no narrower kind"),
 }
 
 
@@ -101,6 +102,16 @@ def test_every_kind_crosses_and_comes_back_as_the_same_error(kind: str) -> None:
     assert type(back) is type(sent) and str(back) == str(sent)
     for name in KINDS[kind][1]:
         assert getattr(back, name) == getattr(sent, name), name
+
+
+def test_a_peers_malformed_delta_is_retried_by_the_protocol_as_in_process_not_the_tasks_failure() -> None:
+    # ``in_thread`` lets train.DeltaError pass (the protocol tries again): across the
+    # channel it must not become TaskFailed, which would end the job on this peer.
+    from ttpeer import train
+
+    back = _round_trip(train.DeltaError("delta is cut short: chunks [0, 4) need 96 bytes"))
+    assert not isinstance(back, TaskFailed) and isinstance(back, TtpeerError)
+    assert str(back) == "delta is cut short: chunks [0, 4) need 96 bytes"
 
 
 def test_an_error_outside_the_table_is_the_tasks_failure_with_its_type_and_message() -> None:

@@ -9,6 +9,8 @@ exception, read at both ends of the channel (the shape of httpx's
     disk           DiskError        path           the daemon stops
     dataset        DatasetMissing   name, dataset, pieces, whole, moved   fetched, then asked again
     job            JobError         -              this step failed; the protocol tries again
+    error          TtpeerError      -              any other of ttpeer's errors (a peer's malformed
+                                                   delta or checkpoint): as ``job``, by its message
 
 The worker answers a call that raised with ``failure(exc)``: the kind of the first row
 whose class ``exc`` is (so the rows go from the narrowest class to the widest), its
@@ -51,6 +53,9 @@ KINDS: dict[str, tuple[type[TtpeerError], dict[str, Any]]] = {
     "disk": (DiskError, {"path": Path}),
     "dataset": (DatasetMissing, {"name": str, "dataset": str, "pieces": list[int], "whole": bool, "moved": bool}),
     "job": (JobError, {}),
+    # Last, the widest: what ``in_thread`` lets pass as the protocol's to retry (a peer's
+    # malformed delta, ``train.DeltaError``) is retried here too, not the task's failure.
+    "error": (TtpeerError, {}),
 }
 MAX_ITEMS = 4096  # a list crosses cut to this many (a dataset's missing pieces: the rest are asked for next)
 _VALUES = Codec(())
