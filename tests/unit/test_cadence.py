@@ -28,7 +28,7 @@ def figures(work: float, sync: float | None, shards: int = 1) -> tuple[dict[str,
 # -- the rule ----------------------------------------------------------------------------
 
 def test_steps_for_hides_the_sync_with_a_margin_or_a_utilization():
-    assert steps_for(0.1, 2.0, overlap=True, lo=1, hi=1000) == 40  # 2 x 2 s of 0.1 s steps
+    assert steps_for(0.1, 2.0, overlap=True, lo=1, hi=1000) == 60  # 3 x 2 s of 0.1 s steps
     assert steps_for(0.1, 2.0, overlap=False, lo=1, hi=1000) == 180  # 9 x: 90% of the time in steps
     assert steps_for(0.1, 0.0, overlap=True, lo=5, hi=1000) == 5
     assert steps_for(0.1, 500.0, overlap=True, lo=5, hi=1000) == 1000
@@ -36,9 +36,9 @@ def test_steps_for_hides_the_sync_with_a_margin_or_a_utilization():
 
 
 def test_next_batches_scales_the_round_to_the_sync_within_a_factor_and_bounds():
-    # 1 s of compute per peer, 0.4 s of sync: 2 x 0.4 = 0.8 s of compute needed, 16 of 20 steps.
-    assert next_batches(20, [figures(1.0, 0.4), figures(1.0, 0.4)], shards=2, peers=2, overlap=True,
-                        lo=1, hi=1000) == 16
+    # 1 s of compute per peer, 0.3 s of sync: 3 x 0.3 = 0.9 s of compute needed, 18 of 20 steps.
+    assert next_batches(20, [figures(1.0, 0.3), figures(1.0, 0.3)], shards=2, peers=2, overlap=True,
+                        lo=1, hi=1000) == 18
     # Far too slow a link: at most MAX_CHANGE x a round, then the bound.
     assert next_batches(20, [figures(1.0, 100.0)] * 2, shards=2, peers=2, overlap=True, lo=1,
                         hi=1000) == 20 * MAX_CHANGE
@@ -53,12 +53,12 @@ def test_next_batches_scales_the_round_to_the_sync_within_a_factor_and_bounds():
 
 def test_next_batches_uses_medians_and_each_peers_share_of_the_shards():
     # One straggler's long sync and one fast copy do not move the medians.
-    many = [figures(1.0, 0.4), figures(1.0, 0.4), figures(9.0, 50.0), figures(0.1, 0.4)]
-    assert next_batches(20, many, shards=4, peers=4, overlap=True, lo=1, hi=1000) == 16
+    many = [figures(1.0, 0.3), figures(1.0, 0.3), figures(9.0, 50.0), figures(0.1, 0.3)]
+    assert next_batches(20, many, shards=4, peers=4, overlap=True, lo=1, hi=1000) == 18
     # One peer trained all 4 shards alone (4 s) while 3 others fetched its base: a pool of 4
-    # peers has 1 s of compute each a round, so 1 s of sync needs 2 s: 40 steps, not 10.
-    assert next_batches(20, [figures(4.0, 1.0, shards=4)], shards=4, peers=4, overlap=True, lo=1,
-                        hi=1000) == 40
+    # peers has 1 s of compute each a round, so 0.5 s of sync needs 1.5 s: 30 steps, not 8.
+    assert next_batches(20, [figures(4.0, 0.5, shards=4)], shards=4, peers=4, overlap=True, lo=1,
+                        hi=1000) == 30
     # Without overlap the sync is waited for: 9 x it (capped at 2x a round here).
     assert next_batches(20, [figures(1.0, 0.5)] * 2, shards=2, peers=2, overlap=False, lo=1, hi=1000) == 40
 
