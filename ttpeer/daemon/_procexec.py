@@ -108,7 +108,7 @@ class ProcessExecutor:
         self._max_deaths = max_deaths
         self._jobs: dict[str, _JobWorkers] = {}
         # Pieces a task read that are not here (``DatasetMissing`` with pieces): the node
-        # fetches them (``Effects.fetch_missing``) and the call is made again.
+        # fetches them (``TaskData.fetch_missing``) and the call is made again.
         self.on_missing: Callable[[Record, DatasetMissing], Awaitable[None]] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from ttpeer.errors import JobError, TaskFailed
+from ttpeer.errors import DiskError, JobError, TaskFailed, TtpeerError
 from ttpeer.proto import DatasetMissing
 
 from . import _workermsg as msg
@@ -227,7 +227,9 @@ async def _all(group: list[_Worker], request: Callable[[int], Message[R]], *, ti
             for rank in range(len(group)):
                 nursery.start_soon(one, rank)
     except BaseExceptionGroup as eg:
-        for kind in (TaskFailed, WorkerDied, DatasetMissing):  # the most telling failure first
+        # The most telling failure first (a full disk stops the daemon); any other of ttpeer's
+        # errors comes out as itself, never wrapped in a group that reads as a bug.
+        for kind in (DiskError, TaskFailed, WorkerDied, DatasetMissing, TtpeerError):
             match, _rest = eg.split(kind)
             if match is not None:
                 first: BaseException = match
