@@ -21,7 +21,7 @@ import contextlib
 import io
 from pathlib import Path
 
-from ttpeer.daemon._integrity import scan_log
+from ttpeer.daemon.service._integrity import scan_log
 from ttpeer.errors import TtpeerError
 from ttpeer.proto import RecordSet, canonical_chain, covered, parse
 from ttpeer_harness import secrets_of, ttpeer

@@ -8,7 +8,7 @@ the round and the others reproduce the close bit for bit. With overlap (what ``t
 submit`` runs), round r trains from the peer's estimate of its base while round r-1's close
 is on its way, and the close lands after ``sync`` inner steps of round r (the sync,
 measured in steps: the link's part, which the lab leaves out, is that number); the
-executor then corrects the local model onto it (``daemon/_overlap.py``). The network plays
+executor then corrects the local model onto it (``daemon/worker/_overlap.py``). The network plays
 no other part in the loss, so the runs are deterministic: the same figures on any machine,
 however loaded (CPU load changes only how long they take).
 
@@ -124,7 +124,7 @@ async def run_job(root: Path, case: Case, task_file: bytes | None = None) -> lis
     """(inner steps per peer, eval loss) after every close of ``case``'s job, until the
     target is first reached or the steps run out."""
     from ttpeer.daemon import Home
-    from ttpeer.daemon._torch import TorchExecutor
+    from ttpeer.daemon.worker._torch import TorchExecutor
     from ttpeer.proto import Outer, PublishDelta, Train, sign
 
     v = case.variant
@@ -210,7 +210,7 @@ async def run_ensemble(root: Path, task: str, members: int, units: int, steps: i
     figures of the vote with every member counted once (the vote before selection)."""
     from ttpeer import train
     from ttpeer.daemon import Home
-    from ttpeer.daemon._torch import TorchExecutor
+    from ttpeer.daemon.worker._torch import TorchExecutor
     from ttpeer.proto import PublishDelta, Train, member_variants, sign
 
     home = Home(root / "peer0")

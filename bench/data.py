@@ -375,7 +375,7 @@ def _wait_done(homes: list[Path], job: str, timeout: float) -> dict[str, dict[st
 
 
 def _collect(homes: list[Path], job: str, plan: Plan) -> tuple[list[PeerRow], float | None]:
-    from ttpeer.daemon._integrity import scan_log
+    from ttpeer.daemon.service._integrity import scan_log
     from ttpeer.proto import parse
     from ttpeer_harness import status
 

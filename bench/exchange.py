@@ -71,7 +71,7 @@ def run_one(task: str, peers: int, rounds: int, shards: int, timeout: float, dir
             chunk: int | None = None, rate: str | None = None, inner_steps: int = 1,
             slowdown: float = 0.0, slow_rate: str | None = None, delay: float = 0.0,
             step_s: float = 0.0, slice_bits: int | None = None) -> dict[str, Any]:
-    from ttpeer.daemon._integrity import scan_log
+    from ttpeer.daemon.service._integrity import scan_log
     from ttpeer.proto import parse
 
     with pool(peers, direct, rate, slowdown, slow_rate, delay, step_s) as (homes, relay_dir):

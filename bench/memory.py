@@ -110,7 +110,7 @@ def _estimate(task: str, batch: int, shards: int) -> int | None:
     (the bench also runs against older commits)."""
     try:
         from ttpeer import train
-        from ttpeer.daemon._torch import KEEP_STATES
+        from ttpeer.daemon.worker._torch import KEEP_STATES
 
         loaded = train.load_task(task, Path.home() / ".cache", {})
         need = train.memory_need(loaded, batch_size=batch, shards=shards, held_states=KEEP_STATES, overlap=True)

@@ -1,5 +1,5 @@
 """What ``ttpeer status`` and ``ttpeer watch`` say of a peer that is behind its pool or not
-training, from a job's row of the status snapshot (``daemon/_status.py``). Imports
+training, from a job's row of the status snapshot (``daemon/node/_status.py``). Imports
 nothing heavy: both commands answer at once.
 
 Rounds are counted as people count them, from 1: ``round 1/4`` while the first round

@@ -93,7 +93,7 @@ def _service_files(cfg: Config, user: bool, home: Path) -> tuple[Path, str]:
 
 def service(args: argparse.Namespace, cfg: Config) -> int:
     from ttpeer.daemon import Home
-    from ttpeer.daemon._units import render_unit, uninstall
+    from ttpeer.daemon.service._units import render_unit, uninstall
 
     user = args.user
     if args.service_command == "uninstall":
@@ -118,7 +118,7 @@ def service(args: argparse.Namespace, cfg: Config) -> int:
 
 def _install(user: bool, home: Path, config_path: Path, config_text: str, enable: bool,
              unit_dir: Path | None) -> int:
-    from ttpeer.daemon._units import install
+    from ttpeer.daemon.service._units import install
 
     done = install(user=user, home=home, config=config_path, config_text=config_text, enable=enable,
                    unit_dir=unit_dir)
@@ -141,7 +141,7 @@ def join_service(args: argparse.Namespace, cfg: Config, enroll: Any) -> int:
     if not user and os.geteuid() != 0:
         raise UsageError("'join --service' installs a system service and needs root: use sudo, "
                          "or add --user for a service of your own")
-    from ttpeer.daemon._units import ServiceError
+    from ttpeer.daemon.service._units import ServiceError
 
     home = service_home(cfg, user, cfg.settings["home"].source.startswith("flag"))
     enroll(Home(home))

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ttpeer.daemon import Home
-from ttpeer.daemon._integrity import scan_log
-from ttpeer.daemon._views import history, peer_rows, throughput
+from ttpeer.daemon.service._integrity import scan_log
+from ttpeer.daemon.service._views import history, peer_rows, throughput
 from ttpeer.errors import JobError, UsageError
 from ttpeer.proto import Plan, Record, RecordError, RecordSet, canonical_chain, parse
 

@@ -383,7 +383,7 @@ def _up(args: argparse.Namespace, home) -> int:  # type: ignore[no-untyped-def]
 
         raise MembershipEnded(ended)
     from ttpeer.daemon import run_daemon
-    from ttpeer.daemon._systemd import Notifier
+    from ttpeer.daemon.service._systemd import Notifier
 
     cfg = args.settings
     _check_extras(cfg)

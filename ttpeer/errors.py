@@ -8,7 +8,7 @@
      +-- UsageError                  a command was given something it cannot use
      |    +-- ConfigError            a setting (file, environment, flag) is invalid (ttpeer.config)
      |    +-- DataError              'ttpeer data': a path that cannot be added, an unknown dataset
-     +-- ServiceError                installing or removing the systemd unit failed (ttpeer.daemon._units)
+     +-- ServiceError                installing or removing the systemd unit failed (ttpeer.daemon.service._units)
      +-- HomeError                   the home directory is missing, not enrolled, or locked
      +-- DiskError                   a write failed (disk full, read-only); nothing written is lost
      +-- DaemonNotRunning            a command needs the running daemon and found none

@@ -27,8 +27,8 @@ from typing import Any
 import trio
 
 from ttpeer.daemon import Home
-from ttpeer.daemon._procexec import ProcessExecutor
-from ttpeer.daemon._torch import TorchExecutor
+from ttpeer.daemon.worker._procexec import ProcessExecutor
+from ttpeer.daemon.worker._torch import TorchExecutor
 from ttpeer.proto import PublishDelta, Train, sign
 
 RELAY, FP = "https://relay.bench.invalid", "sha256:" + "0" * 64

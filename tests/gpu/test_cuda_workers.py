@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from ttpeer.daemon._procexec import ProcessExecutor
+from ttpeer.daemon.worker._procexec import ProcessExecutor
 from ttpeer.errors import TaskFailed
 from ttpeer.proto import Train
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ttpeer import train
-from ttpeer.daemon._integrity import scan_log
+from ttpeer.daemon.service._integrity import scan_log
 from ttpeer.proto import parse
 from ttpeer_harness import status
 

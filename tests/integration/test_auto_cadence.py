@@ -9,7 +9,7 @@ import hashlib
 
 import pytest
 
-from ttpeer.daemon._integrity import scan_log
+from ttpeer.daemon.service._integrity import scan_log
 from ttpeer.proto import Plan, RecordSet, canonical_chain, parse
 from ttpeer_harness import Cluster, make_pool, wait_for
 from ttpeer_harness import ttpeer as run_ttpeer

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from ttpeer.daemon._board import Board
-from ttpeer.daemon._views import history
+from ttpeer.daemon.service._board import Board
+from ttpeer.daemon.service._views import history
 
 from .test_torch_nodes import TASK_FILE, _homes, _spec, run_jobs
 

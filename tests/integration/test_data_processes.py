@@ -23,7 +23,7 @@ import torch
 
 import ttpeer as ttpeer_api
 from ttpeer.cli import main
-from ttpeer.daemon._integrity import scan_log
+from ttpeer.daemon.service._integrity import scan_log
 from ttpeer.errors import UsageError
 from ttpeer.proto import parse
 from ttpeer_harness import Cluster, make_pool, ttpeer, wait_for

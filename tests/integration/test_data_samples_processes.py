@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from ttpeer.daemon._integrity import scan_log
+from ttpeer.daemon.service._integrity import scan_log
 from ttpeer.proto import parse
 from ttpeer_harness import Cluster, make_pool, ttpeer, wait_for
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from ttpeer.daemon import call
-from ttpeer.daemon._integrity import scan_log
-from ttpeer.daemon._recordlog import _HEAD
+from ttpeer.daemon.node._recordlog import _HEAD
+from ttpeer.daemon.service._integrity import scan_log
 from ttpeer.errors import TtpeerError
 from ttpeer_harness import Cluster, job_spec, make_pool, status, ttpeer, wait_for
 

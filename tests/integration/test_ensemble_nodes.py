@@ -12,7 +12,7 @@ import trio
 
 from ttpeer import train
 from ttpeer.daemon import Node
-from ttpeer.daemon._torch import TorchExecutor
+from ttpeer.daemon.worker._torch import TorchExecutor
 from ttpeer.net import MemoryRelay
 from ttpeer.proto import Timing, Train
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ttpeer.daemon import call
-from ttpeer.daemon._integrity import scan_log
+from ttpeer.daemon.service._integrity import scan_log
 from ttpeer.proto import GOSSIP_TRAFFIC, parse
 from ttpeer_harness import Cluster, job_spec, make_pool, status, ttpeer, wait_for
 

@@ -1,5 +1,5 @@
 """Overlapped rounds start each round's local model eagerly and correct it once the close
-lands (``daemon/_overlap.py``).
+lands (``daemon/worker/_overlap.py``).
 
 An overlapped round r trains on the base of round r-1 while round r-1's deltas travel.
 Restarting the local model from that base and applying round r's delta a round late
@@ -23,7 +23,7 @@ import trio
 from bench.convergence import Case, Variant, run_job
 from ttpeer import train
 from ttpeer.daemon import Home
-from ttpeer.daemon._torch import TorchExecutor
+from ttpeer.daemon.worker._torch import TorchExecutor
 from ttpeer.proto import PublishDelta, Train, sign
 
 from .test_torch_nodes import FP, RELAY, TASK_FILE
@@ -157,7 +157,7 @@ def test_the_move_is_the_real_base_minus_the_estimate_at_the_next_batch(tmp_path
     # ``correcting`` on a real trainer: nothing moves until a close lands; then, at the next
     # batch boundary (the call before the batch), the local model moves by exactly
     # (real base - estimate) and the start is the real state; a stop wins over a move.
-    from ttpeer.daemon._overlap import EagerStart, correcting
+    from ttpeer.daemon.worker._overlap import EagerStart, correcting
 
     task = train.load_task(str(TASK_FILE), tmp_path / "data")
     trainer = train.InnerTrainer(task, lr=0.05)

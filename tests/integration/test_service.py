@@ -27,7 +27,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ttpeer.daemon import call
-from ttpeer.daemon._integrity import scan_log
+from ttpeer.daemon.service._integrity import scan_log
 from ttpeer.proto import parse
 from ttpeer_harness import Cluster, job_spec, make_pool, status, ttpeer, wait_for
 

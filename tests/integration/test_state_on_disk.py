@@ -13,7 +13,7 @@ import pytest
 
 from ttpeer import train
 from ttpeer.daemon import Home
-from ttpeer.daemon._torch import TorchExecutor
+from ttpeer.daemon.worker._torch import TorchExecutor
 from ttpeer.errors import JobError
 from ttpeer.proto import PublishDelta, Train
 

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from ttpeer.daemon import Home, Node, new_invite
-from ttpeer.daemon._torch import TorchExecutor
+from ttpeer.daemon.worker._torch import TorchExecutor
 from ttpeer.net import MemoryRelay
 from ttpeer.proto import Timing, Token
 

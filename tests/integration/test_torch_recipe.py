@@ -11,8 +11,8 @@ from pathlib import Path
 
 from ttpeer import train
 from ttpeer.daemon import Home
-from ttpeer.daemon._torch import TorchExecutor
-from ttpeer.daemon._views import peer_rows
+from ttpeer.daemon.service._views import peer_rows
+from ttpeer.daemon.worker._torch import TorchExecutor
 from ttpeer.proto import PublishDelta, Train, sign
 
 from .test_torch_nodes import FP, RELAY, _homes, run_jobs

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from ttpeer.daemon import Home, Node
-from ttpeer.daemon._procexec import ProcessExecutor
+from ttpeer.daemon.worker._procexec import ProcessExecutor
 from ttpeer.errors import LocalWorkLost, TaskFailed
 from ttpeer.net import MemoryRelay
 from ttpeer.proto import Timing, Train, sign
@@ -190,7 +190,7 @@ async def test_a_peer_with_two_local_workers_trains_its_shards_together_and_ends
 
 
 def nodes_records(home: Home, kind: str, job: str) -> list[Any]:
-    from ttpeer.daemon._recordlog import RecordLog
+    from ttpeer.daemon.node._recordlog import RecordLog
     from ttpeer.proto import parse
 
     records = [parse(raw) for raw in RecordLog(home.records_log, fsync=False).load()]

@@ -16,7 +16,7 @@ import pytest
 
 from tests.integration._helpers import job_finished
 from tests.integration.test_direct_processes import TASK
-from ttpeer.daemon._integrity import scan_log
+from ttpeer.daemon.service._integrity import scan_log
 from ttpeer.proto import parse
 from ttpeer_harness import status, ttpeer, wait_for
 from ttpeer_harness.netlab import Lab, home_of, start_pool, start_relay, unavailable

@@ -14,7 +14,7 @@ from typing import Any
 import trio
 from ttpeer_wire import ErrorCode
 
-from ttpeer.daemon._dataholder import pin_period
+from ttpeer.daemon.data._dataholder import pin_period
 from ttpeer.net import MemoryRelay, RelayRejected
 from ttpeer.net._memory import URL
 from ttpeer.proto import dataset_sources, sign

@@ -106,7 +106,7 @@ async def test_a_part_of_a_dataset_is_fetched_alone_and_a_full_disk_is_the_daemo
 
     import pytest
 
-    from ttpeer.daemon._datastore import DataStore
+    from ttpeer.daemon.data._datastore import DataStore
     from ttpeer.errors import DiskError, JobError
 
     folder = tmp_path / "corpus"

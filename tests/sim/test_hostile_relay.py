@@ -11,8 +11,8 @@ import json
 import pytest
 import trio
 
-from ttpeer.daemon._node import BLOB
-from ttpeer.daemon._status import snapshot
+from ttpeer.daemon.node._node import BLOB
+from ttpeer.daemon.node._status import snapshot
 from ttpeer.net import Faults
 from ttpeer.net._seal import open_sealed
 from ttpeer.proto import parse

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import trio
 
-from ttpeer.daemon._status import snapshot
+from ttpeer.daemon.node._status import snapshot
 from ttpeer.net import MemoryRelay
 from ttpeer.testing import Simulation
 

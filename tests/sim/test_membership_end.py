@@ -12,7 +12,7 @@ import pytest
 import trio
 from ttpeer_wire import ErrorCode
 
-from ttpeer.daemon._status import snapshot
+from ttpeer.daemon.node._status import snapshot
 from ttpeer.errors import MembershipEnded
 from ttpeer.net import MemoryRelay, RelayRejected
 from ttpeer.proto import parse

@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from ttpeer.daemon._status import duplicate_fraction
+from ttpeer.daemon.node._status import duplicate_fraction
 from ttpeer.net import Faults, MemoryRelay
 from ttpeer.proto import Timing
 from ttpeer.testing import Simulation, deterministic

@@ -144,7 +144,7 @@ async def test_two_machines_racing_for_a_single_use_token_leave_one_member(tmp_p
 
 
 async def test_replayed_reattributed_and_stale_gossip_is_dropped_even_after_a_restart(tmp_path, autojump_clock):
-    from ttpeer.daemon._node import GOSSIP
+    from ttpeer.daemon.node._node import GOSSIP
     from ttpeer.net._seal import COUNTER, gossip_ad, seal
     from ttpeer.proto import _gossip
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from ttpeer.daemon._status import snapshot
+from ttpeer.daemon.node._status import snapshot
 from ttpeer.net import Faults, MemoryRelay
 from ttpeer.proto import _slices
 from ttpeer.testing import Simulation

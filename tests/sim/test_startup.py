@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import trio
 
-from ttpeer.daemon._views import peer_rows
+from ttpeer.daemon.service._views import peer_rows
 from ttpeer.net import MemoryRelay
 from ttpeer.testing import Simulation
 

@@ -108,7 +108,7 @@ def test_slices_cost_a_small_model_round_trips_that_only_more_peers_repay():
 
 
 def test_advise_fetches_as_many_at_once_as_the_daemon():
-    from ttpeer.daemon._blobs import RANGES_AT_ONCE
+    from ttpeer.daemon.sealed._blobs import RANGES_AT_ONCE
 
     assert _advise.FETCHES_AT_ONCE == RANGES_AT_ONCE
 

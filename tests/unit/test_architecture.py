@@ -17,6 +17,17 @@ not each other:
 
 A new package gets a line in ``LAYERS`` (and in ``SIBLINGS`` if it must not know its
 neighbours), and into ``PURE`` if it must stay without I/O too.
+
+Inside the daemon, rooms (``ROOMS``): each imports its own modules, the floor's (``FLOOR``,
+the modules beside ``ttpeer/daemon/__init__.py``) and the rooms listed for it; the floor
+imports no room. The rooms are one package's parts: their private modules are the
+daemon's, shared among the rooms, and still private to any other package.
+
+    service  ->  node, worker, data
+    node     ->  data, sealed          (never worker: it drives whatever Executor it is handed)
+    worker   ->  data                  (DataStore, which the torch executor reads)
+    data     ->  sealed
+    sealed   ->  (the floor only)
 """
 
 from __future__ import annotations
@@ -52,22 +63,34 @@ _IMPURE = ("trio", "httpx", "httpcore", "torch", "numpy", "time", "datetime", "a
 PURE = {"ttpeer.proto": _IMPURE, "ttpeer_wire": _IMPURE}
 # The relay installs and runs without torch, and without ttpeer (it imports ttpeer_wire).
 RELAY_FORBIDS = ("torch", "numpy", "ttpeer", "ttpeer_harness", "bench")
+# The daemon's rooms and the other rooms each may import (besides itself and the floor), as
+# the code uses them: every pair listed is used, and any other is refused. A new module goes
+# into a room; the floor grows only on purpose.
+DAEMON = "ttpeer.daemon"
+FLOOR = {"_codec", "_counters", "_executor", "_files", "_home", "_offload", "_workfiles", "control"}
+ROOMS: dict[str, set[str]] = {
+    "sealed": set(),
+    "data": {"sealed"},
+    "worker": {"data"},
+    "node": {"data", "sealed"},
+    "service": {"data", "node", "worker"},
+}
 # Private modules of one package imported by another: each one a name to export from its
 # package's door instead. Listed so that no new one comes in; remove a line with its fix.
 KNOWN_PRIVATE = {
     ("ttpeer._api", "ttpeer.train._tasks"),
-    ("ttpeer._commands", "ttpeer.daemon._units"),
+    ("ttpeer._commands", "ttpeer.daemon.service._units"),
     ("ttpeer._export", "ttpeer.tasks._hf_export"),
     ("ttpeer._report", "ttpeer.daemon._files"),
-    ("ttpeer._report", "ttpeer.daemon._integrity"),
-    ("ttpeer._report", "ttpeer.daemon._views"),
-    ("ttpeer.cli", "ttpeer.daemon._systemd"),
-    ("ttpeer.daemon._blobs", "ttpeer.net._entropy"),
-    ("ttpeer.daemon._blobs", "ttpeer.net._seal"),
+    ("ttpeer._report", "ttpeer.daemon.service._integrity"),
+    ("ttpeer._report", "ttpeer.daemon.service._views"),
+    ("ttpeer.cli", "ttpeer.daemon.service._systemd"),
+    ("ttpeer.daemon.sealed._blobs", "ttpeer.net._entropy"),
+    ("ttpeer.daemon.sealed._blobs", "ttpeer.net._seal"),
     ("ttpeer.daemon._home", "ttpeer.net._entropy"),
-    ("ttpeer.daemon._keys", "ttpeer.net._entropy"),
-    ("ttpeer.daemon._keys", "ttpeer.net._seal"),
-    ("ttpeer.daemon._replay", "ttpeer.net._seal"),
+    ("ttpeer.daemon.sealed._keys", "ttpeer.net._entropy"),
+    ("ttpeer.daemon.sealed._keys", "ttpeer.net._seal"),
+    ("ttpeer.daemon.node._replay", "ttpeer.net._seal"),
     ("ttpeer.testing._hostile", "ttpeer.net._seal"),
     ("ttpeer.testing._sim", "ttpeer.net._entropy"),
 }
@@ -183,12 +206,23 @@ def test_what_ships_imports_neither_the_harness_nor_the_benches():
     assert sorted(found) == []
 
 
+def _room(module: str) -> str | None:
+    """The daemon's room of ``module`` (``node`` for ``ttpeer.daemon.node._node``), ``""`` for
+    the floor and the daemon's door, None outside the daemon."""
+    if not _within(module, DAEMON):
+        return None
+    first = module.removeprefix(DAEMON).removeprefix(".").split(".")[0]
+    return first if first in ROOMS else ""
+
+
 def _private_owner(target: str) -> str | None:
-    """The package whose private module ``target`` is (``ttpeer.net`` for ``ttpeer.net._seal``)."""
+    """The package whose private module ``target`` is (``ttpeer.net`` for ``ttpeer.net._seal``;
+    the daemon for a private module of one of its rooms)."""
     parts = target.split(".")
     for i, part in enumerate(parts):
         if part.startswith("_") and not part.startswith("__"):
-            return ".".join(parts[:i])
+            owner = ".".join(parts[:i])
+            return DAEMON if _room(owner) else owner
     return None
 
 
@@ -202,6 +236,31 @@ def test_no_package_imports_another_packages_private_module():
             if owner and _ours(target) and not _within(module, owner):
                 found.add((module, target))
     assert sorted(found - KNOWN_PRIVATE) == []
+
+
+def test_every_daemon_module_is_in_a_room_or_on_the_floor():
+    floor = {m.removeprefix(DAEMON + ".") for m in MODULES if _room(m) == "" and m != DAEMON}
+    assert floor == FLOOR
+    assert {_room(m) for m in MODULES if _within(m, DAEMON)} == {"", *ROOMS}  # no room left empty
+    public = [m for m in MODULES if _room(m) and m.count(".") > 2 and not m.rpartition(".")[2].startswith("_")]
+    assert public == []  # a room's modules are the daemon's private ones; its surface is ttpeer.daemon's
+
+
+def test_the_daemon_rooms_import_only_the_rooms_below():
+    refused, used = [], set()
+    for module, targets in GRAPH.items():
+        here = _room(module)
+        if here is None or module == DAEMON:
+            continue  # the door names what it exports from every room, imported on first use
+        for target in targets:
+            there = _room(target)
+            if there is None or there == here or there == "":
+                continue
+            used.add((here, there))
+            if there not in ROOMS.get(here, set()):
+                refused.append(f"{module} -> {target}")
+    assert sorted(refused) == []
+    assert used == {(room, other) for room, others in ROOMS.items() for other in others}  # no unused pair
 
 
 def test_no_import_cycles():
@@ -254,6 +313,9 @@ def test_the_checks_see_the_imports():
     assert "ttpeer.demo" in GRAPH["ttpeer.cli"]  # a lazy one, inside a function
     assert any(_within(t, "ttpeer.daemon") for t in GRAPH["ttpeer.testing._sim"])
     assert _private_owner("ttpeer.net._seal") == "ttpeer.net" and _private_owner("ttpeer.net") is None
+    assert _private_owner("ttpeer.daemon.node._node") == DAEMON and _room("ttpeer.daemon._home") == ""
+    assert "ttpeer.daemon.data._datastore" in GRAPH["ttpeer.daemon.worker._torch"]
+    assert "ttpeer.daemon.control" in GRAPH["ttpeer.daemon.service._control"]  # from .. import control
 
 
 def _group(module: str) -> str:
@@ -268,7 +330,7 @@ def test_layers_as_documented_have_no_unused_entries():
         if layer:
             used[layer[1]] += 1
     assert [p for layer in LAYERS for p in layer if not used[p]] == []
-    assert _group("ttpeer.daemon._node") == "ttpeer.daemon"
+    assert _group("ttpeer.daemon.node._node") == "ttpeer.daemon"
 
 
 def test_no_module_is_over_500_lines_and_none_of_the_long_ones_grows():

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import trio
 
-from ttpeer.daemon import _workermsg as msg
 from ttpeer.daemon import call, control
 from ttpeer.daemon._codec import Codec, Message, MessageError, reply_type
-from ttpeer.daemon._control import _HANDLERS as CONTROL_HANDLERS
-from ttpeer.daemon._control import serve_control
 from ttpeer.daemon._executor import Decline
-from ttpeer.daemon._worker import _HANDLERS as WORKER_HANDLERS
+from ttpeer.daemon.service._control import _HANDLERS as CONTROL_HANDLERS
+from ttpeer.daemon.service._control import serve_control
+from ttpeer.daemon.worker import _workermsg as msg
+from ttpeer.daemon.worker._worker import _HANDLERS as WORKER_HANDLERS
 from ttpeer.proto import Outer, Record, sign
 
 from .proto_helpers import Pool, job_body, key

@@ -15,9 +15,9 @@ from ttpeer_wire import sign
 
 from ttpeer._chunked import HEAD, LENGTH, MAGIC, chunk_span
 from ttpeer.daemon import Home
-from ttpeer.daemon._blobs import RANGES_AT_ONCE, Blobs, sealed_bound
-from ttpeer.daemon._keys import PoolKeys
 from ttpeer.daemon._offload import in_order
+from ttpeer.daemon.sealed._blobs import RANGES_AT_ONCE, Blobs, sealed_bound
+from ttpeer.daemon.sealed._keys import PoolKeys
 from ttpeer.net import MemoryRelay
 from ttpeer.net._seal import SealError
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ttpeer.cli import main
-from ttpeer.daemon._admin import with_members as _with_members
+from ttpeer.daemon.node._admin import with_members as _with_members
 from ttpeer.errors import UsageError
 
 

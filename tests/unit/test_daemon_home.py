@@ -8,7 +8,7 @@ import time
 import pytest
 
 from ttpeer.daemon import Home, new_invite
-from ttpeer.daemon._recordlog import RecordLog
+from ttpeer.daemon.node._recordlog import RecordLog
 from ttpeer.errors import HomeError
 from ttpeer.proto import Token, parse, sign
 

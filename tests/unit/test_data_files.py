@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from ttpeer_wire import dataset_id
 
-from ttpeer.daemon._dataread import copy_and_hash, scan
-from ttpeer.daemon._datastore import DataStore, piece_blobs, piece_ok, pieces_of, pieces_of_files
+from ttpeer.daemon.data._dataread import copy_and_hash, scan
+from ttpeer.daemon.data._datastore import DataStore, piece_blobs, piece_ok, pieces_of, pieces_of_files
 from ttpeer.errors import DataError
 
 from .proto_helpers import dataset_body, hex64
@@ -110,7 +110,7 @@ def test_an_unreadable_file_is_named(tmp_path):
 def test_a_file_that_changes_while_it_is_read_is_refused_by_name(tmp_path, monkeypatch):
     """Something appends to the file between its first stat and its last read: the second
     stat (and the byte count) tell, and the file is named."""
-    import ttpeer.daemon._dataread as ds
+    import ttpeer.daemon.data._dataread as ds
 
     src = _tree(tmp_path / "src", {"steady.bin": b"s" * 100, "growing.bin": b"g" * (3 * PIECE)})
     real = ds._read
@@ -198,7 +198,7 @@ def test_dataset_path_answers_only_while_ttpeer_loads_a_task(tmp_path):
 
 
 def test_a_dataset_missing_in_a_worker_reaches_the_daemon_as_itself():
-    from ttpeer.daemon._failures import error, failure
+    from ttpeer.daemon.worker._failures import error, failure
     from ttpeer.proto import DatasetMissing
 
     frame = failure(DatasetMissing("corpus"))

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from ttpeer_wire import RecordError, dataset_id, sign
 
-from ttpeer.daemon._dataread import copy_and_hash
-from ttpeer.daemon._datasamples import parse_format, sample_index
+from ttpeer.daemon.data._dataread import copy_and_hash
+from ttpeer.daemon.data._datasamples import parse_format, sample_index
 from ttpeer.errors import DataError
 from ttpeer.train import DatasetMissing, TaskError
 from ttpeer.train._samples import SampleIndex, open_samples

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ttpeer_wire import RecordError, dataset_id, samples_hash, sign
 
-from ttpeer.daemon._dataread import copy_and_hash
-from ttpeer.daemon._datasamples import sample_index
-from ttpeer.daemon._datastore import DataStore, Piece, pieces_of_files
+from ttpeer.daemon.data._dataread import copy_and_hash
+from ttpeer.daemon.data._datasamples import sample_index
+from ttpeer.daemon.data._datastore import DataStore, Piece, pieces_of_files
 from ttpeer.errors import DataError
 from ttpeer.train import DatasetMissing, piece_shard_indices
 from ttpeer.train._samples import SampleIndex, open_samples
@@ -242,7 +242,7 @@ def test_assemblies_are_evicted_past_the_cache_bound_unless_a_job_uses_them(tmp_
         store.put_piece(dataset, Piece(0, "a.bin", 0, 4096, "00" * 32), plain, set())
     assert set(store.partial()) == set(ids.values())
     # Sparse files count only the pieces that landed (and the small files beside them).
-    from ttpeer.daemon._datastore import _disk_bytes
+    from ttpeer.daemon.data._datastore import _disk_bytes
     each = _disk_bytes(store.root / f"{ids['old']}.part")
     assert 4096 <= each < 3 * 4096 + 3 * 4096
     assert store.evict(2 * each, keep={ids["used"]}) == [ids["old"]]
@@ -369,7 +369,7 @@ def test_an_index_that_reaches_past_its_files_is_refused_and_a_short_spill_is_no
 def test_a_shard_that_misses_pieces_after_its_steps_is_trained_again_not_retried():
     import trio
 
-    from ttpeer.daemon._procexec import ProcessExecutor
+    from ttpeer.daemon.worker._procexec import ProcessExecutor
     from ttpeer.errors import LocalWorkLost
 
     fetched = []
@@ -409,7 +409,7 @@ def test_peers_share_a_rounds_shards_in_turn_in_an_order_they_all_compute():
 
 
 def test_the_default_piece_size_makes_about_256_pieces_and_fits_a_record():
-    from ttpeer.daemon._dataread import auto_piece_size
+    from ttpeer.daemon.data._dataread import auto_piece_size
 
     assert auto_piece_size([10 << 20]) == 1 << 20  # small data: the smallest default, 10 pieces
     assert auto_piece_size([1 << 30]) == 4 << 20  # 1 GiB: 256 pieces of 4 MiB

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from ttpeer._logging import redact
-from ttpeer.daemon._urlsource import UrlFailed, UrlSource, file_url, host_of, shown
+from ttpeer.daemon.data._urlsource import UrlFailed, UrlSource, file_url, host_of, shown
 from ttpeer.errors import DataError
 from ttpeer.net import MemoryRelay
 from ttpeer.proto import dataset_sources

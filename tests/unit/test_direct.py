@@ -1,4 +1,4 @@
-"""The LAN shortcut's server and fetcher (``ttpeer/daemon/_direct.py``), in process over
+"""The LAN shortcut's server and fetcher (``ttpeer/daemon/data/_direct.py``), in process over
 real TLS on loopback: a member fetches a piece pinned to the record's certificate; a
 caller who is no member, a stale or misdirected signature, another certificate, an
 unreachable address and a piece not held are each refused or skipped, never served."""
@@ -17,8 +17,8 @@ from ttpeer_relay.tls import ensure_certificate
 from ttpeer_wire import public_hex
 
 from ttpeer.config import ConfigError, direct_mode, load
-from ttpeer.daemon import _direct
-from ttpeer.daemon._direct import (
+from ttpeer.daemon.data import _direct
+from ttpeer.daemon.data._direct import (
     AUTH_WINDOW,
     DirectFailed,
     DirectFetcher,

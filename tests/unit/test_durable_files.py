@@ -15,8 +15,8 @@ import torch
 
 from ttpeer import train
 from ttpeer.daemon import Home
-from ttpeer.daemon._integrity import check_home, scan_log
-from ttpeer.daemon._recordlog import _HEAD, RecordLog
+from ttpeer.daemon.node._recordlog import _HEAD, RecordLog
+from ttpeer.daemon.service._integrity import check_home, scan_log
 from ttpeer.errors import DiskError
 
 RELAY, FP = "https://127.0.0.1:1", "sha256:" + "ab" * 32
@@ -127,7 +127,7 @@ def test_a_full_disk_mid_append_keeps_every_record_written(tmp_path):
 def test_a_kept_copy_of_an_own_delta_is_used_only_while_it_hashes_as_uploaded(tmp_path):
     import hashlib
 
-    from ttpeer.daemon._owncopies import _copy_own
+    from ttpeer.daemon.sealed._owncopies import _copy_own
 
     own = tmp_path / "own.bin"
     own.write_bytes(b"delta bytes" * 100)

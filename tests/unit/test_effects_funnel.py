@@ -1,4 +1,4 @@
-"""The one funnel of the effects (``daemon/_effects.py``): a task handler yields its
+"""The one funnel of the effects (``daemon/node/_effects.py``): a task handler yields its
 reports and the runner feeds each to the machine when it is made, the effect's id on
 every line logged; an error says what it means, reported before ``Failed``. And the
 shards in training (``_activity``), which a ``Cancel`` stops."""
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import trio
 
-from ttpeer.daemon._activity import Training
 from ttpeer.daemon._counters import Counters
-from ttpeer.daemon._effects import Effects
-from ttpeer.daemon._slices import SliceMismatch
+from ttpeer.daemon.node._activity import Training
+from ttpeer.daemon.node._effects import Effects
+from ttpeer.daemon.node._slices import SliceMismatch
 from ttpeer.errors import LocalWorkLost, StateMissing, TaskFailed, TtpeerError
 from ttpeer.proto import (
     DeltaEncoded,

@@ -15,7 +15,7 @@ import torch
 from ttpeer import train
 from ttpeer.daemon import Home
 from ttpeer.daemon._executor import Decline
-from ttpeer.daemon._torch import TorchExecutor
+from ttpeer.daemon.worker._torch import TorchExecutor
 from ttpeer.errors import TaskFailed
 from ttpeer.proto import Record, Train, sign
 

@@ -89,7 +89,9 @@ SURFACES: dict[str, set[str]] = {
 # Public modules of a package that are its surface too (ttpeer's layers and commands; the
 # relay: one concern per module).
 PUBLIC_MODULES = {"ttpeer": {"proto", "net", "daemon", "train", "tasks", "testing", "errors", "config", "cli", "demo"},
-                  "ttpeer.daemon": {"control"},  # the control socket's requests and replies
+                  # the control socket's requests and replies; the rooms, whose modules are all
+                  # _private (tests/unit/test_architecture.py, ROOMS)
+                  "ttpeer.daemon": {"control", "data", "node", "sealed", "service", "worker"},
                   "ttpeer_relay": {"app", "asgi", "auth", "blobs", "cli", "config", "mailbox", "ratelimit", "tls"},
                   "ttpeer_harness": {"netlab", "clidoc", "delayfwd"}}  # run as python -m
 PACKAGES = [*SURFACES, "ttpeer.train"]

@@ -89,7 +89,7 @@ def test_the_mnist1d_task_without_its_package_names_the_extra(monkeypatch, tmp_p
 
 
 def test_the_board_without_tensorboard_is_one_line_and_the_daemon_goes_on(monkeypatch, caplog, tmp_path):
-    from ttpeer.daemon._board import Board
+    from ttpeer.daemon.service._board import Board
 
     _missing(monkeypatch, "tensorboard")
     board = Board.__new__(Board)  # only update()'s handling is under test: _update imports the writer
@@ -113,7 +113,7 @@ def test_the_board_without_tensorboard_is_one_line_and_the_daemon_goes_on(monkey
 def test_a_headless_worker_warms_up_without_the_demo_data_and_says_nothing(monkeypatch, caplog, home):
     import trio
 
-    from ttpeer.daemon._torch import TorchExecutor
+    from ttpeer.daemon.worker._torch import TorchExecutor
 
     _missing(monkeypatch, "mnist1d")
     with caplog.at_level(logging.WARNING, logger="ttpeer.daemon"):

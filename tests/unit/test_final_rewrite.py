@@ -14,7 +14,7 @@ import torch
 from ttpeer import train
 from ttpeer.cli import main
 from ttpeer.daemon import Home
-from ttpeer.daemon._torch import TorchExecutor
+from ttpeer.daemon.worker._torch import TorchExecutor
 from ttpeer.errors import DiskError
 from ttpeer.proto import sign
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from ttpeer import train
 from ttpeer.daemon import Home
 from ttpeer.daemon._executor import Decline
-from ttpeer.daemon._torch import KEEP_STATES, TorchExecutor
+from ttpeer.daemon.worker._torch import KEEP_STATES, TorchExecutor
 from ttpeer.proto import sign
 
 TASK = Path(__file__).parent / "fixtures" / "task_linear.py"

@@ -11,7 +11,7 @@ import uuid
 import trio
 
 from ttpeer import _logging
-from ttpeer.daemon._systemd import Notifier
+from ttpeer.daemon.service._systemd import Notifier
 
 
 def _receiver(address: str) -> socket.socket:

@@ -183,7 +183,7 @@ def test_a_full_disk_while_writing_tensorboard_events_is_one_warning_and_the_nex
     import logging
     import os
 
-    from ttpeer.daemon._board import Board
+    from ttpeer.daemon.service._board import Board
     from ttpeer.errors import DiskError
 
     board = Board.__new__(Board)  # only update()'s handling is under test: _update fails as a full disk does

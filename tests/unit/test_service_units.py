@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ttpeer.cli import main
-from ttpeer.daemon._units import render_unit
+from ttpeer.daemon.service._units import render_unit
 
 ROOT = Path(__file__).resolve().parents[2]
 ANALYZE = shutil.which("systemd-analyze")

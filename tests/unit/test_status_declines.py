@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ttpeer.daemon._status import declines
+from ttpeer.daemon.node._status import declines
 from ttpeer.proto import RecordSet, sign
 
 from .proto_helpers import Pool, contrib, job_body, key, state
@@ -37,7 +37,7 @@ def test_declines_of_members_are_listed_by_name_until_they_train_after_all():
 def test_a_peer_behind_the_pool_or_not_training_is_told_so():
     # held_round and rounds_trained from the records, then the lines `ttpeer status` prints.
     from ttpeer._behind import behind_lines
-    from ttpeer.daemon._status import held_round, rounds_trained
+    from ttpeer.daemon.node._status import held_round, rounds_trained
     from ttpeer.proto import Chain
 
     from .proto_helpers import close
@@ -83,7 +83,7 @@ def test_a_peer_behind_the_pool_or_not_training_is_told_so():
 def test_status_says_how_a_fused_jobs_rounds_move():
     # From the job record and the newest close, then the line `ttpeer status` prints.
     from ttpeer._status_cmds import exchange_line
-    from ttpeer.daemon._status import exchange
+    from ttpeer.daemon.node._status import exchange
     from ttpeer.proto import Chain
 
     from .proto_helpers import close, hex64

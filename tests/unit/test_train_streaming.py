@@ -133,7 +133,7 @@ import os, sys, threading, time
 import trio, torch
 from ttpeer import train
 from ttpeer.daemon import Home
-from ttpeer.daemon._torch import TorchExecutor
+from ttpeer.daemon.worker._torch import TorchExecutor
 from ttpeer.proto import sign
 
 N = int(sys.argv[2])

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from ttpeer.daemon import Home
-from ttpeer.daemon._torch import TorchExecutor
+from ttpeer.daemon.worker._torch import TorchExecutor
 from ttpeer.errors import JobError
 from ttpeer.train import (
     CheckpointError,

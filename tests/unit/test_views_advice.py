@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ttpeer.daemon._views import OVERFIT_ROUNDS, advice
+from ttpeer.daemon.service._views import OVERFIT_ROUNDS, advice
 from ttpeer.train import InnerTrainer, init_state, load_task, shard_indices
 
 FIXTURE = Path(__file__).parent / "fixtures" / "task_linear.py"

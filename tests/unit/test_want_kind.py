@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ttpeer.daemon import Home
-from ttpeer.daemon._keys import SEALED, PoolKeys
+from ttpeer.daemon.sealed._keys import SEALED, PoolKeys
 from ttpeer.net._seal import SealError
 
 

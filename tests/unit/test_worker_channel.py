@@ -14,9 +14,9 @@ import torch
 import trio
 import trio.testing
 
-from ttpeer.daemon._channel import MAX_FRAME, ChannelError, FrameReader, pack, send
-from ttpeer.daemon._failures import KINDS, MAX_ITEMS, error, failure
-from ttpeer.daemon._workerproc import describe_exit
+from ttpeer.daemon.worker._channel import MAX_FRAME, ChannelError, FrameReader, pack, send
+from ttpeer.daemon.worker._failures import KINDS, MAX_ITEMS, error, failure
+from ttpeer.daemon.worker._workerproc import describe_exit
 from ttpeer.errors import DiskError, JobError, LocalWorkLost, StateMissing, TaskFailed, TtpeerError
 from ttpeer.proto import DatasetMissing
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 
-from ttpeer.daemon._workerproc import _all
+from ttpeer.daemon.worker._workerproc import _all
 from ttpeer.errors import DiskError, JobError, TaskFailed, TtpeerError
 
 

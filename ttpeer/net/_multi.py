@@ -25,7 +25,7 @@ single point:
   beside its receiver) connects it again with backoff. A relay that presents another
   certificate than its pin is skipped with a warning naming it, and retried rarely (its
   operator may put the right one back). Only when no relay is live does the daemon see
-  ``RelayUnavailable`` and stop its protocol clock (``daemon/_link.py``).
+  ``RelayUnavailable`` and stop its protocol clock (``daemon/node/_link.py``).
 
 With one relay it is that relay, error for error (and no copies to drop); the spool
 still re-sends what a relay that restarted empty lost.
@@ -209,7 +209,7 @@ class MultiRelay:
 
     def spooled(self, name: str) -> Path | None:
         """The file of our blob ``name``, sealed as uploaded, if the spool holds it on disk
-        (what the LAN shortcut serves: ``daemon/_direct.py``)."""
+        (what the LAN shortcut serves: ``daemon/data/_direct.py``)."""
         return self._spool.path(name)
 
     @property

@@ -313,7 +313,7 @@ class ReplayWindow:
     """Per-sender sliding windows of message counters already accepted.
 
     A sender numbers its sealed messages with a counter that only grows (across its
-    restarts too: see ``ttpeer.daemon._replay``). ``accept`` takes a counter once:
+    restarts too: see ``ttpeer.daemon.node._replay``). ``accept`` takes a counter once:
     a duplicate, or one more than ``size`` below the highest seen from that sender,
     is refused. Memory is bounded: ``size`` bits per sender, ``max_senders`` senders
     (the least recently heard is forgotten first)."""

@@ -12,9 +12,9 @@ must be ``UTILIZATION / (1 - UTILIZATION)`` times the sync for the peer to spend
 
 With overlap, a round costs steps in two ways (``scripts/bench/convergence``): the part
 of it trained before the close of the round before lands, from an estimate of its base
-(``daemon/_overlap.py``), and the correction of every round, so more rounds for the same
+(``daemon/worker/_overlap.py``), and the correction of every round, so more rounds for the same
 budget cost more on some tasks. Measured at a sync of 6 steps, rounds of 2x the sync were
-the best on mnist1d and needed 24% more steps than rounds of 4x on charlm; 3x was within 2%
+the best on mnist1d and needed 24-33% more steps than rounds of 4x on charlm; 3x was within 2%
 of the best on mnist1d and 7% on charlm, the smallest worst case, so the margin is 3. It
 also lets a sync run twice its median and still land inside the round: a close that lands
 after the round ends is not corrected at all, which costs far more.

@@ -14,7 +14,7 @@ batch's mean gradient.
 Stopping is agreed too: before each batch the workers take the maximum of their
 stop flags, so all of them stop at the same batch (one stopping alone would leave
 the others waiting in the next all-reduce). So is an overlapped round's correction
-onto a close that landed (``daemon/_overlap.py``): only the first worker closes rounds,
+onto a close that landed (``daemon/worker/_overlap.py``): only the first worker closes rounds,
 and the state it names reaches every worker at the same batch.
 """
 
