@@ -17,7 +17,7 @@ def test_a_variant_names_overlap_or_wait_and_its_options():
     eager = parse_variant("overlap:sync=none,mu=0.5", 25, 13)
     assert (eager.sync, eager.outer, eager.default) == (None, (0.7, 0.5), False)
     longer = parse_variant("overlap:h=100", 25, 13)
-    assert (longer.h, longer.sync) == (100, 50)  # half the round, as the cadence's margin allows
+    assert (longer.h, longer.sync) == (100, 34)  # a third of the round, as the cadence's margin allows
     for bad in ("ring", "overlap:lag=3", "wait:mu"):
         with pytest.raises(ValueError, match="variant|option"):
             parse_variant(bad, 25, 13)
