@@ -99,9 +99,7 @@ KNOWN_PRIVATE = {
 # longer when the rule came in are listed with their length then: each may shrink (lower
 # its number with it), none may grow; remove a line when its module is split.
 MAX_LINES = 500
-LONG_MODULES = {
-    "bench.wan": 520,
-}
+LONG_MODULES: dict[str, int] = {}  # a module over the limit, at its length: it may only shrink
 
 def _modules() -> dict[str, Path]:
     found = {}
