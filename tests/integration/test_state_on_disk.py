@@ -60,3 +60,35 @@ async def test_no_state_is_in_memory_while_a_shard_trains_and_the_bits_are_the_o
     assert await other.prepare(job, TASK_FILE.read_bytes()) is None
     with pytest.raises(JobError, match="is corrupt"):
         other._state(job, state)
+
+
+async def test_a_fused_close_drops_the_new_outer_momentum_before_it_evaluates(tmp_path: Path) -> None:
+    # The close's peak is the evaluation model beside the trainer's: the new state's outer
+    # momentum (4 bytes a parameter) must be gone by then, held only in its file.
+    import gc
+    import weakref
+
+    home = Home(tmp_path / "a")
+    home.create_pool(RELAY, FP, "a", time.time())
+    executor = TorchExecutor(home)
+    job, s0 = await _job(home, executor, {**SPEC, "overlap": 0})
+    ctx = executor._jobs[job.id]
+    samples = await executor.train(Train(job, 0, 0, 0, s0, fresh=True), lambda: False)
+    data, _ = await executor.delta(PublishDelta(job, 0, s0, (0,), samples))
+    made: list[weakref.ref] = []
+    alive_at_evaluation: list[int] = []
+    outer, evaluate = ctx.mode.outer, ctx.trainer.evaluate
+
+    def outer_seen(*args, **kwargs):
+        new = outer(*args, **kwargs)
+        made.extend(weakref.ref(t) for t in new.momentum.values())
+        return new
+
+    def evaluate_seen(*args, **kwargs):
+        gc.collect()
+        alive_at_evaluation.append(sum(r() is not None for r in made))
+        return evaluate(*args, **kwargs)
+
+    ctx.mode.outer, ctx.trainer.evaluate = outer_seen, evaluate_seen
+    await executor.aggregate(job, s0, [(data, samples)], rnd=0)
+    assert made and alive_at_evaluation == [0]

@@ -186,7 +186,7 @@ def test_a_row_is_the_cadence_rule_and_one_over_gain_kept_times_utilization():
     assert row.time == pytest.approx(1 / (row.kept * row.utilization))
     overlapped = predict(Job(0.01, 100_000, overlap=True), link, 2, lambda k: 1.5)[1]
     assert overlapped.h == math.ceil(SYNC_MARGIN * sync / 0.01 - 1e-9) and overlapped.utilization == 1.0
-    # Half a round (the sync in steps over a round of twice it, about) trains before its close lands.
+    # The sync in steps (a third of the round, about) trains before its close lands.
     cost = 1 + _advise.OVERLAP_COST * 0.5 * (sync / 0.01) / overlapped.h
     assert overlapped.kept == pytest.approx((1 + 0.5 * share / (1 + overlapped.h / _advise.H_HALF)) / cost)
     assert overlapped.time < row.time  # hiding the sync needs fewer steps a round

@@ -151,7 +151,8 @@ async def test_the_control_socket_answers_a_malformed_request_and_keeps_serving(
         for data, said in [(b"[1, 2]", "bad control request: a request is one JSON object"),
                            (b"{not json", "bad control request: "),
                            (b'{"op": "nope"}', "bad control request: unknown op 'nope'"),
-                           (b'{"op": "cancel", "job": 3}', "bad control request: cancel.job: 3 is not a str")]:
+                           (b'{"op": "cancel", "job": 3}', "bad control request: cancel.job: 3 is not a str"),
+                           (b"[" * 100_000, "bad control request: ")]:  # past the JSON parser's depth
             reply = await trio.to_thread.run_sync(raw, data)
             assert reply["ok"] is False and reply["error"].startswith(said), reply
         assert await trio.to_thread.run_sync(call, path, {"op": "status"}) == {"ok": True, "status": {"peers": 2}}

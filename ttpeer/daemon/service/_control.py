@@ -76,8 +76,11 @@ async def serve_control(
                 reply = {"ok": True, **control.CODEC.to_json(await _HANDLERS[type(request)](server, request))}
             except TtpeerError as exc:
                 reply = {"ok": False, "error": str(exc)}
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, RecursionError) as exc:  # nested past the parser's depth
                 reply = {"ok": False, "error": f"bad control request: {exc}"}
+            except Exception as exc:  # noqa: BLE001 - a local client's request never ends the daemon
+                log.exception("the control request failed")
+                reply = {"ok": False, "error": f"internal error: {type(exc).__name__}: {exc}"}
             try:
                 await stream.send_all(json.dumps(reply).encode())
             except trio.BrokenResourceError:

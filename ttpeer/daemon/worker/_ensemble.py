@@ -81,9 +81,12 @@ class Ensemble:
                            f"(got members {sorted(i for i, _ckpt in parts)})")
         return train.combine(self.states.load(base), parts)
 
-    def closed(self, new: OuterState, rnd: int, base: str, step: Outer) -> tuple[str, dict[str, float]]:
-        """Hold the close and evaluate the vote, weighed on the held-out samples. The weights
-        travel with the figures (``weights``, one a member)."""
+    def close(self, base: str, deltas: Deltas, sliced: bool, rnd: int, step: Outer) -> tuple[str, dict[str, float]]:
+        """Make the close of round ``rnd`` on ``base`` here, hold it and evaluate the vote,
+        weighed on the held-out samples. The weights travel with the figures (``weights``,
+        one a member)."""
+        new = self.outer(base, deltas, sliced, step)
+        self.states.forget(base)
         weights, models, _held = train.weigh_members(self.task, new, self.held, self.device)
         members, (loss, metric) = train.evaluate_ensemble(self.task, new, self.device, weights, models)
         best = max(m for _loss, m in members)

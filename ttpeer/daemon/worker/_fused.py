@@ -194,10 +194,13 @@ class Fused:
             total.add_parts(train.iter_delta(delta_bytes(ref), like))
         return total.step(lr=step.lr, momentum=step.momentum, nesterov=True, base=self.states.stream(base))
 
-    def closed(self, new: OuterState, rnd: int, base: str, step: Outer) -> tuple[str, dict[str, float]]:
-        """Hold the close this peer made and evaluate it. Held (on disk) first, so the outer
-        momentum is gone before the evaluation model is built: the close's peak is that
-        model and its activations beside the trainer's model, AdamW and residual."""
+    def close(self, base: str, deltas: Deltas, sliced: bool, rnd: int, step: Outer) -> tuple[str, dict[str, float]]:
+        """Make the close of round ``rnd`` on ``base`` here, hold it and evaluate it. The new
+        state is held (on disk) first and its outer momentum dropped before the evaluation
+        model is built: the close's peak is that model and its activations beside the
+        trainer's model, AdamW and residual (so nothing but this frame may hold ``new``)."""
+        new = self.outer(base, deltas, sliced, step)
+        self.states.forget(base)  # on disk: not kept beside the new state and the evaluation
         digest = self.applied(new, rnd, base, step)
         params = new.params
         del new

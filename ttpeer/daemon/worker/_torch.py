@@ -305,15 +305,8 @@ class TorchExecutor:
         ctx = self._job(job)
         step = outer or job_outer(job, rnd)
 
-        def run() -> tuple[str, dict[str, float]]:
-            new = ctx.mode.outer(base, deltas, sliced, step)
-            # The base is on disk: not kept in memory beside the new state and the model
-            # that evaluates it (a training round that uses it holds its own reference).
-            ctx.states.forget(base)
-            return ctx.mode.closed(new, rnd, base, step)
-
         async with self._close_lock:
-            return await in_thread(run, job["task"])
+            return await in_thread(lambda: ctx.mode.close(base, deltas, sliced, rnd, step), job["task"])
 
     async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
                     sliced: bool = False, outer: Outer | None = None) -> bool:

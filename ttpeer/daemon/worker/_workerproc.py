@@ -92,7 +92,10 @@ class _Worker:
             await self._ended(f"its channel broke ({exc})")
 
     def _on_frame(self, frame: dict[str, Any]) -> None:
-        call = self._pending.get(frame.get("id", -1))
+        rid = frame.get("id", -1)
+        if type(rid) is not int:
+            raise ChannelError(f"a frame whose id is not a number: {str(rid)[:40]}")
+        call = self._pending.get(rid)
         if call is None:
             return
         if "progress" in frame:
@@ -227,9 +230,12 @@ async def _all(group: list[_Worker], request: Callable[[int], Message[R]], *, ti
             for rank in range(len(group)):
                 nursery.start_soon(one, rank)
     except BaseExceptionGroup as eg:
-        # The most telling failure first (a full disk stops the daemon); any other of ttpeer's
-        # errors comes out as itself, never wrapped in a group that reads as a bug.
-        for kind in (DiskError, TaskFailed, WorkerDied, DatasetMissing, TtpeerError):
+        # The most telling failure first (a full disk stops the daemon). A lone worker's other
+        # ttpeer errors come out as themselves, for the protocol to retry; in a group of
+        # several, the others may still wait in a collective for the one that failed, so such
+        # a call is not retried behind them: the group's failure ends the job here.
+        lone = (TtpeerError,) if len(group) == 1 else ()
+        for kind in (DiskError, TaskFailed, WorkerDied, DatasetMissing, *lone):
             match, _rest = eg.split(kind)
             if match is not None:
                 first: BaseException = match
