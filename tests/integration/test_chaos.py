@@ -1,8 +1,9 @@
 """The chaos campaign's fixed seeds, on real processes (``scripts/chaos``, bench/chaos.py).
 
 Four seeds whose faults together are every kind the campaign draws, each a pool of 3
-and a job of 4 rounds of 40 steps: a broken task beside the job, a full disk (as root)
-and a blob corrupted on a relay's disk (80); a peer cut off silently (its bytes dropped) and
+and a job of 4 rounds of 40 steps: a full disk (as root), a broken task beside the job and
+a blob corrupted on a relay's disk (19999; seed 80 drew the same kinds for an ensemble job
+that now ends before its last fault is due); a peer cut off silently (its bytes dropped) and
 revoked in the same second, so that it hears of it only once the cut mends (793); a
 worker killed and a relay restarted empty (3109); the relay named first in the token
 killed for good before a peer joins with that token, and a daemon killed for good (4698:
@@ -18,7 +19,7 @@ from bench.chaos import can_mount, line, one_run
 
 pytestmark = pytest.mark.slow
 
-SEEDS = [80, 793, 3109, 4698]
+SEEDS = [19999, 793, 3109, 4698]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
