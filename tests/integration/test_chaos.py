@@ -3,7 +3,7 @@
 Four seeds whose faults together are every kind the campaign draws, each a pool of 3
 and a job of 4 rounds of 40 steps: a full disk (as root), a broken task beside the job and
 a blob corrupted on a relay's disk (19999; seed 80 drew the same kinds for an ensemble job
-that now ends before its last fault is due); a peer cut off silently (its bytes dropped) and
+that, on a quiet machine, could end before its last fault was due at 10 s); a peer cut off silently (its bytes dropped) and
 revoked in the same second, so that it hears of it only once the cut mends (793); a
 worker killed and a relay restarted empty (3109); the relay named first in the token
 killed for good before a peer joins with that token, and a daemon killed for good (4698:
