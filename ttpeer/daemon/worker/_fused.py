@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ttpeer import train
@@ -214,7 +215,7 @@ class Fused:
         self.overlap.landed(rnd, base, digest, step)
         return digest
 
-    def export(self, final: OuterState, out: Any, metrics: dict[str, Any]) -> None:
+    def export(self, final: OuterState, out: Path, metrics: dict[str, Any]) -> None:
         train.export_model(final, self.task, out, metrics)
 
 

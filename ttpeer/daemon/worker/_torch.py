@@ -18,6 +18,7 @@ close prunes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import trio
 
@@ -48,7 +49,6 @@ from ._jobstates import KEEP_STATES, JobStates
 from ._torchutil import available_memory, chunk_run, in_thread, unfinish, values_of
 
 log = logging.getLogger("ttpeer.train")
-T = TypeVar("T")
 WARM_TASK = "mnist1d"  # the README's and the demo's task: its data is made at start-up
 
 
@@ -283,9 +283,7 @@ class TorchExecutor:
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
         ctx = self._job(eff.job)
-        if not ctx.mode.delta_locked:
-            return await in_thread(lambda: ctx.mode.delta(eff), eff.job["task"])
-        async with self._train_lock:
+        async with self._train_lock if ctx.mode.delta_locked else contextlib.nullcontext():
             return await in_thread(lambda: ctx.mode.delta(eff), eff.job["task"])
 
     async def reduce_slice(self, job: Record, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
