@@ -125,7 +125,7 @@ async def run_job(root: Path, case: Case, task_file: bytes | None = None) -> lis
     target is first reached or the steps run out."""
     from ttpeer.daemon import Home
     from ttpeer.daemon.worker._torch import TorchExecutor
-    from ttpeer.proto import Outer, PublishDelta, Train, sign
+    from ttpeer.proto import JobSpec, Outer, PublishDelta, Train, sign
 
     v = case.variant
     assert v is not None
@@ -136,7 +136,7 @@ async def run_job(root: Path, case: Case, task_file: bytes | None = None) -> lis
     execs = [TorchExecutor(home) for home in homes]
     fixed, init = await execs[0].new_job(spec, task_file)
     body = {**spec, **fixed, "init_blob": "0" * 64, "task_blob": "", "at": int(time.time())}
-    job = sign("job", homes[0].config().pool, body, homes[0].node_key())
+    job = JobSpec.of(sign("job", homes[0].config().pool, body, homes[0].node_key()))
     for ex in execs:
         if await ex.prepare(job, task_file) is not None or not await ex.import_state(job, fixed["init"], init):
             raise RuntimeError("an executor could not prepare the lab's job")
@@ -211,7 +211,7 @@ async def run_ensemble(root: Path, task: str, members: int, units: int, steps: i
     from ttpeer import train
     from ttpeer.daemon import Home
     from ttpeer.daemon.worker._torch import TorchExecutor
-    from ttpeer.proto import PublishDelta, Train, member_variants, sign
+    from ttpeer.proto import JobSpec, PublishDelta, Train, member_variants, sign
 
     home = Home(root / "peer0")
     home.create_pool(RELAY, FP, "peer0", time.time())
@@ -221,8 +221,8 @@ async def run_ensemble(root: Path, task: str, members: int, units: int, steps: i
             "bits": 8, "seed": seed, "lease": 30.0, "steal": False,
             "members": member_variants(seed, members, lr, WEIGHT_DECAY)}
     fixed, init = await ex.new_job(spec, None)
-    job = sign("job", home.config().pool, {**spec, **fixed, "init_blob": "0" * 64, "task_blob": "",
-                                           "at": int(time.time())}, home.node_key())
+    body = {**spec, **fixed, "init_blob": "0" * 64, "task_blob": "", "at": int(time.time())}
+    job = JobSpec.of(sign("job", home.config().pool, body, home.node_key()))
     if await ex.prepare(job, None) is not None or not await ex.import_state(job, fixed["init"], init):
         raise RuntimeError("the executor could not prepare the lab's ensemble job")
     state, metrics = fixed["init"], {}

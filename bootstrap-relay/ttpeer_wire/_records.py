@@ -202,6 +202,7 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
     "join": {"invite": _HEX, "node": _HEX, "seal": _HEX, "name": _re(_NAME), "at": _int()},
     "job": {
         "task": _str(256), "task_hash": _HEX, "task_blob": _re(re.compile(r"^([0-9a-f]{64})?$")),
+        # ``batches``: a round's inner steps per shard (``inner_steps`` in code, ``--inner-steps``).
         "mode": _choice("fused", "ensemble"), "rounds": _int(1, 100_000),
         "shards": _int(1, 4096), "batches": _int(1, 1_000_000), "batch_size": _int(1, 65536),
         "inner_lr": _num(0, 10), "weight_decay": _num(0, 10), "outer_lr": _num(0, 10),

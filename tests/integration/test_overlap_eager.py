@@ -24,7 +24,7 @@ from bench.convergence import Case, Variant, run_job
 from ttpeer import train
 from ttpeer.daemon import Home
 from ttpeer.daemon.worker._torch import TorchExecutor
-from ttpeer.proto import PublishDelta, Train, sign
+from ttpeer.proto import JobSpec, PublishDelta, Train, sign
 
 from .test_torch_nodes import FP, RELAY, TASK_FILE
 
@@ -37,7 +37,7 @@ async def _job(home: Home, executor: TorchExecutor, spec: dict) -> tuple:
     task_file = TASK_FILE.read_bytes()
     fixed, init = await executor.new_job(spec, task_file)
     body = {**spec, **fixed, "init_blob": "0" * 64, "task_blob": "", "at": int(time.time())}
-    job = sign("job", home.config().pool, body, home.node_key())
+    job = JobSpec.of(sign("job", home.config().pool, body, home.node_key()))
     assert await executor.prepare(job, task_file) is None
     assert await executor.import_state(job, fixed["init"], init)
     return job, fixed["init"]

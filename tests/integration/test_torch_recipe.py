@@ -13,7 +13,7 @@ from ttpeer import train
 from ttpeer.daemon import Home
 from ttpeer.daemon.service._views import peer_rows
 from ttpeer.daemon.worker._torch import TorchExecutor
-from ttpeer.proto import PublishDelta, Train, sign
+from ttpeer.proto import JobSpec, PublishDelta, Train, sign
 
 from .test_torch_nodes import FP, RELAY, _homes, run_jobs
 
@@ -77,7 +77,7 @@ async def _prepared(home: Home, spec: dict, memory_limit: int | None = None) -> 
     executor = TorchExecutor(home, memory_limit=memory_limit)
     fixed, init = await executor.new_job(spec, None)
     body = {**spec, **fixed, "init_blob": "0" * 64, "task_blob": "", "at": int(time.time())}
-    job = sign("job", home.config().pool, body, home.node_key())
+    job = JobSpec.of(sign("job", home.config().pool, body, home.node_key()))
     decline = await executor.prepare(job, None)
     if decline is None:
         assert await executor.import_state(job, fixed["init"], init)

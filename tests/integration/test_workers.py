@@ -19,7 +19,7 @@ from ttpeer.daemon import Home, Node
 from ttpeer.daemon.worker._procexec import ProcessExecutor
 from ttpeer.errors import LocalWorkLost, TaskFailed
 from ttpeer.net import MemoryRelay
-from ttpeer.proto import Timing, Train, sign
+from ttpeer.proto import JobSpec, Timing, Train, sign
 
 from .test_torch_nodes import FP, RELAY, _homes, _spec
 
@@ -38,7 +38,7 @@ async def _prepared(home: Home, executor: ProcessExecutor, **changes: Any) -> tu
     spec = _spec(rounds=2, shards=2, batches=8, steal=False, task=FAULTY.name, **changes)
     fixed, init = await executor.new_job(spec, task_file)
     body = {**spec, **fixed, "init_blob": "0" * 64, "task_blob": "", "at": int(time.time())}
-    job = sign("job", home.config().pool, body, home.node_key())
+    job = JobSpec.of(sign("job", home.config().pool, body, home.node_key()))
     assert await executor.prepare(job, task_file) is None
     assert await executor.import_state(job, fixed["init"], init)
     return job, fixed["init"]

@@ -33,7 +33,7 @@ def sizes_of(sim: Simulation, job: str) -> tuple[Plan, tuple[int, ...]]:
     chain = machine.chain(rec)
     plan = Plan.of(rec, chain.closes)
     assert plan.finished(chain.round) and not plan.finished(chain.round - 1)
-    sizes = tuple(plan.batches(r) for r in range(chain.round))
+    sizes = tuple(plan.inner_steps(r) for r in range(chain.round))
     assert sum(sizes) == SPEC["rounds"] * SPEC["batches"]
     for p in live:  # every peer reads the same sizes from its own records
         assert Plan.of(rec, p.node.machine.chain(rec).closes).sizes == plan.sizes
@@ -94,7 +94,7 @@ async def test_a_crash_and_a_lossy_relay_with_changing_rounds(tmp_path, autojump
     rec = machine.records.by_id[job]
     chain = machine.chain(rec)
     plan = Plan.of(rec, chain.closes)
-    sizes = [plan.batches(r) for r in range(chain.round)]
+    sizes = [plan.inner_steps(r) for r in range(chain.round)]
     assert sum(sizes) == spec["rounds"] * spec["batches"] and len(set(sizes)) > 1, sizes
     for close in chain.closes:
         assert covered([machine.records.by_id[c] for c in close["contribs"]]) == set(range(8))

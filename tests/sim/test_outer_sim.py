@@ -40,7 +40,7 @@ async def test_every_close_names_the_rules_step_and_every_peer_applies_it(tmp_pa
     counts = set()
     for rnd, close in enumerate(chain.closes):
         step = close_outer(close)
-        assert step == outer_settings(len(close["contribs"]), plan.batches(rnd)), (rnd, close.body)
+        assert step == outer_settings(len(close["contribs"]), plan.inner_steps(rnd)), (rnd, close.body)
         assert isinstance(step, Outer) and step != Outer(SPEC["outer_lr"], SPEC["outer_momentum"])
         counts.add(len(close["contribs"]))
     # Rounds closed from different numbers of contributions took different steps.

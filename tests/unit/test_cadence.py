@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ttpeer.proto import Plan, Record, RecordError, RecordSet, canonical_chain, sign
-from ttpeer.proto._cadence import MAX_CHANGE, next_batches, steps_for
+from ttpeer.proto._cadence import MAX_CHANGE, next_inner_steps, steps_for
 
 from .proto_helpers import Pool, hex64, job_body, key, state
 
@@ -35,32 +35,32 @@ def test_steps_for_hides_the_sync_with_a_margin_or_a_utilization():
     assert steps_for(0.0, 1.0, overlap=True, lo=5, hi=700) == 700  # no step time measured: the longest
 
 
-def test_next_batches_scales_the_round_to_the_sync_within_a_factor_and_bounds():
+def test_next_inner_steps_scales_the_round_to_the_sync_within_a_factor_and_bounds():
     # 1 s of compute per peer, 0.3 s of sync: 3 x 0.3 = 0.9 s of compute needed, 18 of 20 steps.
-    assert next_batches(20, [figures(1.0, 0.3), figures(1.0, 0.3)], shards=2, peers=2, overlap=True,
+    assert next_inner_steps(20, [figures(1.0, 0.3), figures(1.0, 0.3)], shards=2, peers=2, overlap=True,
                         lo=1, hi=1000) == 18
     # Far too slow a link: at most MAX_CHANGE x a round, then the bound.
-    assert next_batches(20, [figures(1.0, 100.0)] * 2, shards=2, peers=2, overlap=True, lo=1,
+    assert next_inner_steps(20, [figures(1.0, 100.0)] * 2, shards=2, peers=2, overlap=True, lo=1,
                         hi=1000) == 20 * MAX_CHANGE
-    assert next_batches(20, [figures(1.0, 100.0)] * 2, shards=2, peers=2, overlap=True, lo=1, hi=30) == 30
+    assert next_inner_steps(20, [figures(1.0, 100.0)] * 2, shards=2, peers=2, overlap=True, lo=1, hi=30) == 30
     # A near-free sync: halved, not more, and never under the bound.
-    assert next_batches(20, [figures(1.0, 0.0)] * 2, shards=2, peers=2, overlap=True, lo=1, hi=1000) == 10
-    assert next_batches(8, [figures(1.0, 0.0)] * 2, shards=2, peers=2, overlap=True, lo=6, hi=1000) == 6
+    assert next_inner_steps(20, [figures(1.0, 0.0)] * 2, shards=2, peers=2, overlap=True, lo=1, hi=1000) == 10
+    assert next_inner_steps(8, [figures(1.0, 0.0)] * 2, shards=2, peers=2, overlap=True, lo=6, hi=1000) == 6
     # Nobody has synced yet: the size stays.
-    assert next_batches(20, [figures(1.0, None)] * 2, shards=2, peers=2, overlap=True, lo=1, hi=1000) == 20
-    assert next_batches(90, [], shards=2, peers=2, overlap=True, lo=1, hi=50) == 50
+    assert next_inner_steps(20, [figures(1.0, None)] * 2, shards=2, peers=2, overlap=True, lo=1, hi=1000) == 20
+    assert next_inner_steps(90, [], shards=2, peers=2, overlap=True, lo=1, hi=50) == 50
 
 
-def test_next_batches_uses_medians_and_each_peers_share_of_the_shards():
+def test_next_inner_steps_uses_medians_and_each_peers_share_of_the_shards():
     # One straggler's long sync and one fast copy do not move the medians.
     many = [figures(1.0, 0.3), figures(1.0, 0.3), figures(9.0, 50.0), figures(0.1, 0.3)]
-    assert next_batches(20, many, shards=4, peers=4, overlap=True, lo=1, hi=1000) == 18
+    assert next_inner_steps(20, many, shards=4, peers=4, overlap=True, lo=1, hi=1000) == 18
     # One peer trained all 4 shards alone (4 s) while 3 others fetched its base: a pool of 4
     # peers has 1 s of compute each a round, so 0.5 s of sync needs 1.5 s: 30 steps, not 8.
-    assert next_batches(20, [figures(4.0, 0.5, shards=4)], shards=4, peers=4, overlap=True, lo=1,
+    assert next_inner_steps(20, [figures(4.0, 0.5, shards=4)], shards=4, peers=4, overlap=True, lo=1,
                         hi=1000) == 30
     # Without overlap the sync is waited for: 9 x it (capped at 2x a round here).
-    assert next_batches(20, [figures(1.0, 0.5)] * 2, shards=2, peers=2, overlap=False, lo=1, hi=1000) == 40
+    assert next_inner_steps(20, [figures(1.0, 0.5)] * 2, shards=2, peers=2, overlap=False, lo=1, hi=1000) == 40
 
 
 # -- the plan ----------------------------------------------------------------------------
@@ -90,7 +90,7 @@ def chain_records(nexts: list[int | None], job: Record = AUTO) -> list[Record]:
 
 def test_a_fixed_job_plans_what_it_always_did():
     plan = Plan.of(FIXED, ())
-    assert [plan.batches(r) for r in range(3)] == [20, 20, 20]
+    assert [plan.inner_steps(r) for r in range(3)] == [20, 20, 20]
     assert [plan.first_step(r) for r in range(4)] == [0, 20, 40, 60]
     assert plan.has_round(2) and not plan.has_round(3)
     assert plan.expected_rounds() == 3 and not plan.auto
@@ -154,7 +154,7 @@ def test_every_peer_reads_the_same_sizes_from_the_same_records_in_any_order(next
             rs.add(rec)
         chain = canonical_chain(rs, AUTO)
         plan = Plan.of(AUTO, chain.closes)
-        sizes.add(tuple(plan.batches(r) for r in range(chain.round)))
+        sizes.add(tuple(plan.inner_steps(r) for r in range(chain.round)))
     assert len(sizes) == 1
     (got,) = sizes
     assert sum(got) <= 60 and all(5 <= s <= 80 for s in got[:-1])

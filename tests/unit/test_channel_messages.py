@@ -22,11 +22,12 @@ from ttpeer.daemon.service._control import _HANDLERS as CONTROL_HANDLERS
 from ttpeer.daemon.service._control import serve_control
 from ttpeer.daemon.worker import _workermsg as msg
 from ttpeer.daemon.worker._worker import _HANDLERS as WORKER_HANDLERS
-from ttpeer.proto import Outer, Record, sign
+from ttpeer.proto import JobSpec, Outer, Record, sign
 
 from .proto_helpers import Pool, job_body, key
 
 JOB = sign("job", Pool("messages").id, job_body(), key("messages-author"))
+SPEC = JobSpec.of(JOB)
 CODECS = {"worker": msg.CODEC, "control": control.CODEC}
 
 
@@ -43,6 +44,8 @@ def sample(hint: Any) -> Any:
         return tuple(sample(a) for a in (args[:1] * 2 if args[-1] is Ellipsis else args))
     if hint is Record:
         return JOB
+    if hint is JobSpec:
+        return SPEC
     if hint is Outer:
         return Outer(0.7, 0.9)
     if dataclasses.is_dataclass(hint):
@@ -69,7 +72,7 @@ def test_every_message_and_its_reply_cross_and_come_back_equal(name: str, cls: t
 def test_a_train_request_carries_the_machines_effect_as_it_is() -> None:
     from ttpeer import proto
 
-    eff = proto.Train(JOB, 2, 1, 0, "sha256:" + "b" * 64, True, steps=None, first_step=40, ahead=None)
+    eff = proto.Train(SPEC, 2, 1, 0, "sha256:" + "b" * 64, True, inner_steps=None, first_step=40, ahead=None)
     frame = _wire(msg.CODEC.encode(msg.Train(eff)))
     assert frame["eff"]["job"] == JOB.raw.hex() and frame["eff"]["first_step"] == 40
     assert msg.CODEC.decode(frame) == msg.Train(eff)
@@ -81,7 +84,7 @@ def test_every_request_has_one_handler() -> None:
 
 
 def test_a_decline_or_its_reason_comes_back_as_it_was_sent() -> None:
-    prepare = msg.Prepare(JOB, None)
+    prepare = msg.Prepare(SPEC, None)
     for decline in (Decline("needs 12 GiB", need=12, have=8, code="fit"), "a reason", None):
         assert msg.CODEC.reply(prepare, _wire(msg.CODEC.to_json(decline))) == decline
 
@@ -106,6 +109,8 @@ def test_a_malformed_control_request_is_refused_naming_what_is_wrong(frame: dict
 @pytest.mark.parametrize(("frame", "said"), [
     ({"op": "prepare", "job": "00ff", "task_file": None}, "prepare.job: not a record"),
     ({"op": "prepare", "job": 5, "task_file": None}, "prepare.job: "),
+    ({"op": "prepare", "job": sign("cancel", Pool("messages").id, {"job": "ab" * 32, "at": 1}, key("messages-author"))
+      .raw.hex(), "task_file": None}, "prepare.job: a cancel record is not a job"),
     ({"op": "train", "eff": {"job": JOB.raw.hex(), "round": 1}}, "train.eff: missing field 'shard'"),
     ({"op": "aggregate", "job": JOB.raw.hex(), "base": "s", "deltas": [["/d", 3, 4]], "round": 1},
      "aggregate.deltas[0]: 3 items where 2 go"),

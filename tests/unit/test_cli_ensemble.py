@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ttpeer.cli import main
-from ttpeer.daemon.node._admin import with_members as _with_members
+from ttpeer.daemon.node._admin import by_mode
 from ttpeer.errors import UsageError
 
 
@@ -24,14 +24,16 @@ def test_submit_refuses_ensemble_options_that_do_not_fit(tmp_path, capsys, args,
 
 def test_the_daemon_lists_members_from_a_count_and_checks_it():
     spec = {"mode": "ensemble", "members": 3, "seed": 7, "inner_lr": 1e-3, "weight_decay": 0.01, "shards": None}
-    out = _with_members(spec)
+    out = by_mode(spec)
     assert out["shards"] == 3 and len(out["members"]) == 3 and out["members"][0]["seed"] != out["members"][1]["seed"]
-    assert "members" not in _with_members({"mode": "fused", "members": None})
-    bad_specs = ({**spec, "members": 0}, {**spec, "members": "3"}, {**spec, "shards": 2},
-                 {"mode": "fused", "members": 2})
-    for bad in bad_specs:
-        with pytest.raises(UsageError):
-            _with_members(bad)
+    assert "members" not in by_mode({"mode": "fused", "members": None})
+    bad_specs = [({**spec, "members": 0}, "between 1 and 4096"), ({**spec, "members": "3"}, "between 1 and 4096"),
+                 ({**spec, "shards": 2}, "one shard per member"), ({"mode": "fused", "members": 2}, "goes with"),
+                 ({**spec, "init": "/x/m.safetensors"}, "--init warm-starts a fused job"),
+                 ({**spec, "mode": "fusion"}, "mode must be one of fused, ensemble")]
+    for bad, message in bad_specs:
+        with pytest.raises(UsageError, match=message):
+            by_mode(bad)
 
 
 def test_predict_explains_bad_input(tmp_path, capsys):

@@ -22,6 +22,7 @@ from ttpeer.proto import (
     Effect,
     Failed,
     JobFailed,
+    JobSpec,
     Progress,
     PublishDelta,
     Report,
@@ -33,8 +34,8 @@ from ttpeer.proto import (
 
 from .proto_helpers import Pool, job_body, key, state
 
-JOB = sign("job", Pool("funnel").id, job_body(), key("funnel-author"))
-DELTA = PublishDelta(JOB, 0, JOB["init"], (0, 1), 16)
+JOB = JobSpec.of(sign("job", Pool("funnel").id, job_body(), key("funnel-author")))
+DELTA = PublishDelta(JOB, 0, JOB.init, (0, 1), 16)
 
 
 class _Machine:
@@ -98,7 +99,7 @@ async def test_a_report_reaches_the_machine_when_it_is_made_and_every_line_names
     node = _Node()
     with caplog.at_level(logging.DEBUG, logger="ttpeer.daemon"):
         await _run(node, DELTA)
-    encoded = DeltaEncoded(JOB, 0, JOB["init"], (0, 1))
+    encoded = DeltaEncoded(JOB, 0, JOB.init, (0, 1))
     assert node.blobs.reported_before_upload == [encoded]  # the next shard trains during the upload
     assert node.machine.reports[0] == encoded
     assert isinstance(node.machine.reports[1], DeltaPublished) and len(node.machine.reports) == 2

@@ -17,7 +17,7 @@ from ttpeer.daemon import Home
 from ttpeer.daemon._executor import Decline
 from ttpeer.daemon.worker._torch import TorchExecutor
 from ttpeer.errors import TaskFailed
-from ttpeer.proto import Record, Train, sign
+from ttpeer.proto import JobSpec, Train, sign
 
 from .proto_helpers import Pool, hex64, key
 
@@ -58,18 +58,18 @@ def _line(source: bytes, text: str) -> int:
     return next(i for i, line in enumerate(source.decode().splitlines(), 1) if text in line)
 
 
-async def _job(ex: TorchExecutor, name: str, source: bytes) -> Record:
+async def _job(ex: TorchExecutor, name: str, source: bytes) -> JobSpec:
     """Submit (``new_job``), then prepare the job and hold its initial state, as a peer does."""
     fixed, init = await ex.new_job({**SPEC, "task": name}, source)
     body = {**SPEC, "task": name, **fixed, "init_blob": hex64("init"), "task_blob": hex64("task"), "at": 1}
-    job = sign("job", POOL.id, body, AUTHOR)
+    job = JobSpec.of(sign("job", POOL.id, body, AUTHOR))
     assert await ex.prepare(job, source) is None
-    assert await ex.import_state(job, job["init"], init)
+    assert await ex.import_state(job, job.init, init)
     return job
 
 
-async def _train(ex: TorchExecutor, job: Record, shard: int = 0) -> int:
-    return await ex.train(Train(job, 0, shard, 0, job["init"], fresh=True), lambda: False)
+async def _train(ex: TorchExecutor, job: JobSpec, shard: int = 0) -> int:
+    return await ex.train(Train(job, 0, shard, 0, job.init, fresh=True), lambda: False)
 
 
 RAISES_LATER = _source("""
@@ -175,7 +175,8 @@ async def test_a_peer_whose_data_differs_declines_with_that_reason(tmp_path):
     await _job(ex, "same.py", seeded)  # prepare answers None: the fingerprint matches
     fixed, _init = await ex.new_job({**SPEC, "task": "urandom.py"}, random)
     body = {**SPEC, "task": "urandom.py", **fixed, "init_blob": hex64("i"), "task_blob": hex64("t"), "at": 1}
-    decline = await TorchExecutor(_home(tmp_path, "other")).prepare(sign("job", POOL.id, body, AUTHOR), random)
+    job = JobSpec.of(sign("job", POOL.id, body, AUTHOR))
+    decline = await TorchExecutor(_home(tmp_path, "other")).prepare(job, random)
     assert isinstance(decline, Decline) and decline.code == "data"
     assert decline.reason.startswith("your copy of the task's data differs from the submitter's: fingerprint ")
 

@@ -35,7 +35,8 @@ SURFACES: dict[str, set[str]] = {
         'parse', 'parse_token', 'pool_id_of', 'public_hex', 'revocation_keep', 'revocations',
         'select_cover', 'sign', 'sign_task', 'standing', 'standing_declines', 'train_base', 'verify_proof',
         'verify_revocation', 'token_used_message',
-        # typed reports of the executor's outcomes, and the job record read once
+        # typed reports of the executor's outcomes, and the job record read once, and its mode
+        'Mode', 'FUSED', 'ENSEMBLE', 'mode_named',
         'Aggregated', 'Applied', 'CheckpointPublished', 'Declined', 'DeltaEncoded', 'DeltaPublished', 'Failed',
         'Fetched', 'Holds', 'JobFailed', 'JobSpec', 'Prepared', 'Progress', 'Report', 'StateLost', 'Trained',
         'WorkLost',

@@ -16,7 +16,7 @@ from ttpeer.cli import main
 from ttpeer.daemon import Home
 from ttpeer.daemon.worker._torch import TorchExecutor
 from ttpeer.errors import DiskError
-from ttpeer.proto import sign
+from ttpeer.proto import JobSpec, sign
 
 from .proto_helpers import Pool, hex64, key
 
@@ -33,10 +33,10 @@ async def test_export_refuses_while_the_final_files_are_rewritten_for_another_st
     home.create_pool("https://127.0.0.1:1", "sha256:" + "0" * 64, "alice", time.time())
     ex = TorchExecutor(home)
     fixed, init = await ex.new_job(SPEC, None)
-    job = sign("job", POOL.id, {**SPEC, **fixed, "init_blob": hex64("init"), "task_blob": hex64("task"), "at": 1},
-               AUTHOR)
+    body = {**SPEC, **fixed, "init_blob": hex64("init"), "task_blob": hex64("task"), "at": 1}
+    job = JobSpec.of(sign("job", POOL.id, body, AUTHOR))
     assert await ex.prepare(job, None) is None
-    assert await ex.import_state(job, job["init"], init)
+    assert await ex.import_state(job, job.init, init)
     # A second state of the same model: the other branch's final state.
     other = train.state_from_bytes(init)
     for tensor in other.params.values():
@@ -44,9 +44,9 @@ async def test_export_refuses_while_the_final_files_are_rewritten_for_another_st
     other_hash = train.state_hash(other)
     assert await ex.import_state(job, other_hash, train.state_to_bytes(other))
 
-    await ex.finish(job, job["init"], {"state": job["init"]})
+    await ex.finish(job, job.init, {"state": job.init})
     done = home.states(job.id) / "done.json"
-    assert json.loads(done.read_text())["state"] == job["init"]
+    assert json.loads(done.read_text())["state"] == job.init
     assert main(["export", job.id[:12], str(tmp_path / "a"), "--home", str(home.path)]) == 0
     capsys.readouterr()
 

@@ -9,7 +9,7 @@ from ttpeer import train
 from ttpeer.daemon import Home
 from ttpeer.daemon._executor import Decline
 from ttpeer.daemon.worker._torch import KEEP_STATES, TorchExecutor
-from ttpeer.proto import sign
+from ttpeer.proto import JobSpec, sign
 
 TASK = Path(__file__).parent / "fixtures" / "task_linear.py"
 RELAY, FP = "https://relay.test.invalid", "sha256:" + "0" * 64
@@ -29,8 +29,8 @@ async def test_two_cpu_workers_need_twice_the_memory_of_one(tmp_path: Path) -> N
         executor = TorchExecutor(home, memory_limit=limit)
         executor.world = world
         fixed, _init = await executor.new_job(SPEC, TASK.read_bytes())
-        job = sign("job", home.config().pool, {**SPEC, **fixed, "init_blob": "0" * 64, "task_blob": "",
-                                               "at": int(time.time())}, home.node_key())
+        job = JobSpec.of(sign("job", home.config().pool, {**SPEC, **fixed, "init_blob": "0" * 64, "task_blob": "",
+                                               "at": int(time.time())}, home.node_key()))
         outcomes.append(await executor.prepare(job, TASK.read_bytes()))
     assert outcomes[0] is None
     assert isinstance(outcomes[1], Decline) and outcomes[1].have <= limit // 2

@@ -15,7 +15,7 @@ class FailingFetch(Cluster):
     def handle(self, me, effects):  # type: ignore[override]
         rest = []
         for e in effects:
-            if isinstance(e, FetchState) and e.state != e.job["init"] and me == self.order[-1]:
+            if isinstance(e, FetchState) and e.state != e.job.init and me == self.order[-1]:
                 self.fetches.append((me, e))
                 m = self.machines[me]
                 self.later(0.1, me, lambda now, s=e.state, m=m: m.report(Fetched(s, False), now))

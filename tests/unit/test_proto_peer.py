@@ -31,6 +31,7 @@ from ttpeer.proto import (
     FetchState,
     Holds,
     JobDone,
+    JobSpec,
     PeerMachine,
     Persist,
     Prepared,
@@ -754,7 +755,7 @@ def test_idle_fast_peer_runs_a_backup_of_the_stragglers_shard() -> None:
     done = b.report(Trained(job.id, 0, 0, 160, batches=20, seconds=0.2), 0.7)
     pub = [e for e in done if isinstance(e, PublishDelta)]
     assert len(pub) == 1 and pub[0].shards == (0,)
-    contrib = b.report(DeltaPublished(job, 0, pub[0].base, (0,), 160, hex64("b-blob"), 100, {}), 0.8)
+    contrib = b.report(DeltaPublished(JobSpec.of(job), 0, pub[0].base, (0,), 160, hex64("b-blob"), 100, {}), 0.8)
     heard: list[Effect] = []
     for payload in _broadcasts(contrib):
         heard += a.receive(b.me, payload, 0.9)

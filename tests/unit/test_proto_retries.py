@@ -12,6 +12,7 @@ from ttpeer.proto import (
     Fetched,
     FetchState,
     Holds,
+    JobSpec,
     PeerMachine,
     Prepared,
     PrepareJob,
@@ -40,7 +41,7 @@ def test_a_failed_checkpoint_fetch_does_not_delay_the_next_claim() -> None:
     b = sign("job", P.id, job_body(shards=2, rounds=1, init=state("b-init"), at=2000, seed=7), OTHER)
     m = PeerMachine(P.id, ME, now=0.0)
     m.load([r.raw for r in [*MEMBERSHIP, a, a_contrib, a_close, a_ckpt, b]], 0.0)
-    assert m.report(Holds(b["init"]), 0.0) == [PrepareJob(a)]  # B's initial state is on disk already
+    assert m.report(Holds(b["init"]), 0.0) == [PrepareJob(JobSpec.of(a))]  # B's initial state is on disk already
 
     # A peer catching up on A fetches its checkpoint; the bytes do not hash.
     [fetch] = _of(m.report(Prepared(a.id), 1.0), FetchState)
@@ -50,7 +51,7 @@ def test_a_failed_checkpoint_fetch_does_not_delay_the_next_claim() -> None:
     # A is cancelled by its submitter: the peer moves on to B, and claims a shard at once,
     # not when the fetch's retry time comes.
     cancelled = sign("cancel", P.id, {"job": a.id, "at": 5}, OTHER)
-    assert _of(m.add_local(cancelled, 1.5), PrepareJob) == [PrepareJob(b)]
+    assert _of(m.add_local(cancelled, 1.5), PrepareJob) == [PrepareJob(JobSpec.of(b))]
     trains = _of(m.report(Prepared(b.id), 1.5), Train)
     assert [(t.job.id, t.round, t.base) for t in trains] == [(b.id, 0, b["init"])], (
         f"the claim waited for the failed fetch's retry ({RETRY_AFTER} s)")

@@ -8,9 +8,8 @@ import dataclasses
 import pytest
 from ttpeer_wire import public_hex
 
-from ttpeer.proto import FetchSlices, RecordSet, ReduceSlice, canonical_chain, sign
+from ttpeer.proto import FetchSlices, JobSpec, RecordSet, ReduceSlice, canonical_chain, sign
 from ttpeer.proto import _slices as sl
-from ttpeer.proto._jobspec import JobSpec
 from ttpeer.proto._reports import RETRY_AFTER
 from ttpeer.proto._slicer import Slicer
 
@@ -165,7 +164,7 @@ def test_forgetting_the_rounds_before_a_round_keeps_that_rounds_slicing(monkeypa
     results = [_slice(KEYS[s], cover, s) for s in range(4)]
     rs = _records(*cover, *results)
     work, chosen = me.step(SPEC, 0, cover, spans, 0.0, 4.0, rs)
-    assert chosen == tuple(results) and FetchSlices(JOB, 0, tuple(results)) in work
+    assert chosen == tuple(results) and FetchSlices(SPEC, 0, tuple(results)) in work
     me.forget_before(JOB.id, 0)
     assert me.ready_at(JOB.id, 0, BASE, cover) == 4.0
     work, chosen = me.step(SPEC, 0, cover, spans, 0.0, 5.0, rs)
@@ -209,7 +208,7 @@ def test_a_checked_slice_is_reduced_once_then_checked_on_a_chunk_by_the_next_in_
     rs = _records(*cover, first)
     for name in NAMES:
         checks = [w for w in Slicer(name).step(SPEC, 0, cover, spans, 0.0, 5.0, rs)[0] if w.slice == 2]
-        assert checks == ([ReduceSlice(JOB, 0, BASE, tuple(cover), 2, 4, *spans[2], first, True)]
+        assert checks == ([ReduceSlice(SPEC, 0, BASE, tuple(cover), 2, 4, *spans[2], first, True)]
                           if name == order[1] else [])
     # Hashes that disagree are settled by a third author reducing the whole slice.
     other = _slice(KEYS[NAMES.index(order[1])], cover, 2, sha="other")
@@ -267,11 +266,11 @@ def test_each_result_is_fetched_ahead_once_as_soon_as_it_counts(monkeypatch):
         me = Slicer(name)
         work, chosen = me.step(SPEC, 0, cover, spans, 0.0, 1.0, _records(*cover, *results[:3]))
         assert chosen is None and [w for w in work if isinstance(w, FetchSlices)] == [
-            FetchSlices(JOB, 0, tuple(results[:3]))]
+            FetchSlices(SPEC, 0, tuple(results[:3]))]
         rs = _records(*cover, *results)
         work, chosen = me.step(SPEC, 0, cover, spans, 0.0, 2.0, rs)
         assert chosen == tuple(results)
-        assert [w for w in work if isinstance(w, FetchSlices)] == [FetchSlices(JOB, 0, (results[3],))]
+        assert [w for w in work if isinstance(w, FetchSlices)] == [FetchSlices(SPEC, 0, (results[3],))]
         assert not [w for w in me.step(SPEC, 0, cover, spans, 0.0, 3.0, rs)[0] if isinstance(w, FetchSlices)]
 
 
@@ -348,7 +347,7 @@ def test_a_silent_first_aggregator_of_a_checked_slice_checks_it_last_not_first_a
     at_once = {name: asked(me, seen, after) for name, me in peers.items()}
     assert sorted(order.index(n) for n, work in at_once.items() if work) == [2], \
         "the check of B's result (order[1]) went at once to order[i] for the i listed, not to order[2] alone"
-    assert at_once[checkers[0]] == [ReduceSlice(JOB, 0, BASE, tuple(cover), s, len(spans), *spans[s], result, True)]
+    assert at_once[checkers[0]] == [ReduceSlice(SPEC, 0, BASE, tuple(cover), s, len(spans), *spans[s], result, True)]
     # Then one lease each: D, and A only after every other checker had its turn.
     for i, name in enumerate([*checkers[1:], silent], start=1):
         me = peers[name]

@@ -134,7 +134,7 @@ import trio, torch
 from ttpeer import train
 from ttpeer.daemon import Home
 from ttpeer.daemon.worker._torch import TorchExecutor
-from ttpeer.proto import sign
+from ttpeer.proto import JobSpec, sign
 
 N = int(sys.argv[2])
 SPEC = {"task": "charlm:n_layer=2,d_model=256,n_head=4,block_size=32", "mode": "fused", "rounds": 2, "shards": N,
@@ -151,7 +151,7 @@ async def main():
     ex = TorchExecutor(home)
     fixed, init = await ex.new_job(SPEC, None)
     body = {**SPEC, **fixed, "init_blob": "0" * 64, "task_blob": "", "at": int(time.time())}
-    job = sign("job", home.config().pool, body, home.node_key())
+    job = JobSpec.of(sign("job", home.config().pool, body, home.node_key()))
     assert await ex.prepare(job, None) is None
     assert await ex.import_state(job, fixed["init"], init)
     base = ex._state(job, fixed["init"])

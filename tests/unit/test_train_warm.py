@@ -100,5 +100,3 @@ async def test_the_submitter_builds_the_initial_state_from_the_file(task, tmp_pa
         await executor.new_job(_spec(init=str(tmp_path / "o.safetensors")), None)
     with pytest.raises(JobError, match="--warmup .8 steps. must be shorter than the job, which has 8 inner steps"):
         await executor.new_job(_spec(warmup=8), None)
-    with pytest.raises(JobError, match="--init warm-starts a fused job"):
-        await executor.new_job(_spec(mode="ensemble", members=[], init=str(tmp_path / "m.safetensors")), None)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ttpeer.proto import DatasetMissing, Outer, PublishDelta, Record, Train
+from ttpeer.proto import DatasetMissing, JobSpec, Outer, PublishDelta, Train
 
 # A contribution's encoded delta: its bytes, or the path of a file that holds them. The
 # node hands over files (fetched one blob at a time) so that neither it nor the worker
@@ -46,7 +46,7 @@ class Executor(Protocol):
     # Called with a job and the ``DatasetMissing`` of pieces a task read that are not here
     # (set by the node): the node fetches them and the call is made again. An executor
     # whose tasks never wait on pieces leaves it unused.
-    on_missing: Callable[[Record, DatasetMissing], Awaitable[None]] | None
+    on_missing: Callable[[JobSpec, DatasetMissing], Awaitable[None]] | None
 
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes | Path]:
         """Build a job's initial state for submission. Returns the job fields this side
@@ -59,7 +59,7 @@ class Executor(Protocol):
         job fields no peer could train (a warm-up as long as the job)."""
         ...
 
-    async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
+    async def prepare(self, job: JobSpec, task_file: bytes | None) -> Decline | str | None:
         """Load the job's task and check it fits. Returns None when ready, else why this
         peer declines (a ``Decline`` with the memory figures, or just the reason).
 
@@ -77,7 +77,7 @@ class Executor(Protocol):
         ``train_loss``; a sliced job's chunked delta: ``chunks``, its chunk count)."""
         ...
 
-    async def reduce_slice(self, job: Record, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
+    async def reduce_slice(self, job: JobSpec, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
         """A sliced job's (``chunk``) reduced slice of round ``rnd``: the sample-weighted
         mean of chunks ``first`` .. ``stop``-1 of the chunked deltas, in the given order,
         re-quantized to the job's ``slice_bits`` (``train.encode_slice``). The same inputs
@@ -86,7 +86,7 @@ class Executor(Protocol):
         ...
 
     async def aggregate(
-        self, job: Record, base: str, deltas: Deltas, *, rnd: int, sliced: bool = False, outer: Outer | None = None
+        self, job: JobSpec, base: str, deltas: Deltas, *, rnd: int, sliced: bool = False, outer: Outer | None = None
     ) -> tuple[str, dict[str, float]]:
         """Apply the outer step of round ``rnd`` to ``base`` with the decoded deltas (in the
         given order, each ``(DeltaRef, samples)``; read one at a time); hold the result.
@@ -96,26 +96,26 @@ class Executor(Protocol):
         hash and eval metrics."""
         ...
 
-    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
+    async def apply(self, job: JobSpec, base: str, deltas: Deltas, expect: str, *, rnd: int,
                     sliced: bool = False, outer: Outer | None = None) -> bool:
         """Like ``aggregate``, but keep the result only if it hashes to ``expect``."""
         ...
 
-    async def export_state(self, job: Record, state: str, out: Path) -> None:
+    async def export_state(self, job: JobSpec, state: str, out: Path) -> None:
         """Write a held state's bytes to the file ``out``, for a checkpoint blob (a file:
         a model-sized state is never one ``bytes`` in the daemon)."""
         ...
 
-    async def import_state(self, job: Record, state: str, data: bytes | Path) -> bool:
+    async def import_state(self, job: JobSpec, state: str, data: bytes | Path) -> bool:
         """Hold the state in ``data`` (its bytes, or a file holding them) if it hashes to
         ``state``. A file stays where it is: the caller removes it."""
         ...
 
-    def held_states(self, job: Record) -> set[str]:
-        """States held (in memory or on disk) for ``job``."""
+    def held_states(self, job: str) -> set[str]:
+        """States held (in memory or on disk) for the job of id ``job``."""
         ...
 
-    async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
+    async def finish(self, job: JobSpec, state: str, metrics: dict[str, Any]) -> None:
         """The job is done and ``state`` is final: make it durable for ``ttpeer export``."""
         ...
 
@@ -124,7 +124,8 @@ class Executor(Protocol):
         holds it in memory (its model, its worker processes). Its files stay."""
         ...
 
-    async def pieces(self, job: Record, rnd: int, shards: list[int], steps: int, first: int) -> dict[str, Any]:
+    async def pieces(self, job: JobSpec, rnd: int, shards: list[int], inner_steps: int,
+                     first: int) -> dict[str, Any]:
         """What shards ``shards`` of round ``rnd`` read of a ``dataset_samples`` job's
         dataset (``TorchExecutor.pieces``); empty when its data is not read by pieces."""
         ...

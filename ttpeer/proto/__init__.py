@@ -50,7 +50,7 @@ from ._effects import (
 )
 from ._ensemble import member_variants
 from ._errors import DatasetMissing, ProofError, RecordError, RevokeError, TtpeerError
-from ._jobspec import JobSpec
+from ._jobspec import ENSEMBLE, FUSED, JobSpec, Mode, mode_named
 from ._keyring import (
     EXPIRY_GRACE,
     AcceptKeys,
@@ -138,6 +138,10 @@ __all__ = [
     "FetchState",
     "JobDone",
     "JobSpec",
+    "Mode",
+    "FUSED",
+    "ENSEMBLE",
+    "mode_named",
     "KeyRing",
     "HandKeys",
     "TellEnded",

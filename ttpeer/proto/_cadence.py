@@ -1,7 +1,7 @@
 """The sync cadence: how many inner steps a round runs, so that the sync stays hidden.
 
 Theory of operation. A fused job with ``h_min`` and ``h_max`` (``submit --inner-steps
-auto``) keeps its budget of inner steps per shard (``rounds x batches``) but lets the pool
+auto``) keeps its budget of inner steps per shard (``rounds x inner_steps``) but lets the pool
 divide it into rounds from what it measures. Smaller rounds are closer to synchronous
 training (more outer steps for the same compute), so the pool wants the smallest rounds
 the link allows: with overlap, a peer trains round r+1 while round r's deltas travel and
@@ -22,8 +22,8 @@ after the round ends is not corrected at all, which costs far more.
 Each contribution of such a job carries two figures its peer machine measured on the
 clock it is given: ``work_s``, the seconds its shards trained, and ``sync_s``, the last
 sync it saw (uploading a round's delta, then waiting for the round's close). The close of
-round r picks the batches per shard of round r+2 (round r+1 may already be training,
-under overlap) with ``next_batches``, from the contributions it names, and writes the
+round r picks the inner steps per shard of round r+2 (round r+1 may already be training,
+under overlap) with ``next_inner_steps``, from the contributions it names, and writes the
 answer into the close record as ``next``; every peer reads it from the record (``Plan``),
 so the sequence of round sizes is one for the whole pool whatever order the records
 arrived in. Both figures are medians over the contributions (a straggler's backup copy
@@ -65,10 +65,10 @@ def steps_for(step_s: float, sync_s: float, *, overlap: bool, lo: int, hi: int) 
     return _clip(math.ceil(hidden_ratio(overlap) * max(0.0, sync_s) / step_s - 1e-9), lo, hi)
 
 
-def next_batches(current: int, contribs: Iterable[tuple[Mapping[str, float], int]], *, shards: int, peers: int,
-                 overlap: bool, lo: int, hi: int) -> int:
-    """Batches per shard for a later round, from (metrics, shards covered) of the
-    contributions of a round that ran ``current`` batches per shard, in a job of ``shards``
+def next_inner_steps(current: int, contribs: Iterable[tuple[Mapping[str, float], int]], *, shards: int,
+                     peers: int, overlap: bool, lo: int, hi: int) -> int:
+    """Inner steps per shard for a later round, from (metrics, shards covered) of the
+    contributions of a round that ran ``current`` inner steps per shard, in a job of ``shards``
     shards a round trained by ``peers`` peers. A peer's compute in a round is its share of
     the shards (``shards / peers``) at the median time a shard took, so a round that one
     peer trained alone (the others still fetching its base) does not count as a long round.
@@ -108,10 +108,10 @@ def _figure(v: object) -> float | None:
 
 @dataclass(frozen=True)
 class Plan:
-    """A job's rounds as far as its chain fixes them: round r runs ``batches(r)`` inner steps
+    """A job's rounds as far as its chain fixes them: round r runs ``inner_steps(r)`` inner steps
     per shard, the job's global inner steps ``first_step(r)`` on. A fixed job runs ``rounds``
-    rounds of ``batches``. An auto-cadence job runs until its budget (``rounds x batches``
-    per shard) is spent: rounds 0 and 1 run ``batches``, round r >= 2 what the close of
+    rounds of the job's ``inner_steps``. An auto-cadence job runs until its budget (``rounds x
+    inner_steps`` per shard) is spent: rounds 0 and 1 run ``inner_steps``, round r >= 2 what the close of
     round r-2 picked (``next``), the last round what is left (``round_size``: a round takes
     the rest rather than leave less than half a round after it). The chain's ``closes`` fix the
     sizes up to round ``len(closes) + 1``; later ones are not known yet."""
@@ -127,7 +127,7 @@ class Plan:
     @classmethod
     def of(cls, job: Record, closes: Sequence[Record]) -> Plan:
         b = job.body
-        rounds, first = int(b["rounds"]), int(b["batches"])
+        rounds, first = int(b["rounds"]), int(b["batches"])  # the wire's name for inner_steps
         budget = rounds * first
         if "h_min" not in b:
             return cls(budget, rounds, (), first, False)
@@ -151,7 +151,7 @@ class Plan:
                 return _clip(int(picked), self.lo, self.hi)
         return self.step
 
-    def batches(self, r: int) -> int:
+    def inner_steps(self, r: int) -> int:
         """Inner steps per shard of round ``r`` (a round the chain has fixed, or a fixed job)."""
         if not self.auto:
             return self.step

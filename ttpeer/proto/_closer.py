@@ -22,14 +22,13 @@ import hashlib
 
 from ttpeer_wire import Record
 
-from ._cadence import Plan, next_batches
+from ._cadence import Plan, next_inner_steps
 from ._effects import Aggregate, PublishCheckpoint
 from ._jobspec import JobSpec
 from ._ledger import Chain, RecordSet, checkpoints
 from ._outer import Outer, outer_settings
 from ._reports import RETRY_AFTER
 
-CHECKPOINT_EVERY = 4  # rounds between the checkpoints a round's closer publishes (ensembles)
 CKPT_TRIES = 3  # uploads of one asked-for checkpoint this peer tries before it leaves the ask to others
 PEERS_OVER = 3  # auto cadence: a round's peers are who contributed to it or the rounds this many before
 
@@ -103,7 +102,7 @@ class Closer:
         if closer != self.me and now < first + self.grace(job, closer, now, heard):
             return []
         self._aggregating = (job.id, rnd)
-        return [Aggregate(job.record, rnd, base, tuple(cover), slices, outer)]
+        return [Aggregate(job, rnd, base, tuple(cover), slices, outer)]
 
     def aggregated(self, job: JobSpec, rnd: int, base: str, contribs: tuple[str, ...], state: str,
                    metrics: dict[str, float], records: RecordSet, chain: Chain, slices: tuple[str, ...] = (),
@@ -122,14 +121,14 @@ class Closer:
         if weights:
             body["weights"] = list(weights)
         if job.outer_auto:  # the step the state was made with (a report that names none: the rule's)
-            step = outer or outer_settings(len(contribs), Plan.of(job.record, chain.closes[:rnd]).batches(rnd))
+            step = outer or outer_settings(len(contribs), Plan.of(job.record, chain.closes[:rnd]).inner_steps(rnd))
             body["outer_lr"], body["outer_momentum"] = step.lr, step.momentum
         if job.auto:
             assert job.h_min is not None and job.h_max is not None
             mine = [records.by_id[c] for c in sorted(contribs) if c in records.by_id]
             before = [c for close in chain.closes[max(0, rnd - PEERS_OVER):rnd] for c in close["contribs"]]
             peers = {c.author for c in mine} | {records.by_id[c].author for c in before if c in records.by_id}
-            body["next"] = next_batches(Plan.of(job.record, chain.closes[:rnd]).batches(rnd),
+            body["next"] = next_inner_steps(Plan.of(job.record, chain.closes[:rnd]).inner_steps(rnd),
                                         [(c["metrics"], len(c["shards"])) for c in mine], shards=job.shards,
                                         peers=len(peers), overlap=job.overlap, lo=job.h_min, hi=job.h_max)
         return body
@@ -166,16 +165,16 @@ class Closer:
     @staticmethod
     def checkpoint_due(job: JobSpec, rnd: int, contribs: tuple[str, ...], records: RecordSet, chain: Chain) -> bool:
         """Whether the closer of round ``rnd`` publishes a checkpoint of the state it made
-        unasked. Fused jobs: never (a checkpoint is the fp32 parameters and outer momentum,
-        a model's bytes twice over, which every peer that applies the closes already has):
-        a peer that would rather not replay the deltas asks for one (``answers``). Ensembles
-        (whose contributions are member checkpoints): every ``CHECKPOINT_EVERY`` rounds and
-        the final state."""
-        if not job.ensemble:
+        unasked: every ``checkpoint_every`` rounds of the job's mode and the final state
+        (ensembles, whose contributions are member checkpoints); never where the mode names
+        no such cadence (fused: a peer that would rather not replay the deltas asks for one,
+        ``answers``)."""
+        every = job.mode.checkpoint_every
+        if every is None:
             return False
         if not Plan.of(job.record, chain.closes[:rnd]).has_round(rnd + 1):
             return True  # the final state
-        return (rnd + 1) % CHECKPOINT_EVERY == 0
+        return (rnd + 1) % every == 0
 
     def answers(self, job: JobSpec, chain: Chain, records: RecordSet, held: set[str], heard: dict[str, float],
                 now: float) -> list[PublishCheckpoint]:
@@ -216,5 +215,5 @@ class Closer:
                     self._ask_deadlines[ask.id] = due
                     continue
             self._ckpt_done.add((job.id, mine))
-            out.append(PublishCheckpoint(job.record, mine, chain.states[mine]))
+            out.append(PublishCheckpoint(job, mine, chain.states[mine]))
         return out

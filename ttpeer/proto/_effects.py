@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ttpeer_wire import Record
 
+from ._jobspec import JobSpec
 from ._outer import Outer
 
 
@@ -40,7 +41,7 @@ class Persist:
 class PrepareJob:
     """Load the job's task and check it fits this peer. Report: ``Prepared`` or ``Declined``."""
 
-    job: Record
+    job: JobSpec
 
 
 @dataclass(frozen=True)
@@ -48,24 +49,24 @@ class Train:
     """Train one shard on the local model. ``fresh``: reset the local model to ``base``
     first. Report: ``Trained``."""
 
-    job: Record
+    job: JobSpec
     round: int
     shard: int
     attempt: int
     base: str
     fresh: bool
-    steps: int | None = None  # inner steps (batches) of the shard; None: the job's ``batches``
-    first_step: int | None = None  # the job's global inner step it starts at; None: round x batches
+    inner_steps: int | None = None  # of the shard; None: the job's ``inner_steps``
+    first_step: int | None = None  # the job's global inner step it starts at; None: round x inner steps
     # Overlap: the round's own base (the state its close applies the deltas to) when this
     # peer already holds it. A fresh shard then starts from it exactly, where otherwise it
     # starts from an estimate of it (or, with no estimate, from ``base``, a round behind).
     ahead: str | None = None
 
-    def span(self) -> tuple[int, int]:
+    def schedule(self) -> tuple[int, int]:
         """(inner steps, first global inner step) of this shard: what its round's plan fixed
-        (``_cadence.Plan``), or a fixed-cadence job's ``batches`` and round x ``batches``."""
-        steps = self.job["batches"] if self.steps is None else self.steps
-        return steps, self.round * self.job["batches"] if self.first_step is None else self.first_step
+        (``_cadence.Plan``), or a fixed-cadence job's ``inner_steps`` and round x those."""
+        steps = self.job.inner_steps if self.inner_steps is None else self.inner_steps
+        return steps, self.round * self.job.inner_steps if self.first_step is None else self.first_step
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class PublishDelta:
     Report: ``DeltaEncoded`` once the delta is taken from the local model (optional:
     the next shard may then train during the upload), then ``DeltaPublished``."""
 
-    job: Record
+    job: JobSpec
     round: int
     base: str
     shards: tuple[int, ...]
@@ -100,7 +101,7 @@ class ReduceSlice:
     uploaded) when that chunk of it is the chunk reduced here, else the whole slice is
     reduced as without ``sample``. Report: ``SliceReduced``."""
 
-    job: Record
+    job: JobSpec
     round: int
     base: str  # the contributions' base
     contribs: tuple[Record, ...]
@@ -120,7 +121,7 @@ class FetchSlices:
     Nothing is reported: a slice that did not come, or does not hash as its record says,
     is left to the ``Aggregate``/``Apply`` (which fetches, checks and refuses it as ever)."""
 
-    job: Record
+    job: JobSpec
     round: int
     slices: tuple[Record, ...]
 
@@ -132,7 +133,7 @@ class Aggregate:
     ``Aggregated``; ``SliceRefused`` first for a slice blob that does not hash as its
     record says."""
 
-    job: Record
+    job: JobSpec
     round: int
     base: str
     contribs: tuple[Record, ...]
@@ -145,7 +146,7 @@ class Apply:
     """Apply a round close to the held state ``base``; the result must hash to
     ``close["state"]``. Report: ``Applied``."""
 
-    job: Record
+    job: JobSpec
     close: Record
     contribs: tuple[Record, ...]
     slices: tuple[Record, ...] = ()  # a sliced close's reduced slices, in order: the mean
@@ -156,7 +157,7 @@ class Apply:
 class FetchState:
     """Download the checkpoint blob holding ``state``. Report: ``Fetched``."""
 
-    job: Record
+    job: JobSpec
     state: str
     blob: str
 
@@ -166,7 +167,7 @@ class PublishCheckpoint:
     """Upload the held ``state`` (the model entering ``round``) so late joiners and
     repairing peers can fetch it. Report: ``CheckpointPublished``."""
 
-    job: Record
+    job: JobSpec
     round: int
     state: str
 
@@ -175,7 +176,7 @@ class PublishCheckpoint:
 class JobDone:
     """The job's last round is closed and this peer holds the final ``state``."""
 
-    job: Record
+    job: JobSpec
     state: str
 
 

@@ -72,8 +72,8 @@ class Follower:
         bad = held is not None and states[held + 1] in self._bad_apply
         if ckpt is not None and (held is None or ckpt > held + 1 or (bad and ckpt > held)):
             self._syncing = states[ckpt]  # a checkpoint skips rounds (asked for or not)
-            return [FetchState(job.record, states[ckpt], ckpts[states[ckpt]]["blob"])]
-        if bad or (not job.ensemble and self._replay_costs_more(job, chain, records, held)):
+            return [FetchState(job, states[ckpt], ckpts[states[ckpt]]["blob"])]
+        if bad or (job.mode.weighs_replay and self._replay_costs_more(job, chain, records, held)):
             ask = self._ask(job, chain, now, bad=bad)
             if ask is not None:
                 return ask
@@ -82,10 +82,10 @@ class Follower:
             parts = tuple(records.by_id[c] for c in close["contribs"])
             slices = tuple(records.by_id[s] for s in close.body.get("slices", ()))
             self._syncing = states[held + 1]
-            return [Apply(job.record, close, parts, slices, close_outer(close))]
+            return [Apply(job, close, parts, slices, close_outer(close))]
         if held is None:
             self._syncing = job.init
-            return [FetchState(job.record, job.init, job.init_blob)]
+            return [FetchState(job, job.init, job.init_blob)]
         self.retry_at = now + RETRY_AFTER  # our recomputation failed; wait for a checkpoint
         return []
 

@@ -161,7 +161,7 @@ class LeaseTable:
         shard. Asked only while this peer trains nothing."""
         if rate <= 0:
             return None  # no measurement of our own speed yet: no basis to compare
-        mine = now + job.batches / rate
+        mine = now + job.inner_steps / rate
         best: tuple[float, int] | None = None
         for s in range(job.shards):
             if s in done:
@@ -170,7 +170,7 @@ class LeaseTable:
             if not live or any(c.backup for _, c in live):
                 continue
             # A claimer whose speed is unknown is assumed as fast as we are: no steal.
-            finish = min(c.projected_finish(job.batches, rate) for _, c in live)
+            finish = min(c.projected_finish(job.inner_steps, rate) for _, c in live)
             if best is None or finish > best[0]:
                 best = (finish, s)
         if best is None or mine * 1.0 + 0.1 * (mine - now) >= best[0]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from ttpeer_wire import Record
 
 from ._effects import Effect, JobDone, PrepareJob
+from ._jobspec import JobSpec
 from ._ledger import RecordSet
 from ._outcome import failed_here, job_ended, joined_after
 from ._views import Views
@@ -62,7 +63,7 @@ class Lifecycle:
             return job
         return None
 
-    def prepare(self, job: Record) -> list[Effect] | None:
+    def prepare(self, job: JobSpec) -> list[Effect] | None:
         """None once ``job`` is prepared here; until then, what to do (ask, or wait)."""
         if job.id not in self.prepared:
             self.prepared[job.id] = None
@@ -71,7 +72,7 @@ class Lifecycle:
             return []
         return None
 
-    def finish(self, job: Record, head: str) -> JobDone:
+    def finish(self, job: JobSpec, head: str) -> JobDone:
         self.done_jobs[job.id] = head
         return JobDone(job, head)
 

@@ -19,7 +19,7 @@ delta is taken from the model, or reports a ``Train`` it was never asked for.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from ._effects import Cancel, Effect, PublishDelta, Sign, Train
@@ -158,11 +158,11 @@ class LocalWorker:
         return older
 
     def round_train(self, job: JobSpec, rnd: int, base: str, done: set[int], now: float,
-                    leases: LeaseTable, records: RecordSet, first_step: int,
+                    leases: LeaseTable, records: RecordSet, inner_steps: int, first_step: int,
                     ahead: str | None = None) -> tuple[list[Effect | Sign], bool]:
         """Train in round ``rnd`` (``work``): renew or stop the shard in training, else
         claim the next shard (or back a straggler up), else publish what was trained.
-        ``job.batches`` is the round's size and ``first_step`` its first global inner step
+        ``inner_steps`` is the round's size and ``first_step`` its first global inner step
         (``_cadence.Plan``); ``ahead``: see ``Train``. Returns the effects and whether there
         was nothing to do at all."""
         out: list[Effect | Sign] = []
@@ -186,20 +186,21 @@ class LocalWorker:
             # Some branch is longer than ours: we are catching up (just joined, restarted,
             # or missing contributions a close names). Training this round would be wasted.
             return out, not w.shards
-        if job.ensemble and w.shards:
+        if job.mode.publishes_each_unit and w.shards:
             # Ensemble: a shard is a member and its contribution is the member's checkpoint,
             # published after every unit, so whoever trains the member next continues it.
             return [self._publish(job, rnd, base, tuple(w.shards), now)], False
         shard = leases.free_shard(job, rnd, done | set(w.shards), now, members, sharers_of(records, job.id))
         backup = False
         if shard is None and not w.shards and job.steal:
-            shard, backup = leases.straggler(job, rnd, done, now, members, self.rate), True
+            sized = replace(job, inner_steps=inner_steps)  # the round's own size, for the projections
+            shard, backup = leases.straggler(sized, rnd, done, now, members, self.rate), True
         if shard is not None:
             attempt = leases.next_attempt(job.id, rnd, shard) - (1 if backup else 0)
             self.claim = Training(job.id, rnd, shard, attempt, 0, now, backup=backup, rate=self.rate)
             self._go("train")
-            return [self._claim_record(self.claim), Train(job.record, rnd, shard, attempt, base, fresh=not w.shards,
-                                                          steps=job.batches, first_step=first_step,
+            return [self._claim_record(self.claim), Train(job, rnd, shard, attempt, base, fresh=not w.shards,
+                                                          inner_steps=inner_steps, first_step=first_step,
                                                           ahead=ahead)], False
         if w.shards:
             return [self._publish(job, rnd, base, tuple(sorted(w.shards)), now)], False
@@ -210,7 +211,7 @@ class LocalWorker:
         self.sent_at.setdefault((job.id, rnd), now)
         self._go("publish")
         self.publish_seconds[(job.id, rnd, shards)] = (self.work.seconds, now)
-        return PublishDelta(job.record, rnd, base, shards, self.work.samples)
+        return PublishDelta(job, rnd, base, shards, self.work.samples)
 
     def _claim_record(self, t: Training) -> Sign:
         return Sign("claim", {

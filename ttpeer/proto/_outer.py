@@ -35,9 +35,9 @@ class Outer(NamedTuple):
     momentum: float
 
 
-def outer_settings(contributions: int, batches: int) -> Outer:
-    """The outer step of a round closed from ``contributions`` contributions of ``batches``
-    inner steps each. Rounded to 4 decimals: the record holds them as written."""
+def outer_settings(contributions: int, inner_steps: int) -> Outer:
+    """The outer step of a round closed from ``contributions`` contributions of
+    ``inner_steps`` inner steps each. Rounded to 4 decimals: the record holds them as written."""
     n = max(1, contributions)
     gain = n ** GAIN_EXPONENT
     momentum = min(MOMENTUM_MAX, max(0.0, 1.0 - LR / gain))

@@ -40,7 +40,7 @@ from . import _gossip
 from . import _reports as rp
 from ._antientropy import AntiEntropy
 from ._cadence import Plan
-from ._closer import CHECKPOINT_EVERY, Closer
+from ._closer import Closer
 from ._effects import (
     Aggregate,
     Apply,
@@ -56,7 +56,7 @@ from ._effects import (
 )
 from ._errors import RecordError
 from ._follower import CHECKPOINT_DELTA_RATIO, Follower
-from ._jobspec import JobSpec
+from ._jobspec import CHECKPOINT_EVERY, JobSpec
 from ._leases import LeaseTable, sharers_of
 from ._ledger import Chain, RecordSet
 from ._lifecycle import Lifecycle
@@ -230,7 +230,7 @@ class PeerMachine:
                 metrics = dict(report.metrics)
                 if report.chunks is not None:  # a sliced job's reducers leave out slow links (``_slices``)
                     metrics["up_s"] = round(up_s, 4)
-                if self._spec(job).auto:  # the cadence's figures (``_cadence``)
+                if job.auto:  # the cadence's figures (``_cadence``)
                     metrics["work_s"] = round(work_s, 4)
                     if job.id in local.last_sync:
                         metrics["sync_s"] = round(local.last_sync[job.id], 4)
@@ -259,7 +259,7 @@ class PeerMachine:
                 return []
             case rp.Aggregated(job=job, round=rnd, base=base, contribs=contribs, state=state, metrics=metrics,
                                slices=slices, weights=weights, outer=outer):
-                return self._aggregated(self._spec(job), rnd, base, contribs, state, metrics, now, slices, weights,
+                return self._aggregated(job, rnd, base, contribs, state, metrics, now, slices, weights,
                                         outer)
             case rp.Failed(effect=Aggregate()):
                 closer.aggregate_failed(now)
@@ -295,7 +295,7 @@ class PeerMachine:
         self.held.add(state)
         out = self.add_local(self._signed("close", body), now)
         if self._closer.checkpoint(job, rnd, contribs, self.records, self._views.chain(job.record)):
-            out.append(PublishCheckpoint(job.record, rnd + 1, state))
+            out.append(PublishCheckpoint(job, rnd + 1, state))
         return out
 
     def _job_failed(self, job: str, reason: str, now: float) -> list[Effect]:
@@ -400,7 +400,7 @@ class PeerMachine:
         return out
 
     def _step_job(self, job: JobSpec, now: float) -> list[Effect | Sign]:
-        waiting = self._jobs.prepare(job.record)
+        waiting = self._jobs.prepare(job)
         if waiting is not None:
             return list(waiting)
         chain = self._views.chain(job.record)
@@ -413,5 +413,5 @@ class PeerMachine:
             return [*self._local.cancel((job.id, chain.round)), *self._local.renew(job.lease, now), *sync]
         self._local.synced(job.id, chain.round, now, self._closer.covered_at)
         if self._views.plan(job.record).finished(chain.round):
-            return [self._jobs.finish(job.record, chain.head), *self._step(now)]
+            return [self._jobs.finish(job, chain.head), *self._step(now)]
         return self._rounds.work(job, chain, now)

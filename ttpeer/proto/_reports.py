@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ttpeer_wire import Record
-
 from ._effects import Effect, ReduceSlice
+from ._jobspec import JobSpec
 from ._outer import Outer
 
 RETRY_AFTER = 2.0  # seconds before an activity retries work whose effect failed
@@ -75,7 +74,7 @@ class DeltaEncoded:
     so the next shard may train meanwhile. ``DeltaPublished`` or ``Failed`` follows; if
     the upload fails those shards are trained again, since the local model moved on."""
 
-    job: Record
+    job: JobSpec
     round: int
     base: str
     shards: tuple[int, ...]
@@ -85,7 +84,7 @@ class DeltaEncoded:
 class DeltaPublished:
     """``PublishDelta``: the delta is uploaded as ``blob`` of ``size`` bytes."""
 
-    job: Record
+    job: JobSpec
     round: int
     base: str
     shards: tuple[int, ...]
@@ -100,7 +99,7 @@ class DeltaPublished:
 class Aggregated:
     """``Aggregate``: the outer step on ``base`` with ``contribs`` made ``state``."""
 
-    job: Record
+    job: JobSpec
     round: int
     base: str
     contribs: tuple[str, ...]
@@ -153,7 +152,7 @@ class Fetched:
 class CheckpointPublished:
     """``PublishCheckpoint``: the state is uploaded as ``blob`` of ``size`` bytes."""
 
-    job: Record
+    job: JobSpec
     round: int
     state: str
     blob: str

@@ -18,8 +18,6 @@ steps it while the peer does not hold the chain's head (``PeerMachine`` syncs fi
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ttpeer_wire import Record
 
 from ._closer import Closer
@@ -105,15 +103,13 @@ class Rounds:
         """Train in round ``rnd`` on ``base``; ``ahead``, with overlap, the round's own base
         when this peer holds it (the chain's round: its head), so a fresh shard starts there."""
         plan = self.views.plan(job.record)
-        if plan.auto:  # the round's own size, for its claims, projections and ``Train``
-            job = replace(job, batches=plan.batches(rnd))
-        return self.local.round_train(job, rnd, base, done, now, self.leases, self.records, plan.first_step(rnd),
-                                      ahead)
+        return self.local.round_train(job, rnd, base, done, now, self.leases, self.records, plan.inner_steps(rnd),
+                                      plan.first_step(rnd), ahead)
 
     def _maybe_close(self, job: JobSpec, rnd: int, base: str, cover: list[Record], now: float) -> list[Effect | Sign]:
         """Offer the covered round to the closer; a sliced round (``_slicer.plan``) first
         has its slices reduced and checked, and closes once they all have a result."""
-        outer = outer_settings(len(cover), self.views.plan(job.record).batches(rnd)) if job.outer_auto else None
+        outer = outer_settings(len(cover), self.views.plan(job.record).inner_steps(rnd)) if job.outer_auto else None
         slices = plan(job, cover)
         if slices is None:
             return list(self.closer.maybe_close(job, rnd, base, cover, now, self.heard, outer=outer))

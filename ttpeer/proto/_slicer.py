@@ -132,13 +132,13 @@ class Slicer:
             self._next = min(self._next, since + job.lease * (math.floor(max(0.0, now - since) / job.lease) + 1))
             if due:
                 self._busy.add(sk)
-                out.append(ReduceSlice(job.record, rnd, base, tuple(cover), s, len(slices), span[0], span[1],
+                out.append(ReduceSlice(job, rnd, base, tuple(cover), s, len(slices), span[0], span[1],
                                        against, sample))
         ahead = self._ahead.setdefault(key, set())
         new = tuple(r for r in chosen if r.id not in ahead)
         if new:
             ahead.update(r.id for r in new)
-            out.append(FetchSlices(job.record, rnd, new))
+            out.append(FetchSlices(job, rnd, new))
         if len(chosen) < len(slices):
             return out, None
         self._ready.setdefault(key, now)

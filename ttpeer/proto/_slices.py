@@ -167,7 +167,7 @@ def plan(job: JobSpec, cover: Sequence[Record]) -> list[tuple[int, int]] | None:
     """The slices (runs of chunks ``[first, stop)``) of a round covered by ``cover``, or
     None when it is closed from all deltas: a job without ``chunk``, contributions that do
     not all name one chunk count, fewer than ``SLICES_FROM`` authors, one chunk."""
-    if job.chunk is None or job.ensemble or not cover:
+    if job.chunk is None or not job.mode.sliced or not cover:
         return None
     counts = {c.body.get("chunks") for c in cover}
     if len(counts) != 1:

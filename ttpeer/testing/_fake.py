@@ -25,7 +25,7 @@ import zstandard
 from ttpeer._chunked import HEAD, LENGTH, MAGIC, PLAIN_HEAD, PLAIN_MAGIC, chunk_span
 from ttpeer.daemon import Deltas, delta_bytes
 from ttpeer.errors import TaskFailed
-from ttpeer.proto import JobSpec, Outer, PublishDelta, Record, Train
+from ttpeer.proto import JobSpec, Outer, PublishDelta, Train
 
 FAKE_CHUNKS = 12  # chunks of a fake model's chunked delta (a sliced job): slices of several up to 6 peers
 FAKE_CHUNK = 4096  # values a chunk (the job's ``chunk``)
@@ -111,26 +111,27 @@ class FakeExecutor:
         self._local: dict[str, tuple[str, list[int]]] = {}  # job -> (base, shards in local model)
         self.on_missing = None  # its tasks read no dataset pieces
 
-    async def pieces(self, job: Record, rnd: int, shards: list[int], steps: int, first: int) -> dict[str, Any]:
+    async def pieces(self, job: JobSpec, rnd: int, shards: list[int], inner_steps: int,
+                     first: int) -> dict[str, Any]:
         return {}
 
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
         init = _h("init", spec["task"], spec["seed"])
         return {"task_hash": hashlib.sha256(spec["task"].encode()).hexdigest(), "init": init}, init.encode()
 
-    async def prepare(self, job: Record, task_file: bytes | None) -> str | None:
+    async def prepare(self, job: JobSpec, task_file: bytes | None) -> str | None:
         self.task_files[job.id] = task_file
         return None
 
     async def train(self, eff: Train, should_stop: Callable[[], bool]) -> int:
         done = 0
-        for _ in range(eff.span()[0]):
+        for _ in range(eff.schedule()[0]):
             if should_stop():
                 break
             await self.gate.wait()
             await trio.sleep(self.step_time / self.speed)
             done += 1
-            failure = self.fails.get(eff.job["task"])
+            failure = self.fails.get(eff.job.task)
             if failure is not None:
                 self.failures += 1
                 raise TaskFailed(failure) if isinstance(failure, str) else failure
@@ -140,19 +141,19 @@ class FakeExecutor:
                 base, shards = eff.base, []
             self._local[eff.job.id] = (base, [*shards, eff.shard])
             self.trained.append((eff.job.id, eff.round, eff.shard))
-        return done * eff.job["batch_size"]
+        return done * eff.job.batch_size
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
         base, shards = self._local.get(eff.job.id, (eff.base, []))
         data, metrics = repr((self.name, base, sorted(shards))).encode(), {"fp32_bytes": 4000.0}
-        if eff.job.body.get("chunk"):  # the chunked layout, so it is sealed and fetched in pieces
+        if eff.job.chunk:  # the chunked layout, so it is sealed and fetched in pieces
             metrics["chunks"] = float(FAKE_CHUNKS)
             frames = [data + b"#%d" % c for c in range(FAKE_CHUNKS)]
             data = (HEAD.pack(MAGIC, 8, FAKE_CHUNK // FAKE_BLOCKS, FAKE_CHUNKS * FAKE_CHUNK, FAKE_CHUNK)
                     + b"".join(LENGTH.pack(len(f)) for f in frames) + b"".join(frames))
         return data, metrics
 
-    async def reduce_slice(self, job: Record, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
+    async def reduce_slice(self, job: JobSpec, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
         if self.silent:
             await trio.sleep_forever()
         self.reduced.append((job.id, rnd, first))
@@ -161,7 +162,7 @@ class FakeExecutor:
         # job's ``slice_bits``, two to a byte below 8), each chunk's bytes drawn from that
         # chunk of every contribution: a spot check that reduces one chunk alone finds
         # that run of the whole (``_chunked.run_matches``). A forger's differ in every chunk.
-        bits = JobSpec.of(job).slice_bits
+        bits = job.slice_bits
         scales, values = [], []
         for c in range(first, stop):
             runs = [(raw[slice(*chunk_span(raw, c, c + 1))], samples) for raw, samples in raws]
@@ -180,13 +181,13 @@ class FakeExecutor:
             return _h(base, "mean", [delta_bytes(d) for d, _s in deltas], *step)
         return _h(base, [(delta_bytes(d), s) for d, s in deltas], *step)
 
-    async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int,
+    async def aggregate(self, job: JobSpec, base: str, deltas: Deltas, *, rnd: int,
                         sliced: bool = False, outer: Outer | None = None) -> tuple[str, dict[str, float]]:
         state = self._outer(base, deltas, sliced, outer)
         self.disk.states.setdefault(job.id, set()).add(state)
         return state, {"eval_loss": 1.0, "accuracy": 0.5}
 
-    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
+    async def apply(self, job: JobSpec, base: str, deltas: Deltas, expect: str, *, rnd: int,
                     sliced: bool = False, outer: Outer | None = None) -> bool:
         if base not in self.disk.states.get(job.id, set()):
             return False
@@ -196,10 +197,10 @@ class FakeExecutor:
         self.disk.states.setdefault(job.id, set()).add(state)
         return True
 
-    async def export_state(self, job: Record, state: str, out: Path) -> None:
+    async def export_state(self, job: JobSpec, state: str, out: Path) -> None:
         out.write_bytes(state.encode())
 
-    async def import_state(self, job: Record, state: str, data: bytes | Path) -> bool:
+    async def import_state(self, job: JobSpec, state: str, data: bytes | Path) -> bool:
         if isinstance(data, Path):
             data = data.read_bytes()
         if data != state.encode():
@@ -207,11 +208,11 @@ class FakeExecutor:
         self.disk.states.setdefault(job.id, set()).add(state)
         return True
 
-    def held_states(self, job: Record) -> set[str]:
-        return set(self.disk.states.get(job.id, set()))
+    def held_states(self, job: str) -> set[str]:
+        return set(self.disk.states.get(job, set()))
 
     async def release(self, job: str) -> None:
         self.released.add(job)
 
-    async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
+    async def finish(self, job: JobSpec, state: str, metrics: dict[str, Any]) -> None:
         self.disk.finished[job.id] = state

@@ -26,6 +26,7 @@ from ttpeer.proto import (
     Effect,
     PeerMachine,
     Record,
+    RecordError,
     RevokeError,
     TaskSignatureError,
     admitted,
@@ -33,7 +34,7 @@ from ttpeer.proto import (
     default_sizing,
     job_ended,
     may_cancel,
-    member_variants,
+    mode_named,
     revocation_keep,
     sign,
     sign_task,
@@ -78,7 +79,7 @@ async def submit(node: Host, spec: dict[str, Any], task_file: bytes | None) -> R
     out (None) default from the speeds peers have published. Raises ``TtpeerError``."""
     signed = signed_task(node, task_file) if task_file is not None else None
     await node.key_event.wait()
-    spec = sized(node, with_members(spec))
+    spec = sized(node, by_mode(spec))
     for _ in range(4 * MAX_DATASETS + 1):
         try:
             fixed, init = await node.executor.new_job(spec, task_file)
@@ -218,17 +219,14 @@ def resolve_peer(node: Host, text: str) -> tuple[str, str]:
     return found[0], names[found[0]]
 
 
-def with_members(spec: dict[str, Any]) -> dict[str, Any]:
-    """An ensemble spec gives ``members`` as a count: list each member's seed and
-    variant, one shard per member. A fused spec lists none."""
-    count = spec.get("members")
-    if spec.get("mode") != "ensemble":
-        if count is not None:
-            raise UsageError("--members goes with --mode ensemble")
-        return {k: v for k, v in spec.items() if k != "members"}
-    if type(count) is not int or not 1 <= count <= 4096:
-        raise UsageError(f"an ensemble job needs --members between 1 and 4096, got {count!r}")
-    if spec.get("shards") not in (None, count):
-        raise UsageError("an ensemble job has one shard per member: leave --shards out")
-    variants = member_variants(spec["seed"], count, spec["inner_lr"], spec["weight_decay"])
-    return {**spec, "shards": count, "members": variants}
+def by_mode(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec as its mode completes it (``Mode.complete``: an ensemble's members listed).
+    Raises ``UsageError`` for a spec its mode refuses, or a mode that is none."""
+    try:
+        mode = mode_named(spec.get("mode"))
+    except RecordError as exc:
+        raise UsageError(str(exc)) from None
+    problem = mode.problem(spec)
+    if problem is not None:
+        raise UsageError(problem)
+    return mode.complete(spec)

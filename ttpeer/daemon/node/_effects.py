@@ -230,15 +230,15 @@ class Effects:
         job = eff.job
         try:
             with self.phases.during(job.id, "fetching the task file"):
-                task_file = (open_task(self._node.cfg.pool, await self._node.blobs.get(job["task_blob"]))
-                             if job["task_blob"] else None)
+                task_file = (open_task(self._node.cfg.pool, await self._node.blobs.get(job.task_blob))
+                             if job.task_blob else None)
         except TaskSignatureError as exc:
             log.warning("refusing job %s: %s", job.id[:12], exc)
             yield Declined(job.id, str(exc), code="refused")
             return
-        if job.body.get("datasets"):  # before the worker loads the task: it reads them
+        if job.datasets:  # before the worker loads the task: it reads them
             try:
-                await self._node.data.ensure(job, self.phases.setter(job.id))
+                await self._node.data.ensure(job.record, self.phases.setter(job.id))
             finally:
                 self.phases.clear(job.id)
         with self.phases.during(job.id, "loading the task and its data, checking it fits"):
@@ -250,13 +250,13 @@ class Effects:
             yield Declined(job.id, decline.reason, decline.need, decline.have, decline.code)
         else:
             yield Prepared(job.id)
-            if job.body.get("samples") and self._node.nursery is not None:  # the first shard's pieces
-                rnd = self._node.machine.chain(job).round
+            if job.samples and self._node.nursery is not None:  # the first shard's pieces
+                rnd = self._node.machine.chain(job.record).round
                 self._node.nursery.start_soon(self.task_data.look_ahead, job, rnd, log)
 
     async def _train(self, eff: Train, log: EffectLog) -> Reports:
         job = eff.job
-        if self._node.nursery is not None and job.body.get("samples"):
+        if self._node.nursery is not None and job.samples:
             self._node.nursery.start_soon(self.task_data.look_ahead, job, eff.round + 1, log)
         with self.training.shard((job.id, eff.round, eff.shard)) as progress:
             samples = await self._node.executor.train(eff, progress.should_stop)
@@ -264,7 +264,7 @@ class Effects:
         stats = self._node.counters.job(job.id)
         stats.shards_trained += 1 if samples else 0
         stats.train_seconds += seconds
-        batches = samples // job["batch_size"]
+        batches = samples // job.batch_size
         yield Trained(job.id, eff.round, eff.shard, samples, batches, seconds)
 
     async def _publish_delta(self, eff: PublishDelta, log: EffectLog) -> Reports:
@@ -311,7 +311,7 @@ class Effects:
         signed, nothing uploaded); False when the whole slice is to be reduced. A result
         that does not hash as ``rec`` says raises ``SliceMismatch`` (refused: made again at once)."""
         chunk = eff.first + secrets.randbelow(eff.stop - eff.first)
-        values = JobSpec.of(eff.job).chunk
+        values = eff.job.chunk
         assert values is not None  # only a sliced job has slices
 
         async def alone() -> bytes:
@@ -357,7 +357,7 @@ class Effects:
 
     async def _fetch_state(self, eff: FetchState, log: EffectLog) -> Reports:
         job, state = eff.job, eff.state
-        what = "the initial state" if state == job["init"] else "the latest checkpoint"
+        what = "the initial state" if state == job.init else "the latest checkpoint"
         with (self.phases.during(job.id, f"fetching {what}"),
               self._node.blobs.work_files(job.id, "fetch") as (sealed, plain)):
             # The initial state this peer submitted is here already (it is checked all the same).
@@ -366,11 +366,11 @@ class Effects:
             ok = await self._node.executor.import_state(job, state, plain)
         yield Fetched(state, ok)
 
-    def _uploaders(self, job: Record, blob: str) -> list[str]:
+    def _uploaders(self, job: JobSpec, blob: str) -> list[str]:
         """Who uploaded the state blob ``blob`` of ``job`` (the submitter, or the checkpoints'
         authors): the members that may serve it directly."""
-        if blob == job.body.get("init_blob"):
-            return [job.author]
+        if blob == job.init_blob:
+            return [job.record.author]
         return sorted({r.author for r in self._node.machine.records.of_job(job.id, "ckpt") if r["blob"] == blob})
 
     async def _publish_checkpoint(self, eff: PublishCheckpoint, log: EffectLog) -> Reports:
@@ -387,7 +387,7 @@ class Effects:
             blob = await self._node.blobs.put_file(plain, sealed)
         yield CheckpointPublished(eff.job, eff.round, eff.state, blob, size)
 
-    def task_failed(self, job: Record, reason: str, log: EffectLog) -> None:
+    def task_failed(self, job: JobSpec, reason: str, log: EffectLog) -> None:
         log.error("job %s failed on this peer: %s", job.id[:12], reason)
         self._feed(JobFailed(job.id, reason), log)
         self.release(job.id)
@@ -405,14 +405,14 @@ class Effects:
             if job.id not in self._released and job_ended(rs, job) is not None:
                 self.release(job.id)
 
-    def _bug(self, job: Record, what: str, exc: Exception, log: EffectLog) -> None:
+    def _bug(self, job: JobSpec, what: str, exc: Exception, log: EffectLog) -> None:
         """An exception outside the error tree escaped ``what``: log its traceback once and
         end the job on this peer, so a bug costs one job, never the daemon."""
         log.error("%s of job %s raised %s: a bug in ttpeer or an executor; the job ends on this peer "
                   "(please report this traceback)", what, job.id[:12], type(exc).__name__, exc_info=exc)
         self.task_failed(job, f"internal error: {type(exc).__name__}: {exc} (a bug; see this peer's log)", log)
 
-    async def _finish(self, job: Record, state: str, log: EffectLog) -> None:
+    async def _finish(self, job: JobSpec, state: str, log: EffectLog) -> None:
         try:
             await self._write_final(job, state, log)
         except DiskError as exc:
@@ -422,11 +422,11 @@ class Effects:
         except Exception as exc:  # noqa: BLE001 - as in _guarded: the job, not the daemon
             self._bug(job, "writing the final model", exc, log)
 
-    async def _write_final(self, job: Record, state: str, log: EffectLog) -> None:
-        chain = self._node.machine.chain(job)
+    async def _write_final(self, job: JobSpec, state: str, log: EffectLog) -> None:
+        chain = self._node.machine.chain(job.record)
         metrics = dict(chain.closes[-1]["metrics"]) if chain.closes else {}
         stats = self._node.counters.job(job.id)
-        summary = {"job": job.id, "task": job["task"], "state": state, "rounds": chain.round,
+        summary = {"job": job.id, "task": job.task, "state": state, "rounds": chain.round,
                    "eval": metrics, "compression_ratio": stats.ratio(),
                    "weights": list(chain.closes[-1].body.get("weights", ())) if chain.closes else [],
                    "bytes_sent": self._node.bytes_sent, "bytes_received": self._node.bytes_received}
@@ -450,10 +450,10 @@ def _corrections(exc: Exception) -> list[Report]:
     return said
 
 
-def _job_of(eff: Effect) -> Record:
+def _job_of(eff: Effect) -> JobSpec:
     """The job of an effect that ``_guarded`` runs (each of them names one)."""
     job = getattr(eff, "job", None)
-    if not isinstance(job, Record):
+    if not isinstance(job, JobSpec):
         raise TypeError(f"{type(eff).__name__} names no job")
     return job
 

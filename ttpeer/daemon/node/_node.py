@@ -161,7 +161,7 @@ class Node:
         self.membership.loaded()
         self.relays.loaded()  # before the first connection: the pool's relays may have moved
         for job in self.machine.records.jobs():
-            for state in self.executor.held_states(job):
+            for state in self.executor.held_states(job.id):
                 self.machine.held.add(state)
         async with trio.open_nursery() as nursery:
             self.nursery = nursery

@@ -28,7 +28,7 @@ import trio
 
 from ttpeer.errors import TtpeerError
 from ttpeer.net import NetError
-from ttpeer.proto import FetchSlices, Record
+from ttpeer.proto import FetchSlices, JobSpec, Record
 
 from .._executor import Deltas
 from .._offload import in_order
@@ -53,7 +53,7 @@ class Slices:
         self.ahead_used = 0  # slices a close took that had come ahead of it (tests)
 
     @contextlib.asynccontextmanager
-    async def close_inputs(self, job: Record, contribs: tuple[Record, ...],
+    async def close_inputs(self, job: JobSpec, contribs: tuple[Record, ...],
                            slices: tuple[Record, ...]) -> AsyncIterator[Deltas]:
         """What a close applies: the contributions' deltas, or a sliced close's reduced
         slices, each checked against its record (``result``)."""

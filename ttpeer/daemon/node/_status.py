@@ -269,7 +269,7 @@ def snapshot(node: NodeView) -> dict[str, Any]:
             "id": job.id, "task": job["task"], "mode": job["mode"], "state": state,
             "round": min(chain.round, plan.expected_rounds()), "rounds": plan.expected_rounds(),
             # The round's inner steps per shard; ``auto``: the pool picks them (``Plan``).
-            "inner_steps": plan.batches(chain.round), "auto": plan.auto,
+            "inner_steps": plan.inner_steps(chain.round), "auto": plan.auto,
             "shards_done": done if state == "running" else (job["shards"] if state != "queued" else 0),
             "shards_total": job["shards"], "lease_s": job["lease"],
             "eval_loss": last.get("eval_loss"), "eval_metric": last.get(metric_name),

@@ -19,7 +19,7 @@ import trio
 
 from ttpeer.errors import TtpeerError
 from ttpeer.net import NetError
-from ttpeer.proto import DatasetMissing, PeerMachine, Record
+from ttpeer.proto import DatasetMissing, JobSpec, PeerMachine
 
 from .._counters import Counters
 from .._executor import Executor
@@ -43,24 +43,24 @@ class TaskData:
         self._node = node
         self._phases = phases
 
-    async def fetch_missing(self, job: Record, exc: DatasetMissing) -> None:
+    async def fetch_missing(self, job: JobSpec, exc: DatasetMissing) -> None:
         """The task read pieces of a dataset that are not here (``DatasetMissing`` with
         pieces, raised before it did anything), or a whole dataset of its job: fetch them,
         so its call can be made again."""
         phase = self._phases.setter(job.id)
         if not exc.pieces:  # the whole dataset (a task reading it with dataset_path too)
-            dataset = (job.body.get("datasets") or {}).get(exc.name)
+            dataset = job.datasets.get(exc.name)
             if dataset is None:
                 raise exc
-            await self._node.data.fetch(dataset, exc.name, phase, job)
+            await self._node.data.fetch(dataset, exc.name, phase, job.record)
             return
         log.info("job %s: fetching %d pieces of dataset %s for the task", job.id[:12], len(exc.pieces), exc.name)
         if job.id in self._phases.by_job:  # still preparing: status says what it waits for
-            await self._node.data.fetch(exc.dataset, exc.name, phase, job, pieces=exc.pieces)
+            await self._node.data.fetch(exc.dataset, exc.name, phase, job.record, pieces=exc.pieces)
             return
         began = trio.current_time()
-        await self._node.data.fetch(exc.dataset, exc.name, lambda _t: None, job, pieces=exc.pieces,
-                                    within=float(job["lease"]))
+        await self._node.data.fetch(exc.dataset, exc.name, lambda _t: None, job.record, pieces=exc.pieces,
+                                    within=float(job.lease))
         waited = trio.current_time() - began
         stats = self._node.counters.job(job.id)
         stats.data_waits += 1
@@ -68,26 +68,26 @@ class TaskData:
         if stats.first_data_wait_s is None:
             stats.first_data_wait_s = waited
 
-    async def look_ahead(self, job: Record, rnd: int, log: logging.LoggerAdapter[logging.Logger]) -> None:
+    async def look_ahead(self, job: JobSpec, rnd: int, log: logging.LoggerAdapter[logging.Logger]) -> None:
         """``_look_ahead``, whose failure is logged (``log``: the effect's that started it)."""
         try:
             await self._look_ahead(job, rnd, log)
         except (TtpeerError, NetError) as exc:  # only a hint: a failure costs the prefetch
             log.info("job %s: looking ahead for round %d failed: %s", job.id[:12], rnd, exc)
 
-    async def _look_ahead(self, job: Record, rnd: int, log: logging.LoggerAdapter[logging.Logger]) -> None:
+    async def _look_ahead(self, job: JobSpec, rnd: int, log: logging.LoggerAdapter[logging.Logger]) -> None:
         """For a ``dataset_samples`` job, once prepared and while each shard trains: which
         pieces each shard of round ``rnd`` reads (the chain's round, then the next). Tell
         the machine which shards' data is here (it claims those first), and prefetch the
         pieces of this peer's share of the round (``PeerMachine.share``)."""
-        if not job.body.get("samples") or job["mode"] == "ensemble":
+        if not job.samples or not job.mode.shards_split_data:
             return
-        plan = self._node.machine.plan(job)
+        plan = self._node.machine.plan(job.record)
         if not plan.has_round(rnd):
             return
-        shards = list(range(job["shards"]))
+        shards = list(range(job.shards))
         try:
-            found = await self._node.executor.pieces(job, rnd, shards, plan.batches(rnd), plan.first_step(rnd))
+            found = await self._node.executor.pieces(job, rnd, shards, plan.inner_steps(rnd), plan.first_step(rnd))
         except TtpeerError as exc:
             log.debug("job %s: no look-ahead for round %d: %s", job.id[:12], rnd, exc)
             return

@@ -40,7 +40,7 @@ from ttpeer.net._seal import (
     seal_cut,
     seal_file,
 )
-from ttpeer.proto import RETRY_AFTER, Record
+from ttpeer.proto import RETRY_AFTER, JobSpec, Record
 
 from .._executor import Deltas
 from .._home import Home
@@ -324,7 +324,7 @@ class Blobs:
                 path.unlink(missing_ok=True)
 
     @contextlib.asynccontextmanager
-    async def deltas(self, job: Record, contribs: tuple[Record, ...],
+    async def deltas(self, job: JobSpec, contribs: tuple[Record, ...],
                      run: tuple[int, int] | None = None) -> AsyncIterator[Deltas]:
         """The round's contributions as files in ``HOME/work/<job>/``, fetched and opened one
         blob at a time: the node never holds a round's deltas at once (with 16 shards that

@@ -30,7 +30,7 @@ from typing import Any
 
 import trio
 
-from ttpeer.proto import DatasetMissing, Outer, PublishDelta, Record, Train
+from ttpeer.proto import DatasetMissing, JobSpec, Outer, PublishDelta, Train
 
 from .._executor import Decline, Deltas, Executor
 
@@ -106,18 +106,19 @@ class TimedExecutor:
         return await self.inner.new_job(spec, task_file)
 
     @property
-    def on_missing(self) -> Callable[[Record, DatasetMissing], Awaitable[None]] | None:
+    def on_missing(self) -> Callable[[JobSpec, DatasetMissing], Awaitable[None]] | None:
         """The inner executor's fetcher of missing dataset pieces."""
         return self.inner.on_missing
 
     @on_missing.setter
-    def on_missing(self, fetch: Callable[[Record, DatasetMissing], Awaitable[None]] | None) -> None:
+    def on_missing(self, fetch: Callable[[JobSpec, DatasetMissing], Awaitable[None]] | None) -> None:
         self.inner.on_missing = fetch
 
-    async def pieces(self, job: Record, rnd: int, shards: list[int], steps: int, first: int) -> dict[str, Any]:
-        return await self.inner.pieces(job, rnd, shards, steps, first)
+    async def pieces(self, job: JobSpec, rnd: int, shards: list[int], inner_steps: int,
+                     first: int) -> dict[str, Any]:
+        return await self.inner.pieces(job, rnd, shards, inner_steps, first)
 
-    async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
+    async def prepare(self, job: JobSpec, task_file: bytes | None) -> Decline | str | None:
         return await self._timed(job.id, "compute_s", self.inner.prepare(job, task_file))
 
     async def train(self, eff: Train, should_stop: Callable[[], bool]) -> int:
@@ -133,29 +134,29 @@ class TimedExecutor:
             out["compression"] = round(float(metrics["fp32_bytes"]) / len(data), 3)
         return data, out
 
-    async def reduce_slice(self, job: Record, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
+    async def reduce_slice(self, job: JobSpec, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
         return await self._timed(job.id, "compute_s", self.inner.reduce_slice(job, deltas, first, stop, rnd=rnd))
 
-    async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int,
+    async def aggregate(self, job: JobSpec, base: str, deltas: Deltas, *, rnd: int,
                         sliced: bool = False, outer: Outer | None = None) -> tuple[str, dict[str, float]]:
         return await self._timed(job.id, "compute_s",
                                  self.inner.aggregate(job, base, deltas, rnd=rnd, sliced=sliced, outer=outer))
 
-    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
+    async def apply(self, job: JobSpec, base: str, deltas: Deltas, expect: str, *, rnd: int,
                     sliced: bool = False, outer: Outer | None = None) -> bool:
         return await self._timed(job.id, "compute_s",
                                  self.inner.apply(job, base, deltas, expect, rnd=rnd, sliced=sliced, outer=outer))
 
-    async def export_state(self, job: Record, state: str, out: Path) -> None:
+    async def export_state(self, job: JobSpec, state: str, out: Path) -> None:
         return await self._timed(job.id, "compute_s", self.inner.export_state(job, state, out))
 
-    async def import_state(self, job: Record, state: str, data: bytes | Path) -> bool:
+    async def import_state(self, job: JobSpec, state: str, data: bytes | Path) -> bool:
         return await self._timed(job.id, "compute_s", self.inner.import_state(job, state, data))
 
-    def held_states(self, job: Record) -> set[str]:
+    def held_states(self, job: str) -> set[str]:
         return self.inner.held_states(job)
 
-    async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
+    async def finish(self, job: JobSpec, state: str, metrics: dict[str, Any]) -> None:
         await self.inner.finish(job, state, metrics)
         self.usage.job(job.id).finished = self.usage.clock()
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from ttpeer import train
 from ttpeer.errors import JobError
-from ttpeer.proto import Outer, PublishDelta, Record, Train
+from ttpeer.proto import JobSpec, Outer, PublishDelta, Train
 from ttpeer.train import LoadedTask, OuterState
 
 from .._executor import Deltas, delta_bytes
@@ -32,7 +32,7 @@ class Ensemble:
     # it does not wait for that unit.
     delta_locked = False
 
-    def __init__(self, job: Record, task: LoadedTask, trainer: train.InnerTrainer, states: JobStates, *,
+    def __init__(self, job: JobSpec, task: LoadedTask, trainer: train.InnerTrainer, states: JobStates, *,
                  device: str) -> None:
         self.job, self.task, self.trainer, self.states, self.device = job, task, trainer, states, device
         # Member checkpoints trained here and not yet published, by (round, member).
@@ -40,15 +40,15 @@ class Ensemble:
         # The training samples the vote is weighed on, and those the members train on.
         self.held: list[int] = []
         self.kept: list[int] | None = None
-        if job.body.get("holdout"):
-            self.held, self.kept = train.holdout_split(task.n_train, job["holdout"], job["seed"])
+        if job.holdout:
+            self.held, self.kept = train.holdout_split(task.n_train, job.holdout, job.seed)
 
     def train(self, eff: Train, should_stop: Callable[[], bool]) -> int:
         """One unit of member ``eff.shard``, continued from its checkpoint in ``eff.base``."""
         member, job = eff.shard, self.job
         ckpt, samples = train.train_unit(
-            self.task, self.states.load(eff.base), member, job["members"][member], eff.round,
-            job["batches"], job["batch_size"], device=self.device, should_stop=should_stop,
+            self.task, self.states.load(eff.base), member, dict(job.members[member]), eff.round,
+            job.inner_steps, job.batch_size, device=self.device, should_stop=should_stop,
             recipe=self.trainer.recipe, kept=self.kept)
         if ckpt is not None:
             # Units of closed rounds were covered by someone else first: drop them.
@@ -68,7 +68,7 @@ class Ensemble:
             raise JobError(f"member {member} of round {eff.round} was not trained on this peer")
         return train.encode_member(member, ckpt), {
             "fp32_bytes": float(4 * sum(t.numel() for t in ckpt.params.values())),
-            **self.trainer.recipe.metrics(self.job["batch_size"])}
+            **self.trainer.recipe.metrics(self.job.batch_size)}
 
     def outer(self, base: str, deltas: Deltas, sliced: bool, step: Outer) -> OuterState:
         """The round's member checkpoints in place of their members in ``base`` (no outer step)."""
@@ -76,7 +76,7 @@ class Ensemble:
             parts = [train.decode_member(delta_bytes(ref), self.states.like) for ref, _samples in deltas]
         except train.CheckpointError as exc:
             raise JobError(str(exc)) from None
-        if sorted(i for i, _ckpt in parts) != list(range(len(self.job["members"]))):
+        if sorted(i for i, _ckpt in parts) != list(range(len(self.job.members))):
             raise JobError(f"round of job {self.job.id[:12]} does not hold one checkpoint per member "
                            f"(got members {sorted(i for i, _ckpt in parts)})")
         return train.combine(self.states.load(base), parts)
@@ -98,8 +98,8 @@ class Ensemble:
 
     def export(self, final: OuterState, out: Path, metrics: dict[str, Any]) -> None:
         """The bundle with the close's weights and each member's and the vote's figures."""
-        weights = list(metrics.get("weights") or [1] * len(self.job["members"]))
+        weights = list(metrics.get("weights") or [1] * len(self.job.members))
         _w, models, (probs, target) = train.weigh_members(self.task, final, self.held, self.device)
         scores = train.evaluate_ensemble(self.task, final, self.device, weights, models)
         held = train.holdout_scores(self.task, probs, target, weights)
-        train.export_ensemble(final, self.task, self.job["members"], out, metrics, scores, weights, held)
+        train.export_ensemble(final, self.task, list(self.job.members), out, metrics, scores, weights, held)

@@ -24,7 +24,7 @@ from typing import Any
 
 from ttpeer import train
 from ttpeer.errors import JobError
-from ttpeer.proto import Outer, PublishDelta, Record, Train, overlapped, slice_chunks
+from ttpeer.proto import JobSpec, Outer, PublishDelta, Train, slice_chunks
 from ttpeer.train import LoadedTask, OuterState
 
 from .._executor import Deltas, delta_bytes
@@ -40,7 +40,7 @@ class Fused:
 
     delta_locked = True  # the delta reads the local model, which a shard in training moves
 
-    def __init__(self, job: Record, task: LoadedTask, trainer: train.InnerTrainer, states: JobStates, *,
+    def __init__(self, job: JobSpec, task: LoadedTask, trainer: train.InnerTrainer, states: JobStates, *,
                  device: str, rank: int = 0, world: int = 1) -> None:
         self.job, self.task, self.trainer, self.states = job, task, trainer, states
         self.device, self.rank, self.world = device, rank, world
@@ -54,7 +54,7 @@ class Fused:
         """Train shard ``eff.shard`` of ``eff.round``; returns the samples of its batches
         completed. Raises ``train.DatasetMissing`` (``moved`` when steps were taken)."""
         try:
-            need_pieces(self.task, self.shard_pieces(eff.round, eff.shard, *eff.span()), self.world, self.device)
+            need_pieces(self.task, self.shard_pieces(eff.round, eff.shard, *eff.schedule()), self.world, self.device)
             try:
                 return self._steps(eff, should_stop)
             except train.DatasetMissing as exc:
@@ -72,11 +72,11 @@ class Fused:
         job, trainer = self.job, self.trainer
         if eff.fresh:
             self._start(eff)
-        steps, first = eff.span()
-        batches = train.shard_batches(self.task, job["seed"], eff.round, eff.shard, self.job["shards"], steps,
-                                      job["batch_size"], first_step=first)
+        steps, first = eff.schedule()
+        batches = train.shard_batches(self.task, job.seed, eff.round, eff.shard, job.shards, steps,
+                                      job.batch_size, first_step=first)
         stop = should_stop
-        if overlapped(job):
+        if job.overlap:
             agree = train.agreed_signal(self.device) if self.world > 1 else None
             stop = correcting(trainer, self.overlap, self.states.params, should_stop, agree)
         elif self.world > 1:
@@ -100,7 +100,7 @@ class Fused:
         starts where the first did; a peer with no delta of the round before (it trained
         none, or restarted) starts from the base."""
         ov = self.overlap
-        if overlapped(self.job):
+        if self.job.overlap:
             ahead = eff.ahead or ov.known(eff.round, eff.base)  # made here before the machine saw it
             if ahead is not None and ahead in self.states.held():
                 return self._start_from(eff, ahead)
@@ -124,15 +124,15 @@ class Fused:
             assert state is not None
             params = dict(self.states.params(state))
             self.trainer.start(OuterState(params=params, momentum=params))
-        if overlapped(self.job):
+        if self.job.overlap:
             self.overlap.begin(eff.round, eff.base, estimate=guess, state=state)
 
     def shard_pieces(self, rnd: int, shard: int, steps: int, first: int) -> list[int]:
         """The pieces of a ``dataset_samples`` training set that shard ``shard`` of ``rnd`` reads."""
         if not isinstance(self.task.train, train.Samples):
             return []
-        batches = train.shard_batches(self.task, self.job["seed"], rnd, shard, self.job["shards"], steps,
-                                      self.job["batch_size"], first_step=first)
+        batches = train.shard_batches(self.task, self.job.seed, rnd, shard, self.job.shards, steps,
+                                      self.job.batch_size, first_step=first)
         return self.task.train.pieces_for(i for b in batches for i in b)
 
     def pieces(self, rnd: int, shards: list[int], steps: int, first: int) -> dict[str, Any]:
@@ -164,12 +164,11 @@ class Fused:
         else:  # from the held state it started from (or was moved onto), else the base
             held = began.state if began is not None and began.state is not None else eff.base
             delta = self.trainer.delta_from(self.states.params(held))
-        self.overlap.own = (eff.round, delta) if overlapped(self.job) else None
-        chunk = self.job.body.get("chunk")
-        data, self.residual = train.encode_delta(delta, self.residual, bits=self.job["bits"], chunk=chunk)
-        metrics = {"fp32_bytes": float(train.fp32_size(delta)), **self.trainer.recipe.metrics(self.job["batch_size"])}
-        if chunk is not None:
-            metrics["chunks"] = float(-(-values_of(self.states.like) // chunk))
+        self.overlap.own = (eff.round, delta) if self.job.overlap else None
+        data, self.residual = train.encode_delta(delta, self.residual, bits=self.job.bits, chunk=self.job.chunk)
+        metrics = {"fp32_bytes": float(train.fp32_size(delta)), **self.trainer.recipe.metrics(self.job.batch_size)}
+        if self.job.chunk is not None:
+            metrics["chunks"] = float(-(-values_of(self.states.like) // self.job.chunk))
         loss = self.trainer.take_train_loss()
         if loss is not None and math.isfinite(loss):  # a record holds finite numbers only
             metrics["train_loss"] = round(loss, 6)
@@ -182,7 +181,8 @@ class Fused:
         contributions are the reduced slices of the mean, in order."""
         like = self.states.like
         if sliced:
-            numel, chunk = values_of(like), self.job["chunk"]
+            numel, chunk = values_of(like), self.job.chunk
+            assert chunk is not None  # only a sliced job's rounds reduce in slices
             spans = slice_chunks(-(-numel // chunk), len(deltas))
             if len(spans) != len(deltas):
                 raise JobError(f"{len(deltas)} slices for a model of {-(-numel // chunk)} chunks")
@@ -219,6 +219,6 @@ class Fused:
         train.export_model(final, self.task, out, metrics)
 
 
-def job_outer(job: Record, rnd: int) -> Outer:
+def job_outer(job: JobSpec, rnd: int) -> Outer:
     """The job's own outer step of round ``rnd`` (its outer lr schedule there)."""
-    return Outer(train.outer_lr(job.body, rnd), job["outer_momentum"])
+    return Outer(train.outer_lr(job.body, rnd), job.outer_momentum)

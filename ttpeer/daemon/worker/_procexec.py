@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 import trio
 
 from ttpeer.errors import JobError, LocalWorkLost, TaskFailed
-from ttpeer.proto import DatasetMissing, Outer, PublishDelta, Record, Train
+from ttpeer.proto import DatasetMissing, JobSpec, Outer, PublishDelta, Train
 
 from .._codec import Message
 from .._executor import Decline, Deltas
@@ -64,15 +64,9 @@ MAX_FETCHES = 64  # fetches of missing dataset pieces one call may wait for
 MAX_DEATHS = 3  # a worker that dies this often in one job fails the job on this peer
 
 
-def step_timeout(body: Any, default: float = DEFAULT_STEP_TIMEOUT) -> float:
-    """The job's ``step_timeout`` (seconds), else ``default``."""
-    value = body.get("step_timeout") if hasattr(body, "get") else None
-    return float(value) if isinstance(value, int | float) and value > 0 else default
-
-
 @dataclass
 class _JobWorkers:
-    job: Record
+    job: JobSpec
     task_file: bytes | None
     group: list[_Worker] = field(default_factory=list)  # rank 0 first
     deaths: int = 0
@@ -109,7 +103,7 @@ class ProcessExecutor:
         self._jobs: dict[str, _JobWorkers] = {}
         # Pieces a task read that are not here (``DatasetMissing`` with pieces): the node
         # fetches them (``TaskData.fetch_missing``) and the call is made again.
-        self.on_missing: Callable[[Record, DatasetMissing], Awaitable[None]] | None = None
+        self.on_missing: Callable[[JobSpec, DatasetMissing], Awaitable[None]] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -130,8 +124,10 @@ class ProcessExecutor:
         """What the workers train on, for status."""
         return self.pool.devices
 
-    def _timeout(self, body: Any, *, step: bool = False) -> float:
-        limit = step_timeout(body, self._step_timeout)
+    def _timeout(self, step_timeout: float | None, *, step: bool = False) -> float:
+        """A call's limit in a job whose ``step_timeout`` is the one given (None: this
+        executor's default)."""
+        limit = step_timeout or self._step_timeout
         return limit if step else max(limit, CALL_TIMEOUT)
 
     def _config(self, device: str) -> msg.Configure:
@@ -156,9 +152,9 @@ class ProcessExecutor:
             write_work(path, task_file)
         return path
 
-    def _ranks(self, job: Record, first: _Worker) -> int:
+    def _ranks(self, job: JobSpec, first: _Worker) -> int:
         # Ensemble units train one member at a time: one worker (see the README's limits).
-        if job["mode"] == "ensemble":
+        if not job.mode.data_parallel:
             return 1
         if self.workers_per_job is not None:
             return self.workers_per_job
@@ -178,7 +174,7 @@ class ProcessExecutor:
         try:
             async with _loading(group, keep=(DatasetMissing,)):
                 request = msg.Prepare(j.job, self._task_path(j.task_file))
-                declines = await _all(group, lambda _rank: request, timeout=self._timeout(j.job.body))
+                declines = await _all(group, lambda _rank: request, timeout=self._timeout(j.job.step_timeout))
         except DatasetMissing:
             j.pending = group  # the daemon fetches what it missed; then these prepare again
             raise
@@ -203,7 +199,7 @@ class ProcessExecutor:
                 store.unlink(missing_ok=True)
                 threads = max(1, (os.cpu_count() or 1) // n)
                 await _all(group, lambda rank: msg.JoinGroup(store, rank, n, self._rank_device(group[rank], rank),
-                                                             threads), timeout=self._timeout(j.job.body))
+                                                             threads), timeout=self._timeout(j.job.step_timeout))
         return group
 
     def _rank_device(self, worker: _Worker, rank: int) -> str:
@@ -236,7 +232,7 @@ class ProcessExecutor:
         j.model_lost = True
         log.warning("job %s: a worker process died (%s); starting the job's workers again", j.job.id[:12], why)
 
-    async def _fetching(self, job: Record, call: Callable[[], Awaitable[T]]) -> T:
+    async def _fetching(self, job: JobSpec, call: Callable[[], Awaitable[T]]) -> T:
         """``call()``, made again after the pieces it found missing were fetched. A task
         raises that before anything it does counts (a shard checks its pieces before its
         first step), so the second call is the first that did anything."""
@@ -253,20 +249,20 @@ class ProcessExecutor:
         raise JobError(f"job {job.id[:12]}: the task still misses pieces of its datasets after {MAX_FETCHES} "
                        "fetches (a task reading many pieces one at a time, outside its shards?)")
 
-    async def _call(self, job: Record, request: Message[R] | Callable[[int], Message[R]], *, step: bool = False,
+    async def _call(self, job: JobSpec, request: Message[R] | Callable[[int], Message[R]], *, step: bool = False,
                     on_progress: Callable[[int], bool] | None = None) -> R:
         """``request`` in the job's first worker; or, given the request for each rank, in
         each of its workers, the first one's result returned (training and the delta keep
         every local copy in step); again once the dataset pieces it missed are here."""
         return await self._fetching(job, lambda: self._call_once(job, request, step=step, on_progress=on_progress))
 
-    async def _call_once(self, job: Record, request: Message[R] | Callable[[int], Message[R]], *,
+    async def _call_once(self, job: JobSpec, request: Message[R] | Callable[[int], Message[R]], *,
                          step: bool = False, on_progress: Callable[[int], bool] | None = None) -> R:
         j = self._jobs.get(job.id)
         if j is None:
             raise JobError(f"job {job.id[:12]} is not prepared on this peer")
         group = await self._group(j)
-        timeout = self._timeout(job.body, step=step)
+        timeout = self._timeout(job.step_timeout, step=step)
         try:
             if isinstance(request, Message):
                 return await group[0].call(request, timeout=timeout, step=step, on_progress=on_progress)
@@ -318,7 +314,8 @@ class ProcessExecutor:
         worker = await self.pool.take()
         out = self._work_dir("submit") / f"init-{os.getpid()}-{id(worker)}.state"
         try:
-            built = await worker.call(msg.NewJob(spec, self._task_path(task_file), out), timeout=self._timeout(spec))
+            built = await worker.call(msg.NewJob(spec, self._task_path(task_file), out),
+                                      timeout=self._timeout(spec.get("step_timeout")))
         except WorkerDied as exc:
             raise TaskFailed(f"the worker process died while building the job ({exc})") from None
         except BaseException:
@@ -327,7 +324,7 @@ class ProcessExecutor:
         await self.pool.give_back(worker)  # it holds no job: the job's own worker, if this peer prepares it
         return built.fixed, built.file
 
-    async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
+    async def prepare(self, job: JobSpec, task_file: bytes | None) -> Decline | str | None:
         j = self._jobs.get(job.id)
         if j is None or j.failed is not None:
             j = self._jobs[job.id] = _JobWorkers(job, task_file)
@@ -368,9 +365,10 @@ class ProcessExecutor:
 
         return await self._call(eff.job, lambda _rank: msg.Train(eff), step=True, on_progress=on_progress)
 
-    async def pieces(self, job: Record, rnd: int, shards: list[int], steps: int, first: int) -> dict[str, Any]:
+    async def pieces(self, job: JobSpec, rnd: int, shards: list[int], inner_steps: int,
+                     first: int) -> dict[str, Any]:
         """See ``TorchExecutor.pieces``."""
-        return await self._call(job, msg.Pieces(job, rnd, shards, steps, first))
+        return await self._call(job, msg.Pieces(job, rnd, shards, inner_steps, first))
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
         j = self._jobs.get(eff.job.id)
@@ -383,7 +381,7 @@ class ProcessExecutor:
             raise JobError("the first worker of the job's group wrote no delta")
         return read_and_remove(made.file), made.metrics
 
-    async def _with_deltas(self, job: Record, deltas: Deltas, request: Callable[[DeltaFiles], Message[R]]) -> R:
+    async def _with_deltas(self, job: JobSpec, deltas: Deltas, request: Callable[[DeltaFiles], Message[R]]) -> R:
         # Files the node wrote go to the worker as they are (no second copy); bytes become
         # files here, removed here afterwards. The worker reads each when it adds it.
         folder = self._work_dir(job.id)
@@ -397,25 +395,25 @@ class ProcessExecutor:
             for p in mine:
                 p.unlink(missing_ok=True)
 
-    async def reduce_slice(self, job: Record, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
+    async def reduce_slice(self, job: JobSpec, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
         out = self._work_dir(job.id) / f"slice-{rnd}-{first}-{stop}.bin"
         return read_and_remove(await self._with_deltas(
             job, deltas, lambda files: msg.ReduceSlice(job, files, first, stop, rnd, out)))
 
-    async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int,
+    async def aggregate(self, job: JobSpec, base: str, deltas: Deltas, *, rnd: int,
                         sliced: bool = False, outer: Outer | None = None) -> tuple[str, dict[str, float]]:
         done = await self._with_deltas(job, deltas, lambda files: msg.Aggregate(job, base, files, rnd, sliced, outer))
         return done.state, done.metrics
 
-    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
+    async def apply(self, job: JobSpec, base: str, deltas: Deltas, expect: str, *, rnd: int,
                     sliced: bool = False, outer: Outer | None = None) -> bool:
         return await self._with_deltas(job, deltas,
                                        lambda files: msg.Apply(job, base, files, expect, rnd, sliced, outer))
 
-    async def export_state(self, job: Record, state: str, out: Path) -> None:
+    async def export_state(self, job: JobSpec, state: str, out: Path) -> None:
         await self._call(job, msg.ExportState(job, state, out))
 
-    async def import_state(self, job: Record, state: str, data: bytes | Path) -> bool:
+    async def import_state(self, job: JobSpec, state: str, data: bytes | Path) -> bool:
         """A file is handed to the worker as it is (the worker removes it once read)."""
         path = data if isinstance(data, Path) else write_work(
             self._work_dir(job.id) / f"import-{state.removeprefix('sha256:')[:16]}.state", data)
@@ -424,10 +422,10 @@ class ProcessExecutor:
         finally:
             path.unlink(missing_ok=True)
 
-    def held_states(self, job: Record) -> set[str]:
-        return self.home.held_states(job.id)
+    def held_states(self, job: str) -> set[str]:
+        return self.home.held_states(job)
 
-    async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
+    async def finish(self, job: JobSpec, state: str, metrics: dict[str, Any]) -> None:
         await self._call(job, msg.Finish(job, state, metrics))
         j = self._jobs.get(job.id)
         if j is not None:  # the job is over here: free the workers' memory once they are idle

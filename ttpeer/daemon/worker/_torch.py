@@ -36,7 +36,7 @@ import trio
 
 from ttpeer import train
 from ttpeer.errors import DiskError, JobError
-from ttpeer.proto import JobSpec, Outer, PublishDelta, Record, Train, overlapped
+from ttpeer.proto import ENSEMBLE, JobSpec, Outer, PublishDelta, Train
 from ttpeer.train import LoadedTask, OuterState  # by name: in annotations the method ``train`` hides the module
 
 from .._executor import Decline, Deltas
@@ -147,9 +147,9 @@ class TorchExecutor:
         one it does not hold and asks again: ``DatasetMissing``)."""
         return train.held_resolver(DataStore(self.home.path / "datasets"))
 
-    def _job_datasets(self, job: Record) -> train.DatasetResolver:
+    def _job_datasets(self, job: JobSpec) -> train.DatasetResolver:
         """On a peer preparing ``job``: the names the job recorded, as the ids it recorded."""
-        store, ids = DataStore(self.home.path / "datasets"), dict(job.body.get("datasets") or {})
+        store, ids = DataStore(self.home.path / "datasets"), job.datasets
 
         def find(name: str) -> tuple[str, Path]:
             if name not in ids:
@@ -169,7 +169,7 @@ class TorchExecutor:
                 raise train.DatasetMissing(name, whole=False)
             return ids[name], found[0], found[1], store.root
 
-        sampled = dict(job.body.get("samples") or {})
+        sampled = job.samples
         return train.DatasetResolver(find, find_samples)
 
     async def new_job(self, spec: dict[str, Any], task_file: bytes | None) -> tuple[dict[str, Any], bytes]:
@@ -184,9 +184,7 @@ class TorchExecutor:
             warm = spec.get("init")
             try:
                 train.check_job(task, spec)
-                if spec["mode"] == "ensemble":
-                    if warm:
-                        raise JobError("--init warm-starts a fused job; an ensemble's members start fresh")
+                if spec["mode"] == ENSEMBLE.name:  # its members start fresh (``Mode.problem``)
                     state = train.init_ensemble(task, spec["members"])
                 else:
                     state = train.warm_state(task, Path(warm)) if warm else train.init_state(task, spec["seed"])
@@ -195,7 +193,7 @@ class TorchExecutor:
             trainable, params = train.parameter_counts(train.check_model(task.spec, f"task {task.name}"))
             fixed = {"task_hash": task.source_hash, "init": train.state_hash(state),
                      "data": train.data_fingerprint(task), "params": params, "trainable": trainable}
-            if spec["mode"] == "ensemble" and (holdout := train.holdout_size(task.n_train)):
+            if spec["mode"] == ENSEMBLE.name and (holdout := train.holdout_size(task.n_train)):
                 fixed["holdout"] = holdout
             fixed.update({k: dict(v) for k, v in (("datasets", datasets.used), ("samples", datasets.used_samples))
                           if v})
@@ -203,54 +201,53 @@ class TorchExecutor:
 
         return await in_thread(build, spec["task"])
 
-    async def prepare(self, job: Record, task_file: bytes | None) -> Decline | str | None:
+    async def prepare(self, job: JobSpec, task_file: bytes | None) -> Decline | str | None:
         def load() -> Decline | str | None:
-            task = self._load_task(job["task"], task_file, datasets=self._job_datasets(job))
-            if task.source_hash != job["task_hash"]:
-                return Decline(f"task {job['task']!r} here differs from the submitter's: its code, or the data "
-                               f"or model files it reads (hash {task.source_hash[:12]} vs {job['task_hash'][:12]})",
+            task = self._load_task(job.task, task_file, datasets=self._job_datasets(job))
+            if task.source_hash != job.task_hash:
+                return Decline(f"task {job.task!r} here differs from the submitter's: its code, or the data "
+                               f"or model files it reads (hash {task.source_hash[:12]} vs {job.task_hash[:12]})",
                                code="task")
-            if "data" in job.body and (mine := train.data_fingerprint(task)) != job["data"]:
+            if job.data is not None and (mine := train.data_fingerprint(task)) != job.data:
                 return Decline(f"your copy of the task's data differs from the submitter's: fingerprint "
-                               f"{mine[:12]} here, {job['data'][:12]} there (build it deterministically, from a "
+                               f"{mine[:12]} here, {job.data[:12]} there (build it deterministically, from a "
                                "fixed seed or files that are the same on every peer)", code="data")
             device_free, host_free, limited = available_memory(self.device, self.memory_limit)
             if self.world > 1:  # the peer's workers share its host memory (and its CPU's)
                 host_free //= self.world
                 device_free = device_free // self.world if self.device == "cpu" else device_free
             # The largest micro-batch this peer's memory holds: the job's batch stays its meaning.
-            fit = train.fit_batch(task, batch_size=job["batch_size"], forced=job.body.get("micro_batch"),
+            fit = train.fit_batch(task, batch_size=job.batch_size, forced=job.micro_batch,
                                   device=self.device, device_free=device_free, host_free=host_free,
-                                  limited=limited, shards=job["shards"], held_states=KEEP_STATES,
-                                  members=len(job["members"]) if job["mode"] == "ensemble" else 0,
-                                  overlap=overlapped(job), checkpointing=bool(job.body.get("checkpointing")))
+                                  limited=limited, shards=job.shards, held_states=KEEP_STATES,
+                                  members=len(job.members), overlap=job.overlap, checkpointing=job.checkpointing)
             if fit.misfit is not None:
                 return Decline(fit.misfit.message, need=fit.misfit.need, have=fit.misfit.have, code="fit")
             try:
                 recipe = train.Recipe.of_job(job.body, self.device, fit.micro_batch)
             except ValueError as exc:  # a precision this device cannot run
                 return Decline(str(exc), code="fit")
-            trainer = train.InnerTrainer(task, lr=job["inner_lr"], weight_decay=job["weight_decay"],
-                                         device=self.device, seed=job["seed"], recipe=recipe)
+            trainer = train.InnerTrainer(task, lr=job.inner_lr, weight_decay=job.weight_decay,
+                                         device=self.device, seed=job.seed, recipe=recipe)
             if self.world > 1:
                 train.average_gradients(trainer.model, self.world)
             log.info("job %s trains in %s, micro-batch %d of %d", job.id[:12], recipe.precision, fit.micro_batch,
-                     job["batch_size"])
-            ensemble = job["mode"] == "ensemble"
+                     job.batch_size)
+            ensemble = job.mode is ENSEMBLE
             if ensemble:
-                like = train.template(train.init_ensemble(task, job["members"]))
+                like = train.template(train.init_ensemble(task, list(job.members)))
             else:  # the local model's own tensors, as meta: no second model is built
                 own = {n: t for n, t in trainer.model.state_dict().items() if t.is_floating_point()}
                 like = train.template(OuterState(params=own, momentum=own))
-            states = JobStates(self.home, job.id, job["init"], like, keep_one=ensemble)
+            states = JobStates(self.home, job.id, job.init, like, keep_one=ensemble)
             mode = (Ensemble(job, task, trainer, states, device=self.device) if ensemble else
                     Fused(job, task, trainer, states, device=self.device, rank=self.rank, world=self.world))
             self._jobs[job.id] = _Job(task, trainer, states, mode)
             return None
 
-        return await in_thread(load, job["task"])
+        return await in_thread(load, job.task)
 
-    def _job(self, job: Record) -> _Job:
+    def _job(self, job: JobSpec) -> _Job:
         ctx = self._jobs.get(job.id)
         if ctx is None:
             raise JobError(f"job {job.id[:12]} is not prepared on this peer")
@@ -258,10 +255,10 @@ class TorchExecutor:
 
     # -- states ------------------------------------------------------------------------
 
-    def held_states(self, job: Record) -> set[str]:
-        return self.home.held_states(job.id)
+    def held_states(self, job: str) -> set[str]:
+        return self.home.held_states(job)
 
-    def _state(self, job: Record, state: str) -> OuterState:
+    def _state(self, job: JobSpec, state: str) -> OuterState:
         """``state`` in memory (``JobStates.load``)."""
         return self._job(job).states.load(state)
 
@@ -270,43 +267,44 @@ class TorchExecutor:
     async def train(self, eff: Train, should_stop: Callable[[], bool]) -> int:
         ctx = self._job(eff.job)
         async with self._train_lock:
-            return await in_thread(lambda: ctx.mode.train(eff, should_stop), eff.job["task"])
+            return await in_thread(lambda: ctx.mode.train(eff, should_stop), eff.job.task)
 
-    async def pieces(self, job: Record, rnd: int, shards: list[int], steps: int, first: int) -> dict[str, Any]:
-        """What the shards ``shards`` of round ``rnd`` (``steps`` inner steps from global
+    async def pieces(self, job: JobSpec, rnd: int, shards: list[int], inner_steps: int,
+                     first: int) -> dict[str, Any]:
+        """What the shards ``shards`` of round ``rnd`` (``inner_steps`` from global
         step ``first``) read of the job's ``dataset_samples`` training set: its dataset,
         name, and per shard the pieces, and of them those not here yet. Empty when the
         training set is not read by pieces. ``test``: the pieces of the test set (a part of
         the same dataset) not here yet."""
         ctx = self._job(job)
-        return await in_thread(lambda: ctx.mode.pieces(rnd, shards, steps, first), job["task"])
+        return await in_thread(lambda: ctx.mode.pieces(rnd, shards, inner_steps, first), job.task)
 
     async def delta(self, eff: PublishDelta) -> tuple[bytes, dict[str, float]]:
         ctx = self._job(eff.job)
         async with self._train_lock if ctx.mode.delta_locked else contextlib.nullcontext():
-            return await in_thread(lambda: ctx.mode.delta(eff), eff.job["task"])
+            return await in_thread(lambda: ctx.mode.delta(eff), eff.job.task)
 
-    async def reduce_slice(self, job: Record, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
+    async def reduce_slice(self, job: JobSpec, deltas: Deltas, first: int, stop: int, *, rnd: int) -> bytes:
         ctx = self._job(job)
 
         def run() -> bytes:
             numel = values_of(ctx.states.like)
             parts = [chunk_run(ref, numel, first, stop) for ref, _samples in deltas]
             mean = train.reduce_slice(parts, [samples for _ref, samples in deltas], first, stop)
-            return train.encode_slice(mean, bits=JobSpec.of(job).slice_bits, block=parts[0][0].block)
+            return train.encode_slice(mean, bits=job.slice_bits, block=parts[0][0].block)
 
         async with self._close_lock:
-            return await in_thread(run, job["task"])
+            return await in_thread(run, job.task)
 
-    async def aggregate(self, job: Record, base: str, deltas: Deltas, *, rnd: int,
+    async def aggregate(self, job: JobSpec, base: str, deltas: Deltas, *, rnd: int,
                         sliced: bool = False, outer: Outer | None = None) -> tuple[str, dict[str, float]]:
         ctx = self._job(job)
         step = outer or job_outer(job, rnd)
 
         async with self._close_lock:
-            return await in_thread(lambda: ctx.mode.close(base, deltas, sliced, rnd, step), job["task"])
+            return await in_thread(lambda: ctx.mode.close(base, deltas, sliced, rnd, step), job.task)
 
-    async def apply(self, job: Record, base: str, deltas: Deltas, expect: str, *, rnd: int,
+    async def apply(self, job: JobSpec, base: str, deltas: Deltas, expect: str, *, rnd: int,
                     sliced: bool = False, outer: Outer | None = None) -> bool:
         ctx = self._job(job)
         step = outer or job_outer(job, rnd)
@@ -319,9 +317,9 @@ class TorchExecutor:
             return True
 
         async with self._close_lock:
-            return await in_thread(run, job["task"])
+            return await in_thread(run, job.task)
 
-    async def export_state(self, job: Record, state: str, out: Path) -> None:
+    async def export_state(self, job: JobSpec, state: str, out: Path) -> None:
         """A copy of the held state's file, so neither its bytes nor a second set of
         tensors are in memory."""
         def run() -> None:
@@ -333,9 +331,9 @@ class TorchExecutor:
             shutil.copyfile(src, tmp)
             os.replace(tmp, out)
 
-        await in_thread(run, job["task"])
+        await in_thread(run, job.task)
 
-    async def import_state(self, job: Record, state: str, data: bytes | Path) -> bool:
+    async def import_state(self, job: JobSpec, state: str, data: bytes | Path) -> bool:
         """Hold the state in ``data`` (its bytes, or a file read straight into tensors)."""
         ctx = self._job(job)
 
@@ -352,12 +350,12 @@ class TorchExecutor:
             ctx.states.hold(loaded)
             return True
 
-        return await in_thread(run, job["task"])
+        return await in_thread(run, job.task)
 
     async def release(self, job: str) -> None:
         self._jobs.pop(job, None)
 
-    async def finish(self, job: Record, state: str, metrics: dict[str, Any]) -> None:
+    async def finish(self, job: JobSpec, state: str, metrics: dict[str, Any]) -> None:
         ctx = self._job(job)
 
         def run() -> None:
@@ -370,4 +368,4 @@ class TorchExecutor:
                 raise DiskError(folder / "final.safetensors", exc) from None
             write_atomic(folder / "done.json", json.dumps(metrics, indent=2).encode())
 
-        await in_thread(run, job["task"])
+        await in_thread(run, job.task)

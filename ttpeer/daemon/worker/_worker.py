@@ -142,7 +142,7 @@ class _Worker:
         raise failed
 
     async def _pieces(self, req: msg.Pieces, _rid: int) -> dict[str, Any]:
-        return dict(await self.executor.pieces(req.job, req.round, req.shards, req.steps, req.first))
+        return dict(await self.executor.pieces(req.job, req.round, req.shards, req.inner_steps, req.first))
 
     async def _delta(self, req: msg.Delta, _rid: int) -> msg.DeltaFile:
         data, metrics = await self.executor.delta(req.eff)

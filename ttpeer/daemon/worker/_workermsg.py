@@ -10,7 +10,7 @@ channel's frames (``_channel``).
                        {"id": n, "ok": reply}                  the reply, of the request's type
                        {"id": n, "error": kind, "message", ...}  a failure (``_failures``)
 
-A job crosses as its record's bytes (in hex), parsed again on the other side; the
+A job (``JobSpec``) crosses as its record's bytes (in hex), read again on the other side; the
 effects the machine made (``Train``, ``PublishDelta``) cross as themselves. Large values
 never do: deltas, states and task files are files in the home, and a message names them.
 A daemon and its workers are one install, started together: no other version is read.
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ttpeer import proto
-from ttpeer.proto import Outer, PublishDelta, Record, RecordError, parse
+from ttpeer.proto import JobSpec, Outer, PublishDelta, Record, RecordError, parse
 
 from .._codec import Codec, Message
 from .._executor import Decline
@@ -113,7 +113,7 @@ class NewJob(Message[Built]):
 @dataclass(frozen=True)
 class Prepare(Message[Decline | str | None]):
     op = "prepare"
-    job: Record
+    job: JobSpec
     task_file: Path | None
 
 
@@ -126,10 +126,10 @@ class Train(Message[int]):
 @dataclass(frozen=True)
 class Pieces(Message[dict[str, Any]]):
     op = "pieces"
-    job: Record
+    job: JobSpec
     round: int
     shards: list[int]
-    steps: int
+    inner_steps: int
     first: int
 
 
@@ -144,7 +144,7 @@ class Delta(Message[DeltaFile]):
 @dataclass(frozen=True)
 class ReduceSlice(Message[Path]):
     op = "reduce_slice"
-    job: Record
+    job: JobSpec
     deltas: DeltaFiles
     first: int
     stop: int
@@ -155,7 +155,7 @@ class ReduceSlice(Message[Path]):
 @dataclass(frozen=True)
 class Aggregate(Message[Aggregated]):
     op = "aggregate"
-    job: Record
+    job: JobSpec
     base: str
     deltas: DeltaFiles
     round: int
@@ -166,7 +166,7 @@ class Aggregate(Message[Aggregated]):
 @dataclass(frozen=True)
 class Apply(Message[bool]):
     op = "apply"
-    job: Record
+    job: JobSpec
     base: str
     deltas: DeltaFiles
     expect: str
@@ -178,7 +178,7 @@ class Apply(Message[bool]):
 @dataclass(frozen=True)
 class ExportState(Message[None]):
     op = "export_state"
-    job: Record
+    job: JobSpec
     state: str
     out: Path
 
@@ -188,7 +188,7 @@ class ImportState(Message[bool]):
     """The worker removes ``file`` once read."""
 
     op = "import_state"
-    job: Record
+    job: JobSpec
     state: str
     file: Path
 
@@ -196,7 +196,7 @@ class ImportState(Message[bool]):
 @dataclass(frozen=True)
 class Finish(Message[None]):
     op = "finish"
-    job: Record
+    job: JobSpec
     state: str
     metrics: dict[str, Any]
 
@@ -212,4 +212,12 @@ def _record(text: str) -> Record:
         raise ValueError(f"not a record: {exc}") from None
 
 
-CODEC = Codec((Configure, Hello, Cancel, *REQUESTS), convert={Record: (lambda rec: rec.raw.hex(), _record)})
+def _job(text: str) -> JobSpec:
+    try:
+        return JobSpec.of(_record(text))
+    except RecordError as exc:  # a record, but not a job's
+        raise ValueError(str(exc)) from None
+
+
+CODEC = Codec((Configure, Hello, Cancel, *REQUESTS), convert={Record: (lambda rec: rec.raw.hex(), _record),
+                                                              JobSpec: (lambda job: job.record.raw.hex(), _job)})
