@@ -66,6 +66,7 @@ from ttpeer.proto import (
     ProofError,
     Record,
     RecordError,
+    RevokeError,
     Timing,
 )
 
@@ -82,8 +83,7 @@ from ._effects import Effects
 from ._link import Link, revoked_by_relay, token_used_at_relay
 from ._membership import ENDED, Membership
 from ._recordlog import RecordLog
-from ._relays import Follower, relays_now
-from ._relays import change as change_relays
+from ._relays import Follower
 from ._replay import ReplayGuard
 
 log = logging.getLogger("ttpeer.daemon")
@@ -105,7 +105,7 @@ class Node:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.home = home
-        self.cfg: PoolConfig = home.config()
+        cfg = home.config()
         self.transport = transport
         self.executor = executor
         self.node_key = home.node_key()
@@ -115,8 +115,9 @@ class Node:
         self._rng = random.Random(seed)
         self._wake = trio.Event()
         self.link = Link(transport, self.counters, self._rng, lambda: self._wake.set())
-        self.machine = PeerMachine(self.cfg.pool, self.node_key, now=self.now(), timing=timing)
+        self.machine = PeerMachine(cfg.pool, self.node_key, now=self.now(), timing=timing)
         self.me = self.machine.me
+        self.relays = Follower(self.machine, transport, home, cfg)  # the newest root ``relays`` record, applied
         self.log = RecordLog(home.records_log, fsync=durable)
         self.replay = ReplayGuard(home.path, durable=durable)
         self.blobs = Blobs(self.keys, transport, home, self.counters.reject)
@@ -129,13 +130,22 @@ class Node:
         self.fatal: TtpeerError | None = None
         self.is_admin = (home.path / "root.key").exists()
         self.membership = Membership(self)
-        self.relays = Follower(self)  # the newest root ``relays`` record, applied (``_relays``)
         self.data = Datasets(self)
         self.blobs.direct = self.data.fetch_blob  # deltas and states from their uploaders, on a LAN
         self.blobs.direct_range = self.data.fetch_blob_range  # a slice's chunks of them
         executor.on_missing = self.effects.task_data.fetch_missing  # a task reading dataset pieces not here yet
         if self.pool_key is not None:
             self.key_event.set()
+
+    @property
+    def cfg(self) -> PoolConfig:
+        """The pool's config as this peer uses it: its relays follow the newest ``relays``
+        record (``Follower``)."""
+        return self.relays.cfg
+
+    @cfg.setter
+    def cfg(self, cfg: PoolConfig) -> None:
+        self.relays.cfg = cfg
 
     @property
     def pool_keys(self) -> list[bytes]:
@@ -349,15 +359,23 @@ class Node:
 
     def relay_change(self, *, add: tuple[str, str] | None = None,
                      remove: str | None = None) -> tuple[Record | None, str]:
-        """``ttpeer relay add/rm`` (admin): see ``_relays.change``."""
-        return change_relays(self, add=add, remove=remove)
+        """``ttpeer relay add/rm`` (admin): sign and publish the pool's new list of relays
+        (``Follower.change``); returns the record (None when nothing changed) and what
+        happened, in words. Raises ``RevokeError`` (not the admin), ``UsageError``."""
+        if not self.is_admin:
+            raise RevokeError("only the pool admin (the machine that ran 'ttpeer pool create') can change the "
+                              "pool's relays")
+        rec, said = self.relays.change(int(self.wall()), add=add, remove=remove)
+        if rec is not None:
+            self.process(self.machine.add_local(rec, self.now()))  # persisted: the follower applies it here too
+        return rec, said
 
     def relay_list(self) -> list[dict[str, Any]]:
         """The pool's relays, in order, with this peer's view of each when the transport has one."""
         seen = {d["url"]: d for d in self.transport.describe()}
         return [{"url": url, "fingerprint": fp, "state": seen.get(url, {}).get("state"),
                  "error": seen.get(url, {}).get("error"), "primary": seen.get(url, {}).get("primary", False)}
-                for url, fp in relays_now(self)]
+                for url, fp in self.relays.current()]
 
     # -- datasets -------------------------------------------------------------------------
 
