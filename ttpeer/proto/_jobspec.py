@@ -134,6 +134,8 @@ class JobSpec:
     slice_bits: int = 8  # a reduced slice's bits (a sliced job's ``slice_bits``; 8 where it is not named)
     slow_links: bool = False  # slow authors reduce last (``_slices.slow_authors``): jobs that name slice_bits
     outer_auto: bool = False  # each close picks its outer lr and momentum (``_outer.py``)
+    params: int | None = None  # the model's parameters, and how many train (None: a job that says not)
+    trainable: int | None = None
 
     @classmethod
     def of(cls, job: Record) -> JobSpec:
@@ -153,6 +155,7 @@ class JobSpec:
             micro_batch=b.get("micro_batch"), checkpointing=bool(b.get("checkpointing", 0)),
             h_min=b.get("h_min"), h_max=b.get("h_max"), chunk=b.get("chunk"),
             slice_bits=b.get("slice_bits", 8), slow_links="slice_bits" in b, outer_auto=bool(b.get("outer_auto")),
+            params=b.get("params"), trainable=b.get("trainable"),
         )
 
     def __hash__(self) -> int:  # its mappings are not hashable; equal specs are one job's

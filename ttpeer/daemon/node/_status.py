@@ -54,6 +54,7 @@ from typing import Any, Protocol
 import trio
 
 from ttpeer.proto import (
+    FUSED,
     GOSSIP_TRAFFIC,
     SLICES_FROM,
     Chain,
@@ -169,7 +170,7 @@ def exchange(job: Record, chain: Chain) -> dict[str, Any]:
     step = None
     if last is not None:
         picked = close_outer(last)
-        lr, momentum = picked if picked is not None else (job["outer_lr"], job["outer_momentum"])
+        lr, momentum = picked if picked is not None else (spec.outer_lr, spec.outer_momentum)
         step = {"lr": lr, "momentum": momentum, "contributions": len(last["contribs"]), "picked": picked is not None,
                 "schedule": job.body.get("outer_lr_schedule", "constant")}
     return {"bits": spec.bits, "chunk": spec.chunk, "slice_bits": spec.slice_bits if spec.chunk else None,
@@ -265,30 +266,32 @@ def snapshot(node: NodeView) -> dict[str, Any]:
             done = len(covered(contributions(m.records, job, chain.round, train_base(job, chain, chain.round))))
         stats = node.counters.jobs.get(job.id)
         ratio = stats.ratio() if stats else None
+        spec = JobSpec.of(job)
+        fused = spec.mode is FUSED  # rounds of deltas: what a round held, used and exchanged
         jobs.append({
-            "id": job.id, "task": job["task"], "mode": job["mode"], "state": state,
+            "id": job.id, "task": spec.task, "mode": spec.mode.name, "state": state,
             "round": min(chain.round, plan.expected_rounds()), "rounds": plan.expected_rounds(),
             # The round's inner steps per shard; ``auto``: the pool picks them (``Plan``).
             "inner_steps": plan.inner_steps(chain.round), "auto": plan.auto,
-            "shards_done": done if state == "running" else (job["shards"] if state != "queued" else 0),
-            "shards_total": job["shards"], "lease_s": job["lease"],
+            "shards_done": done if state == "running" else (spec.shards if state != "queued" else 0),
+            "shards_total": spec.shards, "lease_s": spec.lease,
             "eval_loss": last.get("eval_loss"), "eval_metric": last.get(metric_name),
             "metric_name": metric_name,
             # The model's parameters, and how many train (fewer with LoRA adapters); None: an older job.
-            "params": job.body.get("params"), "trainable": job.body.get("trainable"),
+            "params": spec.params, "trainable": spec.trainable,
             "bytes_sent": node.bytes_sent, "bytes_received": node.bytes_received,
             "compression_ratio": ratio, "declined": m.declined.get(job.id),
             "state_hash": chain.head,
             # Fused: the newest round whose model this peer holds, and how many of the last
             # TRAINED_LOOKBACK closed rounds used its work (status says when it is behind).
-            "held_round": held_round(chain, m.held) if job["mode"] == "fused" else None,
-            "rounds_trained": rounds_trained(m.records, chain, node.me) if job["mode"] == "fused" else None,
-            "rounds_looked_at": min(TRAINED_LOOKBACK, chain.round) if job["mode"] == "fused" else None,
-            "exchange": exchange(job, chain) if job["mode"] == "fused" else None,
-            "spot_checks": None if job["mode"] != "fused" else {
+            "held_round": held_round(chain, m.held) if fused else None,
+            "rounds_trained": rounds_trained(m.records, chain, node.me) if fused else None,
+            "rounds_looked_at": min(TRAINED_LOOKBACK, chain.round) if fused else None,
+            "exchange": exchange(job, chain) if fused else None,
+            "spot_checks": None if not fused else {
                 "reproduced": stats.samples if stats else 0, "missed": stats.sample_misses if stats else 0},
             # A sliced job: this peer's link judged slow in a recent round (it reduces last).
-            "slow_link": slow_link(m.records, job, chain, node.me) if job["mode"] == "fused" else None,
+            "slow_link": slow_link(m.records, job, chain, node.me) if fused else None,
             "training_shard": m.training[2] if m.training and m.training[0] == job.id else None,
             "wasted_batches": m.wasted_batches if active is not None and active.id == job.id else 0,
             "duplicate_fraction": duplicate_fraction(m.records, job, chain),

@@ -131,9 +131,10 @@ class _Server:
 
     async def submit(self, req: control.Submit) -> control.Submitted:
         await self._started()
-        job = await self.node.submit(req.spec, req.task_file)
-        return control.Submitted(job.id, job["shards"], job["lease"], job.body.get("params"),
-                                 job.body.get("trainable"))
+        from ttpeer.proto import JobSpec  # the server's side only: the client imports no proto
+
+        job = JobSpec.of(await self.node.submit(req.spec, req.task_file))
+        return control.Submitted(job.id, job.shards, job.lease, job.params, job.trainable)
 
     async def cancel(self, req: control.Cancel) -> control.Cancelled:
         job, rec, again = await self.node.cancel(req.job)
