@@ -7,7 +7,7 @@ settings, written into the job record so every peer, and anyone reading the
 record later, sees exactly what each member was.
 
 In the ledger a member is a shard and a round is one unit of training (the job's
-``batches`` steps): a contribution is that member's new checkpoint, and a close
+``inner_steps``): a contribution is that member's new checkpoint, and a close
 gathers every member's checkpoint into the ensemble state of the next round.
 """
 

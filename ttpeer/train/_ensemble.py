@@ -104,13 +104,13 @@ def member_count(state: OuterState) -> int:
 # -- one unit ------------------------------------------------------------------------
 
 
-def train_unit(task: LoadedTask, state: OuterState, i: int, member: Member, unit: int, batches: int,
+def train_unit(task: LoadedTask, state: OuterState, i: int, member: Member, unit: int, inner_steps: int,
                batch_size: int, *, device: str = "cpu", should_stop: Callable[[], bool] | None = None,
                recipe: Recipe | None = None, kept: Sequence[int] | None = None) -> tuple[OuterState | None, int]:
-    """Train member ``i`` of the ensemble ``state`` for unit ``unit`` (``batches`` AdamW
+    """Train member ``i`` of the ensemble ``state`` for unit ``unit`` (``inner_steps`` AdamW
     steps over the training data, or its samples ``kept`` (all but the job's held-out ones,
     ``_select.holdout_split``), in the member's own order; ``recipe``: precision,
-    micro-batch and lr schedule, whose global step is ``unit x batches + step``). Returns the member's new
+    micro-batch and lr schedule, whose global step is ``unit x inner_steps + step``). Returns the member's new
     checkpoint and the samples trained, or ``(None, 0)`` if stopped before the unit's
     end: a unit is published whole or not at all.
 
@@ -137,20 +137,20 @@ def train_unit(task: LoadedTask, state: OuterState, i: int, member: Member, unit
                 "exp_avg": state.params[f"{pre}m/{n}"].to(trainer.device, copy=True),
                 "exp_avg_sq": state.params[f"{pre}v/{n}"].to(trainer.device, copy=True),
             }
-    order = shard_indices(task.n_train if kept is None else len(kept), seed, unit, 0, 1, batches, batch_size)
+    order = shard_indices(task.n_train if kept is None else len(kept), seed, unit, 0, 1, inner_steps, batch_size)
     if kept is not None:
         order = [[kept[k] for k in batch] for batch in order]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int.from_bytes(hashlib.sha256(f"{seed}:{unit}".encode()).digest()[:7], "little"))
-        samples = trainer.train_shard(order, should_stop, first_step=shard_first_step(unit, batches))
-    if samples < batches * batch_size:
+        samples = trainer.train_shard(order, should_stop, first_step=shard_first_step(unit, inner_steps))
+    if samples < inner_steps * batch_size:
         return None, 0
     out = {f"{pre}w/{n}": t for n, t in floating_state(trainer.model).items()}
     for n in trainable:
         moments = trainer.optimizer.state[params[n]]
         out[f"{pre}m/{n}"] = moments["exp_avg"].detach().to("cpu", torch.float32, copy=True)
         out[f"{pre}v/{n}"] = moments["exp_avg_sq"].detach().to("cpu", torch.float32, copy=True)
-    out[f"{pre}step"] = torch.tensor([float(steps + batches)])
+    out[f"{pre}step"] = torch.tensor([float(steps + inner_steps)])
     out = dict(sorted(out.items()))
     return OuterState(params=out, momentum=_zeros_like(out)), samples
 
