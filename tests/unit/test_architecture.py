@@ -67,7 +67,7 @@ RELAY_FORBIDS = ("torch", "numpy", "ttpeer", "ttpeer_harness", "bench")
 # the code uses them: every pair listed is used, and any other is refused. A new module goes
 # into a room; the floor grows only on purpose.
 DAEMON = "ttpeer.daemon"
-FLOOR = {"_codec", "_counters", "_executor", "_files", "_home", "_offload", "_workfiles", "control"}
+FLOOR = {"_codec", "_counters", "_executor", "_files", "_home", "_lifetime", "_offload", "_workfiles", "control"}
 ROOMS: dict[str, set[str]] = {
     "sealed": set(),
     "data": {"sealed"},

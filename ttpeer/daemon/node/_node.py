@@ -50,6 +50,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import trio
@@ -73,6 +74,7 @@ from ttpeer.proto import (
 from .._counters import Counters
 from .._executor import Executor
 from .._home import Home, PoolConfig
+from .._lifetime import Lifetime
 from ..data._data import Datasets
 from ..sealed._blobs import BLOB as BLOB
 from ..sealed._blobs import Blobs
@@ -81,7 +83,7 @@ from ..sealed._keys import SEALED, PoolKeys, SealError
 from . import _admin
 from ._effects import Effects
 from ._link import Link, revoked_by_relay, token_used_at_relay
-from ._membership import ENDED, Membership
+from ._membership import ENDED, Credentials, Membership
 from ._recordlog import RecordLog
 from ._relays import Follower
 from ._replay import ReplayGuard
@@ -123,19 +125,35 @@ class Node:
         self.blobs = Blobs(self.keys, transport, home, self.counters.reject)
         self.wall = wall  # calendar time: the `at` of records signed here, invites' expiry
         self.outbox_send = self.link.outbox_send
-        self.nursery: trio.Nursery | None = None
+        self.life = Lifetime(on_stop=partial(self.replay.maybe_save, 0.0, force=True))  # its nursery: ``run``
         self.effects = Effects(self)
         self.finished, self.phases = self.effects.finished, self.effects.phases.by_job  # read by status
         self.key_event = trio.Event()
-        self.fatal: TtpeerError | None = None
         self.is_admin = (home.path / "root.key").exists()
-        self.membership = Membership(self)
+        me = Credentials(cfg.name, cfg.proof, self.node_key, self.seal_key, self.is_admin)
+        self.membership = Membership(me, self.machine, self.keys, transport, home, self.counters, self.life,
+                                     key_event=self.key_event, outbox=self.outbox_send, now=self.now,
+                                     wall=self.wall, process=self.process)
         self.data = Datasets(self)
         self.blobs.direct = self.data.fetch_blob  # deltas and states from their uploaders, on a LAN
         self.blobs.direct_range = self.data.fetch_blob_range  # a slice's chunks of them
         executor.on_missing = self.effects.task_data.fetch_missing  # a task reading dataset pieces not here yet
         if self.pool_key is not None:
             self.key_event.set()
+
+    @property
+    def fatal(self) -> TtpeerError | None:
+        """The error the daemon stopped for (a full disk, a membership that ended), if one."""
+        return self.life.fatal
+
+    @property
+    def nursery(self) -> trio.Nursery | None:
+        """The nursery of ``run``, while it runs (``Lifetime``)."""
+        return self.life.nursery
+
+    @nursery.setter
+    def nursery(self, nursery: trio.Nursery | None) -> None:
+        self.life.nursery = nursery
 
     @property
     def cfg(self) -> PoolConfig:
@@ -174,7 +192,7 @@ class Node:
             for state in self.executor.held_states(job.id):
                 self.machine.held.add(state)
         async with trio.open_nursery() as nursery:
-            self.nursery = nursery
+            self.life.nursery = nursery
             await self._connect()
             await nursery.start(self.transport.run)  # revive relays that go down (net/_multi.py)
             nursery.start_soon(self.link.receiver, self._on_message, self._settle, self._revoked_by_relay)
@@ -185,9 +203,7 @@ class Node:
             task_status.started()
 
     def stop(self) -> None:
-        self.replay.maybe_save(0.0, force=True)
-        if self.nursery is not None:
-            self.nursery.cancel_scope.cancel()
+        self.life.stop()
 
     async def _connect(self) -> None:
         try:
@@ -248,9 +264,7 @@ class Node:
             self._wake.set()
 
     def disk_full(self, exc: DiskError) -> None:
-        self.fatal = exc
-        log.error("%s", exc)
-        self.stop()
+        self.life.halt(exc)
 
     def broadcast_want(self, payload: bytes) -> None:
         """Send a want of dataset pieces to every peer, sealed (a ``W`` message, ``_data``)."""
