@@ -5,5 +5,5 @@
 (``_dataread``, ``_datasamples``), fetching (``_datafetch``) from the sources
 (``_datasources``: members directly over the LAN shortcut, ``_direct``; the record's
 urls, ``_urlsource``; the relays), and holding (``_dataholder``). Imports ``sealed``
-and the floor only; the node drives it through ``_datahost.Host``.
+and the floor only; the node hands ``Datasets`` what its parts use when it builds it.
 """

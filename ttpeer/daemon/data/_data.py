@@ -38,24 +38,40 @@ import logging
 import re
 import secrets
 import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ttpeer_wire import DEFAULT_PIECE_SIZE, MIN_PIECE_SIZE, dataset_id, samples_hash, urls_problem
 
 from ttpeer.errors import DataError
-from ttpeer.proto import Record, RecordError, dataset_sources, live_datasets, may_remove_dataset, sign
+from ttpeer.proto import (
+    Effect,
+    PeerMachine,
+    Record,
+    RecordError,
+    dataset_sources,
+    live_datasets,
+    may_remove_dataset,
+    sign,
+)
 
+from .._counters import Counters
+from .._home import Home
+from .._lifetime import Lifetime
 from .._workfiles import disk_or_job
+from ..sealed._blobs import Blobs
+from ..sealed._keys import PoolKeys
 from ._datafetch import Fetcher
 from ._dataholder import Holder
-from ._datahost import Host, WorkFiles
 from ._dataread import auto_piece_size, copy_and_hash, scan
 from ._datasamples import parse_format, sample_index
 from ._datasources import Sources
 from ._datastore import DataStore, pieces_of, pieces_of_files
-from ._direct import DirectStats
+from ._datawork import WorkFiles
+from ._direct import DirectFetcher, DirectStats
 from ._urlsource import UrlFailed, UrlSource, host_of, shown
 
 log = logging.getLogger("ttpeer.daemon")
@@ -65,16 +81,31 @@ _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 class Datasets:
-    """The node's part for data (``Node.data``)."""
+    """The node's part for data (``Node.data``), kept in ``home``: the datasets of
+    ``machine``'s records, their pieces sealed with ``keys`` in ``blobs``; tasks start in
+    ``life``'s nursery. Records made here are signed with ``node_key`` and handed to
+    ``machine`` (``process`` executes the effects); ``key_event`` is set once a pool key
+    is held; ``want`` broadcasts a want of pieces; ``finished`` holds the jobs whose final
+    files this peer wrote (their data may be evicted)."""
 
-    def __init__(self, node: Host, *, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
-        self._node = node
-        self.store = DataStore(node.home.path / "datasets")
+    def __init__(self, home: Home, machine: PeerMachine, blobs: Blobs, keys: PoolKeys, counters: Counters,
+                 life: Lifetime, *, node_key: Ed25519PrivateKey, key_event: trio.Event, now: Callable[[], float],
+                 wall: Callable[[], float], process: Callable[[list[Effect]], None],
+                 want: Callable[[bytes], None], finished: Mapping[str, str],
+                 cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self._machine = machine
+        self._node_key = node_key
+        self._key_event = key_event
+        self._now, self._wall, self._process = now, wall, process
+        self.store = DataStore(home.path / "datasets")
         self.store.sweep()
-        self._work = WorkFiles(node.home.path / "work" / "data")
-        self.sources = Sources(node, self.store, self._work)
-        self.fetcher = Fetcher(node, self.store, self.sources, cache_bytes)
-        self.holder = Holder(node, self.store, self._work)
+        self._work = WorkFiles(home.path / "work" / "data")
+        direct = DirectFetcher(node_key, machine.me, lambda: keys.newest, wall)  # the LAN shortcut
+        self.sources = Sources(self.store, self._work, machine, blobs, direct)
+        self.fetcher = Fetcher(self.store, self.sources, machine, life, wall=wall, want=want, finished=finished,
+                               cache_bytes=cache_bytes)
+        self.holder = Holder(self.store, self._work, machine, blobs, counters.touches, life, node_key=node_key,
+                             now=now, wall=wall, process=process)
         self.direct_stats: DirectStats | None = None  # what this peer served directly (``serve_direct``)
         # The node's other calls, answered by the part that owns each.
         self.ensure, self.fetch_named, self.fetch, self.prefetch = (
@@ -137,7 +168,7 @@ class Datasets:
             raise DataError(f"--url: {problem}")
         if not relay and not urls:
             raise DataError("--no-relay needs --url: the peers must fetch the pieces from somewhere")
-        await self._node.key_event.wait()
+        await self._key_event.wait()
         sources = await trio.to_thread.run_sync(scan, source)
         if piece_size is None:
             piece_size = auto_piece_size([f.stat().st_size for _rel, f in sources])
@@ -150,7 +181,7 @@ class Datasets:
             await self._check_urls(urls or [], tmp / "files", files, piece_size)
             dataset = dataset_id(piece_size, files)
             size = sum(s for _p, s, _h in files)
-            meta = {"name": name, "id": dataset, "origin": "added", "bytes": size, "used": self._node.wall(),
+            meta = {"name": name, "id": dataset, "origin": "added", "bytes": size, "used": self._wall(),
                     "pieces": sum(len(h) for _p, _s, h in files), "fetched_bytes": 0, "bad_pieces": 0}
             if samples is not None:
                 meta["samples"] = samples_hash(samples)
@@ -160,13 +191,13 @@ class Datasets:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         entries: list[dict[str, Any]] = [{"path": p, "size": s, "pieces": []} for p, s, _h in files]
-        body = {"name": name, "id": dataset, "piece_size": piece_size, "at": int(self._node.wall()), "files": entries,
+        body = {"name": name, "id": dataset, "piece_size": piece_size, "at": int(self._wall()), "files": entries,
                 **({"urls": list(urls)} if urls else {})}
         if samples is not None:
             body["samples"] = samples
             await trio.to_thread.run_sync(lambda: self.store.save_index(dataset, body, part=False))
-        mine = [r for r in dataset_sources(self._node.machine.records, dataset)
-                if r.author == self._node.me and r["name"] == name and r.body.get("samples") == samples
+        mine = [r for r in dataset_sources(self._machine.records, dataset)
+                if r.author == self._machine.me and r["name"] == name and r.body.get("samples") == samples
                 and r.body.get("urls") == (urls or None)]
         if mine:
             return mine[0], False
@@ -176,11 +207,11 @@ class Datasets:
             assert blob is not None  # the newest key always seals: put_piece returns its blob
             by_path[piece.path]["pieces"].append([piece.hash, blob])
         try:
-            rec = sign("dataset", self._node.cfg.pool, body, self._node.node_key)
+            rec = sign("dataset", self._machine.pool, body, self._node_key)
         except RecordError as exc:
             raise DataError(f"{source}: {exc}: {meta['pieces']} pieces do not fit one dataset record; "
                             "use a larger --piece-size or add fewer files") from None
-        self._node.process(self._node.machine.add_local(rec, self._node.now()))
+        self._process(self._machine.add_local(rec, self._now()))
         log.info("added dataset %s (%s): %d files, %d pieces, %d bytes%s", name, dataset[:12], len(files),
                  meta["pieces"], size, f", served by {', '.join(map(host_of, urls))}" if urls else "")
         return rec, True
@@ -205,7 +236,7 @@ class Datasets:
     def listing(self) -> list[dict[str, Any]]:
         """``data ls``: every dataset of the pool and every one held here."""
         held = self.store.held()
-        records = live_datasets(self._node.machine.records)
+        records = live_datasets(self._machine.records)
         out: dict[str, dict[str, Any]] = {}
         for r in records:
             if r["id"] in out:
@@ -265,23 +296,23 @@ class Datasets:
             self.fetcher.forget(dataset)
         withdrawn = []
         if withdraw:
-            await self._node.key_event.wait()
-            rs = self._node.machine.records
-            mine = [r for r in dataset_sources(rs, dataset) if may_remove_dataset(rs, r, self._node.me)]
+            await self._key_event.wait()
+            rs = self._machine.records
+            mine = [r for r in dataset_sources(rs, dataset) if may_remove_dataset(rs, r, self._machine.me)]
             if not mine:
                 raise DataError(f"only the member who added dataset {text!r} or the pool's admin can withdraw "
                                 "its record (this peer's copy was removed)")
             for r in mine:
-                rec = sign("dataset_rm", self._node.cfg.pool, {"dataset": r.id, "at": int(self._node.wall())},
-                           self._node.node_key)
-                self._node.process(self._node.machine.add_local(rec, self._node.now()))
+                rec = sign("dataset_rm", self._machine.pool, {"dataset": r.id, "at": int(self._wall())},
+                           self._node_key)
+                self._process(self._machine.add_local(rec, self._now()))
                 withdrawn.append(r.id)
         return {"id": dataset, "removed": removed, "withdrawn": withdrawn}
 
     async def piece_source(self, dataset: str, index: int) -> tuple[Path, int, int] | None:
         """Where piece ``index`` of ``dataset`` lies here, for a member asking directly:
         (file, offset, size), or None when this peer does not hold it."""
-        records = dataset_sources(self._node.machine.records, dataset)
+        records = dataset_sources(self._machine.records, dataset)
         if not records:
             return None
         pieces = pieces_of(records[0].body)

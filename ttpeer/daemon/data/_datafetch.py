@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import trio
@@ -35,11 +35,11 @@ from ttpeer_wire import record_files, samples_hash
 
 from ttpeer.errors import DataError, DiskError, JobError
 from ttpeer.net import NetError
-from ttpeer.proto import Record, dataset_sources, job_ended, resolve_dataset
+from ttpeer.proto import PeerMachine, Record, dataset_sources, job_ended, resolve_dataset
 
+from .._lifetime import Lifetime
 from .._workfiles import disk_or_job
 from ._dataholder import want_payload
-from ._datahost import Host
 from ._datasources import FetchStats, Sources
 from ._datastore import DataStore, Piece, piece_blobs, pieces_of
 
@@ -49,12 +49,21 @@ RETRY_FIRST, RETRY_MAX = 0.5, 15.0  # seconds between passes over pieces not fet
 
 
 class Fetcher:
-    """This peer's fetches of datasets: what each got so far, the assemblies, the prefetches."""
+    """This peer's fetches of datasets: what each got so far, the assemblies, the prefetches.
+    Pieces come from ``sources`` into ``store``, as ``machine``'s records name them;
+    prefetches run in ``life``'s nursery; ``want`` broadcasts a want (``want_payload``);
+    ``finished`` holds the jobs whose final files this peer wrote (``in_use``)."""
 
-    def __init__(self, node: Host, store: DataStore, sources: Sources, cache_bytes: int) -> None:
-        self._node = node
+    def __init__(self, store: DataStore, sources: Sources, machine: PeerMachine, life: Lifetime, *,
+                 wall: Callable[[], float], want: Callable[[bytes], None], finished: Mapping[str, str],
+                 cache_bytes: int) -> None:
         self.store = store
         self._sources = sources
+        self._machine = machine
+        self._life = life
+        self._wall = wall
+        self._broadcast_want = want
+        self._finished = finished
         self.cache_bytes = cache_bytes
         self.fetches: dict[str, FetchStats] = {}
         self.done: dict[str, set[int]] = {}  # assemblies here: the pieces verified so far
@@ -82,7 +91,7 @@ class Fetcher:
         """At submit: fetch the dataset the name ``name`` means here (``whole=False``: only
         its sample index, when its record has one). Returns its id. Raises ``DataError``
         when no member added one of that name."""
-        rec = resolve_dataset(self._node.machine.records, name, self.store.held())
+        rec = resolve_dataset(self._machine.records, name, self.store.held())
         if rec is None:
             raise DataError(f"the task asks for dataset {name!r}, which no member has added: run "
                             f"'ttpeer data add PATH --name {name}' on a machine that has the files")
@@ -105,7 +114,7 @@ class Fetcher:
         wait = RETRY_FIRST
         while True:
             self._check_job(job, name)
-            rec = next((r for r in dataset_sources(self._node.machine.records, dataset)
+            rec = next((r for r in dataset_sources(self._machine.records, dataset)
                         if "samples" in r.body and samples_hash(r.body["samples"]) == digest), None)
             if rec is not None:
                 break
@@ -152,7 +161,7 @@ class Fetcher:
             # A job that finished meanwhile still needs its data here: the final model is
             # written by the task this peer loads. Only a job the pool ended stops the wait.
             self._check_job(job, name)
-            records = dataset_sources(self._node.machine.records, dataset)
+            records = dataset_sources(self._machine.records, dataset)
             if not records:
                 phase(f"waiting for dataset {name}: its record ({dataset[:12]}) has not reached this peer")
             else:
@@ -178,7 +187,7 @@ class Fetcher:
         queue = self._prefetching.setdefault(dataset, [])
         running = bool(queue) or dataset in self._prefetch_running
         queue += [k for k in pieces if (done is None or k not in done) and k not in queue]
-        if running or not queue or self._node.nursery is None:
+        if running or not queue or not self._life.running:
             return
         self._prefetch_running.add(dataset)
 
@@ -186,7 +195,7 @@ class Fetcher:
             try:
                 while queue:
                     want = list(queue)
-                    records = dataset_sources(self._node.machine.records, dataset)
+                    records = dataset_sources(self._machine.records, dataset)
                     if not records:
                         break
                     await self._fetch_pass(dataset, name, records, lambda _text: None, want, background=True)
@@ -197,10 +206,10 @@ class Fetcher:
                 queue.clear()
                 self._prefetch_running.discard(dataset)
 
-        self._node.nursery.start_soon(run)
+        self._life.start_soon(run)
 
     def _check_job(self, job: Record | None, name: str) -> None:
-        if job is not None and job_ended(self._node.machine.records, job) is not None:
+        if job is not None and job_ended(self._machine.records, job) is not None:
             raise JobError(f"job {job.id[:12]} ended while this peer waited for dataset {name!r}")
 
     def lock(self, dataset: str) -> trio.Lock:
@@ -212,7 +221,7 @@ class Fetcher:
         done = self.done.get(dataset)
         if done is None:
             done = await trio.to_thread.run_sync(self.store.start, dataset, record_files(rec.body))
-            meta = {"name": rec["name"], "id": dataset, "origin": "fetching", "used": self._node.wall()}
+            meta = {"name": rec["name"], "id": dataset, "origin": "fetching", "used": self._wall()}
             await trio.to_thread.run_sync(lambda: self.store.save_meta(dataset, meta, part=True))
             self.done[dataset] = done
         return done
@@ -281,7 +290,7 @@ class Fetcher:
 
     async def _finish(self, dataset: str, name: str, pieces: list[Piece], got: FetchStats) -> None:
         size = sum(p.size for p in pieces)
-        meta = {"name": name, "id": dataset, "origin": "fetched", "bytes": size, "used": self._node.wall(),
+        meta = {"name": name, "id": dataset, "origin": "fetched", "bytes": size, "used": self._wall(),
                 "pieces": len(pieces), "fetched_bytes": got.fetched_bytes, "url_bytes": got.url_bytes,
                 "direct_bytes": got.direct_bytes,
                 "bad_pieces": got.refused}
@@ -296,16 +305,16 @@ class Fetcher:
                  got.url_bytes, got.fetched_bytes - got.url_bytes - got.direct_bytes, got.refused)
 
     def _want(self, dataset: str, missing: list[int], damaged: list[int]) -> None:
-        self._node.broadcast_want(want_payload(dataset, missing, damaged))
+        self._broadcast_want(want_payload(dataset, missing, damaged))
 
     def in_use(self) -> set[str]:
         """Datasets of the jobs that have not ended for the pool and whose final model this
         peer has not written (it loads the task for that): never evicted."""
         out: set[str] = set()
-        rs = self._node.machine.records
+        rs = self._machine.records
         for job in rs.jobs():
             ids = job.body.get("datasets")
-            if ids and job.id not in self._node.finished and job_ended(rs, job) is None:
+            if ids and job.id not in self._finished and job_ended(rs, job) is None:
                 out |= set(ids.values())
         return out
 
@@ -313,4 +322,4 @@ class Fetcher:
         """A job uses ``dataset`` now (LRU), under ``name`` (one more name it answers to)."""
         names = sorted({*meta.get("names", []), meta.get("name", name), name})
         with contextlib.suppress(OSError, DiskError):
-            self.store.save_meta(dataset, {**meta, "names": names, "used": self._node.wall()})
+            self.store.save_meta(dataset, {**meta, "names": names, "used": self._wall()})

@@ -38,18 +38,22 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ttpeer_wire import BLOB_TTL, TOUCH_MAX_BLOBS, ErrorCode
 
 from ttpeer.errors import DiskError, JobError
 from ttpeer.net import NetError, RelayRejected
-from ttpeer.proto import Record, RecordError, dataset_sources, decode, encode, job_ended, sign
+from ttpeer.proto import Effect, PeerMachine, Record, RecordError, dataset_sources, decode, encode, job_ended, sign
 
-from ._datahost import Host, WorkFiles
+from .._counters import Touches
+from .._lifetime import Lifetime
+from ..sealed._blobs import Blobs
 from ._datastore import DataStore, Piece, piece_blobs, pieces_of
+from ._datawork import WorkFiles
 
 log = logging.getLogger("ttpeer.daemon")
 
@@ -67,12 +71,23 @@ def want_payload(dataset: str, missing: list[int], damaged: list[int]) -> bytes:
 
 
 class Holder:
-    """The uploads this peer makes of the datasets it holds, and how many it made again."""
+    """The uploads this peer makes of the datasets it holds, and how many it made again.
+    Pieces are read from ``store``, sealed in ``work``'s scratch files and put in ``blobs``
+    (``touches`` counts the pin's requests); uploads for others run in ``life``'s nursery; a
+    record naming pieces under new names is signed with ``node_key`` and handed to
+    ``machine`` (``process`` executes its effects)."""
 
-    def __init__(self, node: Host, store: DataStore, work: WorkFiles) -> None:
-        self._node = node
+    def __init__(self, store: DataStore, work: WorkFiles, machine: PeerMachine, blobs: Blobs, touches: Touches,
+                 life: Lifetime, *, node_key: Ed25519PrivateKey, now: Callable[[], float],
+                 wall: Callable[[], float], process: Callable[[list[Effect]], None]) -> None:
         self.store = store
         self._work = work
+        self._machine = machine
+        self._blobs = blobs
+        self._touches = touches
+        self._life = life
+        self._node_key = node_key
+        self._now, self._wall, self._process = now, wall, process
         self.reuploads: dict[str, int] = {}  # pieces uploaded again for others, by dataset
         self._reuploaded: dict[tuple[str, int], float] = {}
         self._repaired: dict[tuple[str, int], float] = {}
@@ -84,7 +99,7 @@ class Holder:
         only). Returns the blob; None when no key held here seals to ``blob``. Raises
         ``NetError``, ``DiskError``, ``JobError``."""
         with self._work.file() as sealed:
-            return await self._node.blobs.put_piece(self.store.files(dataset) / piece.path,
+            return await self._blobs.put_piece(self.store.files(dataset) / piece.path,
                                                     (piece.offset, piece.size), piece.hash, sealed,
                                                     blob=blob, fresh=fresh, upload=upload)
 
@@ -100,9 +115,9 @@ class Holder:
                 return
         except (RecordError, KeyError, TypeError):
             return
-        if dataset not in self.store.held() or self._node.nursery is None:
+        if dataset not in self.store.held() or not self._life.running:
             return
-        records = dataset_sources(self._node.machine.records, dataset)
+        records = dataset_sources(self._machine.records, dataset)
         if not records:
             return
         pieces = pieces_of(records[0].body)
@@ -118,11 +133,11 @@ class Holder:
         for i in indexes:
             if i not in damaged and due(i, self._reuploaded, REUPLOAD_EVERY):
                 blobs = list(dict.fromkeys(names[i] for names in sources))
-                self._node.nursery.start_soon(self._reupload, dataset, pieces[i], blobs, sender)
+                self._life.start_soon(self._reupload, dataset, pieces[i], blobs, sender)
         repair = [pieces[i] for i in sorted({i for i in damaged if type(i) is int})
                   if due(i, self._repaired, REPAIR_EVERY)]
         if repair:
-            self._node.nursery.start_soon(self._repair, dataset, repair, sender)
+            self._life.start_soon(self._repair, dataset, repair, sender)
 
     async def _reupload(self, dataset: str, piece: Piece, blobs: list[str], sender: str) -> None:
         with self._guard(dataset, piece):
@@ -139,7 +154,7 @@ class Holder:
                 blob = await self.upload(dataset, piece, fresh=True)
                 if blob is not None:
                     fresh[piece.index] = blob
-        records = dataset_sources(self._node.machine.records, dataset)
+        records = dataset_sources(self._machine.records, dataset)
         if not fresh or not records:
             return
         newest = records[0].body
@@ -149,9 +164,9 @@ class Holder:
             for p in f["pieces"]:
                 p[1] = fresh.get(index, p[1])
                 index += 1
-        body["at"] = max(int(self._node.wall()), int(newest["at"]) + 1)
-        rec = sign("dataset", self._node.cfg.pool, body, self._node.node_key)
-        self._node.process(self._node.machine.add_local(rec, self._node.now()))
+        body["at"] = max(int(self._wall()), int(newest["at"]) + 1)
+        rec = sign("dataset", self._machine.pool, body, self._node_key)
+        self._process(self._machine.add_local(rec, self._now()))
         self.reuploads[dataset] = self.reuploads.get(dataset, 0) + len(fresh)
         log.warning("pieces %s of dataset %s came back damaged from the relay; uploaded under new names for %s",
                     sorted(fresh), dataset[:12], sender[:12])
@@ -171,13 +186,13 @@ class Holder:
         """The newest record of every dataset that a job names which has not ended for the
         pool (neither cancelled, failed everywhere, nor past its last round) and which this
         peer has not declined: the pieces its peers keep on the relay."""
-        rs, m = self._node.machine.records, self._node.machine
+        rs, m = self._machine.records, self._machine
         out: dict[str, Record] = {}
         for job in rs.jobs():
             ids = job.body.get("datasets")
             if not ids or job_ended(rs, job) is not None or m.plan(job).finished(m.chain(job).round):
                 continue
-            if any(d.author == self._node.me for d in rs.of_job(job.id, "decline")):
+            if any(d.author == self._machine.me for d in rs.of_job(job.id, "decline")):
                 continue  # sat out here: its peers pin it (a job every online peer declined lapses)
             for dataset in ids.values():
                 records = dataset_sources(rs, dataset)
@@ -193,7 +208,7 @@ class Holder:
         live with the TTL and a want, as before."""
         said = False
         while True:
-            period = pin_period(self._node.blobs.relay_ttl)
+            period = pin_period(self._blobs.relay_ttl)
             try:
                 await self.touch_pinned()
             except RelayRejected as exc:
@@ -218,10 +233,10 @@ class Holder:
         Raises ``NetError``."""
         pinned = self.pinned()
         names = list(dict.fromkeys(b for rec in pinned.values() for b in piece_blobs(rec.body)))
-        touches, lost = self._node.counters.touches, set()
+        touches, lost = self._touches, set()
         for start in range(0, len(names), TOUCH_MAX_BLOBS):
             batch = names[start:start + TOUCH_MAX_BLOBS]
-            missing = await self._node.blobs.touch(batch)
+            missing = await self._blobs.touch(batch)
             touches.requests += 1
             touches.blobs += len(batch) - len(missing)
             touches.missing += len(missing)

@@ -23,12 +23,13 @@ from pathlib import Path
 import trio
 
 from ttpeer.net import BlobCorrupt, BlobMissing, NetError
-from ttpeer.proto import dataset_sources
+from ttpeer.proto import PeerMachine, dataset_sources
 
 from .._offload import file_sha256, off_span
+from ..sealed._blobs import Blobs
 from ..sealed._keys import SealError
-from ._datahost import Host, WorkFiles
 from ._datastore import DataStore, Piece, piece_ok
+from ._datawork import WorkFiles
 from ._direct import DirectFailed, DirectFetcher
 from ._urlsource import UrlFailed, UrlSource, host_of
 
@@ -58,15 +59,19 @@ class FetchStats:
 
 
 class Sources:
-    """The sources of dataset pieces and, directly, of deltas and states; what each served."""
+    """The sources of dataset pieces and, directly, of deltas and states; what each served.
+    Pieces go into ``store`` through ``work``'s scratch files; ``machine``'s records name
+    the sources, ``blobs`` are the relay's, ``direct`` the members'."""
 
-    def __init__(self, node: Host, store: DataStore, work: WorkFiles) -> None:
-        self._node = node
+    def __init__(self, store: DataStore, work: WorkFiles, machine: PeerMachine, blobs: Blobs,
+                 direct: DirectFetcher) -> None:
         self.store = store
         self._work = work
+        self._machine = machine
+        self._blobs = blobs
         self.urls = UrlSource()  # the daemon gives it its proxy (``_run``)
         self._url_down: dict[str, float] = {}  # address -> until when it is skipped
-        self.direct = DirectFetcher(node.node_key, node.me, lambda: node.pool_key, node.wall)  # the LAN shortcut
+        self.direct = direct  # the LAN shortcut
         self._lacks: dict[tuple[str, str], float] = {}  # (member, dataset) -> until when not asked
         self.blob_direct_bytes = 0  # deltas and states fetched from their uploaders directly
         self.blob_direct_refused = 0  # ... that did not hash to their names (then the relay served)
@@ -83,7 +88,7 @@ class Sources:
         for blob in blobs:
             with self._work.file() as sealed, self._work.file("plain") as plain:
                 try:
-                    await self._node.blobs.get_piece(blob, piece.size, sealed, plain)
+                    await self._blobs.get_piece(blob, piece.size, sealed, plain)
                 except BlobMissing:
                     continue
                 except (BlobCorrupt, SealError) as exc:
@@ -95,7 +100,7 @@ class Sources:
                     continue
                 if not await trio.to_thread.run_sync(piece_ok, plain, piece):
                     got.bad_pieces += 1
-                    self._node.blobs.refused("dataset piece")
+                    self._blobs.refused("dataset piece")
                     log.warning("refused piece %d of dataset %s: its bytes do not hash to the record's",
                                 piece.index, dataset[:12])
                     continue
@@ -107,7 +112,7 @@ class Sources:
         """Fetch ``piece`` from a member that serves it directly (the dataset's authors
         first); False if none did. A member that lacks the piece is not asked for that
         dataset again for ``LACKS_FOR`` seconds; one that sends wrong bytes counts refused."""
-        rs = self._node.machine.records
+        rs = self._machine.records
         now = trio.current_time()
         prefer = [r.author for r in dataset_sources(rs, dataset)]
         for member, route in self.direct.routes(rs, prefer):
@@ -123,7 +128,7 @@ class Sources:
                     continue
                 if not await trio.to_thread.run_sync(piece_ok, plain, piece):
                     got.direct_refused += 1
-                    self._node.blobs.refused("dataset piece")
+                    self._blobs.refused("dataset piece")
                     self._lacks[(member, dataset)] = now + LACKS_FOR
                     log.warning("refused piece %d of dataset %s from %s directly: its bytes do not hash to the "
                                 "record's", piece.index, dataset[:12], member[:12])
@@ -138,7 +143,7 @@ class Sources:
         that serves it right; False if none did. Wrong bytes count in ``url_refused``, not
         as damaged on the relay (whose copy a want would then replace)."""
         now = trio.current_time()
-        urls = [u for u in dict.fromkeys(u for r in dataset_sources(self._node.machine.records, dataset)
+        urls = [u for u in dict.fromkeys(u for r in dataset_sources(self._machine.records, dataset)
                                          for u in r.body.get("urls", ())) if self._url_down.get(u, now) <= now]
         if not urls:
             return False
@@ -155,7 +160,7 @@ class Sources:
                         continue
                     if not await trio.to_thread.run_sync(piece_ok, plain, piece):
                         got.url_refused += 1
-                        self._node.blobs.refused("dataset piece")
+                        self._blobs.refused("dataset piece")
                         log.warning("refused piece %d of dataset %s from %s: its bytes do not hash to the record's",
                                     piece.index, dataset[:12], host_of(url))
                         continue
@@ -168,7 +173,7 @@ class Sources:
         """Fetch the sealed blob ``blob`` into ``dest`` from one of its ``uploaders`` that serves
         directly (only an uploader holds a delta or a state it sent); False if none did, and
         the relay serves it. Bytes that do not hash to the blob's name are refused."""
-        rs = self._node.machine.records
+        rs = self._machine.records
         for member, route in self.direct.routes(rs, uploaders):
             if member not in uploaders:
                 break  # the others are in order after them, and hold no copy
@@ -181,7 +186,7 @@ class Sources:
             digest = await off_span(size, file_sha256, dest)
             if digest != blob:
                 self.blob_direct_refused += 1
-                self._node.blobs.refused("blob")
+                self._blobs.refused("blob")
                 log.warning("refused blob %s from %s directly: its bytes do not hash to its name", blob[:12],
                             member[:12])
                 continue
@@ -196,7 +201,7 @@ class Sources:
         them. A range has no hash to check: the caller opens its sealed pieces, which only a
         member could have sealed (and the uploader, a member, could as well have uploaded
         other bytes)."""
-        for member, route in self.direct.routes(self._node.machine.records, uploaders):
+        for member, route in self.direct.routes(self._machine.records, uploaders):
             if member not in uploaders:
                 break  # the others are in order after them, and hold no copy
             try:

@@ -134,7 +134,9 @@ class Node:
         self.membership = Membership(me, self.machine, self.keys, transport, home, self.counters, self.life,
                                      key_event=self.key_event, outbox=self.outbox_send, now=self.now,
                                      wall=self.wall, process=self.process)
-        self.data = Datasets(self)
+        self.data = Datasets(home, self.machine, self.blobs, self.keys, self.counters, self.life,
+                             node_key=self.node_key, key_event=self.key_event, now=self.now, wall=self.wall,
+                             process=self.process, want=self.broadcast_want, finished=self.finished)
         self.blobs.direct = self.data.fetch_blob  # deltas and states from their uploaders, on a LAN
         self.blobs.direct_range = self.data.fetch_blob_range  # a slice's chunks of them
         executor.on_missing = self.effects.task_data.fetch_missing  # a task reading dataset pieces not here yet
