@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from ttpeer.daemon._counters import Counters
+from ttpeer.daemon._lifetime import Lifetime
 from ttpeer.daemon.node._activity import Training
 from ttpeer.daemon.node._effects import Effects
 from ttpeer.daemon.node._slices import SliceMismatch
@@ -73,26 +74,30 @@ class _Blobs:
 
 
 class _Node:
-    """What these effects use of the node (``_effects.Host``)."""
+    """The collaborators of ``Effects`` that a ``PublishDelta`` uses (``_run`` gives None
+    for the others)."""
 
     def __init__(self, raises: Exception | None = None) -> None:
         self.machine = _Machine()
         self.executor = _Executor(raises)
         self.blobs = _Blobs(self.machine)
         self.counters = Counters()
-        self.nursery: trio.Nursery | None = None
+        self.life = Lifetime(on_stop=lambda: None)
 
     def now(self) -> float:
         return 0.0
 
-    def process(self, effects: list[Effect], *, wake: bool = True) -> None:
+    def process(self, effects: list[Effect]) -> None:
         assert effects == []
 
 
 async def _run(node: _Node, eff: Effect) -> None:
     async with trio.open_nursery() as nursery:
-        node.nursery = nursery
-        Effects(node).execute(eff)  # type: ignore[arg-type]
+        node.life.nursery = nursery
+        effects = Effects(node.machine, node.executor, node.blobs, None, None, node.counters,  # type: ignore[arg-type]
+                          node.life, records=None, relays=None, keys=None, replay=None, outbox=None, transport=None,
+                          finished={}, now=node.now, process=node.process)
+        effects.execute(eff)
 
 
 async def test_a_report_reaches_the_machine_when_it_is_made_and_every_line_names_the_effect(caplog):  # noqa: ANN001

@@ -333,7 +333,7 @@ def test_fuzz_relay_messages_never_break_a_daemon(pair: Pair) -> None:
         async def main() -> None:
             async with trio.open_nursery() as nursery:
                 for node in (pair.admin, pair.member):
-                    node.nursery = nursery  # effects a message starts run here, then stop
+                    node.life.nursery = nursery  # effects a message starts run here, then stop
                     before = sum(node.counters.rejected.values())
                     node._on_message(sender, data)  # raises nothing, whatever the bytes
                     refused = sum(node.counters.rejected.values()) - before
@@ -365,7 +365,7 @@ def test_forged_key_handover_is_refused_and_the_member_waits_for_a_real_one(pair
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            member.nursery = nursery
+            member.life.nursery = nursery
             member._on_message(PEER, b"K" + seal_to(seal_pub, encode(forged)))
             nursery.cancel_scope.cancel()
 

@@ -44,7 +44,7 @@ def _handed_key(admin_home: Home, member_home: Home, wall: float, *, took_part: 
                        member_home.node_key())
             admin.machine.add_local(rec, 0.0)
         async with trio.open_nursery() as nursery:
-            admin.nursery = nursery
+            admin.life.nursery = nursery
             sender = member_home.node_key().public_key().public_bytes_raw().hex()
             admin._on_message(sender, b"H" + encode({"proof": [p.hex() for p in member.proof]}))
             nursery.cancel_scope.cancel()

@@ -54,7 +54,6 @@ class Host(Protocol):
 
     machine: PeerMachine
     me: str
-    cfg: PoolConfig
     home: Home
     executor: Executor
     transport: PoolTransport
@@ -64,6 +63,8 @@ class Host(Protocol):
     key_event: trio.Event
     is_admin: bool
 
+    @property
+    def cfg(self) -> PoolConfig: ...
     @property
     def pool_keys(self) -> list[bytes]: ...
     def wall(self) -> float: ...

@@ -37,14 +37,14 @@ import logging
 import secrets
 import shutil
 from collections.abc import AsyncGenerator, Callable, MutableMapping
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import trio
 
 from ttpeer._chunked import run_matches
 from ttpeer._trim import trim
 from ttpeer.errors import DiskError, LocalWorkLost, StateMissing, TaskFailed, TtpeerError
-from ttpeer.net import NetError
+from ttpeer.net import NetError, PoolTransport
 from ttpeer.proto import (
     Aggregate,
     Aggregated,
@@ -88,7 +88,8 @@ from ttpeer.proto import (
 
 from .._counters import Counters
 from .._executor import Decline, Executor
-from .._home import Home, PoolConfig
+from .._home import Home
+from .._lifetime import Lifetime
 from .._offload import in_order, off_span
 from ..data._data import Datasets
 from ..sealed._blobs import Blobs
@@ -117,46 +118,31 @@ class EffectLog(logging.LoggerAdapter[logging.Logger]):
 Reports = AsyncGenerator[Report, None]  # what a task handler yields, one report at a time
 
 
-class Host(Protocol):
-    """What the effects use of the running node (``_node.Node`` is one)."""
-
-    machine: PeerMachine
-    me: str
-    cfg: PoolConfig
-    home: Home
-    executor: Executor
-    log: RecordLog
-    replay: ReplayGuard
-    keys: PoolKeys
-    blobs: Blobs
-    counters: Counters
-    data: Datasets
-    relays: Follower
-    nursery: trio.Nursery | None
-    outbox_send: trio.MemorySendChannel[tuple[str | None, bytes]]
-
-    @property
-    def pool_key(self) -> bytes | None: ...
-    @property
-    def bytes_sent(self) -> int: ...
-    @property
-    def bytes_received(self) -> int: ...
-    def now(self) -> float: ...
-    def process(self, effects: list[Effect], *, wake: bool = True) -> None: ...
-    def disk_full(self, exc: DiskError) -> None: ...
-
-
 class Effects:
-    def __init__(self, node: Host) -> None:
-        self._node = node
+    """Executes ``machine``'s effects with ``executor`` (the model), ``blobs`` and ``data``
+    (what they fetch and upload), ``life`` (the nursery tasks run in; a full disk halts
+    it), ``records`` (the log a ``Persist`` appends to; ``relays`` follows a new list),
+    ``keys`` and ``replay`` (sealing what goes into ``outbox``); ``transport`` counts the
+    bytes a finished job's summary states, ``finished`` is told which jobs' final files
+    were written here; ``process`` executes what the machine answers each report."""
+
+    def __init__(self, machine: PeerMachine, executor: Executor, blobs: Blobs, data: Datasets, home: Home,
+                 counters: Counters, life: Lifetime, *, records: RecordLog, relays: Follower, keys: PoolKeys,
+                 replay: ReplayGuard, outbox: trio.MemorySendChannel[tuple[str | None, bytes]],
+                 transport: PoolTransport, finished: dict[str, str], now: Callable[[], float],
+                 process: Callable[[list[Effect]], None]) -> None:
+        self._machine, self._executor, self._blobs, self._data, self._home = machine, executor, blobs, data, home
+        self._counters, self._life, self._records, self._relays = counters, life, records, relays
+        self._keys, self._replay, self._outbox, self._transport = keys, replay, outbox, transport
+        self._now, self._process = now, process
         self._numbers = itertools.count(1)  # each effect's id: its kind and the next number
         self.training = Training()  # the shards in training, their progress and cancellations
         self.phases = Phases()  # what this peer does for a job before it can train it (status)
-        self.slices = Slices(node.blobs)  # reduced slices as a close reads them, some fetched ahead
-        self.task_data = TaskData(node, self.phases)  # the dataset pieces a task reads
+        self.slices = Slices(blobs)  # reduced slices as a close reads them, some fetched ahead
+        self.task_data = TaskData(machine, executor, counters, data, self.phases)  # the dataset pieces a task reads
         self._job_done: dict[str, trio.Event] = {}
         self._released: set[str] = set()  # jobs whose executor state was freed (ended here)
-        self.finished: dict[str, str] = {}  # job -> the state whose final files this peer wrote
+        self.finished = finished  # job -> the state whose final files this peer wrote
 
     def done_event(self, job: str) -> trio.Event:
         return self._job_done.setdefault(job, trio.Event())
@@ -164,7 +150,7 @@ class Effects:
     def execute(self, eff: Effect) -> None:
         """Cheap effects run here and now; long ones (``_TASKS``) as tasks in the nursery,
         inside ``_guarded``, which feeds their reports to the machine."""
-        assert self._node.nursery is not None, "effects run only inside Node.run"
+        assert self._life.running, "effects run only inside Node.run"
         elog = EffectLog(eff, next(self._numbers))
         if log.isEnabledFor(logging.DEBUG) and not isinstance(eff, (Broadcast, Send, Persist)):
             elog.debug("effect %s", describe_effect(eff))
@@ -172,7 +158,7 @@ class Effects:
         if inline is not None:
             inline(self, eff, elog)
         elif type(eff) in _TASKS:
-            self._node.nursery.start_soon(self._guarded, eff, elog)
+            self._life.start_soon(self._guarded, eff, elog)
         else:
             raise TypeError(f"unknown effect {eff!r}")
 
@@ -187,7 +173,7 @@ class Effects:
                 async for report in reports:
                     self._feed(report, log)
         except DiskError as exc:
-            self._node.disk_full(exc)
+            self._life.halt(exc)
         except TaskFailed as exc:
             self.task_failed(_job_of(eff), exc.reason, log)
         except (NetError, SealError, TtpeerError) as exc:
@@ -200,37 +186,37 @@ class Effects:
     def _feed(self, report: Report, log: EffectLog) -> None:
         """The funnel: every report of an effect reaches the machine here, at once."""
         log.debug("reports %s", type(report).__name__)
-        self._node.process(self._node.machine.report(report, self._node.now()))
+        self._process(self._machine.report(report, self._now()))
 
     def queue(self, peer: str | None, payload: bytes, kind: bytes = b"P") -> None:
         """Seal a payload of ``kind`` (gossip; ``W``: a want) and queue it for ``peer`` (None: every peer)."""
-        if self._node.pool_key is None:
+        if self._keys.newest is None:
             return  # not a full member yet: gossip will resend once we are
-        sealed = self._node.keys.seal_gossip(self._node.me, self._node.replay.next_counter(), payload, kind)
+        sealed = self._keys.seal_gossip(self._machine.me, self._replay.next_counter(), payload, kind)
         try:
-            self._node.outbox_send.send_nowait((peer, sealed))
+            self._outbox.send_nowait((peer, sealed))
         except trio.WouldBlock:
             log.warning("outbox full; dropping a gossip payload (anti-entropy resends it)")
 
     def _persist(self, rec: Record) -> None:
-        self._node.log.append(rec.raw)
+        self._records.append(rec.raw)
         if rec.kind == "relays":  # the pool's relays moved: this peer follows (``_relays``)
-            self._node.relays.follow(rec)
+            self._relays.follow(rec)
 
     def _on_fetch_slices(self, eff: FetchSlices, log: EffectLog) -> None:
-        assert self._node.nursery is not None
-        self.slices.start_ahead(eff, self._node.nursery, log)
+        assert self._life.nursery is not None
+        self.slices.start_ahead(eff, self._life.nursery, log)
 
     def _on_job_done(self, eff: JobDone, log: EffectLog) -> None:
-        assert self._node.nursery is not None
+        assert self._life.running
         self.slices.forget_job(eff.job.id)
-        self._node.nursery.start_soon(self._finish, eff.job, eff.state, log)
+        self._life.start_soon(self._finish, eff.job, eff.state, log)
 
     async def _prepare(self, eff: PrepareJob, log: EffectLog) -> Reports:
         job = eff.job
         try:
             with self.phases.during(job.id, "fetching the task file"):
-                task_file = (open_task(self._node.cfg.pool, await self._node.blobs.get(job.task_blob))
+                task_file = (open_task(self._machine.pool, await self._blobs.get(job.task_blob))
                              if job.task_blob else None)
         except TaskSignatureError as exc:
             log.warning("refusing job %s: %s", job.id[:12], exc)
@@ -238,11 +224,11 @@ class Effects:
             return
         if job.datasets:  # before the worker loads the task: it reads them
             try:
-                await self._node.data.ensure(job.record, self.phases.setter(job.id))
+                await self._data.ensure(job.record, self.phases.setter(job.id))
             finally:
                 self.phases.clear(job.id)
         with self.phases.during(job.id, "loading the task and its data, checking it fits"):
-            decline = await self._node.executor.prepare(job, task_file)
+            decline = await self._executor.prepare(job, task_file)
         if isinstance(decline, str):
             decline = Decline(decline)
         if decline is not None:
@@ -250,18 +236,18 @@ class Effects:
             yield Declined(job.id, decline.reason, decline.need, decline.have, decline.code)
         else:
             yield Prepared(job.id)
-            if job.samples and self._node.nursery is not None:  # the first shard's pieces
-                rnd = self._node.machine.chain(job.record).round
-                self._node.nursery.start_soon(self.task_data.look_ahead, job, rnd, log)
+            if job.samples and self._life.running:  # the first shard's pieces
+                rnd = self._machine.chain(job.record).round
+                self._life.start_soon(self.task_data.look_ahead, job, rnd, log)
 
     async def _train(self, eff: Train, log: EffectLog) -> Reports:
         job = eff.job
-        if self._node.nursery is not None and job.samples:
-            self._node.nursery.start_soon(self.task_data.look_ahead, job, eff.round + 1, log)
+        if self._life.running and job.samples:
+            self._life.start_soon(self.task_data.look_ahead, job, eff.round + 1, log)
         with self.training.shard((job.id, eff.round, eff.shard)) as progress:
-            samples = await self._node.executor.train(eff, progress.should_stop)
+            samples = await self._executor.train(eff, progress.should_stop)
         seconds = trio.current_time() - progress.started
-        stats = self._node.counters.job(job.id)
+        stats = self._counters.job(job.id)
         stats.shards_trained += 1 if samples else 0
         stats.train_seconds += seconds
         batches = samples // job.batch_size
@@ -269,14 +255,14 @@ class Effects:
 
     async def _publish_delta(self, eff: PublishDelta, log: EffectLog) -> Reports:
         job, rnd, base, shards = eff.job, eff.round, eff.base, eff.shards
-        data, metrics = await self._node.executor.delta(eff)
+        data, metrics = await self._executor.delta(eff)
         # The local model is free: the next shard trains while this delta uploads.
         yield DeltaEncoded(job, rnd, base, shards)
-        blob = await self._node.blobs.upload_delta(data, cut=data[:4] == b"TTD2")
+        blob = await self._blobs.upload_delta(data, cut=data[:4] == b"TTD2")
         if blob is None:
             yield Failed(eff)
             return
-        stats = self._node.counters.job(job.id)
+        stats = self._counters.job(job.id)
         stats.fp32_bytes += int(metrics.pop("fp32_bytes", 0))
         stats.wire_bytes += len(data)
         chunks = metrics.pop("chunks", None)
@@ -287,8 +273,8 @@ class Effects:
         if eff.sample and eff.against is not None and await self._sample_slice(eff, eff.against, log):
             yield SliceReduced(eff, eff.against["sha256"], eff.against["size"], None)
             return
-        async with self._node.blobs.deltas(eff.job, eff.contribs, (eff.first, eff.stop)) as deltas:
-            data = await self._node.executor.reduce_slice(eff.job, deltas, eff.first, eff.stop, rnd=eff.round)
+        async with self._blobs.deltas(eff.job, eff.contribs, (eff.first, eff.stop)) as deltas:
+            data = await self._executor.reduce_slice(eff.job, deltas, eff.first, eff.stop, rnd=eff.round)
         trim()
         sha = hashlib.sha256(data).hexdigest()
         blob: str | None = None
@@ -296,11 +282,11 @@ class Effects:
             if eff.against is not None:
                 log.warning("slice %d of round %d (job %s) by %s did not reproduce here; publishing this "
                             "peer's own", eff.slice, eff.round, eff.job.id[:12], eff.against.author[:12])
-            blob = await self._node.blobs.put(data)
+            blob = await self._blobs.put(data)
         # Kept for the close that uses it (a check that reproduced ``against`` holds its bytes).
         kept = blob if blob is not None or eff.against is None else eff.against["blob"]
         if kept is not None:
-            self._node.blobs.keep_slice(kept, data)
+            self._blobs.keep_slice(kept, data)
         yield SliceReduced(eff, sha, len(data), blob)
 
     async def _sample_slice(self, eff: ReduceSlice, rec: Record, log: EffectLog) -> bool:
@@ -315,11 +301,11 @@ class Effects:
         assert values is not None  # only a sliced job has slices
 
         async def alone() -> bytes:
-            async with self._node.blobs.deltas(eff.job, eff.contribs, (chunk, chunk + 1)) as deltas:
-                return await self._node.executor.reduce_slice(eff.job, deltas, chunk, chunk + 1, rnd=eff.round)
+            async with self._blobs.deltas(eff.job, eff.contribs, (chunk, chunk + 1)) as deltas:
+                return await self._executor.reduce_slice(eff.job, deltas, chunk, chunk + 1, rnd=eff.round)
 
         data, part = await in_order([lambda: self.slices.result(rec), alone], limit=2)
-        stats = self._node.counters.job(eff.job.id)
+        stats = self._counters.job(eff.job.id)
         try:
             same = await off_span(len(data), run_matches, data, part, (chunk - eff.first) * values)
         except ValueError as exc:
@@ -332,12 +318,12 @@ class Effects:
                         "whole slice", chunk, eff.slice, eff.round, eff.job.id[:12], rec.author[:12])
             return False
         stats.samples += 1
-        self._node.blobs.keep_slice(rec["blob"], data)
+        self._blobs.keep_slice(rec["blob"], data)
         return True
 
     async def _aggregate(self, eff: Aggregate, log: EffectLog) -> Reports:
         async with self.slices.close_inputs(eff.job, eff.contribs, eff.slices) as deltas:
-            state, metrics = await self._node.executor.aggregate(eff.job, eff.base, deltas, rnd=eff.round,
+            state, metrics = await self._executor.aggregate(eff.job, eff.base, deltas, rnd=eff.round,
                                                                  sliced=bool(eff.slices), outer=eff.outer)
         trim()  # the blobs this close fetched: back to the system
         weights = tuple(cast("list[int]", metrics.pop("weights", None) or ()))  # an ensemble puts its vote there
@@ -347,7 +333,7 @@ class Effects:
     async def _apply(self, eff: Apply, log: EffectLog) -> Reports:
         job, close = eff.job, eff.close
         async with self.slices.close_inputs(job, eff.contribs, eff.slices) as deltas:
-            ok = await self._node.executor.apply(job, close["base"], deltas, close["state"], rnd=close["round"],
+            ok = await self._executor.apply(job, close["base"], deltas, close["state"], rnd=close["round"],
                                                  sliced=bool(eff.slices), outer=eff.outer)
         trim()
         if not ok:
@@ -359,11 +345,11 @@ class Effects:
         job, state = eff.job, eff.state
         what = "the initial state" if state == job.init else "the latest checkpoint"
         with (self.phases.during(job.id, f"fetching {what}"),
-              self._node.blobs.work_files(job.id, "fetch") as (sealed, plain)):
+              self._blobs.work_files(job.id, "fetch") as (sealed, plain)):
             # The initial state this peer submitted is here already (it is checked all the same).
-            if not await self._node.blobs.take_state(state, plain):
-                await self._node.blobs.get_file(eff.blob, sealed, plain, uploaders=self._uploaders(job, eff.blob))
-            ok = await self._node.executor.import_state(job, state, plain)
+            if not await self._blobs.take_state(state, plain):
+                await self._blobs.get_file(eff.blob, sealed, plain, uploaders=self._uploaders(job, eff.blob))
+            ok = await self._executor.import_state(job, state, plain)
         yield Fetched(state, ok)
 
     def _uploaders(self, job: JobSpec, blob: str) -> list[str]:
@@ -371,20 +357,20 @@ class Effects:
         authors): the members that may serve it directly."""
         if blob == job.init_blob:
             return [job.record.author]
-        return sorted({r.author for r in self._node.machine.records.of_job(job.id, "ckpt") if r["blob"] == blob})
+        return sorted({r.author for r in self._machine.records.of_job(job.id, "ckpt") if r["blob"] == blob})
 
     async def _publish_checkpoint(self, eff: PublishCheckpoint, log: EffectLog) -> Reports:
         # File to file, a piece at a time: a model-sized state is never in the daemon's
         # memory (it was, three times over: bytes, sealed, in transport).
-        with self._node.blobs.work_files(eff.job.id, "checkpoint") as (plain, sealed):
+        with self._blobs.work_files(eff.job.id, "checkpoint") as (plain, sealed):
             # A held state is a file in the home, the bytes a checkpoint carries: copied from
             # there, it needs no worker (the job may have finished here long ago: an ask).
             try:
-                await trio.to_thread.run_sync(shutil.copyfile, self._node.home.state_file(eff.job.id, eff.state), plain)
+                await trio.to_thread.run_sync(shutil.copyfile, self._home.state_file(eff.job.id, eff.state), plain)
             except FileNotFoundError:
-                await self._node.executor.export_state(eff.job, eff.state, plain)
+                await self._executor.export_state(eff.job, eff.state, plain)
             size = plain.stat().st_size
-            blob = await self._node.blobs.put_file(plain, sealed)
+            blob = await self._blobs.put_file(plain, sealed)
         yield CheckpointPublished(eff.job, eff.round, eff.state, blob, size)
 
     def task_failed(self, job: JobSpec, reason: str, log: EffectLog) -> None:
@@ -394,13 +380,13 @@ class Effects:
 
     def release(self, job: str) -> None:
         """The job ended here: the executor frees its model and worker processes."""
-        if job not in self._released and self._node.nursery is not None:
+        if job not in self._released and self._life.running:
             self._released.add(job)
-            self._node.nursery.start_soon(self._node.executor.release, job)
+            self._life.start_soon(self._executor.release, job)
 
     def release_ended(self) -> None:
         """Jobs the pool ended (cancelled, failed everywhere) hold nothing here any more."""
-        rs = self._node.machine.records
+        rs = self._machine.records
         for job in rs.jobs():
             if job.id not in self._released and job_ended(rs, job) is not None:
                 self.release(job.id)
@@ -416,21 +402,21 @@ class Effects:
         try:
             await self._write_final(job, state, log)
         except DiskError as exc:
-            self._node.disk_full(exc)
+            self._life.halt(exc)
         except TaskFailed as exc:
             self.task_failed(job, exc.reason, log)
         except Exception as exc:  # noqa: BLE001 - as in _guarded: the job, not the daemon
             self._bug(job, "writing the final model", exc, log)
 
     async def _write_final(self, job: JobSpec, state: str, log: EffectLog) -> None:
-        chain = self._node.machine.chain(job.record)
+        chain = self._machine.chain(job.record)
         metrics = dict(chain.closes[-1]["metrics"]) if chain.closes else {}
-        stats = self._node.counters.job(job.id)
+        stats = self._counters.job(job.id)
         summary = {"job": job.id, "task": job.task, "state": state, "rounds": chain.round,
                    "eval": metrics, "compression_ratio": stats.ratio(),
                    "weights": list(chain.closes[-1].body.get("weights", ())) if chain.closes else [],
-                   "bytes_sent": self._node.bytes_sent, "bytes_received": self._node.bytes_received}
-        await self._node.executor.finish(job, state, summary)
+                   "bytes_sent": self._transport.bytes_sent, "bytes_received": self._transport.bytes_received}
+        await self._executor.finish(job, state, summary)
         self.finished[job.id] = state  # status says "done" from here: the final files exist
         self.done_event(job.id).set()
         log.info("job %s done: state %s", job.id[:12], state)

@@ -126,10 +126,9 @@ class Node:
         self.wall = wall  # calendar time: the `at` of records signed here, invites' expiry
         self.outbox_send = self.link.outbox_send
         self.life = Lifetime(on_stop=partial(self.replay.maybe_save, 0.0, force=True))  # its nursery: ``run``
-        self.effects = Effects(self)
-        self.finished, self.phases = self.effects.finished, self.effects.phases.by_job  # read by status
-        self.key_event = trio.Event()
+        self.key_event = trio.Event()  # set once a pool key is held
         self.is_admin = (home.path / "root.key").exists()
+        self.finished: dict[str, str] = {}  # job -> the state whose final files this peer wrote (status)
         me = Credentials(cfg.name, cfg.proof, self.node_key, self.seal_key, self.is_admin)
         self.membership = Membership(me, self.machine, self.keys, transport, home, self.counters, self.life,
                                      key_event=self.key_event, outbox=self.outbox_send, now=self.now,
@@ -137,6 +136,11 @@ class Node:
         self.data = Datasets(home, self.machine, self.blobs, self.keys, self.counters, self.life,
                              node_key=self.node_key, key_event=self.key_event, now=self.now, wall=self.wall,
                              process=self.process, want=self.broadcast_want, finished=self.finished)
+        self.effects = Effects(self.machine, executor, self.blobs, self.data, home, self.counters, self.life,
+                               records=self.log, relays=self.relays, keys=self.keys, replay=self.replay,
+                               outbox=self.outbox_send, transport=transport, finished=self.finished, now=self.now,
+                               process=self.process)
+        self.phases = self.effects.phases.by_job  # read by status
         self.blobs.direct = self.data.fetch_blob  # deltas and states from their uploaders, on a LAN
         self.blobs.direct_range = self.data.fetch_blob_range  # a slice's chunks of them
         executor.on_missing = self.effects.task_data.fetch_missing  # a task reading dataset pieces not here yet
@@ -149,23 +153,10 @@ class Node:
         return self.life.fatal
 
     @property
-    def nursery(self) -> trio.Nursery | None:
-        """The nursery of ``run``, while it runs (``Lifetime``)."""
-        return self.life.nursery
-
-    @nursery.setter
-    def nursery(self, nursery: trio.Nursery | None) -> None:
-        self.life.nursery = nursery
-
-    @property
     def cfg(self) -> PoolConfig:
         """The pool's config as this peer uses it: its relays follow the newest ``relays``
         record (``Follower``)."""
         return self.relays.cfg
-
-    @cfg.setter
-    def cfg(self, cfg: PoolConfig) -> None:
-        self.relays.cfg = cfg
 
     @property
     def pool_keys(self) -> list[bytes]:

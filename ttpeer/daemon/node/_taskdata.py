@@ -13,7 +13,6 @@ hint: its failure costs the prefetch, and nothing is reported.
 from __future__ import annotations
 
 import logging
-from typing import Protocol
 
 import trio
 
@@ -29,18 +28,14 @@ from ._activity import Phases
 log = logging.getLogger("ttpeer.daemon")
 
 
-class Host(Protocol):
-    """What the task's data uses of the running node (``_node.Node`` is one)."""
-
-    machine: PeerMachine
-    executor: Executor
-    counters: Counters
-    data: Datasets
-
-
 class TaskData:
-    def __init__(self, node: Host, phases: Phases) -> None:
-        self._node = node
+    """Fetches the pieces ``executor``'s tasks read through ``data``, as ``machine``'s
+    plan places them; ``phases`` says what a preparing job waits for, ``counters`` the
+    waits of a training one."""
+
+    def __init__(self, machine: PeerMachine, executor: Executor, counters: Counters, data: Datasets,
+                 phases: Phases) -> None:
+        self._machine, self._executor, self._counters, self._data = machine, executor, counters, data
         self._phases = phases
 
     async def fetch_missing(self, job: JobSpec, exc: DatasetMissing) -> None:
@@ -52,17 +47,17 @@ class TaskData:
             dataset = job.datasets.get(exc.name)
             if dataset is None:
                 raise exc
-            await self._node.data.fetch(dataset, exc.name, phase, job.record)
+            await self._data.fetch(dataset, exc.name, phase, job.record)
             return
         log.info("job %s: fetching %d pieces of dataset %s for the task", job.id[:12], len(exc.pieces), exc.name)
         if job.id in self._phases.by_job:  # still preparing: status says what it waits for
-            await self._node.data.fetch(exc.dataset, exc.name, phase, job.record, pieces=exc.pieces)
+            await self._data.fetch(exc.dataset, exc.name, phase, job.record, pieces=exc.pieces)
             return
         began = trio.current_time()
-        await self._node.data.fetch(exc.dataset, exc.name, lambda _t: None, job.record, pieces=exc.pieces,
+        await self._data.fetch(exc.dataset, exc.name, lambda _t: None, job.record, pieces=exc.pieces,
                                     within=float(job.lease))
         waited = trio.current_time() - began
-        stats = self._node.counters.job(job.id)
+        stats = self._counters.job(job.id)
         stats.data_waits += 1
         stats.data_wait_s += waited
         if stats.first_data_wait_s is None:
@@ -82,12 +77,12 @@ class TaskData:
         pieces of this peer's share of the round (``PeerMachine.share``)."""
         if not job.samples or not job.mode.shards_split_data:
             return
-        plan = self._node.machine.plan(job.record)
+        plan = self._machine.plan(job.record)
         if not plan.has_round(rnd):
             return
         shards = list(range(job.shards))
         try:
-            found = await self._node.executor.pieces(job, rnd, shards, plan.inner_steps(rnd), plan.first_step(rnd))
+            found = await self._executor.pieces(job, rnd, shards, plan.inner_steps(rnd), plan.first_step(rnd))
         except TtpeerError as exc:
             log.debug("job %s: no look-ahead for round %d: %s", job.id[:12], rnd, exc)
             return
@@ -96,7 +91,7 @@ class TaskData:
         missing = {int(s): list(m) for s, m in found["missing"].items()}
         # This peer's share of the round: the shards the others leave to it first. Their
         # pieces are prefetched, so its claims there find them here (and say so).
-        share = self._node.machine.share(job.id, rnd, len(shards))
-        self._node.machine.prefer(job.id, rnd, {s: 0 if s in share else len(m) for s, m in missing.items()})
-        self._node.data.prefetch(found["dataset"], found["name"],
+        share = self._machine.share(job.id, rnd, len(shards))
+        self._machine.prefer(job.id, rnd, {s: 0 if s in share else len(m) for s, m in missing.items()})
+        self._data.prefetch(found["dataset"], found["name"],
                                  sorted({*found.get("test", ()), *(k for s in share for k in missing.get(s, ()))}))

@@ -208,7 +208,7 @@ def _protocol_now(node: Node) -> float:
 
 
 def running(node: Node) -> bool:
-    return getattr(node, "nursery", None) is not None
+    return node.life.running
 
 
 def release_claims(node: Node) -> str | None:
