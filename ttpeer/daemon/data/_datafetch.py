@@ -35,7 +35,7 @@ from ttpeer_wire import record_files, samples_hash
 
 from ttpeer.errors import DataError, DiskError, JobError
 from ttpeer.net import NetError
-from ttpeer.proto import PeerMachine, Record, dataset_sources, job_ended, resolve_dataset
+from ttpeer.proto import JobSpec, PeerMachine, Record, dataset_sources, job_ended, resolve_dataset
 
 from .._lifetime import Lifetime
 from .._workfiles import disk_or_job
@@ -73,19 +73,19 @@ class Fetcher:
         self._waiting: dict[str, int] = {}  # datasets a fetch waits on (prefetch steps aside)
         self._quiet: dict[str, trio.Event] = {}  # set when no fetch waits on the dataset
 
-    async def ensure(self, job: Record, phase: Callable[[str], None]) -> None:
+    async def ensure(self, job: JobSpec, phase: Callable[[str], None]) -> None:
         """Hold every dataset ``job`` records, fetching what is not here; one its task reads
         sample by sample (``job.samples``) only as far as its index (its pieces come as the
         shards that read them are trained). ``phase`` is told what is being waited for.
         Returns once all are held; raises ``JobError`` if the job ends meanwhile,
         ``DiskError`` if the disk is full."""
-        sampled = job.body.get("samples") or {}
-        for name, dataset in sorted((job.body.get("datasets") or {}).items()):
-            # An ensemble's members each read the whole dataset in their own order: fetched whole.
-            if name not in sampled or job["mode"] == "ensemble":
-                await self.fetch(dataset, name, phase, job)
-            if name in sampled:
-                await self.open_index(dataset, name, sampled[name], phase, job)
+        for name, dataset in sorted(job.datasets.items()):
+            # Where a shard is not a share of the data (an ensemble's members each read all of
+            # it, in their own order), a dataset read sample by sample is fetched whole too.
+            if name not in job.samples or not job.mode.shards_split_data:
+                await self.fetch(dataset, name, phase, job.record)
+            if name in job.samples:
+                await self.open_index(dataset, name, job.samples[name], phase, job.record)
 
     async def fetch_named(self, name: str, *, whole: bool = True) -> str:
         """At submit: fetch the dataset the name ``name`` means here (``whole=False``: only

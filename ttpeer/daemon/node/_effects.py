@@ -224,7 +224,7 @@ class Effects:
             return
         if job.datasets:  # before the worker loads the task: it reads them
             try:
-                await self._data.ensure(job.record, self.phases.setter(job.id))
+                await self._data.ensure(job, self.phases.setter(job.id))
             finally:
                 self.phases.clear(job.id)
         with self.phases.during(job.id, "loading the task and its data, checking it fits"):
