@@ -360,3 +360,43 @@ def test_no_getattr_probe_of_a_protocol_member():
                     and node.args[1].value in members):
                 probes.append(f"{module}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})")
     assert probes == []
+
+
+NODE = ROOT / "ttpeer" / "daemon" / "node" / "_node.py"
+
+
+def _daemon_classes() -> set[str]:
+    return {n.name for m, path in MODULES.items() if _within(m, DAEMON)
+            for n in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(n, ast.ClassDef)}
+
+
+def _parts_built(source: str, classes: set[str]) -> tuple[set[str], list[str]]:
+    """The classes of ``classes`` that class ``Node`` in ``source`` builds, and those built
+    with ``self`` as an argument, positional or keyword (``Part(self)``, ``Part(node=self)``)."""
+    built, with_self = set(), []
+    for cls in ast.walk(ast.parse(source)):
+        if not (isinstance(cls, ast.ClassDef) and cls.name == "Node"):
+            continue
+        for call in ast.walk(cls):
+            if not isinstance(call, ast.Call):
+                continue
+            func = call.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if name not in classes:
+                continue
+            built.add(name)
+            if any(isinstance(a, ast.Name) and a.id == "self" for a in [*call.args, *(k.value for k in call.keywords)]):
+                with_self.append(f"{name}, line {call.lineno}")
+    return built, with_self
+
+
+def test_the_node_builds_each_part_with_what_it_uses_never_with_itself():
+    """Issue 43: a part gets the narrow collaborators it uses through its constructor. One
+    built as ``Part(self)`` holds the whole node and hides what it uses."""
+    classes = _daemon_classes()
+    built, with_self = _parts_built(NODE.read_text(), classes)
+    assert with_self == []
+    assert {"Effects", "Membership", "Follower", "Datasets", "Lifetime"} <= built  # the check sees the parts
+    planted = ("class Node:\n    def __init__(self):\n        self.a = Effects(self)\n"
+               "        self.b = data.Datasets(x=self)\n")
+    assert _parts_built(planted, classes)[1] == ["Effects, line 3", "Datasets, line 4"]

@@ -40,8 +40,14 @@ relay connection.
 The node composes one part per concern: ``_effects`` (the effect table and its
 handlers), ``_link`` (the relay and the protocol clock), ``_keys`` (key epochs,
 envelopes, sealed blobs), ``_membership`` (hello, handover, rotation, an ended
-membership) and ``_admin`` (submit, revoke, cancel). The node keeps the lifecycle, the
-ticker, message dispatch, liveness, and the methods the control socket calls.
+membership), ``_relays`` (the pool's relays, followed), ``data`` (datasets) and
+``_admin`` (submit, revoke, cancel). It builds each part with the collaborators that
+part uses (the machine, the keys, the blobs, another part; callables such as
+``process``, ``now`` and ``wall``), never with itself, and wires in ``__init__`` the
+parts that need each other. The nursery, which it has only once it runs, reaches the
+parts through the ``Lifetime`` each is given (``run`` opens it), as does the fatal
+error that stops the daemon. The node keeps the lifecycle, the ticker, message
+dispatch, liveness, and the methods the control socket calls.
 """
 
 from __future__ import annotations
@@ -128,7 +134,7 @@ class Node:
         self.life = Lifetime(on_stop=partial(self.replay.maybe_save, 0.0, force=True))  # its nursery: ``run``
         self.key_event = trio.Event()  # set once a pool key is held
         self.is_admin = (home.path / "root.key").exists()
-        self.finished: dict[str, str] = {}  # job -> the state whose final files this peer wrote (status)
+        self.finished: dict[str, str] = {}  # job -> the state whose final files this peer wrote (status, data)
         me = Credentials(cfg.name, cfg.proof, self.node_key, self.seal_key, self.is_admin)
         self.membership = Membership(me, self.machine, self.keys, transport, home, self.counters, self.life,
                                      key_event=self.key_event, outbox=self.outbox_send, now=self.now,
