@@ -28,6 +28,8 @@ Rows, one after the other in one lab:
   and runs on: the utilization is over the whole job).
 - ``4 peers, fixed H``: the 4-peer pool again, ``--fixed-h`` inner steps every round
   (default: the median round size the auto row picked), same budget.
+- ``4 peers, all deltas``: the 4-peer pool again, every peer downloading every delta
+  (``submit --no-slices``) instead of submit's reduced slices, same budget.
 
 Compute is emulated in every row, so 8 peers fit on 2 cores and a step costs what a GPU's
 does: ``--step-ms T`` (the default, 100) makes every step last T ms, sleeping the rest (a
@@ -63,7 +65,8 @@ PEER_COUNTS = (2, 4, 8)
 FIRST = 25  # the first rounds' size of an auto job, and the unit of its budget (as `ttpeer submit`)
 HOSTS = {"ttpeer-1": ["solo"], "ttpeer-2": ["duo1", "duo2"], "ttpeer-4": ["quad1", "quad2", "quad3", "quad4"],
          "ttpeer-8": [f"oct{i}" for i in range(1, 9)]}
-ROWS = ("single", "ttpeer-1", "ttpeer-2", "ttpeer-4", "ttpeer-8", "ttpeer-4-fixed")
+ROWS = ("single", "ttpeer-1", "ttpeer-2", "ttpeer-4", "ttpeer-8", "ttpeer-4-fixed", "ttpeer-4-all")
+AGAIN = ("ttpeer-4-fixed", "ttpeer-4-all")  # rows that run the 4-peer pool again, another way
 DEFAULT_ROWS = "single,ttpeer-2,ttpeer-4,ttpeer-8"
 GOALS = {2: 0.58, 4: 0.33, 8: 0.22}  # N peers' time to the target / one peer's
 BOUND_GOAL = 1.15  # fused time / the perfect-data-parallel bound's
@@ -273,7 +276,7 @@ def run(args: argparse.Namespace) -> tuple[Row, list[Result], dict[int, float], 
     from ttpeer_harness import job_spec
     from ttpeer_harness.netlab import Lab, start_relay
 
-    hosts = sorted({h for r in args.rows if r.startswith("ttpeer") for h in HOSTS[r.removesuffix("-fixed")]})
+    hosts = sorted({h for r in args.rows if r.startswith("ttpeer") for h in _hosts(r)})
     results: list[Result] = []
     with Lab(nat=["single", *hosts], keep=args.keep) as lab:
         for name in ["single", *hosts]:
@@ -305,7 +308,7 @@ def run(args: argparse.Namespace) -> tuple[Row, list[Result], dict[int, float], 
             single.step_s = single.utilization * single.wall / (single.samples / args.batch)
         relay = start_relay(lab)
         base = {**job_spec(1), "task": args.task, "bits": args.bits, "batch_size": args.batch, "batches": FIRST,
-                "lease": 60.0, **outer_fields(args), "overlap": 0 if args.no_overlap else 1}
+                "lease": 60.0, **outer_fields(args), "overlap": 0 if args.no_overlap else 1, **slice_fields()}
         auto = {"h_min": args.h_min, "h_max": args.h_max}
         homes4: dict[str, Path] = {}
         for row in args.rows:
@@ -318,20 +321,36 @@ def run(args: argparse.Namespace) -> tuple[Row, list[Result], dict[int, float], 
                 h = args.fixed_h or _median_size(results, 4) or FIRST
                 spec = {**spec, "batches": h, "rounds": max(1, round(rounds * FIRST / h))}
                 name = f"{peers} peers, fixed H={h}"
+            elif row == "ttpeer-4-all":
+                spec = {**{k: v for k, v in spec.items() if k not in ("chunk", "slice_bits")}, **auto}
+                name = f"{peers} peers, auto H {args.h_min}-{args.h_max}, all deltas"
             else:
                 spec = {**spec, **auto}
                 name = f"{peers} peer{'s' * (peers > 1)}, auto H {args.h_min}-{args.h_max}"
             print(f"{name}...", file=sys.stderr)
-            homes = homes4 if row == "ttpeer-4-fixed" and homes4 else start_peers(
-                lab, relay, HOSTS[row.removesuffix("-fixed")], emulation(args))
+            homes = homes4 if row in AGAIN and homes4 else start_peers(lab, relay, _hosts(row), emulation(args))
             timeout = 600 + 3 * _budget_steps(spec) * step_guess(args)  # generous: a failure, not a figure
             results.append(Result(peers, ttpeer_row(lab, homes, spec, name, timeout), auto=row != "ttpeer-4-fixed"))
-            if row == "ttpeer-4" and "ttpeer-4-fixed" in args.rows:
-                homes4 = homes  # the fixed row reuses the pool
+            later = args.rows[args.rows.index(row) + 1:]
+            if row in ("ttpeer-4", *AGAIN) and any(again in later for again in AGAIN):
+                homes4 = homes  # a later row runs this pool again
             else:
-                for host in HOSTS[row.removesuffix("-fixed")]:
+                for host in _hosts(row):
                     lab.stop(host)  # an idle pool still heartbeats: off the next rows' cores
     return single, results, bounds, steps
+
+
+def _hosts(row: str) -> list[str]:
+    """The lab's hosts of a ttpeer row (a row that runs the 4-peer pool again: its hosts)."""
+    return HOSTS[row if row in HOSTS else "ttpeer-4"]
+
+
+def slice_fields() -> dict[str, int]:
+    """Submit's defaults for a fused job's slices (``chunk`` and ``slice_bits``), so every
+    row but ``all deltas`` runs what ``ttpeer submit`` runs."""
+    from ttpeer._parser import DEFAULT_CHUNK, DEFAULT_SLICE_BITS
+
+    return {"chunk": DEFAULT_CHUNK, "slice_bits": DEFAULT_SLICE_BITS}
 
 
 def outer_fields(args: argparse.Namespace) -> dict[str, Any]:

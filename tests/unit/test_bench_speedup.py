@@ -7,8 +7,19 @@ import argparse
 
 import pytest
 
-from bench.speedup import Result, bound_ratios, budget_rounds, emulation, outer_fields, parse_args, parse_bound, table
+from bench.speedup import (
+    Result,
+    bound_ratios,
+    budget_rounds,
+    emulation,
+    outer_fields,
+    parse_args,
+    parse_bound,
+    slice_fields,
+    table,
+)
 from bench.wan import Row, round_sizes
+from ttpeer._parser import DEFAULT_CHUNK, DEFAULT_SLICE_BITS
 
 
 def _row(name: str, curve: list[tuple[float, int, float]], util: float | None = None,
@@ -28,8 +39,11 @@ def test_the_defaults_and_quick_pick_target_margin_and_rows():
     quick = parse_args(["--quick"])
     assert (quick.target, quick.margin) == (1.2, 1.6) and "ttpeer-4-fixed" not in quick.rows
     assert parse_args(["--quick", "--rows", "single,ttpeer-4-fixed"]).rows == ["single", "ttpeer-4-fixed"]
-    # The job is what submit runs: the pool's outer step, unless one is fixed.
+    # The job is what submit runs: the pool's outer step, unless one is fixed, and submit's
+    # slices (the all-deltas row leaves them out).
     assert outer_fields(args)["outer_auto"] == 1
+    assert slice_fields() == {"chunk": DEFAULT_CHUNK, "slice_bits": DEFAULT_SLICE_BITS}
+    assert parse_args(["--rows", "ttpeer-4-all,single,ttpeer-4"]).rows == ["single", "ttpeer-4", "ttpeer-4-all"]
     assert outer_fields(parse_args(["--outer-momentum", "0.5"])) == {"outer_lr": 0.7, "outer_momentum": 0.5}
     assert parse_args(["--target", "0.7", "--bound", "2=0.5,4=0.3"]).bound == {2: 0.5, 4: 0.3}
 
