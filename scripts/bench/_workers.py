@@ -29,7 +29,7 @@ import trio
 from ttpeer.daemon import Home
 from ttpeer.daemon.worker._procexec import ProcessExecutor
 from ttpeer.daemon.worker._torch import TorchExecutor
-from ttpeer.proto import PublishDelta, Train, sign
+from ttpeer.proto import JobSpec, PublishDelta, Train, sign
 
 RELAY, FP = "https://relay.bench.invalid", "sha256:" + "0" * 64
 
@@ -83,7 +83,7 @@ async def _round(executor: Any, home: Home, spec: dict[str, Any], rnd: int, stat
 async def _prepared(executor: Any, home: Home, spec: dict[str, Any]) -> dict[str, Any]:
     fixed, init = await executor.new_job(spec, None)
     body = {**spec, **fixed, "init_blob": "0" * 64, "task_blob": "", "at": int(time.time())}
-    job = sign("job", home.config().pool, body, home.node_key())
+    job = JobSpec.of(sign("job", home.config().pool, body, home.node_key()))
     assert await executor.prepare(job, None) is None
     assert await executor.import_state(job, fixed["init"], init)
     return {"job": job, "base": fixed["init"]}

@@ -165,3 +165,12 @@ async def test_the_control_socket_answers_a_malformed_request_and_keeps_serving(
 
         assert (await trio.to_thread.run_sync(ask, path, control.Status())).status == {"peers": 2}
         nursery.cancel_scope.cancel()
+
+
+def test_a_job_crosses_only_as_its_records_own_spec() -> None:
+    """A spec made with ``replace`` would arrive as its record's: the sender refuses it."""
+    from ttpeer import proto
+
+    sized = dataclasses.replace(SPEC, inner_steps=SPEC.inner_steps + 1)
+    with pytest.raises(ValueError, match="differs from its record"):
+        msg.CODEC.encode(msg.Train(proto.Train(sized, 0, 0, 0, "sha256:" + "b" * 64, True)))

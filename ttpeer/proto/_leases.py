@@ -40,9 +40,9 @@ class Claim:
     rate: float = 0.0
     backup: bool = False
 
-    def projected_finish(self, batches: int, default_rate: float) -> float:
+    def projected_finish(self, inner_steps: int, default_rate: float) -> float:
         rate = self.rate if self.rate > 0 else default_rate
-        return self.seen + max(0, batches - self.done) / rate
+        return self.seen + max(0, inner_steps - self.done) / rate
 
 
 class LeaseTable:

@@ -17,9 +17,10 @@ MAX_SHARDS = 4096
 FALLBACK_LEASE = 30.0
 
 
-def default_sizing(rates: list[float], peers: int, batches: int) -> tuple[int, float]:
+def default_sizing(rates: list[float], peers: int, inner_steps: int) -> tuple[int, float]:
     """(shards per round, lease seconds) for ``peers`` members whose known speeds
-    (batches/s; peers that never trained are missing) are ``rates``."""
+    (inner steps a second; peers that never trained are missing) are ``rates``, in a job of
+    ``inner_steps`` a shard."""
     known = [r for r in rates if r > 0]
     peers = max(1, peers)
     if not known:
@@ -28,5 +29,5 @@ def default_sizing(rates: list[float], peers: int, batches: int) -> tuple[int, f
     # Peers without a measurement count as the median known speed.
     speeds = known + [sorted(known)[len(known) // 2]] * max(0, peers - len(known))
     shards = max(2 * peers, math.ceil(2 * sum(speeds) / slowest))
-    lease = min(MAX_LEASE, max(MIN_LEASE, 2 * batches / slowest))
+    lease = min(MAX_LEASE, max(MIN_LEASE, 2 * inner_steps / slowest))
     return min(shards, MAX_SHARDS), round(lease, 1)

@@ -56,7 +56,7 @@ class Ensemble:
             self.units[(eff.round, member)] = ckpt
         return samples
 
-    def pieces(self, rnd: int, shards: list[int], steps: int, first: int) -> dict[str, Any]:
+    def pieces(self, rnd: int, shards: list[int], inner_steps: int, first: int) -> dict[str, Any]:
         """Members read the whole training set: nothing to fetch by pieces."""
         return {}
 

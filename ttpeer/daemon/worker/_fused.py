@@ -127,21 +127,21 @@ class Fused:
         if self.job.overlap:
             self.overlap.begin(eff.round, eff.base, estimate=guess, state=state)
 
-    def shard_pieces(self, rnd: int, shard: int, steps: int, first: int) -> list[int]:
+    def shard_pieces(self, rnd: int, shard: int, inner_steps: int, first: int) -> list[int]:
         """The pieces of a ``dataset_samples`` training set that shard ``shard`` of ``rnd`` reads."""
         if not isinstance(self.task.train, train.Samples):
             return []
-        batches = train.shard_batches(self.task, self.job.seed, rnd, shard, self.job.shards, steps,
+        batches = train.shard_batches(self.task, self.job.seed, rnd, shard, self.job.shards, inner_steps,
                                       self.job.batch_size, first_step=first)
         return self.task.train.pieces_for(i for b in batches for i in b)
 
-    def pieces(self, rnd: int, shards: list[int], steps: int, first: int) -> dict[str, Any]:
+    def pieces(self, rnd: int, shards: list[int], inner_steps: int, first: int) -> dict[str, Any]:
         """See ``TorchExecutor.pieces``: a hint, so a failure to work it out is logged, not raised."""
         train_set = self.task.train
         if not isinstance(train_set, train.Samples):
             return {}
         try:
-            per = {s: self.shard_pieces(rnd, s, steps, first) for s in shards}
+            per = {s: self.shard_pieces(rnd, s, inner_steps, first) for s in shards}
             test = self.task.test
             # The test set, when it is a part of the same dataset (``split``): every close reads it.
             same = test if isinstance(test, train.Samples) and test.index.dataset == train_set.index.dataset else None

@@ -6,7 +6,7 @@ Theory of operation. ``ProcessExecutor`` implements the executor interface
 The daemon itself never imports torch: its memory and start-up stay small, and
 nothing a task does (raise, hang, segfault, exhaust memory) can take it down.
 
-Per job it keeps a ``_JobWorkers``: the job record and task file (to start a worker
+Per job it keeps a ``_JobWorkers``: the job (``JobSpec``) and task file (to start a worker
 again), the worker, and how often it died. A worker is started on first use
 (``prepare``) and again after it died; the one after a death has lost the local
 model, so the next call that needs it (``train`` without ``fresh``, ``delta``)
@@ -314,8 +314,9 @@ class ProcessExecutor:
         worker = await self.pool.take()
         out = self._work_dir("submit") / f"init-{os.getpid()}-{id(worker)}.state"
         try:
+            limit = spec.get("step_timeout")  # a number the record's schema will check; else the default
             built = await worker.call(msg.NewJob(spec, self._task_path(task_file), out),
-                                      timeout=self._timeout(spec.get("step_timeout")))
+                                      timeout=self._timeout(limit if isinstance(limit, int | float) else None))
         except WorkerDied as exc:
             raise TaskFailed(f"the worker process died while building the job ({exc})") from None
         except BaseException:

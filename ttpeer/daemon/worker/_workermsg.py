@@ -212,6 +212,14 @@ def _record(text: str) -> Record:
         raise ValueError(f"not a record: {exc}") from None
 
 
+def _job_hex(job: JobSpec) -> str:
+    """A job crosses as its record: a spec that is not its record's as read (one made with
+    ``dataclasses.replace``) would arrive as the record's, so it is refused here."""
+    if job != JobSpec.of(job.record):
+        raise ValueError(f"job {job.id[:12]} differs from its record: only a record's own JobSpec crosses")
+    return job.record.raw.hex()
+
+
 def _job(text: str) -> JobSpec:
     try:
         return JobSpec.of(_record(text))
@@ -220,4 +228,4 @@ def _job(text: str) -> JobSpec:
 
 
 CODEC = Codec((Configure, Hello, Cancel, *REQUESTS), convert={Record: (lambda rec: rec.raw.hex(), _record),
-                                                              JobSpec: (lambda job: job.record.raw.hex(), _job)})
+                                                              JobSpec: (_job_hex, _job)})
