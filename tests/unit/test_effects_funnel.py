@@ -17,13 +17,16 @@ from ttpeer.daemon.node._activity import Training
 from ttpeer.daemon.node._effects import Effects
 from ttpeer.daemon.node._slices import SliceMismatch
 from ttpeer.errors import LocalWorkLost, StateMissing, TaskFailed, TtpeerError
+from ttpeer.net import BlobCorrupt
 from ttpeer.proto import (
+    Declined,
     DeltaEncoded,
     DeltaPublished,
     Effect,
     Failed,
     JobFailed,
     JobSpec,
+    PrepareJob,
     Progress,
     PublishDelta,
     Report,
@@ -33,7 +36,7 @@ from ttpeer.proto import (
     sign,
 )
 
-from .proto_helpers import Pool, job_body, key, state
+from .proto_helpers import Pool, hex64, job_body, key, state
 
 JOB = JobSpec.of(sign("job", Pool("funnel").id, job_body(), key("funnel-author")))
 DELTA = PublishDelta(JOB, 0, JOB.init, (0, 1), 16)
@@ -42,6 +45,7 @@ DELTA = PublishDelta(JOB, 0, JOB.init, (0, 1), 16)
 class _Machine:
     def __init__(self) -> None:
         self.reports: list[Report] = []
+        self.pool = Pool("funnel").id
 
     def report(self, report: Report, now: float) -> list[Effect]:
         self.reports.append(report)
@@ -148,3 +152,21 @@ async def test_a_shard_in_training_stops_on_a_cancel_made_while_it_runs_not_befo
         assert progress.should_stop()
         assert training.reports(progress.started + 2.0) == [Progress("job", 0, 1, 3, 1.5)]
     assert training.progress == {} and training.cancelled == set()
+
+
+async def test_a_task_file_that_cannot_be_fetched_is_declined_naming_the_task_and_why():
+    """As ``Failed(PrepareJob)`` would decline it, but saying which task's file and why: a
+    broken task's job otherwise ends on "could not load the task", naming nothing."""
+    job = JobSpec.of(sign("job", Pool("funnel").id, job_body(task="my_task.py", task_blob=hex64("task")),
+                          key("funnel-author")))
+    node = _Node()
+
+    async def get(blob: str, max_size: int = 0, *, uploaders: list[str] | None = None) -> bytes:
+        raise BlobCorrupt(blob, "its bytes do not hash to its name")
+
+    node.blobs.get = get  # type: ignore[attr-defined]
+    await _run(node, PrepareJob(job))
+    (declined,) = node.machine.reports
+    assert isinstance(declined, Declined) and declined.job == job.id and declined.code == ""
+    assert "could not fetch the file of task 'my_task.py'" in declined.reason
+    assert "its bytes do not hash to its name" in declined.reason

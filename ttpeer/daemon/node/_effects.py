@@ -222,6 +222,11 @@ class Effects:
             log.warning("refusing job %s: %s", job.id[:12], exc)
             yield Declined(job.id, str(exc), code="refused")
             return
+        except (NetError, SealError) as exc:  # as ``Failed`` would, but saying which file and why
+            why = f"could not fetch the file of task {job.task!r}: {exc}"
+            log.warning("declining job %s: %s", job.id[:12], why)
+            yield Declined(job.id, why)
+            return
         if job.datasets:  # before the worker loads the task: it reads them
             try:
                 await self._data.ensure(job, self.phases.setter(job.id))
