@@ -11,6 +11,7 @@ in flight, and a crash redoes the work that made them (the durable copies live i
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 from pathlib import Path
 
@@ -34,6 +35,18 @@ def write_work(path: Path, data: bytes) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def task_copy(home: Path, source: bytes) -> Path:
+    """The home's copy of a task file, ``HOME/tasks/<sha256>.py``, written once (the same
+    source is the same file for every job and worker that runs it). Raises as ``write_work``."""
+    folder = home / "tasks"
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise disk_or_job(folder, exc) from None
+    path = folder / f"{hashlib.sha256(source).hexdigest()}.py"
+    return path if path.exists() else write_work(path, source)
 
 
 def read_and_remove(path: Path) -> bytes:

@@ -46,7 +46,7 @@ from ttpeer.proto import DatasetMissing, JobSpec, Outer, PublishDelta, Train
 from .._codec import Message
 from .._executor import Decline, Deltas
 from .._home import Home
-from .._workfiles import read_and_remove, write_work
+from .._workfiles import read_and_remove, task_copy, write_work
 from . import _workermsg as msg
 from ._workermsg import DeltaFiles
 from ._workerpool import WorkerPool
@@ -141,16 +141,7 @@ class ProcessExecutor:
         return path
 
     def _task_path(self, task_file: bytes | None) -> Path | None:
-        if task_file is None:
-            return None
-        import hashlib
-
-        folder = self.home.path / "tasks"
-        folder.mkdir(exist_ok=True)
-        path = folder / f"{hashlib.sha256(task_file).hexdigest()}.py"
-        if not path.exists():
-            write_work(path, task_file)
-        return path
+        return None if task_file is None else task_copy(self.home.path, task_file)
 
     def _ranks(self, job: JobSpec, first: _Worker) -> int:
         # Ensemble units train one member at a time: one worker (see the README's limits).

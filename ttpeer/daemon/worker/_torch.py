@@ -19,7 +19,6 @@ close prunes.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.util
 import json
 import logging
@@ -42,6 +41,7 @@ from ttpeer.train import LoadedTask, OuterState  # by name: in annotations the m
 from .._executor import Decline, Deltas
 from .._files import write_atomic
 from .._home import Home, shared_data_dir
+from .._workfiles import task_copy
 from ..data._datastore import DataStore
 from ._ensemble import Ensemble
 from ._fused import Fused, job_outer
@@ -102,14 +102,6 @@ class TorchExecutor:
 
     # -- tasks ---------------------------------------------------------------------------
 
-    def _task_path(self, task_file: bytes) -> Path:
-        folder = self.home.path / "tasks"
-        folder.mkdir(exist_ok=True)
-        path = folder / f"{hashlib.sha256(task_file).hexdigest()}.py"
-        if not path.exists():
-            write_atomic(path, task_file)
-        return path
-
     def _load_task(self, name: str, task_file: bytes | None,
                    check: Callable[[LoadedTask], None] | None = None,
                    datasets: train.DatasetResolver | None = None) -> LoadedTask:
@@ -122,7 +114,7 @@ class TorchExecutor:
             if check is not None:
                 check(task)
             return task
-        path = self._task_path(task_file)
+        path = task_copy(self.home.path, task_file)
         try:
             with self._data_lock, train.resolving(datasets or self._no_datasets()):
                 task = train.load_task(str(path), self.home.data_dir, self.task_options, shown_as=name,
