@@ -18,9 +18,11 @@ that wait. The eval loss is taken after every close; steps to a target are inter
 between closes (``ttpeer._advise.steps_to``).
 
 Variants are written ``NAME[:key=value,...]``: ``overlap`` and ``wait`` (what submit uses:
-the pool's outer rule, ``proto/_outer.py``), with ``mu=``, ``lr=`` for a fixed outer step,
-``sync=`` for another lag (``sync=none``: the close lands after the round, so no mid-round
-correction: the eager start alone), ``h=`` for other rounds.
+the pool's outer rule, ``proto/_outer.py``: the momentum by the pool's size, scaled by how far
+the round before's deltas agreed; the table gives its ceiling), with ``mu=``, ``lr=`` for a
+fixed outer step, ``agree=0`` for the rule by the pool's size alone, ``sync=`` for another
+lag (``sync=none``: the close lands after the round, so no mid-round correction: the eager
+start alone), ``h=`` for other rounds.
 """
 
 from __future__ import annotations
@@ -46,43 +48,49 @@ WEIGHT_DECAY = 0.01
 class Variant:
     """One way of running the rounds. ``sync``: with overlap, the inner steps of round r
     trained before round r-1's close lands (None: after the round ends); ``outer``: a fixed
-    (lr, momentum), None for the pool's rule."""
+    (lr, momentum), None for the pool's rule; ``agree``: that rule's momentum scaled by the
+    peers' agreement (``proto/_outer.py``), as submit runs it."""
 
     name: str
     overlap: bool
     h: int
     sync: int | None
     outer: tuple[float, float] | None = None
+    agree: bool = True
 
     @property
     def default(self) -> bool:
         """What ``ttpeer submit`` runs (overlap, the pool's outer rule): the lab's headline rows."""
-        return self.overlap and self.outer is None and self.sync is not None
+        return self.overlap and self.outer is None and self.agree and self.sync is not None
 
-    def settings(self, peers: int) -> tuple[float, float]:
+    def settings(self, peers: int, agreed: float | None = None) -> tuple[float, float]:
+        """The outer step of a round closed from ``peers`` contributions, given how far the
+        round before's deltas ``agreed`` (``proto._outer.signal``; None: none closed yet)."""
         from ttpeer.proto import outer_settings
 
-        return self.outer if self.outer is not None else tuple(outer_settings(peers, self.h))  # type: ignore[return-value]
+        if self.outer is not None:
+            return self.outer
+        return tuple(outer_settings(peers, self.h, agreed, agree=self.agree))  # type: ignore[return-value]
 
 
 def parse_variant(text: str, h: int, sync: int) -> Variant:
-    """``overlap``, ``wait``, with options: ``wait:mu=0.5``, ``overlap:sync=none,h=50``.
-    Raises ValueError with the forms it takes."""
+    """``overlap``, ``wait``, with options: ``wait:mu=0.5``, ``overlap:sync=none,h=50``,
+    ``wait:agree=0`` (the pool's rule by its size alone). Raises ValueError with the forms it takes."""
     name, _, rest = text.partition(":")
     if name not in ("overlap", "wait"):
         raise ValueError(f"unknown variant {text!r}: overlap or wait, then options (overlap:mu=0.7,sync=8,h=50)")
     opts: dict[str, str] = {}
     for item in filter(None, rest.split(",")):
         key, sep, value = item.partition("=")
-        if not sep or key not in ("mu", "lr", "sync", "h"):
-            raise ValueError(f"bad option {item!r} in {text!r}: mu=, lr=, sync= (steps or none), h=")
+        if not sep or key not in ("mu", "lr", "sync", "h", "agree"):
+            raise ValueError(f"bad option {item!r} in {text!r}: mu=, lr=, sync= (steps or none), h=, agree=0")
         opts[key] = value
     rounds = int(opts.get("h", h))
     lag = None if opts.get("sync") == "none" else int(opts.get("sync", sync if "h" not in opts else _lag(rounds)))
     outer = None
     if "mu" in opts or "lr" in opts:
         outer = (float(opts.get("lr", 0.7)), float(opts.get("mu", 0.9)))
-    return Variant(text, name == "overlap", rounds, lag, outer)
+    return Variant(text, name == "overlap", rounds, lag, outer, opts.get("agree", "1") != "0")
 
 
 def _lag(h: int) -> int:
@@ -116,7 +124,7 @@ def job_spec(case: Case) -> dict[str, Any]:
         "outer_lr": lr, "outer_momentum": momentum, "bits": case.bits, "seed": case.seed, "lease": 30.0,
         "steal": False, "overlap": int(v.overlap)}
     if v.outer is None:
-        spec["outer_auto"] = 1
+        spec["outer_auto"] = 2 if v.agree else 1
     return spec
 
 
@@ -126,6 +134,7 @@ async def run_job(root: Path, case: Case, task_file: bytes | None = None) -> lis
     from ttpeer.daemon import Home
     from ttpeer.daemon.worker._torch import TorchExecutor
     from ttpeer.proto import JobSpec, Outer, PublishDelta, Train, sign
+    from ttpeer.proto._outer import signal
 
     v = case.variant
     assert v is not None
@@ -140,17 +149,23 @@ async def run_job(root: Path, case: Case, task_file: bytes | None = None) -> lis
     for ex in execs:
         if await ex.prepare(job, task_file) is not None or not await ex.import_state(job, fixed["init"], init):
             raise RuntimeError("an executor could not prepare the lab's job")
-    step = Outer(*v.settings(case.peers)) if v.outer is None else None
     states, curve = [fixed["init"]], []
     pending: list[tuple[bytes, int]] = []  # the deltas of the round whose close is on its way
+    spread: list[float] = []  # their ``delta_sq``, weighted by samples: the agreement's denominator
+    agreed: list[float | None] = [None]  # how far the last close's deltas agreed, 0-1 (None: none yet)
+    steps: dict[int, Outer | None] = {}  # each round's outer step, as its close names it
 
     async def close(i: int, of: int) -> None:
         """Peer ``i`` takes the close of round ``of``: the first aggregates, the others reproduce."""
         if i == 0:
-            state, metrics = await execs[0].aggregate(job, states[of], pending, rnd=of, outer=step)
+            steps[of] = Outer(*v.settings(case.peers, agreed[0])) if v.outer is None else None
+            state, metrics = await execs[0].aggregate(job, states[of], pending, rnd=of, outer=steps[of])
             states.append(state)
             curve.append(((of + 1) * v.h, float(metrics["eval_loss"])))
-        elif not await execs[i].apply(job, states[of], pending, states[of + 1], rnd=of, outer=step):
+            mean_sq = metrics.get("mean_sq")
+            kept = mean_sq / (sum(spread) / sum(n for _d, n in pending)) if spread and mean_sq else None
+            agreed[0] = None if kept is None else signal(kept, len(pending), v.h)
+        elif not await execs[i].apply(job, states[of], pending, states[of + 1], rnd=of, outer=steps[of]):
             raise RuntimeError(f"peer {i} did not reproduce the close of round {of}")
 
     def reached() -> bool:
@@ -169,10 +184,11 @@ async def run_job(root: Path, case: Case, task_file: bytes | None = None) -> lis
                 await close(i, rnd - 1)
         if reached():
             return curve
-        pending = []
+        pending, spread = [], []
         for i, (ex, samples) in enumerate(zip(execs, trained, strict=True)):
-            delta, _ = await ex.delta(PublishDelta(job, rnd, base, (i,), samples))
+            delta, figures = await ex.delta(PublishDelta(job, rnd, base, (i,), samples))
             pending.append((delta, samples))
+            spread.append(samples * figures["delta_sq"])
         if not v.overlap:
             for i in range(case.peers):
                 await close(i, rnd)
@@ -302,7 +318,7 @@ def run_case(case: Case) -> dict[str, Any]:
                                                                                   case.variant.default),
             "inner_steps": case.variant.h if case.variant else 1,
             "sync": case.variant.sync if case.variant else None,
-            "outer": list(case.variant.settings(case.peers)) if case.variant else None,
+            "outer": list(case.variant.settings(case.peers, 0.0)) if case.variant else None,  # agree: its ceiling
             "steps": steps_to(curve, case.target), "target": case.target, "curve": curve,
             "seconds": round(time.perf_counter() - began, 1)}
 

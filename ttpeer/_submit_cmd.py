@@ -59,7 +59,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                         "from how many peers contributed, measured by scripts/bench/convergence; "
                         f"{FIXED_OUTER_LR} when only --outer-momentum is given)")
     s.add_argument("--outer-momentum", type=float, default=None,
-                   help="outer Nesterov momentum for every round (default: picked per round, as --outer-lr; "
+                   help="outer Nesterov momentum for every round (default: picked per round, from how many "
+                        "peers contributed and how far their deltas agreed, none where they agree; "
                         f"{FIXED_OUTER_MOMENTUM} when only --outer-lr is given)")
     s.add_argument("--bits", type=int, choices=[4, 8], default=8, help="delta quantization (default 8)")
     s.add_argument("--seed", type=int, default=0)
@@ -203,8 +204,9 @@ def cadence_defaults(args: argparse.Namespace) -> bool:
 
 
 def outer_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The job's outer step: picked by each close (``outer_auto``; the record's lr and
-    momentum are then where the first round's estimate starts) unless the user fixed one, or
+    """The job's outer step: picked by each close from the pool's size and how far its deltas
+    agree (``outer_auto`` 2; the record's lr and momentum are then where the first round's
+    estimate starts) unless the user fixed one, or
     the job has no outer step (an ensemble) or lays a schedule over its outer lr."""
     given = args.outer_lr is not None or args.outer_momentum is not None
     if given and args.mode != "fused":
@@ -216,8 +218,8 @@ def outer_fields(args: argparse.Namespace) -> dict[str, Any]:
     if args.mode == "fused" and not given and args.outer_lr_schedule in (None, "constant"):
         from ttpeer.proto import outer_settings
 
-        first = outer_settings(2, AUTO_FIRST)
-        return {"outer_lr": first.lr, "outer_momentum": first.momentum, "outer_auto": 1}
+        first = outer_settings(2, AUTO_FIRST, agree=True)
+        return {"outer_lr": first.lr, "outer_momentum": first.momentum, "outer_auto": 2}
     return {"outer_lr": FIXED_OUTER_LR if args.outer_lr is None else args.outer_lr,
             "outer_momentum": FIXED_OUTER_MOMENTUM if args.outer_momentum is None else args.outer_momentum}
 

@@ -178,9 +178,9 @@ def make_pool(cluster: Cluster, url: str, fp: str, names: list[str], extra: tupl
 def job_spec(rounds: int) -> dict[str, Any]:
     """A fused mnist1d job at batch 64 for tests and benches (``ttpeer_harness.job_spec``):
     ``rounds`` fixed rounds of 6 shards x 60 steps that wait, with the outer step each close
-    picks (``outer_auto``), as ``ttpeer submit`` gives."""
+    picks (``outer_auto`` 2: by the pool's size and agreement), as ``ttpeer submit`` gives."""
     return {"task": "mnist1d", "mode": "fused", "rounds": rounds, "shards": 6, "batches": 60, "batch_size": 64,
-            "inner_lr": 2e-3, "weight_decay": 0.01, "outer_lr": 0.7, "outer_momentum": 0.7, "outer_auto": 1,
+            "inner_lr": 2e-3, "weight_decay": 0.01, "outer_lr": 0.7, "outer_momentum": 0.0, "outer_auto": 2,
             "bits": 8, "seed": 0, "lease": 10.0, "steal": True}
 
 

@@ -254,7 +254,10 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # Fused jobs only (OPTIONAL): 1 = each close picks its outer lr and momentum from the
         # round (its contributions and inner steps, ``proto/_outer.py``) and names them;
         # ``outer_lr`` and ``outer_momentum`` above are then only where the first round starts.
-        "outer_auto": _choice(1),
+        # 2 = the same, the momentum scaled by how far the round before's deltas agreed (its
+        # close's ``mean_sq`` and its contributions' ``delta_sq`` metrics). A peer of a
+        # version before 2 drops such a job (the value is unknown to it).
+        "outer_auto": _choice(1, 2),
         # Ensemble jobs only (OPTIONAL): training samples no member trains on, drawn by the
         # job's seed; each close weighs the members by their vote on them (train/_select.py).
         "holdout": _int(0, 2**31),

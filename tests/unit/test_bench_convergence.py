@@ -4,6 +4,8 @@ test, ``tests/integration/test_overlap_eager.py``)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from bench.convergence import Case, job_spec, parse_args, parse_variant, summary, with_bounds
@@ -26,8 +28,12 @@ def test_a_variant_names_overlap_or_wait_and_its_options():
 def test_a_job_asks_the_pool_for_its_outer_step_unless_the_variant_fixes_one():
     case = Case("mnist1d", 4, 4, 0, parse_variant("overlap", 25, 13), 2e-3, 8, 1000, 1.0)
     spec = job_spec(case)
-    assert (spec["overlap"], spec["outer_auto"], spec["shards"], spec["rounds"]) == (1, 1, 4, 40)
-    assert (spec["outer_lr"], spec["outer_momentum"]) == tuple(outer_settings(4, 25))
+    assert (spec["overlap"], spec["outer_auto"], spec["shards"], spec["rounds"]) == (1, 2, 4, 40)  # as submit
+    assert (spec["outer_lr"], spec["outer_momentum"]) == tuple(outer_settings(4, 25, None, agree=True))
+    by_size = parse_variant("wait:agree=0", 25, 13)
+    assert (by_size.agree, by_size.default, job_spec(replace(case, variant=by_size))["outer_auto"]) == (False, False, 1)
+    assert by_size.settings(4, 0.9) == tuple(outer_settings(4, 25))  # the pool's size alone
+    assert case.variant.settings(4, 0.9) == (0.7, 0.0)  # peers that agreed: no momentum
     fixed = job_spec(Case("mnist1d", 4, 4, 0, parse_variant("wait:mu=0.5", 25, 13), 2e-3, 8, 1000, 1.0))
     assert "outer_auto" not in fixed and fixed["outer_momentum"] == 0.5 and fixed["overlap"] == 0
 

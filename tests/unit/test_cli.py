@@ -85,7 +85,8 @@ def test_submit_names_the_built_in_tasks_for_an_unknown_one(tmp_path, capsys):
 
 def test_fused_jobs_default_to_auto_rounds_overlapped_with_the_pools_outer_step():
     # scripts/bench/convergence: the outer step that suits a round depends on how many peers
-    # contributed, so by default each close picks it (outer_auto); a flag fixes it for every round.
+    # contributed and how far their deltas agreed, so by default each close picks it (outer_auto
+    # 2); a flag fixes it for every round.
     from ttpeer._submit_cmd import cadence_defaults as _cadence_defaults
     from ttpeer._submit_cmd import outer_fields as _outer_fields
     from ttpeer.cli import build_parser
@@ -97,8 +98,8 @@ def test_fused_jobs_default_to_auto_rounds_overlapped_with_the_pools_outer_step(
         return overlap, args.inner_steps, _outer_fields(args)
 
     overlap, steps, outer = defaults()
-    assert (overlap, steps, outer["outer_auto"]) == (True, (5, 1000), 1)
-    assert defaults("--no-overlap")[0] is False and defaults("--no-overlap")[2]["outer_auto"] == 1
+    assert (overlap, steps, outer["outer_auto"], outer["outer_momentum"]) == (True, (5, 1000), 2, 0.0)
+    assert defaults("--no-overlap")[0] is False and defaults("--no-overlap")[2]["outer_auto"] == 2
     assert defaults("--inner-steps", "40", "--outer-momentum", "0.5") == (
         True, 40, {"outer_lr": 0.7, "outer_momentum": 0.5})
     assert defaults("--outer-lr", "1.0")[2] == {"outer_lr": 1.0, "outer_momentum": 0.7}

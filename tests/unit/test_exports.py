@@ -21,7 +21,7 @@ SURFACES: dict[str, set[str]] = {
     'ttpeer.proto': {
         'Aggregate', 'Apply', 'Plan', 'steps_for',
         # the outer step a round's close picks (outer_auto jobs)
-        'Outer', 'close_outer', 'outer_settings',
+        'Outer', 'close_outer', 'outer_settings', 'round_outer', 'agreement',
         # a debug log's line for an effect
         'describe_effect',
         'Broadcast', 'Cancel', 'Chain', 'DECLINE_CODES', 'Effect', 'Ended',

@@ -84,6 +84,23 @@ def test_the_running_sum_refuses_a_wrong_or_missing_delta() -> None:
         total.add(_random(g, 0.01, SMALL))
 
 
+def test_the_step_measures_the_energy_of_the_mean_it_applied() -> None:
+    g = torch.Generator().manual_seed(3)
+    state = train.OuterState(params=_random(g, 1.0, SMALL), momentum=_random(g, 0.1, SMALL))
+    deltas = [(_random(g, 0.01, SMALL), samples) for samples in (64, 17, 128)]
+    total = train.OuterSum(state, [s for _d, s in deltas])
+    for delta, _s in deltas:
+        total.add(delta)
+    total.step(lr=0.7, momentum=0.5)
+    mean = {n: sum(d[n].double() * s for d, s in deltas) / 209 for n in SMALL}
+    assert total.mean_sq == pytest.approx(sum(float((t ** 2).sum()) for t in mean.values()), rel=1e-5)
+    assert train.energy(deltas[0][0]) == pytest.approx(sum(float((t.double() ** 2).sum())
+                                                           for t in deltas[0][0].values()), rel=1e-5)
+    # Peers that disagree: the mean keeps less than the deltas' weighted energy.
+    spread = sum(train.energy(d) * s for d, s in deltas) / 209
+    assert total.mean_sq < spread
+
+
 # Bytes, new residual and decoded tensors of one seeded delta, as commit 73f6524's
 # all-at-once encoder and decoder gave them (sha256 prefixes; computed with that commit).
 GOLDEN = {8: ("4ec7973577f4748c31623d9cb756604d", "7de1b9d21640f4480fc12aa574a86529",

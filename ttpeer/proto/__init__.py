@@ -87,7 +87,7 @@ from ._outcome import (
     may_cancel,
     standing_declines,
 )
-from ._outer import Outer, close_outer, outer_settings
+from ._outer import Outer, agreement, close_outer, outer_settings, round_outer
 from ._peer import PeerMachine, Timing
 from ._relays import pool_relays, relay_pairs
 from ._reports import (
@@ -121,6 +121,8 @@ __all__ = [
     "Outer",
     "close_outer",
     "outer_settings",
+    "round_outer",
+    "agreement",
     "describe_effect",
     # numbers as a person reads them (every message: proto's, train's, the commands')
     "Aggregate",

@@ -26,7 +26,7 @@ from ._cadence import Plan, next_inner_steps
 from ._effects import Aggregate, PublishCheckpoint
 from ._jobspec import JobSpec
 from ._ledger import Chain, RecordSet, checkpoints
-from ._outer import Outer, outer_settings
+from ._outer import Outer, round_outer
 from ._reports import RETRY_AFTER
 
 CKPT_TRIES = 3  # uploads of one asked-for checkpoint this peer tries before it leaves the ask to others
@@ -121,7 +121,8 @@ class Closer:
         if weights:
             body["weights"] = list(weights)
         if job.outer_auto:  # the step the state was made with (a report that names none: the rule's)
-            step = outer or outer_settings(len(contribs), Plan.of(job.record, chain.closes[:rnd]).inner_steps(rnd))
+            size = Plan.of(job.record, chain.closes[:rnd]).inner_steps(rnd)
+            step = outer or round_outer(job, rnd, len(contribs), size, chain.closes, records.by_id)
             body["outer_lr"], body["outer_momentum"] = step.lr, step.momentum
         if job.auto:
             assert job.h_min is not None and job.h_max is not None

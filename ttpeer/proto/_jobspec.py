@@ -134,6 +134,7 @@ class JobSpec:
     slice_bits: int = 8  # a reduced slice's bits (a sliced job's ``slice_bits``; 8 where it is not named)
     slow_links: bool = False  # slow authors reduce last (``_slices.slow_authors``): jobs that name slice_bits
     outer_auto: bool = False  # each close picks its outer lr and momentum (``_outer.py``)
+    outer_agree: bool = False  # ... its momentum scaled by the peers' agreement (wire: ``outer_auto`` 2)
     params: int | None = None  # the model's parameters, and how many train (None: a job that says not)
     trainable: int | None = None
 
@@ -155,6 +156,7 @@ class JobSpec:
             micro_batch=b.get("micro_batch"), checkpointing=bool(b.get("checkpointing", 0)),
             h_min=b.get("h_min"), h_max=b.get("h_max"), chunk=b.get("chunk"),
             slice_bits=b.get("slice_bits", 8), slow_links="slice_bits" in b, outer_auto=bool(b.get("outer_auto")),
+            outer_agree=b.get("outer_auto") == 2,
             params=b.get("params"), trainable=b.get("trainable"),
         )
 

@@ -26,7 +26,7 @@ from ._jobspec import JobSpec
 from ._leases import LeaseTable
 from ._ledger import Chain, RecordSet, train_base
 from ._local import Local, LocalWorker
-from ._outer import outer_settings
+from ._outer import round_outer
 from ._slicer import Slicer
 from ._slices import plan
 from ._views import Views
@@ -109,7 +109,10 @@ class Rounds:
     def _maybe_close(self, job: JobSpec, rnd: int, base: str, cover: list[Record], now: float) -> list[Effect | Sign]:
         """Offer the covered round to the closer; a sliced round (``_slicer.plan``) first
         has its slices reduced and checked, and closes once they all have a result."""
-        outer = outer_settings(len(cover), self.views.plan(job.record).inner_steps(rnd)) if job.outer_auto else None
+        outer = None
+        if job.outer_auto:
+            outer = round_outer(job, rnd, len(cover), self.views.plan(job.record).inner_steps(rnd),
+                                self.views.chain(job.record).closes, self.records.by_id)
         slices = plan(job, cover)
         if slices is None:
             return list(self.closer.maybe_close(job, rnd, base, cover, now, self.heard, outer=outer))

@@ -42,7 +42,7 @@ from ._localdp import agreed as agreed_stop
 from ._localdp import agreed_signal, average_gradients, join_group
 from ._localdp import split as split_batches
 from ._lr import LrSchedule, outer_lr, shard_first_step
-from ._outer import OuterSum, outer_step
+from ._outer import OuterSum, energy, outer_step
 from ._probe import data_fingerprint, probe
 from ._recipe import Recipe, check_job
 from ._samples import Samples, shard_batches
@@ -115,6 +115,7 @@ __all__ = [
     "iter_state_file",
     "file_state_hash",
     "OuterSum",
+    "energy",
     "decode_member",
     "describe",
     "encode_delta",

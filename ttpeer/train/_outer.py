@@ -40,6 +40,7 @@ class OuterSum:
         self.state = state
         self._weights = mean_weights(samples)
         self._added = 0
+        self.mean_sq = 0.0  # the mean's energy (sum of squares), once ``step`` has run
         # ``state`` may be a template (meta tensors, ``train.template``) when ``step`` is
         # given the base tensor by tensor: the sum is fp32 on the CPU either way.
         self._grad: dict[str, Tensor] = {name: torch.zeros(p.shape, dtype=torch.float32)
@@ -95,6 +96,7 @@ class OuterSum:
             grad = self._grad.pop(name, None)
             if grad is None or param.shape != grad.shape or mom.shape != grad.shape:
                 raise ValueError("the base must have the state's names and shapes, each once")
+            self.mean_sq += energy({name: grad})
             buf = mom * mu_t + grad
             step = grad + buf * mu_t if nesterov else buf
             params[name] = param - step * lr_t
@@ -119,6 +121,12 @@ def outer_step(state: OuterState, deltas: list[tuple[dict[str, Tensor], int]], *
     for delta, _ in deltas:
         total.add(delta)
     return total.step(lr=lr, momentum=momentum, nesterov=nesterov)
+
+
+def energy(tensors: dict[str, Tensor]) -> float:
+    """The sum of squares of every value of ``tensors``, in fp32 (no copy of an fp32
+    tensor): a figure for the records, not part of any state."""
+    return sum(float(torch.linalg.vector_norm(t.detach(), dtype=torch.float32)) ** 2 for t in tensors.values())
 
 
 def mean_weights(samples: Sequence[int]) -> list[Tensor]:

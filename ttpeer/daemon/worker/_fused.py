@@ -25,7 +25,7 @@ from typing import Any
 from ttpeer import train
 from ttpeer.errors import JobError
 from ttpeer.proto import JobSpec, Outer, PublishDelta, Train, slice_chunks
-from ttpeer.train import LoadedTask, OuterState
+from ttpeer.train import LoadedTask, OuterState, OuterSum
 
 from .._executor import Deltas, delta_bytes
 from ._jobstates import JobStates
@@ -167,6 +167,9 @@ class Fused:
         self.overlap.own = (eff.round, delta) if self.job.overlap else None
         data, self.residual = train.encode_delta(delta, self.residual, bits=self.job.bits, chunk=self.job.chunk)
         metrics = {"fp32_bytes": float(train.fp32_size(delta)), **self.trainer.recipe.metrics(self.job.batch_size)}
+        energy = train.energy(delta)
+        if math.isfinite(energy) and energy > 0:  # the pool's outer step weighs it (``proto.agreement``)
+            metrics["delta_sq"] = float(f"{energy:.6g}")
         if self.job.chunk is not None:
             metrics["chunks"] = float(-(-values_of(self.states.like) // self.job.chunk))
         loss = self.trainer.take_train_loss()
@@ -175,10 +178,14 @@ class Fused:
         return data, metrics
 
     def outer(self, base: str, deltas: Deltas, sliced: bool, step: Outer) -> OuterState:
-        """The outer ``step`` on ``base`` with the round's mean: one contribution at a time,
-        tensor by tensor, into the running sum, the base read from its file one tensor at a
-        time (never whole in memory beside the sum and the new state). ``sliced``: the
-        contributions are the reduced slices of the mean, in order."""
+        """The outer ``step`` on ``base`` with the round's mean (``mean``), the base read from
+        its file one tensor at a time (never whole in memory beside the sum and the new state)."""
+        return self.mean(deltas, sliced).step(lr=step.lr, momentum=step.momentum, nesterov=True,
+                                              base=self.states.stream(base))
+
+    def mean(self, deltas: Deltas, sliced: bool) -> OuterSum:
+        """The round's mean: one contribution at a time, tensor by tensor, into the running
+        sum. ``sliced``: the contributions are the reduced slices of the mean, in order."""
         like = self.states.like
         if sliced:
             numel, chunk = values_of(like), self.job.chunk
@@ -188,25 +195,32 @@ class Fused:
                 raise JobError(f"{len(deltas)} slices for a model of {-(-numel // chunk)} chunks")
             means = (train.decode_slice(delta_bytes(ref), min(stop * chunk, numel) - first * chunk)
                      for (ref, _samples), (first, stop) in zip(deltas, spans, strict=True))
-            return train.mean_step(like, means, lr=step.lr, momentum=step.momentum, nesterov=True,
-                                   base=self.states.stream(base))
+            total = train.OuterSum(like, [1])
+            total.add_parts(train.iter_mean(means, like))
+            return total
         total = train.OuterSum(like, [samples for _ref, samples in deltas])
         for ref, _samples in deltas:
             total.add_parts(train.iter_delta(delta_bytes(ref), like))
-        return total.step(lr=step.lr, momentum=step.momentum, nesterov=True, base=self.states.stream(base))
+        return total
 
     def close(self, base: str, deltas: Deltas, sliced: bool, rnd: int, step: Outer) -> tuple[str, dict[str, float]]:
         """Make the close of round ``rnd`` on ``base`` here, hold it and evaluate it. The new
         state is held (on disk) first and its outer momentum dropped before the evaluation
         model is built: the close's peak is that model and its activations beside the
-        trainer's model, AdamW and residual (so nothing but this frame may hold ``new``)."""
-        new = self.outer(base, deltas, sliced, step)
+        trainer's model, AdamW and residual (so nothing but this frame may hold ``new``).
+        Its figures: the evaluation's, and ``mean_sq``, the energy of the round's mean (the
+        pool's next outer step weighs it, ``proto.agreement``)."""
+        total = self.mean(deltas, sliced)
+        new = total.step(lr=step.lr, momentum=step.momentum, nesterov=True, base=self.states.stream(base))
         self.states.forget(base)  # on disk: not kept beside the new state and the evaluation
         digest = self.applied(new, rnd, base, step)
         params = new.params
         del new
         loss, metric = self.trainer.evaluate(params, consume=True)
-        return digest, {"eval_loss": round(loss, 6), self.task.metric_name: round(metric, 6)}
+        figures = {"eval_loss": round(loss, 6), self.task.metric_name: round(metric, 6)}
+        if math.isfinite(total.mean_sq) and total.mean_sq > 0:  # a record holds finite numbers only
+            figures["mean_sq"] = float(f"{total.mean_sq:.6g}")
+        return digest, figures
 
     def applied(self, new: OuterState, rnd: int, base: str, step: Outer) -> str:
         """Hold a close of round ``rnd`` on ``base``; a shard training from an estimate of it
