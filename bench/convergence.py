@@ -163,7 +163,8 @@ async def run_job(root: Path, case: Case, task_file: bytes | None = None) -> lis
             states.append(state)
             curve.append(((of + 1) * v.h, float(metrics["eval_loss"])))
             mean_sq = metrics.get("mean_sq")
-            kept = mean_sq / (sum(spread) / sum(n for _d, n in pending)) if spread and mean_sq else None
+            known = spread and mean_sq and all(math.isfinite(x) for x in spread)
+            kept = mean_sq / (sum(spread) / sum(n for _d, n in pending)) if known else None
             agreed[0] = None if kept is None else signal(kept, len(pending), v.h)
         elif not await execs[i].apply(job, states[of], pending, states[of + 1], rnd=of, outer=steps[of]):
             raise RuntimeError(f"peer {i} did not reproduce the close of round {of}")
@@ -188,7 +189,7 @@ async def run_job(root: Path, case: Case, task_file: bytes | None = None) -> lis
         for i, (ex, samples) in enumerate(zip(execs, trained, strict=True)):
             delta, figures = await ex.delta(PublishDelta(job, rnd, base, (i,), samples))
             pending.append((delta, samples))
-            spread.append(samples * figures["delta_sq"])
+            spread.append(samples * figures.get("delta_sq", math.nan))  # none: no agreement (nan)
         if not v.overlap:
             for i in range(case.peers):
                 await close(i, rnd)

@@ -358,8 +358,8 @@ def outer_fields(args: argparse.Namespace) -> dict[str, Any]:
     from ttpeer.proto import outer_settings
 
     if args.outer_lr is None and args.outer_momentum is None:
-        first = outer_settings(2, FIRST)
-        return {"outer_lr": first.lr, "outer_momentum": first.momentum, "outer_auto": 1}
+        first = outer_settings(2, FIRST, agree=True)
+        return {"outer_lr": first.lr, "outer_momentum": first.momentum, "outer_auto": 2}
     return {"outer_lr": 0.7 if args.outer_lr is None else args.outer_lr,
             "outer_momentum": 0.7 if args.outer_momentum is None else args.outer_momentum}
 

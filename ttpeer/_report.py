@@ -276,7 +276,8 @@ def job_facts(job: Record, closed: int, contribs: list[Record], names: dict[str,
                   ["per round", f"{job['shards']} shards x {job['batches']} inner steps x batch {job['batch_size']}"]]
     outer = (f"outer Nesterov lr {job['outer_lr']}{_sched(job, 'outer_')} momentum {job['outer_momentum']}"
              if not job.body.get("outer_auto") else
-             "outer Nesterov picked by each close from its contributions" + _picked(closes or []))
+             "outer Nesterov picked by each close from its contributions"
+             + (" and how far the last ones agreed" if job.body.get("outer_auto") == 2 else "") + _picked(closes or []))
     return head + rounds + [
         ["optimizers", f"inner AdamW lr {job['inner_lr']}{_sched(job, '')}, {outer}; deltas int{job['bits']}"],
         ["contributions", f"{len(contribs)} from {peers} peers, {sent:.2f} MiB of compressed deltas"],

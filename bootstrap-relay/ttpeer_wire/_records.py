@@ -255,8 +255,8 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # round (its contributions and inner steps, ``proto/_outer.py``) and names them;
         # ``outer_lr`` and ``outer_momentum`` above are then only where the first round starts.
         # 2 = the same, the momentum scaled by how far the round before's deltas agreed (its
-        # close's ``mean_sq`` and its contributions' ``delta_sq`` metrics). A peer of a
-        # version before 2 drops such a job (the value is unknown to it).
+        # close's ``mean_sq`` and its contributions' ``delta_sq`` metric). A peer of a version
+        # that predates outer_auto 2 drops such a job (the value is unknown to it).
         "outer_auto": _choice(1, 2),
         # Ensemble jobs only (OPTIONAL): training samples no member trains on, drawn by the
         # job's seed; each close weighs the members by their vote on them (train/_select.py).
@@ -296,6 +296,9 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # Jobs with outer_auto only (OPTIONAL, both or neither): the outer step this close took;
         # every peer that applies it takes the same.
         "outer_lr": _num(0, 10), "outer_momentum": _num(0, 1),
+        # Jobs with outer_auto 2 only (OPTIONAL): the energy (sum of squares) of the mean this
+        # close applied, which the next close weighs against the contributions' ``delta_sq``.
+        "mean_sq": _num(0, 1e300),
         # Ensemble jobs only (OPTIONAL): how many times each member counts in the vote.
         "weights": _int_list(4096),
     },
@@ -358,7 +361,7 @@ OPTIONAL: dict[str, frozenset[str]] = {
                       "final_lr_ratio", "data", "step_timeout", "outer_lr_schedule", "outer_warmup",
                       "outer_final_lr_ratio", "h_min", "h_max", "datasets", "samples", "chunk",
                       "slice_bits", "outer_auto", "holdout", "params", "trainable"}),
-    "close": frozenset({"tbase", "next", "slices", "outer_lr", "outer_momentum", "weights"}),
+    "close": frozenset({"tbase", "next", "slices", "outer_lr", "outer_momentum", "weights", "mean_sq"}),
     "contrib": frozenset({"chunks"}),
     "dataset": frozenset({"samples", "urls"}),
     "decline": frozenset({"code"}),

@@ -52,8 +52,10 @@ async def test_deltas_and_closes_carry_the_figures_of_the_peers_agreement(tmp_pa
             "size": len(deltas[i][0]), "metrics": figures[i]}) for i in which]
 
     def close_of(metrics: dict, parts: list) -> object:
+        figures = dict(metrics)  # the executor reports mean_sq among its figures; the close names it apart
         return _signed(homes[0], "close", {"job": job.id, "round": 0, "base": base, "state": base,
-                                           "contribs": sorted(c.id for c in parts), "metrics": metrics})
+                                           "contribs": sorted(c.id for c in parts), "metrics": figures,
+                                           "mean_sq": figures.pop("mean_sq")})
 
     # Two peers' own shards: the mean keeps less than either delta's energy.
     step = Outer(0.7, 0.3)

@@ -41,7 +41,7 @@ def test_the_defaults_and_quick_pick_target_margin_and_rows():
     assert parse_args(["--quick", "--rows", "single,ttpeer-4-fixed"]).rows == ["single", "ttpeer-4-fixed"]
     # The job is what submit runs: the pool's outer step, unless one is fixed, and submit's
     # slices (the all-deltas row leaves them out).
-    assert outer_fields(args)["outer_auto"] == 1
+    assert outer_fields(args)["outer_auto"] == 2  # as submit sends
     assert slice_fields() == {"chunk": DEFAULT_CHUNK, "slice_bits": DEFAULT_SLICE_BITS}
     assert parse_args(["--rows", "ttpeer-4-all,single,ttpeer-4"]).rows == ["single", "ttpeer-4", "ttpeer-4-all"]
     assert outer_fields(parse_args(["--outer-momentum", "0.5"])) == {"outer_lr": 0.7, "outer_momentum": 0.5}

@@ -7,7 +7,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ttpeer.proto import Chain, JobSpec, Outer, RecordError, agreement, close_outer, outer_settings, round_outer, sign
+from ttpeer.proto import (
+    Chain,
+    JobSpec,
+    Outer,
+    Plan,
+    RecordError,
+    agreement,
+    close_outer,
+    outer_settings,
+    round_outer,
+    sign,
+)
 from ttpeer.proto._outer import AGREE_FULL, AGREE_NONE, LR, MOMENTUM_MAX, signal
 
 from .proto_helpers import Pool, hex64, job_body, key, state
@@ -107,7 +118,7 @@ def _round(spread: list[float | None], mean_sq: float | None, samples: tuple[int
         parts.append(sign("contrib", P.id, body, key(f"outer-m{i}")))
     figures = {} if mean_sq is None else {"mean_sq": mean_sq}
     close = sign("close", P.id, close_body(job=job.id, base=job["init"], contribs=sorted(c.id for c in parts),
-                                           metrics=figures), M0)
+                                           **figures), M0)
     return job, parts, close
 
 
@@ -135,13 +146,32 @@ def test_a_round_takes_the_agreement_of_the_close_before_it():
     job, parts, close = _round([1.0, 1.0], 0.99)  # 2 deltas that are nearly one: no momentum
     spec, by_id = JobSpec.of(job), {c.id: c for c in parts}
     chain = Chain((job["init"], close["state"]), (close,))
-    assert round_outer(spec, 1, 2, 25, chain.closes, by_id).momentum == 0.0
+    plan = Plan.of(job, chain.closes)
+    size = plan.inner_steps(1)
+    assert round_outer(spec, 1, 2, plan, chain.closes, by_id).momentum == 0.0
     _, noisy_parts, noisy = _round([1.0, 1.0], 0.55)  # a twentieth of a step is signal: mostly noise
-    assert round_outer(spec, 1, 2, 25, (noisy,), {c.id: c for c in noisy_parts}) == outer_settings(2, 25)
-    assert round_outer(spec, 0, 2, 25, (), by_id).momentum == 0.0  # the first round: none before it
-    assert round_outer(spec, 1, 2, 25, chain.closes, {}).momentum == 0.0  # its contributions unknown here
+    assert round_outer(spec, 1, 2, plan, (noisy,), {c.id: c for c in noisy_parts}) == outer_settings(2, size)
+    assert round_outer(spec, 0, 2, plan, (), by_id).momentum == 0.0  # the first round: none before it
+    assert round_outer(spec, 1, 2, plan, chain.closes, {}).momentum == 0.0  # its contributions unknown here
+    assert round_outer(spec, 1, 1, plan, chain.closes, by_id) == outer_settings(1, size)  # one: nothing averaged
     by_size = JobSpec.of(sign("job", P.id, job_body(outer_auto=1, shards=2), M0))
-    assert round_outer(by_size, 1, 2, 25, chain.closes, by_id) == outer_settings(2, 25)
+    assert round_outer(by_size, 1, 2, plan, chain.closes, by_id) == outer_settings(2, size)
+
+
+def test_the_close_of_an_agreeing_job_names_its_means_energy_apart_from_its_eval_metrics():
+    from ttpeer.proto import RecordSet
+    from ttpeer.proto._closer import Closer
+
+    job, parts, _ = _round([1.0, 1.0], None)
+    records = RecordSet(P.id)
+    for rec in [job, *parts]:
+        records.add(rec)
+    ids = tuple(sorted(c.id for c in parts))
+    chain = Chain((job["init"],), ())
+    body = Closer("me", 1.0).aggregated(JobSpec.of(job), 0, job["init"], ids, state("s1"),
+                                        {"eval_loss": 2.0, "perplexity": 7.4, "mean_sq": 0.25}, records, chain)
+    assert body["metrics"] == {"eval_loss": 2.0, "perplexity": 7.4} and body["mean_sq"] == 0.25
+    assert sign("close", P.id, body, M0)["mean_sq"] == 0.25  # a close record may carry it
 
 
 def test_the_close_names_the_step_its_aggregate_took():

@@ -92,7 +92,7 @@ class Closer:
         """The round is covered by ``cover``: aggregate it if it is this peer's turn. A
         sliced round closes from its reduced ``slices``, the others' wait counted from
         ``ready``, when this peer first had them all. ``outer``: the round's outer step
-        (``_outer.outer_settings``; None: the job's)."""
+        (``_outer.round_outer``; None: the job's)."""
         first = self.covered(job.id, rnd, base, now)
         if ready is not None:
             first = self._ready_at.setdefault((job.id, rnd, base), max(first, ready))
@@ -109,11 +109,16 @@ class Closer:
                    weights: tuple[int, ...] = (), outer: Outer | None = None) -> dict:
         """An ``Aggregate`` made ``state``: the close's body to sign. An auto-cadence job's
         close also picks round ``rnd + 2``'s size from its contributions' figures; an outer_auto
-        job's names the ``outer`` step the aggregate took; an ensemble's, the members'
-        ``weights`` in the vote."""
+        job's names the ``outer`` step the aggregate took (and with ``outer_agree`` the energy
+        of its mean, ``mean_sq`` among ``metrics``); an ensemble's, the members' ``weights``
+        in the vote."""
         self._aggregating = None
+        figures = dict(metrics)
+        mean_sq = figures.pop("mean_sq", None)  # the agreement's figure: its own field, not an eval metric
         body = {"job": job.id, "round": rnd, "base": base, "contribs": sorted(contribs), "state": state,
-                "metrics": metrics}
+                "metrics": figures}
+        if job.outer_agree and mean_sq is not None:
+            body["mean_sq"] = mean_sq
         if job.overlap:
             body["tbase"] = records.by_id[contribs[0]]["base"]
         if slices:
@@ -121,8 +126,8 @@ class Closer:
         if weights:
             body["weights"] = list(weights)
         if job.outer_auto:  # the step the state was made with (a report that names none: the rule's)
-            size = Plan.of(job.record, chain.closes[:rnd]).inner_steps(rnd)
-            step = outer or round_outer(job, rnd, len(contribs), size, chain.closes, records.by_id)
+            plan = Plan.of(job.record, chain.closes[:rnd])
+            step = outer or round_outer(job, rnd, len(contribs), plan, chain.closes, records.by_id)
             body["outer_lr"], body["outer_momentum"] = step.lr, step.momentum
         if job.auto:
             assert job.h_min is not None and job.h_max is not None

@@ -22,12 +22,13 @@ is signal: none of the momentum from ``AGREE_FULL`` up, all of it at ``AGREE_NON
 below, and none before a round has closed. The figures are in the signed records (each peer's
 ``delta_sq``, the closer's ``mean_sq``), so every peer finds the same.
 
-The close of a round picks its settings from its own contributions and inner steps and
-names them in the record (``outer_lr``, ``outer_momentum``); every peer that applies the
-close reads them from there, so a later change of this rule never splits a pool's states.
+The close of a round picks its settings from its own contributions and inner steps (and
+the round before's close and contributions) and names them in the record (``outer_lr``,
+``outer_momentum``); every peer that applies the close reads them from there, so a later
+change of this rule never splits a pool's states.
 A job that gives ``--outer-lr`` or ``--outer-momentum`` keeps its own for every round.
 
-Pure: numbers in, numbers out.
+Pure: numbers and signed records in, numbers out.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def outer_settings(contributions: int, inner_steps: int, agreed: float | None = 
     n = max(1, contributions)
     gain = n ** GAIN_EXPONENT
     momentum = min(MOMENTUM_MAX, max(0.0, 1.0 - LR / gain))
-    if agree:
+    if agree and n > 1:  # one contribution: nothing averaged, the ceiling is plain local training
         share = 0.0 if agreed is None else (AGREE_FULL - agreed) / (AGREE_FULL - AGREE_NONE)
         momentum *= min(1.0, max(0.0, share))
     return Outer(LR, round(momentum, 4))
@@ -84,28 +85,27 @@ def signal(agreement: float, contributions: int, inner_steps: int) -> float:
     return ratio / (1.0 + ratio)
 
 
-def round_outer(job: JobSpec, rnd: int, contributions: int, inner_steps: int, closes: Sequence[Record],
+def round_outer(job: JobSpec, rnd: int, contributions: int, plan: Plan, closes: Sequence[Record],
                 by_id: Mapping[str, Record]) -> Outer:
     """The outer step the pool picks for round ``rnd`` of an ``outer_auto`` job, closed from
-    ``contributions`` contributions of ``inner_steps`` inner steps each; ``closes``: the
-    job's chain (the closes of rounds 0, 1, ...), ``by_id``: the records known here. With
-    ``outer_agree``, the agreement is the close of round ``rnd - 1``'s, when it and every
-    contribution it names are known here."""
+    ``contributions`` contributions; ``plan``: the job's rounds as far as its chain fixes
+    them (at least to ``rnd``), ``closes``: the chain (the closes of rounds 0, 1, ...),
+    ``by_id``: the records known here. With ``outer_agree``, the agreement is the close of
+    round ``rnd - 1``'s, when it and every contribution it names are known here."""
     agreed = None
     if job.outer_agree and 1 <= rnd <= len(closes):
         before = closes[rnd - 1]
         contribs = [by_id[c] for c in before["contribs"] if c in by_id]
         kept = agreement(before, contribs) if len(contribs) == len(before["contribs"]) else None
-        steps = Plan.of(job.record, closes[:rnd]).inner_steps(rnd - 1)
-        agreed = None if kept is None else signal(kept, len(contribs), steps)
-    return outer_settings(contributions, inner_steps, agreed, agree=job.outer_agree)
+        agreed = None if kept is None else signal(kept, len(contribs), plan.inner_steps(rnd - 1))
+    return outer_settings(contributions, plan.inner_steps(rnd), agreed, agree=job.outer_agree)
 
 
 def agreement(close: Record, contribs: Sequence[Record]) -> float | None:
     """How much of one delta's energy the mean of ``close``'s round kept: its ``mean_sq``
     over the sample-weighted mean of its ``contribs``' ``delta_sq`` (the records the close
     names). None when a figure is missing or not a finite number above 0."""
-    mean_sq = _figure(close["metrics"].get("mean_sq"))
+    mean_sq = _figure(close.body.get("mean_sq"))
     total = sum(c["samples"] for c in contribs)
     figures = [_figure(c["metrics"].get("delta_sq")) for c in contribs]
     if mean_sq is None or not contribs or total <= 0 or any(f is None for f in figures):

@@ -111,8 +111,8 @@ class Rounds:
         has its slices reduced and checked, and closes once they all have a result."""
         outer = None
         if job.outer_auto:
-            outer = round_outer(job, rnd, len(cover), self.views.plan(job.record).inner_steps(rnd),
-                                self.views.chain(job.record).closes, self.records.by_id)
+            outer = round_outer(job, rnd, len(cover), self.views.plan(job.record), self.views.chain(job.record).closes,
+                                self.records.by_id)
         slices = plan(job, cover)
         if slices is None:
             return list(self.closer.maybe_close(job, rnd, base, cover, now, self.heard, outer=outer))

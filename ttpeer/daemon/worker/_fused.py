@@ -167,9 +167,10 @@ class Fused:
         self.overlap.own = (eff.round, delta) if self.job.overlap else None
         data, self.residual = train.encode_delta(delta, self.residual, bits=self.job.bits, chunk=self.job.chunk)
         metrics = {"fp32_bytes": float(train.fp32_size(delta)), **self.trainer.recipe.metrics(self.job.batch_size)}
-        energy = train.energy(delta)
-        if math.isfinite(energy) and energy > 0:  # the pool's outer step weighs it (``proto.agreement``)
-            metrics["delta_sq"] = float(f"{energy:.6g}")
+        if self.job.outer_agree:  # the pool's outer step weighs it (``proto.agreement``)
+            energy = train.energy(delta)
+            if math.isfinite(energy) and energy > 0:
+                metrics["delta_sq"] = float(f"{energy:.6g}")
         if self.job.chunk is not None:
             metrics["chunks"] = float(-(-values_of(self.states.like) // self.job.chunk))
         loss = self.trainer.take_train_loss()
@@ -208,8 +209,8 @@ class Fused:
         state is held (on disk) first and its outer momentum dropped before the evaluation
         model is built: the close's peak is that model and its activations beside the
         trainer's model, AdamW and residual (so nothing but this frame may hold ``new``).
-        Its figures: the evaluation's, and ``mean_sq``, the energy of the round's mean (the
-        pool's next outer step weighs it, ``proto.agreement``)."""
+        Its figures: the evaluation's, and for a job with ``outer_agree`` ``mean_sq``, the
+        energy of the round's mean (the close names it; the next outer step weighs it)."""
         total = self.mean(deltas, sliced)
         new = total.step(lr=step.lr, momentum=step.momentum, nesterov=True, base=self.states.stream(base))
         self.states.forget(base)  # on disk: not kept beside the new state and the evaluation
@@ -218,7 +219,7 @@ class Fused:
         del new
         loss, metric = self.trainer.evaluate(params, consume=True)
         figures = {"eval_loss": round(loss, 6), self.task.metric_name: round(metric, 6)}
-        if math.isfinite(total.mean_sq) and total.mean_sq > 0:  # a record holds finite numbers only
+        if self.job.outer_agree and math.isfinite(total.mean_sq) and total.mean_sq > 0:  # finite numbers only
             figures["mean_sq"] = float(f"{total.mean_sq:.6g}")
         return digest, figures
 
