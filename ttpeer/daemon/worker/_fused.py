@@ -47,6 +47,7 @@ class Fused:
         self.residual: dict[str, Any] | None = None  # error feedback of the quantized deltas
         # Overlapped jobs: where each round's local work started, and its corrections.
         self.overlap = EagerStart()
+        self.mean_sq = 0.0  # the energy of the mean the last outer step applied (``outer``)
 
     # -- training ---------------------------------------------------------------------------
 
@@ -180,9 +181,12 @@ class Fused:
 
     def outer(self, base: str, deltas: Deltas, sliced: bool, step: Outer) -> OuterState:
         """The outer ``step`` on ``base`` with the round's mean (``mean``), the base read from
-        its file one tensor at a time (never whole in memory beside the sum and the new state)."""
-        return self.mean(deltas, sliced).step(lr=step.lr, momentum=step.momentum, nesterov=True,
-                                              base=self.states.stream(base))
+        its file one tensor at a time (never whole in memory beside the sum and the new state).
+        ``mean_sq`` is then the energy of that mean."""
+        total = self.mean(deltas, sliced)
+        new = total.step(lr=step.lr, momentum=step.momentum, nesterov=True, base=self.states.stream(base))
+        self.mean_sq = total.mean_sq
+        return new
 
     def mean(self, deltas: Deltas, sliced: bool) -> OuterSum:
         """The round's mean: one contribution at a time, tensor by tensor, into the running
@@ -211,16 +215,15 @@ class Fused:
         trainer's model, AdamW and residual (so nothing but this frame may hold ``new``).
         Its figures: the evaluation's, and for a job with ``outer_agree`` ``mean_sq``, the
         energy of the round's mean (the close names it; the next outer step weighs it)."""
-        total = self.mean(deltas, sliced)
-        new = total.step(lr=step.lr, momentum=step.momentum, nesterov=True, base=self.states.stream(base))
+        new = self.outer(base, deltas, sliced, step)
         self.states.forget(base)  # on disk: not kept beside the new state and the evaluation
         digest = self.applied(new, rnd, base, step)
         params = new.params
         del new
         loss, metric = self.trainer.evaluate(params, consume=True)
         figures = {"eval_loss": round(loss, 6), self.task.metric_name: round(metric, 6)}
-        if self.job.outer_agree and math.isfinite(total.mean_sq) and total.mean_sq > 0:  # finite numbers only
-            figures["mean_sq"] = float(f"{total.mean_sq:.6g}")
+        if self.job.outer_agree and math.isfinite(self.mean_sq) and self.mean_sq > 0:  # finite numbers only
+            figures["mean_sq"] = float(f"{self.mean_sq:.6g}")
         return digest, figures
 
     def applied(self, new: OuterState, rnd: int, base: str, step: Outer) -> str:
