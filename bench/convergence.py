@@ -134,7 +134,7 @@ async def run_job(root: Path, case: Case, task_file: bytes | None = None) -> lis
     from ttpeer.daemon import Home
     from ttpeer.daemon.worker._torch import TorchExecutor
     from ttpeer.proto import JobSpec, Outer, PublishDelta, Train, sign
-    from ttpeer.proto._outer import signal
+    from ttpeer.proto._outer import mean_kept, signal
 
     v = case.variant
     assert v is not None
@@ -151,21 +151,20 @@ async def run_job(root: Path, case: Case, task_file: bytes | None = None) -> lis
             raise RuntimeError("an executor could not prepare the lab's job")
     states, curve = [fixed["init"]], []
     pending: list[tuple[bytes, int]] = []  # the deltas of the round whose close is on its way
-    spread: list[float] = []  # their ``delta_sq``, weighted by samples: the agreement's denominator
-    agreed: list[float | None] = [None]  # how far the last close's deltas agreed, 0-1 (None: none yet)
+    energies: list[tuple[int, object]] = []  # their (samples, delta_sq): the agreement's other half
+    agreed: float | None = None  # how far the last close's deltas agreed, 0-1 (None: none yet)
     steps: dict[int, Outer | None] = {}  # each round's outer step, as its close names it
 
     async def close(i: int, of: int) -> None:
         """Peer ``i`` takes the close of round ``of``: the first aggregates, the others reproduce."""
+        nonlocal agreed
         if i == 0:
-            steps[of] = Outer(*v.settings(case.peers, agreed[0])) if v.outer is None else None
+            steps[of] = Outer(*v.settings(case.peers, agreed)) if v.outer is None else None
             state, metrics = await execs[0].aggregate(job, states[of], pending, rnd=of, outer=steps[of])
             states.append(state)
             curve.append(((of + 1) * v.h, float(metrics["eval_loss"])))
-            mean_sq = metrics.get("mean_sq")
-            known = spread and mean_sq and all(math.isfinite(x) for x in spread)
-            kept = mean_sq / (sum(spread) / sum(n for _d, n in pending)) if known else None
-            agreed[0] = None if kept is None else signal(kept, len(pending), v.h)
+            kept = mean_kept(metrics.get("mean_sq"), energies)  # as the pool's ``proto.agreement``
+            agreed = None if kept is None else signal(kept, len(pending), v.h)
         elif not await execs[i].apply(job, states[of], pending, states[of + 1], rnd=of, outer=steps[of]):
             raise RuntimeError(f"peer {i} did not reproduce the close of round {of}")
 
@@ -185,11 +184,11 @@ async def run_job(root: Path, case: Case, task_file: bytes | None = None) -> lis
                 await close(i, rnd - 1)
         if reached():
             return curve
-        pending, spread = [], []
+        pending, energies = [], []
         for i, (ex, samples) in enumerate(zip(execs, trained, strict=True)):
             delta, figures = await ex.delta(PublishDelta(job, rnd, base, (i,), samples))
             pending.append((delta, samples))
-            spread.append(samples * figures.get("delta_sq", math.nan))  # none: no agreement (nan)
+            energies.append((samples, figures.get("delta_sq")))
         if not v.overlap:
             for i in range(case.peers):
                 await close(i, rnd)

@@ -18,7 +18,7 @@ EXPECTED = {
     "DatasetMissing", "DatasetResolver", "dataset_path", "held_resolver", "resolving",
     "dataset_samples", "Samples", "piece_shard_indices", "shard_batches",
     "CHUNK_HEADER", "ChunkIndex", "chunk_pieces", "decode_chunks", "head_size", "read_index",
-    "decode_slice", "encode_slice", "iter_mean", "mean_step", "reduce_slice",
+    "decode_slice", "encode_slice", "iter_mean", "mean_sum", "reduce_slice",
     # adapters over a frozen base (LoRA, peft), and the counts submit prints
     "LoRA", "check_model", "freeze_outside_state", "parameter_counts", "peft_module", "qlora_problem",
 }

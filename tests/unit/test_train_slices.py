@@ -174,7 +174,7 @@ def test_slices_reduced_exactly_give_the_outer_step_of_all_deltas_bit_for_bit(sl
     reduced = _reduce(contribs, samples, slice_chunks(3, slices))
     want = train.outer_step(state, [(d, s) for (d, _b), s in zip(contribs, samples, strict=True)], lr=0.7,
                             momentum=0.9)
-    got = train.mean_step(state, reduced, lr=0.7, momentum=0.9)
+    got = train.mean_sum(state, reduced).step(lr=0.7, momentum=0.9)
     for name in SHAPES:
         assert _bits(got.params[name]) == _bits(want.params[name])
         assert _bits(got.momentum[name]) == _bits(want.momentum[name])

@@ -92,6 +92,11 @@ def test_the_step_measures_the_energy_of_the_mean_it_applied() -> None:
     for delta, _s in deltas:
         total.add(delta)
     total.step(lr=0.7, momentum=0.5)
+    assert total.mean_sq == 0.0  # not asked for: not measured
+    total = train.OuterSum(state, [s for _d, s in deltas])
+    for delta, _s in deltas:
+        total.add(delta)
+    total.step(lr=0.7, momentum=0.5, measure=True)
     mean = {n: sum(d[n].double() * s for d, s in deltas) / 209 for n in SMALL}
     assert total.mean_sq == pytest.approx(sum(float((t ** 2).sum()) for t in mean.values()), rel=1e-5)
     assert train.energy(deltas[0][0]) == pytest.approx(sum(float((t.double() ** 2).sum())

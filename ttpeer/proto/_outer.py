@@ -105,13 +105,19 @@ def agreement(close: Record, contribs: Sequence[Record]) -> float | None:
     """How much of one delta's energy the mean of ``close``'s round kept: its ``mean_sq``
     over the sample-weighted mean of its ``contribs``' ``delta_sq`` (the records the close
     names). None when a figure is missing or not a finite number above 0."""
-    mean_sq = _figure(close.body.get("mean_sq"))
-    total = sum(c["samples"] for c in contribs)
-    figures = [_figure(c["metrics"].get("delta_sq")) for c in contribs]
-    if mean_sq is None or not contribs or total <= 0 or any(f is None for f in figures):
+    return mean_kept(close.body.get("mean_sq"), [(c["samples"], c["metrics"].get("delta_sq")) for c in contribs])
+
+
+def mean_kept(mean_sq: object, deltas: Sequence[tuple[int, object]]) -> float | None:
+    """``mean_sq`` over the sample-weighted mean of ``deltas``' energies, given as (samples,
+    delta_sq) pairs: the arithmetic of ``agreement``. None when a figure is missing or not a
+    finite number above 0, or there are no samples."""
+    mean = _figure(mean_sq)
+    figures = [_figure(sq) for _n, sq in deltas]
+    total = sum(n for n, _sq in deltas)
+    if mean is None or not deltas or total <= 0 or any(f is None for f in figures):
         return None
-    spread = sum(c["samples"] * f for c, f in zip(contribs, figures, strict=True) if f is not None) / total
-    return mean_sq / spread
+    return mean / (sum(n * f for (n, _sq), f in zip(deltas, figures, strict=True) if f is not None) / total)
 
 
 def _figure(v: object) -> float | None:

@@ -48,7 +48,7 @@ from ._recipe import Recipe, check_job
 from ._samples import Samples, shard_batches
 from ._schedule import piece_shard_indices, shard_indices
 from ._select import holdout_scores, holdout_size, holdout_split, weigh_members
-from ._slices import decode_slice, encode_slice, iter_mean, mean_step, reduce_slice
+from ._slices import decode_slice, encode_slice, iter_mean, mean_sum, reduce_slice
 from ._spec import LoadedTask, TaskSpec
 from ._state import (
     OuterState,
@@ -109,7 +109,7 @@ __all__ = [
     "decode_slice",
     "encode_slice",
     "iter_mean",
-    "mean_step",
+    "mean_sum",
     "reduce_slice",
     "iter_delta",
     "iter_state_file",

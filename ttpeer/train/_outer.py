@@ -40,7 +40,7 @@ class OuterSum:
         self.state = state
         self._weights = mean_weights(samples)
         self._added = 0
-        self.mean_sq = 0.0  # the mean's energy (sum of squares), once ``step`` has run
+        self.mean_sq = 0.0  # the mean's energy (sum of squares), once ``step`` has run with ``measure``
         # ``state`` may be a template (meta tensors, ``train.template``) when ``step`` is
         # given the base tensor by tensor: the sum is fp32 on the CPU either way.
         self._grad: dict[str, Tensor] = {name: torch.zeros(p.shape, dtype=torch.float32)
@@ -74,7 +74,8 @@ class OuterSum:
             raise ValueError("every delta must have the state's names and shapes")
 
     def step(self, *, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True,
-             base: Iterable[tuple[str, Tensor, Tensor]] | None = None, params_only: bool = False) -> OuterState:
+             base: Iterable[tuple[str, Tensor, Tensor]] | None = None, params_only: bool = False,
+             measure: bool = False) -> OuterState:
         """The new state after the outer SGD step, as ``torch.optim.SGD`` takes it:
         ``buf = momentum*buf + g``; ``step = g + momentum*buf`` (Nesterov) or ``buf``;
         ``p = p - lr*step``. The state passed in is not changed; the sum is used up
@@ -83,7 +84,8 @@ class OuterSum:
         momentum)`` one at a time (``train.iter_state_file``), for a state passed in as
         a template: the base is then never whole in memory either. ``params_only``: the
         new momentum is not kept (the result's ``momentum`` is its ``params``), for a
-        caller that only wants where the step lands. Raises ValueError if
+        caller that only wants where the step lands. ``measure``: also sum the mean's energy
+        into ``mean_sq`` (``energy``; one more read of each tensor). Raises ValueError if
         a delta is missing, or ``base`` lacks a name or has one twice or a wrong shape."""
         if self._added != len(self._weights):
             raise ValueError(f"{self._added} of {len(self._weights)} deltas were added")
@@ -96,7 +98,8 @@ class OuterSum:
             grad = self._grad.pop(name, None)
             if grad is None or param.shape != grad.shape or mom.shape != grad.shape:
                 raise ValueError("the base must have the state's names and shapes, each once")
-            self.mean_sq += energy({name: grad})
+            if measure:
+                self.mean_sq += energy({name: grad})
             buf = mom * mu_t + grad
             step = grad + buf * mu_t if nesterov else buf
             params[name] = param - step * lr_t

@@ -14,8 +14,8 @@ loss at 3 bits, 0.996x-1.002x at 4 and 1.000x-1.003x at 8 (mnist1d at 8 peers, c
 2 bits, measured once outside the bench, lost 3-11%); chunks start on block
 boundaries, so the slices' blocks are the blocks of the whole mean, and every peer that
 reduces a slice gets the same bytes: a result is checked by recomputing it and comparing
-hashes. ``mean_step`` then applies the outer step to the slices' mean, the same
-arithmetic as ``OuterSum.step`` with one contribution of weight one.
+hashes. ``mean_sum`` then holds the slices' mean as an ``OuterSum`` of one contribution of
+weight one, whose ``step`` is the same arithmetic as the all-deltas outer step.
 """
 
 from __future__ import annotations
@@ -92,9 +92,9 @@ def iter_mean(slices: Iterable[Tensor], like: OuterState) -> Iterator[tuple[str,
         raise DeltaError("the slices hold more values than the model")
 
 
-def mean_step(like: OuterState, slices: Iterable[Tensor], *, lr: float = 0.7, momentum: float = 0.9,
-              nesterov: bool = True, base: Iterable[tuple[str, Tensor, Tensor]] | None = None) -> OuterState:
-    """The outer step with the slices' mean as the gradient (``OuterSum.step``'s arguments)."""
+def mean_sum(like: OuterState, slices: Iterable[Tensor]) -> OuterSum:
+    """The slices' mean (in slice order) as a running sum of one contribution, ready for its
+    outer ``step``. Raises ``DeltaError`` for slices that do not hold the model's values."""
     total = OuterSum(like, [1])
     total.add_parts(iter_mean(slices, like))
-    return total.step(lr=lr, momentum=momentum, nesterov=nesterov, base=base)
+    return total

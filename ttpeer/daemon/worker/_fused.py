@@ -182,9 +182,10 @@ class Fused:
     def outer(self, base: str, deltas: Deltas, sliced: bool, step: Outer) -> OuterState:
         """The outer ``step`` on ``base`` with the round's mean (``mean``), the base read from
         its file one tensor at a time (never whole in memory beside the sum and the new state).
-        ``mean_sq`` is then the energy of that mean."""
+        For a job with ``outer_agree``, ``mean_sq`` is then the energy of that mean."""
         total = self.mean(deltas, sliced)
-        new = total.step(lr=step.lr, momentum=step.momentum, nesterov=True, base=self.states.stream(base))
+        new = total.step(lr=step.lr, momentum=step.momentum, nesterov=True, base=self.states.stream(base),
+                         measure=self.job.outer_agree)
         self.mean_sq = total.mean_sq
         return new
 
@@ -200,9 +201,7 @@ class Fused:
                 raise JobError(f"{len(deltas)} slices for a model of {-(-numel // chunk)} chunks")
             means = (train.decode_slice(delta_bytes(ref), min(stop * chunk, numel) - first * chunk)
                      for (ref, _samples), (first, stop) in zip(deltas, spans, strict=True))
-            total = train.OuterSum(like, [1])
-            total.add_parts(train.iter_mean(means, like))
-            return total
+            return train.mean_sum(like, means)
         total = train.OuterSum(like, [samples for _ref, samples in deltas])
         for ref, _samples in deltas:
             total.add_parts(train.iter_delta(delta_bytes(ref), like))
