@@ -67,19 +67,17 @@ The model, for a fused job over ``n`` peers, each with the same link and device:
 - the time to the loss against one peer: ``(S1 / g_eff) * (round_s / H) / (S1 * step_s)
   = 1 / (g_eff * u)``.
 
-Calibration (docs/benchmarks.md, "Convergence lab"). ``H_HALF`` = 500 and ``K`` = 0.8 are the
-least-squares fit (in log of steps) of the lab's rounds that wait (mnist1d at batch 4 and 16,
-charlm at batch 32, 2-8 peers, rounds of 25 and 100 steps, 3 seeds each) and the WAN
-bench's 2 peers at H = 250; ``OVERLAP_COST`` = 0.4 fits the lab's overlapped rounds against
-them (1.06-1.25x the steps at a close landing half a round late). Over those 25 points the
-model's time is within 0.88-1.17x of the measured. The sync's terms come from
+Calibration (docs/advise.md). ``H_HALF`` = 375, ``K`` = 0.4 and ``OVERLAP_COST`` = 0.3 are
+the least-squares fit (in the log of steps) of the convergence lab's runs of the pool's outer
+rule (``scripts/bench/advise-fit``: mnist1d at batch 4 and 16, charlm at batch 32, 2-8 peers,
+rounds of 6 and 25 steps, overlapped and waiting, 3 seeds each); over those 28 cells the
+model's steps are within 0.85-1.15x of the measured. The sync's terms come from
 ``scripts/bench/speedup`` (batch 4, 20 Mbit/s, 100 ms round trips): the contributions'
 median ``sync_s`` was 0.70-0.85 s for 2 peers and 1.50-1.53 s for 4 where ``D/up + (n-1)D/down
-+ (n+2) rtt`` gave 0.46 and 0.73 s. Against that bench at steps of 100 ms the model's time is
-within 0.97x (2 peers) and 1.04x (4 peers) of the measured; 8 peers measured 1.43x of it
-(8 daemons on 2 shared cores synced 2.5-3.7 s a round where the model says 2.2 s, and took
-14 s to start). H is a whole number of steps, rounded up, so between two links the figures
-can move by a step's worth.
++ (n+2) rtt`` gave 0.46 and 0.73 s. Against that bench at steps of 100 ms (the cadence's
+margin of 3, slices) the model's time is within 1.01x (2 peers), 1.04x (4) and 1.06x (8) of
+the measured. H is a whole number of steps, rounded up, so between two links the figures can
+move by a step's worth.
 """
 
 from __future__ import annotations
@@ -94,9 +92,9 @@ from ttpeer._parser import DEFAULT_H_MAX, DEFAULT_H_MIN
 # ttpeer.proto is imported where it is used: every command's parser reads this module's
 # link forms, and the client commands import no protocol (tests/unit/test_client_imports.py).
 
-H_HALF = 500.0  # e(H_HALF, 2) = 1/2 where the gain is as large as the peers (fitted: the module's docstring)
-NOISE_EXPONENT = 0.8  # the share kept where the gain is below the peers: (g / n) ** this
-OVERLAP_COST = 0.4  # overlap: steps x (1 + this x (1 - 1/n) x the share of a round trained before its close lands
+H_HALF = 375.0  # e(H_HALF, 2) = 1/2 where the gain is as large as the peers (fitted: the module's docstring)
+NOISE_EXPONENT = 0.4  # the share kept where the gain is below the peers: (g / n) ** this
+OVERLAP_COST = 0.3  # overlap: steps x (1 + this x (1 - 1/n) x the share of a round trained before its close lands
 ROUND_TRIPS_PER_PEER = 3  # a sync's round trips per peer of the pool (see the docstring)
 ROUND_FIXED_S = 0.15  # the close of a small model: aggregate, evaluate, sign, apply (seconds)
 FETCHES_AT_ONCE = 8  # contributions (or reduced slices) a peer fetches at once: daemon RANGES_AT_ONCE
