@@ -28,7 +28,8 @@ from ttpeer import _advise
 
 DOCS = Path(__file__).parents[1] / "docs"
 # The lab's runs of the pool's current outer rule (the momentum by agreement), both tasks.
-RUNS = ("c32-agree-2-4", "c32-agree-8", "c32-agree-4-short-overlap", "m16-agree-2", "m16-agree-4-8", "m4-agree")
+RUNS = ("c32-agree-2-4", "c32-agree-8", "c32-agree-4-short-overlap", "c32-margin-agree", "m16-agree-2", "m16-agree-4-8",
+        "m16-margin-agree", "m4-agree")
 # Where the one-peer DP bounds are (mnist1d at batch 4 and 16, charlm at 32).
 ONES = ("lab-mnist1d-b4.json", "lab-mnist1d-b16.json", "lab-charlm-b32.json")
 OFF_RULE = ("mu=", "lr=", "agree=0", "sync=none")
