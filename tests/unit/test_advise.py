@@ -156,7 +156,7 @@ def test_the_model_is_within_a_fifth_of_the_convergence_labs_steps_and_its_const
     ones = advise_fit.one_peer_bounds([LABS / f for f in advise_fit.ONES])
     cells = advise_fit.cells(LABS / "lab-agreement.json", advise_fit.RUNS, ones)
     assert len(cells) >= 20 and {c.task for c in cells} == {"mnist1d", "charlm"}
-    assert {c.overlap for c in cells} == {True, False} and {c.h for c in cells} == {6, 25}
+    assert {c.overlap for c in cells} == {True, False} and {6, 25} <= {c.h for c in cells}
     constants = (_advise.H_HALF, _advise.NOISE_EXPONENT, _advise.OVERLAP_COST)
     assert advise_fit.fit(cells) == constants
     for c in cells:
