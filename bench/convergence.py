@@ -3,7 +3,7 @@ a fused job needs to reach an eval loss, against perfect data parallelism, with 
 
 Every run is real ``TorchExecutor``s (one per peer, each with its home on disk) driven
 through a job's rounds in the protocol's order, one shard per peer: each round every peer
-trains its shard, publishes its delta (8-bit by default, as submitted), the first closes
+trains its shard, publishes its delta (4-bit by default, as submitted), the first closes
 the round and the others reproduce the close bit for bit. With overlap (what ``ttpeer
 submit`` runs), round r trains from the peer's estimate of its base while round r-1's close
 is on its way, and the close lands after ``sync`` inner steps of round r (the sync,
@@ -39,6 +39,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from ttpeer._parser import DEFAULT_BITS
 
 RELAY, FP = "https://relay.test.invalid", "sha256:" + "0" * 64
 WEIGHT_DECAY = 0.01
@@ -396,7 +398,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="a way to run the rounds (repeat for several; default: overlap and wait), e.g. "
                          "overlap:sync=none, wait:mu=0.5,lr=0.7, overlap:h=50")
     ap.add_argument("--inner-lr", type=float, default=2e-3, help="AdamW lr (default 2e-3)")
-    ap.add_argument("--bits", type=int, choices=(4, 8), default=8)
+    ap.add_argument("--bits", type=int, choices=(4, 8), default=DEFAULT_BITS,
+                    help=f"bits a delta value is sent in (default {DEFAULT_BITS}, as submit's; "
+                         "runs before 8 Dec 2026: 8)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once, one process each (default 2)")
     ap.add_argument("--json", type=Path, default=None, help="also write every run (curve included) here")
     args = ap.parse_args(argv)

@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.wan import Row, _baseline, plot, start_peers, ttpeer_row
+from ttpeer._parser import DEFAULT_BITS
 
 PEER_COUNTS = (2, 4, 8)
 FIRST = 25  # the first rounds' size of an auto job, and the unit of its budget (as `ttpeer submit`)
@@ -120,7 +121,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bound", type=parse_bound, default=None, metavar="N=RATIO,...",
                     help="DP bound ratios (steps at N*B / steps at B) instead of measuring them")
     ap.add_argument("--bound-steps", type=int, default=8000, help="DP bound: most steps at batch B (default 8000)")
-    ap.add_argument("--bits", type=int, choices=(4, 8), default=8, help="ttpeer: bits per delta value")
+    ap.add_argument("--bits", type=int, choices=(4, 8), default=DEFAULT_BITS,
+                    help=f"ttpeer: bits per delta value (default {DEFAULT_BITS}, as submit's)")
     ap.add_argument("--outer-lr", type=float, default=None,
                     help="a fixed outer lr (default: each close picks its outer step, as submit's jobs do)")
     ap.add_argument("--outer-momentum", type=float, default=None, help="a fixed outer momentum (as --outer-lr)")

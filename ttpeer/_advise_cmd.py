@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ttpeer import _advise
-from ttpeer._parser import DEFAULT_CHUNK, DEFAULT_SLICE_BITS, chunk_of, chunk_values, slice_bits_of
+from ttpeer._parser import DEFAULT_BITS, DEFAULT_CHUNK, DEFAULT_SLICE_BITS, chunk_of, chunk_values, slice_bits_of
 from ttpeer.errors import UsageError
 
 PROBE_BYTES = 1 << 20  # the blob timed to and from the relay
@@ -63,7 +63,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="skip the scaling probe (about a minute): assume a data-parallel gain of sqrt(k)")
     a.add_argument("--batch-size", type=_arg(_within(1, 1_000_000, int)), default=64, metavar="B",
                    help="the job's batch (default 64, as submit's)")
-    a.add_argument("--bits", type=int, choices=[4, 8], default=8, help="delta quantization (default 8, as submit's)")
+    a.add_argument("--bits", type=int, choices=[4, 8], default=DEFAULT_BITS,
+                   help=f"delta quantization (default {DEFAULT_BITS}, as submit's)")
     a.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="rounds train while the last one's deltas travel, as submit's default (--no-overlap: "
                         "every round waits, as 'submit --no-overlap')")

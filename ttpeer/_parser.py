@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 from ttpeer.errors import UsageError
 
 DEFAULT_CHUNK = 1 << 16  # --slices: values per chunk of a chunked delta
+DEFAULT_BITS = 4  # --bits: a delta's bits, with error feedback (scripts/bench/convergence: the steps of 8 bits)
 DEFAULT_SLICE_BITS = 3  # --slice-bits: a reduced slice's bits (scripts/bench/requantize: no loss at 3)
 DEFAULT_H_MIN, DEFAULT_H_MAX = 5, 1000  # --inner-steps auto: the bounds of a round's size unless given
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ttpeer._parser import (
+    DEFAULT_BITS,
     DEFAULT_CHUNK,
     DEFAULT_H_MAX,
     DEFAULT_H_MIN,
@@ -62,7 +63,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="outer Nesterov momentum for every round (default: picked per round, from how many "
                         "peers contributed and how far their deltas agreed, none where they agree; "
                         f"{FIXED_OUTER_MOMENTUM} when only --outer-lr is given)")
-    s.add_argument("--bits", type=int, choices=[4, 8], default=8, help="delta quantization (default 8)")
+    s.add_argument("--bits", type=int, choices=[4, 8], default=DEFAULT_BITS,
+                   help=f"bits a delta value is sent in, its rounding error carried into the next delta "
+                        f"(default {DEFAULT_BITS}: half the bytes of 8, in the same steps, measured by "
+                        "scripts/bench/convergence)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--lease", type=duration, default=None,
                    help="a shard's claim expires this long after its last renewal (default: twice the "

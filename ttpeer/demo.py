@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ttpeer._parser import DEFAULT_BITS
 from ttpeer.errors import TtpeerError
 
 READY_TIMEOUT = 60.0
@@ -181,7 +182,7 @@ def job_spec(rounds: int) -> dict[str, Any]:
     picks (``outer_auto`` 2: by the pool's size and agreement), as ``ttpeer submit`` gives."""
     return {"task": "mnist1d", "mode": "fused", "rounds": rounds, "shards": 6, "batches": 60, "batch_size": 64,
             "inner_lr": 2e-3, "weight_decay": 0.01, "outer_lr": 0.7, "outer_momentum": 0.0, "outer_auto": 2,
-            "bits": 8, "seed": 0, "lease": 10.0, "steal": True}
+            "bits": DEFAULT_BITS, "seed": 0, "lease": 10.0, "steal": True}
 
 
 def ensemble_spec(rounds: int, members: int = 3) -> dict[str, Any]:
