@@ -91,12 +91,11 @@ def cells(lab: Path, runs: Sequence[str], ones: dict[tuple[str, int], float]) ->
 
 
 def predicted(cell: Cell, h_half: float, noise: float, overlap: float) -> float:
-    """steps / DP by the model with these constants (``_advise.kept``, ``_advise.overlap_cost``)."""
-    n, g = cell.peers, max(1.0, cell.gain)
-    share = min(1.0, g / n) ** noise
-    kept = share / (1.0 + (n - 1) * cell.h / h_half)
-    cost = 1.0 + overlap * (1.0 - 1.0 / n) * cell.lag / cell.h if cell.overlap else 1.0
-    return g / ((1.0 + (g - 1.0) * kept) / cost)
+    """steps / DP by ``ttpeer advise``'s model with these constants (``_advise.kept``,
+    ``_advise.lag_cost``): g(n) / g_eff."""
+    g = max(1.0, cell.gain)
+    cost = _advise.lag_cost(cell.lag, cell.h, cell.peers, overlap) if cell.overlap else 1.0
+    return g / ((1.0 + (g - 1.0) * _advise.kept(cell.h, cell.peers, g, h_half=h_half, noise=noise)) / cost)
 
 
 def error(fitted: Sequence[Cell], h_half: float, noise: float, overlap: float) -> float:

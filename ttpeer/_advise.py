@@ -230,15 +230,26 @@ def received(peers: int, slices: int, delta_bytes: int, reduced_bytes: int, chun
             + (slices - 1) * reduced_bytes / slices)
 
 
-def kept(h: int, peers: int = 2, gain: float | None = None) -> float:
+def kept(h: float, peers: int = 2, gain: float | None = None, *, h_half: float | None = None,
+         noise: float | None = None) -> float:
     """e(H, n, g): the share of synchronous data parallelism's gain ``gain`` (g(n); None:
     as much as the peers, n) that ``peers`` peers averaging every H steps keep: all of it
     where the gain is as large as the peers (the steps are mostly noise, which averaging
     cancels as a larger batch would), less where it is smaller, and less the longer the
-    rounds and the more peers drift apart between averages."""
+    rounds and the more peers drift apart between averages. ``h_half``, ``noise``: other
+    constants than ``H_HALF`` and ``NOISE_EXPONENT`` (the fit tries them)."""
     n = max(2, peers)
-    share = 1.0 if gain is None else min(1.0, max(1.0, gain) / n) ** NOISE_EXPONENT
-    return share / (1.0 + (n - 1) * h / H_HALF)
+    exponent = NOISE_EXPONENT if noise is None else noise
+    share = 1.0 if gain is None else min(1.0, max(1.0, gain) / n) ** exponent
+    return share / (1.0 + (n - 1) * h / (H_HALF if h_half is None else h_half))
+
+
+def lag_cost(lag: float, h: float, peers: int, cost: float | None = None) -> float:
+    """What overlap multiplies the steps by when ``lag`` of a round's ``h`` steps are trained
+    before the close of the round before lands: ``1 + OVERLAP_COST (1 - 1/n) lag / h``
+    (``cost``: another constant, as the fit tries)."""
+    per = OVERLAP_COST if cost is None else cost
+    return 1.0 + per * (1.0 - 1.0 / max(1, peers)) * min(lag, h) / h if h > 0 else 1.0
 
 
 def overlap_cost(job: Job, sync_s: float, h: int, peers: int) -> float:
@@ -248,8 +259,7 @@ def overlap_cost(job: Job, sync_s: float, h: int, peers: int) -> float:
     1 without overlap."""
     if not job.overlap or h <= 0:
         return 1.0
-    lag = h if job.step_s <= 0 else min(float(h), sync_s / job.step_s)
-    return 1.0 + OVERLAP_COST * (1.0 - 1.0 / max(1, peers)) * lag / h
+    return lag_cost(h if job.step_s <= 0 else sync_s / job.step_s, h, peers)
 
 
 def sqrt_gain(k: int) -> float:
