@@ -2,7 +2,7 @@
 ``NOISE_EXPONENT``, ``OVERLAP_COST``) on the convergence lab's runs, and prints the model
 against every cell it was fitted on.
 
-A cell is one task, batch, peer count and variant of ``scripts/bench/convergence``, run
+A cell is one task, batch, peer count, variant and delta bits of ``scripts/bench/convergence``, run
 with the pool's outer rule (variants with ``mu=``, ``lr=``, ``agree=0`` or ``sync=none``
 are left out: ``submit`` never runs them); its steps per peer and its DP bound are means
 over the seeds. The data-parallel gain is g(n) = S1 / DP(n), S1 being the DP bound of one
@@ -78,10 +78,11 @@ def cells(lab: Path, runs: Sequence[str], ones: dict[tuple[str, int], float]) ->
         for r in data[key]["rows"]:
             if r["variant"] == "dp" or r["peers"] < 2 or any(o in r["variant"] for o in OFF_RULE):
                 continue
-            at = (_task(r["task"]), r["batch"], r["peers"], r["variant"], r["inner_steps"], r["sync"])
+            bits = r.get("bits", 8)  # the lab's rows name their bits since it sent 4 by default
+            at = (_task(r["task"]), r["batch"], r["peers"], r["variant"], r["inner_steps"], r["sync"], bits)
             groups.setdefault(at, []).append((r["steps"], r["dp_steps"]))
     out = []
-    for (task, batch, peers, variant, h, lag), seeds in sorted(groups.items()):
+    for (task, batch, peers, variant, h, lag, _bits), seeds in sorted(groups.items()):
         if (task, batch) not in ones or any(s is None or d is None for s, d in seeds):
             continue
         steps = statistics.fmean(s for s, _d in seeds if s is not None)
@@ -102,10 +103,21 @@ def error(fitted: Sequence[Cell], h_half: float, noise: float, overlap: float) -
     return sum(math.log(predicted(c, h_half, noise, overlap) / c.measured) ** 2 for c in fitted)
 
 
-def fit(fitted: Sequence[Cell]) -> tuple[float, float, float]:
-    """The grid's constants with the least error."""
-    grid = itertools.product(GRID["h_half"], GRID["noise"], GRID["overlap"])
-    return min(grid, key=lambda k: error(fitted, *k))
+def fit(fitted: Sequence[Cell], grid: dict[str, list[float]] = GRID) -> tuple[float, float, float]:
+    """The constants of ``grid`` (``GRID``'s keys) with the least error."""
+    points = itertools.product(grid["h_half"], grid["noise"], grid["overlap"])
+    return min(points, key=lambda k: error(fitted, *k))
+
+
+def around(constants: tuple[float, float, float]) -> dict[str, list[float]]:
+    """``GRID``'s points next to ``constants`` (and they): a fit on it is a check that they
+    are the least error there, in a thirtieth of the whole grid's time."""
+    out = {}
+    for key, value in zip(("h_half", "noise", "overlap"), constants, strict=True):
+        axis = GRID[key]
+        i = min(range(len(axis)), key=lambda j: abs(axis[j] - value))
+        out[key] = axis[max(0, i - 1):i + 2]
+    return out
 
 
 def report(fitted: Sequence[Cell], constants: tuple[float, float, float]) -> list[str]:

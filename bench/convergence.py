@@ -316,8 +316,8 @@ def run_case(case: Case) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             curve = trio.run(run_job, Path(tmp), case)
     return {"task": case.task, "batch": case.batch, "peers": case.peers, "seed": case.seed,
-            "variant": case.variant.name if case.variant else "dp", "default": bool(case.variant and
-                                                                                  case.variant.default),
+            "variant": case.variant.name if case.variant else "dp", "bits": case.bits,
+            "default": bool(case.variant and case.variant.default and case.bits == DEFAULT_BITS),
             "inner_steps": case.variant.h if case.variant else 1,
             "sync": case.variant.sync if case.variant else None,
             "outer": list(case.variant.settings(case.peers, 0.0)) if case.variant else None,  # agree: its ceiling
@@ -399,8 +399,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "overlap:sync=none, wait:mu=0.5,lr=0.7, overlap:h=50")
     ap.add_argument("--inner-lr", type=float, default=2e-3, help="AdamW lr (default 2e-3)")
     ap.add_argument("--bits", type=int, choices=(4, 8), default=DEFAULT_BITS,
-                    help=f"bits a delta value is sent in (default {DEFAULT_BITS}, as submit's; "
-                         "runs before 8 Dec 2026: 8)")
+                    help=f"bits a delta value is sent in (default {DEFAULT_BITS}, as submit's)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once, one process each (default 2)")
     ap.add_argument("--json", type=Path, default=None, help="also write every run (curve included) here")
     args = ap.parse_args(argv)
@@ -456,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     with_bounds(rows)
     if args.json is not None:
         meta = {"argv": sys.argv[1:] if argv is None else argv, "variants": [asdict(v) for v in args.variants],
-                "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+                "bits": args.bits, "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     return 0
 

@@ -48,7 +48,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         epilog="examples:\n  ttpeer advise --task mnist1d --peers 3\n"
                "  ttpeer advise --task charlm --peers 8 --link 20mbit --rtt 50 --quick\n"
                "  ttpeer advise --task charlm --peers 8 --link 20mbit --rtt 50 --quick --no-slices\n"
-               "  ttpeer advise --task my_task.py --peers 4 --overlap --bits 4")
+               "  ttpeer advise --task my_task.py --peers 4 --no-overlap --bits 8")
     a.add_argument("--task", required=True,
                    help="as for submit: 'mnist1d[:samples=N]', 'charlm[:key=int,...]' or a task file path/to/task.py")
     a.add_argument("--peers", type=_arg(_within(1, MAX_PEERS, int)), default=2, metavar="N",

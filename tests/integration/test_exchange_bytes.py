@@ -69,7 +69,8 @@ def test_a_sliced_job_fetches_its_slice_of_each_delta_by_range_over_real_tls(tmp
         if direct != "off":  # every peer knows where the others serve before the job starts
             wait_for(lambda: all(_direct_authors(h) == len(homes) for h in homes), 60,
                      "every peer to hold the others' direct records", poll=0.25)
-        spec = {**job_spec(4), "shards": 8, "batches": 30, "steal": False, "chunk": 4096, "slice_bits": 3}  # as submit
+        # slice_bits as submit names it (so slow links reduce last): 3-bit slices against 4-bit deltas
+        spec = {**job_spec(4), "shards": 8, "batches": 30, "steal": False, "chunk": 4096, "slice_bits": 3}
         job = call(homes[0] / "control.sock", {"op": "submit", "spec": spec, "task_file": None}, timeout=120)["job"]
         wait_for(lambda: job_finished(homes, job), 180, "all four peers to finish the sliced job", poll=0.25)
         records = [parse(raw) for raw in scan_log((homes[0] / "records.log").read_bytes()).frames]

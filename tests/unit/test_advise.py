@@ -158,7 +158,7 @@ def test_the_model_is_within_a_fifth_of_the_convergence_labs_steps_and_its_const
     assert len(cells) >= 20 and {c.task for c in cells} == {"mnist1d", "charlm"}
     assert {c.overlap for c in cells} == {True, False} and {6, 25} <= {c.h for c in cells}
     constants = (_advise.H_HALF, _advise.NOISE_EXPONENT, _advise.OVERLAP_COST)
-    assert advise_fit.fit(cells) == constants
+    assert advise_fit.fit(cells, advise_fit.around(constants)) == constants  # the whole grid: the tool
     for c in cells:
         assert 0.8 <= c.measured / advise_fit.predicted(c, *constants) <= 1.2, c
 
@@ -171,7 +171,9 @@ def test_the_fit_finds_the_constants_that_made_the_steps():
               for v in ("wait", "overlap")]
     cells = [advise_fit.Cell(t, b, n, v, h, lag, 1.0, g) for t, b, n, v, h, lag, g in shapes]
     cells = [replace(c, measured=advise_fit.predicted(c, *made)) for c in cells]
-    assert advise_fit.fit(cells) == made
+    assert advise_fit.fit(cells, {"h_half": [200.0, 300.0, 375.0], "noise": [0.4, 0.6, 0.8],
+                                  "overlap": [0.3, 0.5, 0.7]}) == made
+    assert advise_fit.fit(cells, advise_fit.around(made)) == made
     assert advise_fit.error(cells, *made) == pytest.approx(0.0, abs=1e-12)
     assert advise_fit.error(cells, 500.0, 0.8, 0.4) > 0.001  # other constants miss them
 
