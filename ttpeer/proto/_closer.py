@@ -126,8 +126,8 @@ class Closer:
         if weights:
             body["weights"] = list(weights)
         if job.outer_auto:  # the step the state was made with (a report that names none: the rule's)
-            plan = Plan.of(job.record, chain.closes[:rnd])
-            step = outer or round_outer(job, rnd, len(contribs), plan, chain.closes, records.by_id)
+            step = outer or round_outer(job, rnd, len(contribs), Plan.of(job.record, chain.closes[:rnd]),
+                                        chain.closes, records.by_id)
             body["outer_lr"], body["outer_momentum"] = step.lr, step.momentum
         if job.auto:
             assert job.h_min is not None and job.h_max is not None

@@ -47,7 +47,7 @@ class Fused:
         self.residual: dict[str, Any] | None = None  # error feedback of the quantized deltas
         # Overlapped jobs: where each round's local work started, and its corrections.
         self.overlap = EagerStart()
-        self.mean_sq = 0.0  # the energy of the mean the last outer step applied (``outer``)
+        self.mean_sq = 0.0  # the energy of the mean the last measured outer step applied (``outer``)
 
     # -- training ---------------------------------------------------------------------------
 
@@ -179,13 +179,14 @@ class Fused:
             metrics["train_loss"] = round(loss, 6)
         return data, metrics
 
-    def outer(self, base: str, deltas: Deltas, sliced: bool, step: Outer) -> OuterState:
+    def outer(self, base: str, deltas: Deltas, sliced: bool, step: Outer, *, measure: bool = False) -> OuterState:
         """The outer ``step`` on ``base`` with the round's mean (``mean``), the base read from
         its file one tensor at a time (never whole in memory beside the sum and the new state).
-        For a job with ``outer_agree``, ``mean_sq`` is then the energy of that mean."""
+        ``measure`` (the closer of a job with ``outer_agree``): ``mean_sq`` is then the energy
+        of that mean; otherwise 0 (a peer that applies a close needs no figure of it)."""
         total = self.mean(deltas, sliced)
         new = total.step(lr=step.lr, momentum=step.momentum, nesterov=True, base=self.states.stream(base),
-                         measure=self.job.outer_agree)
+                         measure=measure)
         self.mean_sq = total.mean_sq
         return new
 
@@ -214,7 +215,7 @@ class Fused:
         trainer's model, AdamW and residual (so nothing but this frame may hold ``new``).
         Its figures: the evaluation's, and for a job with ``outer_agree`` ``mean_sq``, the
         energy of the round's mean (the close names it; the next outer step weighs it)."""
-        new = self.outer(base, deltas, sliced, step)
+        new = self.outer(base, deltas, sliced, step, measure=self.job.outer_agree)
         self.states.forget(base)  # on disk: not kept beside the new state and the evaluation
         digest = self.applied(new, rnd, base, step)
         params = new.params
