@@ -27,6 +27,7 @@ from ttpeer.proto import (
     DeltaPublished,
     Effect,
     Failed,
+    FetchDeltas,
     Fetched,
     FetchState,
     Holds,
@@ -84,6 +85,7 @@ class Cluster:
     aggregated_at: list[float] = field(default_factory=list)
     persisted: dict[str, set[str]] = field(default_factory=dict)
     fetches: list[tuple[str, FetchState]] = field(default_factory=list)
+    ahead: list[tuple[str, FetchDeltas]] = field(default_factory=list)  # (me, the deltas it fetches ahead)
     blocked: set[frozenset[str]] = field(default_factory=set)  # partitioned pairs
     fail_apply: set[str] = field(default_factory=set)  # machines whose next Apply does not reproduce
     decline: set[str] = field(default_factory=set)  # machines that refuse every job
@@ -150,6 +152,10 @@ class Cluster:
             elif isinstance(e, PrepareJob):
                 answer = Prepared(e.job.id) if me not in self.decline else Declined(e.job.id, "too big")
                 self.later(0.0, me, lambda now, a=answer: m.report(a, now))
+            elif isinstance(e, FetchDeltas):
+                assert all(c.author != me for c in e.contribs), "asked to fetch its own delta"
+                assert (me, e) not in self.ahead, "asked to fetch the same deltas ahead twice"
+                self.ahead.append((me, e))
             elif isinstance(e, FetchState):
                 self.fetches.append((me, e))
                 self.later(0.1, me, lambda now, s=e.state: m.report(Fetched(s, True), now))
@@ -291,6 +297,14 @@ def test_machines_finish_every_round_with_identical_chains(n: int, shards: int, 
     trained = {(t.round, t.shard) for _, t in c.trains}
     assert trained == {(r, s) for r in range(rounds) for s in range(shards)}
     assert c.now < 100, "a healthy pool should not wait for leases"
+    # Every peer fetched each round's others' deltas ahead of its close, once, as they
+    # were covered (a round one peer covered alone: nothing to fetch).
+    rs = c.machines[c.order[0]].records
+    for me in c.order:
+        fetched = {(e.round, c_.id) for m, e in c.ahead if m == me for c_ in e.contribs}
+        wanted = {(r, cid) for r, close in enumerate(c.machines[me].chain(job).closes)
+                  for cid in close["contribs"] if rs.by_id[cid].author != me}
+        assert fetched == wanted, me
 
 
 @settings(max_examples=12, deadline=None)

@@ -23,7 +23,7 @@ import hashlib
 from ttpeer_wire import Record
 
 from ._cadence import Plan, next_inner_steps
-from ._effects import Aggregate, PublishCheckpoint
+from ._effects import Aggregate, FetchDeltas, PublishCheckpoint
 from ._jobspec import JobSpec
 from ._ledger import Chain, RecordSet, checkpoints
 from ._outer import Outer, round_outer
@@ -40,6 +40,7 @@ class Closer:
         self._covered_at: dict[tuple[str, int, str], float] = {}
         self._ready_at: dict[tuple[str, int, str], float] = {}  # a sliced round: when its slices were all here
         self._aggregating: tuple[str, int] | None = None
+        self._ahead: set[tuple[str, int, str, tuple[str, ...]]] = set()  # covers whose deltas were fetched ahead
         self._ckpt_done: set[tuple[str, int]] = set()
         self._asks_seen: dict[str, float] = {}  # ask record id -> when this peer first saw it
         self._ask_deadlines: dict[str, float] = {}  # ask -> when this peer answers it, unless another did
@@ -68,6 +69,7 @@ class Closer:
         for table in (self._covered_at, self._ready_at):
             for key in [k for k in table if k[0] == job and k[1] < rnd]:
                 del table[key]
+        self._ahead = {k for k in self._ahead if k[0] != job or k[1] >= rnd}
 
     def grace(self, job: JobSpec, closer: str | None = None, now: float = 0.0,
               heard: dict[str, float] | None = None) -> float:
@@ -85,6 +87,18 @@ class Closer:
     def covered(self, job: str, rnd: int, base: str, now: float) -> float:
         """When this peer first saw round ``rnd`` on ``base`` covered (now, if just now)."""
         return self._covered_at.setdefault((job, rnd, base), now)
+
+    def fetch_ahead(self, job: JobSpec, rnd: int, cover: list[Record]) -> list[FetchDeltas]:
+        """A round closed from all deltas is covered by ``cover``: fetch the deltas of it
+        this peer did not make, once per cover, on every peer at once. The closer's
+        aggregate then waits for them rather than fetching them in turn, and every other
+        peer holds them when the close lands, so applying it costs no round trips."""
+        key = (job.id, rnd, cover[0]["base"], tuple(sorted(c.id for c in cover)))
+        if not job.mode.fetches_ahead or key in self._ahead:
+            return []
+        self._ahead.add(key)
+        others = tuple(c for c in cover if c.author != self.me)
+        return [FetchDeltas(job, rnd, others)] if others else []
 
     def maybe_close(self, job: JobSpec, rnd: int, base: str, cover: list[Record], now: float,
                     heard: dict[str, float], slices: tuple[Record, ...] = (),

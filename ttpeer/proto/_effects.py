@@ -127,6 +127,19 @@ class FetchSlices:
 
 
 @dataclass(frozen=True)
+class FetchDeltas:
+    """Download the whole deltas of a covered round closed from all deltas (``contribs``:
+    the cover's contributions this peer did not make), into work files until the round's
+    ``Aggregate`` or ``Apply`` reads them: the close then reads them here instead of
+    fetching them after it is made or lands. Nothing is reported: a delta that did not
+    come is left to the ``Aggregate``/``Apply``, which fetches it as ever."""
+
+    job: JobSpec
+    round: int
+    contribs: tuple[Record, ...]
+
+
+@dataclass(frozen=True)
 class Aggregate:
     """Fetch the contributions' blobs (or, for a sliced round, the reduced ``slices`` in
     order), apply the outer step to ``base`` and report the resulting state. Report:
@@ -181,8 +194,8 @@ class JobDone:
 
 
 Effect = (
-    Broadcast | Send | Persist | PrepareJob | Train | Cancel | PublishDelta | ReduceSlice | FetchSlices | Aggregate
-    | Apply | FetchState | PublishCheckpoint | JobDone
+    Broadcast | Send | Persist | PrepareJob | Train | Cancel | PublishDelta | ReduceSlice | FetchSlices | FetchDeltas
+    | Aggregate | Apply | FetchState | PublishCheckpoint | JobDone
 )
 
 

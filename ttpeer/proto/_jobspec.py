@@ -42,6 +42,9 @@ class Mode:
     checkpoint_every: int | None
     # A round of three or more contributions may be reduced in slices (``_slices``).
     sliced: bool
+    # Every peer fetches a covered round's deltas at once (``FetchDeltas``), before its
+    # close: a fused close is applied from them; an ensemble's members are checkpoints.
+    fetches_ahead: bool
     # A follower weighs replaying the rounds it missed against asking for a checkpoint.
     weighs_replay: bool
     # A shard is a share of the data, read sample by sample where the task does; else each
@@ -80,10 +83,10 @@ class Mode:
 
 CHECKPOINT_EVERY = 4  # rounds between the checkpoints an ensemble round's closer publishes
 
-FUSED = Mode("fused", publishes_each_unit=False, checkpoint_every=None, sliced=True, weighs_replay=True,
-             shards_split_data=True, data_parallel=True)
+FUSED = Mode("fused", publishes_each_unit=False, checkpoint_every=None, sliced=True, fetches_ahead=True,
+             weighs_replay=True, shards_split_data=True, data_parallel=True)
 ENSEMBLE = Mode("ensemble", publishes_each_unit=True, checkpoint_every=CHECKPOINT_EVERY, sliced=False,
-                weighs_replay=False, shards_split_data=False, data_parallel=False)
+                fetches_ahead=False, weighs_replay=False, shards_split_data=False, data_parallel=False)
 MODES = {m.name: m for m in (FUSED, ENSEMBLE)}
 
 

@@ -115,7 +115,8 @@ class Rounds:
                                 self.records.by_id)
         slices = plan(job, cover)
         if slices is None:
-            return list(self.closer.maybe_close(job, rnd, base, cover, now, self.heard, outer=outer))
+            return [*self.closer.fetch_ahead(job, rnd, cover),
+                    *self.closer.maybe_close(job, rnd, base, cover, now, self.heard, outer=outer)]
         covered_at = self.closer.covered(job.id, rnd, base, now)
         work, results = self.slicer.step(job, rnd, cover, slices, covered_at, now, self.records)
         if results is None:

@@ -121,8 +121,9 @@ class HostileRelay(MemoryRelay):
         if rng.random() >= h.blob:
             return data
         others = [b for name, b in self.blobs.get(pool, {}).items() if name != blob]
-        kinds = BLOB_ATTACKS if others else tuple(a for a in BLOB_ATTACKS if a != "blob_swap")
-        what = kinds[sum(self.injected[a] for a in kinds) % len(kinds)]  # take turns
+        what = BLOB_ATTACKS[sum(self.injected[a] for a in BLOB_ATTACKS) % len(BLOB_ATTACKS)]  # take turns
+        if what == "blob_swap" and not others:
+            return data  # nothing to swap in yet: the swap keeps its turn for a later fetch
         self.injected[what] += 1
         if what == "blob_flip":
             bit = rng.randrange(8 * len(data))

@@ -4,7 +4,7 @@ what they report.
 Theory of operation. The machine decides; the node executes. ``Effects.execute`` gives
 each effect an id (its kind and a number, ``Train#17``) and runs the cheap ones at once on the
 trio thread (``_INLINE``: persist a record, queue a message, mark a shard cancelled, start
-fetching a round's slices ahead of its close, start writing a finished job's files), and
+fetching a round's slices or deltas ahead of its close, start writing a finished job's files), and
 the long ones (``_TASKS``: prepare, train, publish a delta, reduce a slice, aggregate,
 apply, fetch a state, publish a checkpoint) as tasks in the node's nursery, each inside
 ``_guarded``: the one runner, which feeds the machine every report the handler makes
@@ -24,7 +24,8 @@ task's own failure ends its job on this peer; an error of ttpeer's tree is repor
 (``Failed``, after what it says) and the machine retries when it sees fit; any other
 exception is a bug that costs its job, never the daemon. What is not an effect lives
 beside: what this peer is doing for its jobs (phases, the shards in training) in
-``_activity``, the slices a close reads (some fetched ahead) in ``_slices``, the dataset
+``_activity``, the slices or deltas a close reads (some fetched ahead) in ``_slices``
+and ``_deltas``, the dataset
 pieces a task reads in ``_taskdata``.
 """
 
@@ -58,6 +59,7 @@ from ttpeer.proto import (
     DeltaPublished,
     Effect,
     Failed,
+    FetchDeltas,
     Fetched,
     FetchSlices,
     FetchState,
@@ -206,6 +208,10 @@ class Effects:
     def _on_fetch_slices(self, eff: FetchSlices, log: EffectLog) -> None:
         assert self._life.nursery is not None
         self.slices.start_ahead(eff, self._life.nursery, log)
+
+    def _on_fetch_deltas(self, eff: FetchDeltas, log: EffectLog) -> None:
+        assert self._life.nursery is not None
+        self.slices.deltas_ahead.start(eff, self._life.nursery, log)
 
     def _on_job_done(self, eff: JobDone, log: EffectLog) -> None:
         assert self._life.running
@@ -458,6 +464,7 @@ _INLINE: dict[type, Callable[[Effects, Any, EffectLog], None]] = {
     Send: lambda fx, eff, _log: fx.queue(eff.peer, eff.payload),
     Cancel: lambda fx, eff, _log: fx.training.cancel(eff.job, eff.round, eff.shard),
     FetchSlices: Effects._on_fetch_slices,
+    FetchDeltas: Effects._on_fetch_deltas,
     JobDone: Effects._on_job_done,
 }
 _TASKS: dict[type, Callable[[Effects, Any, EffectLog], Reports]] = {

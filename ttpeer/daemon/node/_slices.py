@@ -34,6 +34,7 @@ from .._executor import Deltas
 from .._offload import in_order
 from ..sealed._blobs import RANGES_AT_ONCE, Blobs
 from ..sealed._keys import SealError
+from ._deltas import DeltasAhead
 
 
 class SliceMismatch(TtpeerError):
@@ -51,6 +52,7 @@ class Slices:
         self._round: tuple[str, int] | None = None  # (job, round)
         self._pending: dict[str, trio.Event] = {}  # the fetches ahead under way
         self.ahead_used = 0  # slices a close took that had come ahead of it (tests)
+        self.deltas_ahead = DeltasAhead(blobs)  # an unsliced round's whole deltas, fetched ahead
 
     @contextlib.asynccontextmanager
     async def close_inputs(self, job: JobSpec, contribs: tuple[Record, ...],
@@ -58,7 +60,8 @@ class Slices:
         """What a close applies: the contributions' deltas, or a sliced close's reduced
         slices, each checked against its record (``result``)."""
         if not slices:
-            async with self._blobs.deltas(job, contribs) as deltas:
+            async with self._blobs.deltas(job, contribs, ahead=functools.partial(self.deltas_ahead.take, job.id)) \
+                    as deltas:
                 yield deltas
             return
 
@@ -102,8 +105,9 @@ class Slices:
             nursery.start_soon(self._fetch_ahead, key, todo, log)
 
     def forget_job(self, job: str) -> None:
-        """``job`` ended: the slices of its last round that no close read are not needed
-        now, nor those still on their way (``_fetch_ahead`` keeps only its round's)."""
+        """``job`` ended: the slices (and deltas) of its last round that no close read are
+        not needed now, nor those still on their way (``_fetch_ahead`` keeps only its round's)."""
+        self.deltas_ahead.forget_job(job)
         if self._round is not None and self._round[0] == job:
             self._ahead.clear()
             self._round = None

@@ -19,7 +19,7 @@ import functools
 import hashlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -55,6 +55,7 @@ PIECE_SALT = b"ttpeer/data-piece/v1\n"  # a dataset piece's salt: from its hash 
 MAX_BLOB = 8 * 2**30
 DELTA_UPLOAD_TRIES = 3  # then the delta is given up and its shards trained again
 RANGES_AT_ONCE = 8  # contributions an aggregator fetches its slice of at once (``Blobs.deltas``)
+AHEAD_BYTES = 64 * 2**20  # whole deltas fetched at once hold at most about this much of the daemon's memory
 
 
 class SealingKeys(Protocol):
@@ -323,25 +324,37 @@ class Blobs:
             for path in paths:
                 path.unlink(missing_ok=True)
 
-    @contextlib.asynccontextmanager
-    async def deltas(self, job: JobSpec, contribs: tuple[Record, ...],
-                     run: tuple[int, int] | None = None) -> AsyncIterator[Deltas]:
-        """The round's contributions as files in ``HOME/work/<job>/``, fetched and opened one
-        blob at a time: the node never holds a round's deltas at once (with 16 shards that
-        was 16 compressed deltas in the daemon), and the executor reads each file when its
-        outer step gets to it. ``run``: chunks ``[first, stop)`` only, of chunked deltas
-        (``chunk_run``): an aggregator downloads its slice of every delta, not the deltas,
-        ``RANGES_AT_ONCE`` contributions at a time (a slice is a 1/s-th of a delta: one at a
-        time, its three requests each cost a round trip per contribution, which on a 50 ms
-        path made a small model's sliced round slower than all deltas). This peer's own
-        delta is its copy here. The files are in the order of ``contribs`` and are removed
-        when the block ends."""
-        folder = self._home.path / "work" / job.id
+    def work_path(self, job: str, what: str) -> Path:
+        """A new work file's path in ``HOME/work/<job>/`` (the folder made), named for ``what``."""
+        folder = self._home.path / "work" / job
         folder.mkdir(parents=True, exist_ok=True)
+        return folder / f"{what}-{next(self._fetches)}.bin"
+
+    async def fetch_delta(self, contrib: Record, path: Path) -> None:
+        """``contrib``'s whole delta, opened, into the file ``path``. Raises ``NetError``,
+        ``SealError``, or ``DiskError`` for a write that failed."""
+        data = await self.get(contrib["blob"], max_size=sealed_bound(contrib), uploaders=[contrib.author])
+        try:
+            write_work(path, data)
+        except OSError as exc:  # a full disk stops the daemon, as for any other write
+            raise DiskError(path, exc) from None
+
+    @contextlib.asynccontextmanager
+    async def deltas(self, job: JobSpec, contribs: tuple[Record, ...], run: tuple[int, int] | None = None,
+                     ahead: Callable[[Record, Path], Awaitable[bool]] | None = None) -> AsyncIterator[Deltas]:
+        """The round's contributions as files in ``HOME/work/<job>/``, which the executor
+        reads one at a time when its outer step gets to it. Whole deltas come
+        ``whole_at_once`` at a time (as many as fit ``AHEAD_BYTES``: each passes through the
+        daemon's memory once, and one at a time each cost a round trip in turn); ``ahead``
+        moves a delta fetched ahead of the close into the given path (``DeltasAhead.take``)
+        and says whether it did. ``run``: chunks ``[first, stop)`` only, of chunked deltas
+        (``chunk_run``): an aggregator downloads its slice of every delta, not the deltas,
+        ``RANGES_AT_ONCE`` contributions at a time. This peer's own delta is its copy here.
+        The files are in the order of ``contribs`` and are removed when the block ends."""
         made: list[Path] = []
 
         async def fetch(c: Record) -> tuple[Path, int]:
-            path = folder / f"in-{next(self._fetches)}.bin"
+            path = self.work_path(job.id, "in")
             made.append(path)
             if await self._own.copy_delta(c["blob"], path, c["size"]):
                 return path, c["samples"]  # this peer's own delta: no download
@@ -349,23 +362,25 @@ class Blobs:
                 try:
                     await self.chunk_run(c, *run, path)
                 except OSError as exc:
-                    raise disk_or_job(folder, exc) from None
-            else:
-                data = await self.get(c["blob"], max_size=sealed_bound(c), uploaders=[c.author])
-                try:
-                    write_work(path, data)
-                except OSError as exc:  # a full disk stops the daemon, as for any other write
-                    raise DiskError(path, exc) from None
-                del data
+                    raise disk_or_job(path.parent, exc) from None
+            elif ahead is None or not await ahead(c, path):
+                await self.fetch_delta(c, path)
             return path, c["samples"]
 
         try:
             paths: Deltas = await in_order([functools.partial(fetch, c) for c in contribs],
-                                           limit=1 if run is None else RANGES_AT_ONCE)
+                                           limit=whole_at_once(contribs) if run is None else RANGES_AT_ONCE)
             yield paths
         finally:
             for path in made:
                 path.unlink(missing_ok=True)
+
+
+def whole_at_once(contribs: Sequence[Record]) -> int:
+    """How many of ``contribs``' whole deltas to fetch at once: as many as ``AHEAD_BYTES``
+    holds of the largest, 1 to ``RANGES_AT_ONCE``."""
+    largest = max((sealed_bound(c) for c in contribs), default=1)
+    return max(1, min(RANGES_AT_ONCE, AHEAD_BYTES // largest))
 
 
 def sealed_bound(contrib: Record) -> int:
