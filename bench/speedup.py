@@ -324,7 +324,7 @@ def run(args: argparse.Namespace) -> tuple[Row, list[Result], dict[int, float], 
                 spec = {**spec, "batches": h, "rounds": max(1, round(rounds * FIRST / h))}
                 name = f"{peers} peers, fixed H={h}"
             elif row == "ttpeer-4-all":
-                spec = {**{k: v for k, v in spec.items() if k not in ("chunk", "slice_bits")}, **auto}
+                spec = {**{k: v for k, v in spec.items() if k not in ("chunk", "slice_bits", "slice_min")}, **auto}
                 name = f"{peers} peers, auto H {args.h_min}-{args.h_max}, all deltas"
             else:
                 spec = {**spec, **auto}
@@ -348,11 +348,11 @@ def _hosts(row: str) -> list[str]:
 
 
 def slice_fields() -> dict[str, int]:
-    """Submit's defaults for a fused job's slices (``chunk`` and ``slice_bits``), so every
-    row but ``all deltas`` runs what ``ttpeer submit`` runs."""
-    from ttpeer._parser import DEFAULT_CHUNK, DEFAULT_SLICE_BITS
+    """Submit's defaults for a fused job's slices (``chunk``, ``slice_bits``, ``slice_min``:
+    submit's own function), so every row but ``all deltas`` runs what ``ttpeer submit`` runs."""
+    from ttpeer._submit_cmd import slices_fields
 
-    return {"chunk": DEFAULT_CHUNK, "slice_bits": DEFAULT_SLICE_BITS}
+    return slices_fields(argparse.Namespace(mode="fused", slices=None, no_slices=False, slice_bits=None))
 
 
 def outer_fields(args: argparse.Namespace) -> dict[str, Any]:

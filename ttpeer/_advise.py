@@ -8,16 +8,18 @@ The model, for a fused job over ``n`` peers, each with the same link and device:
 
 - one peer alone is plain local training: ``S1`` steps of ``step_s`` each, no sync;
 - a sync, by the path the pool itself picks for the round (``proto.sliced``: slices from
-  ``SLICES_FROM`` = 3 peers when the model has two chunks or more, else all deltas):
+  ``SLICES_FROM`` = 3 peers when the model has two chunks or more and, for a job with
+  ``slice_min`` (submit's default), where they save each peer that many bytes a round,
+  ``proto.pays``; else all deltas):
 
   - all deltas (``sync_seconds``): each peer uploads its delta of ``D`` wire bytes and
-    downloads the other ``n - 1``, one after another (an upper bound: the relay serves
-    them in parallel), plus ``3n`` round trips (the blob PUT, its record out, the record
-    in, and for every other peer its record's arrival, the closer's GET and this peer's
-    GET of its delta), plus ``ROUND_FIXED_S`` for the close itself (aggregate, evaluate,
-    sign, apply)::
+    downloads the other ``n - 1`` (every peer fetches them side by side as soon as the
+    round is covered, while the close is made), plus ``ROUND_TRIPS`` = 2 round trips
+    (fitted: the delta's PUT and the close's way back; the last delta's GET overlaps the
+    record's), plus ``ROUND_FIXED_S`` for the close itself (aggregate, evaluate, sign,
+    apply)::
 
-        sync_s(n) = D / up + (n - 1) * D / down + 3n * rtt + ROUND_FIXED_S
+        sync_s(n) = D / up + (n - 1) * D / down + 2 * rtt + ROUND_FIXED_S
 
   - slices (``sliced_sync_seconds``), ``s = min(n, chunks)`` of them: each peer uploads
     its delta, reduces its slice from the other ``n - 1`` deltas' ``1/s`` (three range
@@ -95,7 +97,7 @@ from ttpeer._parser import DEFAULT_H_MAX, DEFAULT_H_MIN
 H_HALF = 375.0  # e(H_HALF, 2) = 1/2 where the gain is as large as the peers (fitted: the module's docstring)
 NOISE_EXPONENT = 0.45  # the share kept where the gain is below the peers: (g / n) ** this
 OVERLAP_COST = 0.35  # overlap: steps x (1 + this x (1 - 1/n) x the share of a round trained before its close lands
-ROUND_TRIPS_PER_PEER = 3  # a sync's round trips per peer of the pool (see the docstring)
+ROUND_TRIPS = 2  # a sync's round trips with all deltas (fitted: the docstring)
 ROUND_FIXED_S = 0.15  # the close of a small model: aggregate, evaluate, sign, apply (seconds)
 FETCHES_AT_ONCE = 8  # contributions (or reduced slices) a peer fetches at once: daemon RANGES_AT_ONCE
 HELPS_BELOW = 0.95  # a predicted time under this fraction of one peer's is "helps"
@@ -163,12 +165,18 @@ class Job:
     h_max: int = DEFAULT_H_MAX
     chunks: int = 1  # of a chunked delta (ceil(values / chunk)); 1: closed from all deltas (--no-slices)
     reduced_bytes: int = 0  # the reduced model on the wire, all its slices together
+    slice_min: int | None = None  # the job's slice_min (None: slices whatever they save, --slices)
+    slice_ratio: float = 1.0  # the pool's estimate of the reduced model over a delta: slice_bits / bits
 
     def slices(self, peers: int) -> int:
-        """How many slices a round of ``peers`` contributions is reduced in; 0: all deltas."""
-        from ttpeer.proto import sliced
+        """How many slices a round of ``peers`` contributions is reduced in, by the pool's
+        own rule (``proto.sliced``, ``proto.pays``); 0: all deltas."""
+        from ttpeer.proto import pays, sliced
 
-        return min(peers, self.chunks) if sliced(peers, self.chunks) else 0
+        s = min(peers, self.chunks)
+        if not sliced(peers, self.chunks):
+            return 0
+        return s if self.slice_min is None or pays(peers, s, self.delta_bytes, self.slice_ratio, self.slice_min) else 0
 
 
 @dataclass(frozen=True)
@@ -186,12 +194,11 @@ class Row:
 
 def sync_seconds(peers: int, delta_bytes: int, link: Link, fixed: float = ROUND_FIXED_S) -> float:
     """One round's sync for each of ``peers`` peers: upload one delta, download the others,
-    ``3 x peers`` round trips and the close's ``fixed`` cost (the formula in the module's
+    ``ROUND_TRIPS`` round trips and the close's ``fixed`` cost (the formula in the module's
     docstring). 0 for one peer."""
     if peers <= 1:
         return 0.0
-    return (delta_bytes / link.up + (peers - 1) * delta_bytes / link.down
-            + ROUND_TRIPS_PER_PEER * peers * link.rtt + fixed)
+    return (delta_bytes / link.up + (peers - 1) * delta_bytes / link.down + ROUND_TRIPS * link.rtt + fixed)
 
 
 def sliced_sync_seconds(peers: int, slices: int, delta_bytes: int, reduced_bytes: int, link: Link,

@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from ttpeer import _advise
-from ttpeer._parser import DEFAULT_BITS, DEFAULT_CHUNK, DEFAULT_SLICE_BITS, chunk_of, chunk_values, slice_bits_of
+from ttpeer._parser import (
+    DEFAULT_BITS,
+    DEFAULT_CHUNK,
+    DEFAULT_SLICE_BITS,
+    chunk_of,
+    chunk_values,
+    slice_bits_of,
+    slice_min_of,
+)
 from ttpeer.errors import UsageError
 
 PROBE_BYTES = 1 << 20  # the blob timed to and from the relay
@@ -69,9 +77,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="rounds train while the last one's deltas travel, as submit's default (--no-overlap: "
                         "every round waits, as 'submit --no-overlap')")
     a.add_argument("--slices", type=chunk_values, nargs="?", const=DEFAULT_CHUNK, default=None, metavar="VALUES",
-                   help="as submit's default: a round of three or more peers closes from aggregation slices "
-                        f"of chunks of VALUES values (default {DEFAULT_CHUNK}); the table's path column "
-                        "says which rows slice")
+                   help="as submit's --slices: a round of three or more peers closes from aggregation slices "
+                        f"of chunks of VALUES values (default {DEFAULT_CHUNK}) wherever it can; by default, as "
+                        "submit's, only where that saves each peer 1 MiB a round; the table's path column says "
+                        "which rows slice")
     a.add_argument("--no-slices", action="store_true",
                    help="predict 'submit --no-slices': every round closes from all deltas")
     a.add_argument("--slice-bits", type=int, choices=[3, 4, 8], default=None,
@@ -115,11 +124,14 @@ class StepFigures:
     reduced_bytes: int  # the reduced model on the wire: values as little compressible as a mean
     precision: str
 
-    def job(self, overlap: bool, chunk: int | None) -> _advise.Job:
-        """The prediction's job: these figures, with ``chunk`` values a chunk (None: all deltas)."""
+    def job(self, overlap: bool, chunk: int | None, slice_min: int | None = None,
+            slice_ratio: float = 1.0) -> _advise.Job:
+        """The prediction's job: these figures, with ``chunk`` values a chunk (None: all
+        deltas), slicing where slices save ``slice_min`` bytes a peer (None: wherever they
+        can) by the pool's estimate ``slice_ratio`` (slice bits over delta bits)."""
         chunks = 1 if chunk is None else -(-self.params // chunk)
         return _advise.Job(step_s=self.step_s, delta_bytes=self.delta_bytes, overlap=overlap, chunks=chunks,
-                           reduced_bytes=self.reduced_bytes)
+                           reduced_bytes=self.reduced_bytes, slice_min=slice_min, slice_ratio=slice_ratio)
 
 
 def advise(args: argparse.Namespace, settings: Any) -> int:
@@ -137,7 +149,7 @@ def advise(args: argparse.Namespace, settings: Any) -> int:
     lines(f"step: {fig.step_s * 1000:.3g} ms (AdamW, {fig.precision}, median of {fig.steps_timed} timed after "
           f"warm-up); {fig.params:,} parameters, {_size(fig.fp32_bytes)} fp32; a delta is "
           f"{_size(fig.delta_bytes)} on the wire ({args.bits}-bit, {fig.fp32_bytes / fig.delta_bytes:.1f}x smaller)")
-    job = fig.job(args.overlap, chunk)
+    job = fig.job(args.overlap, chunk, slice_min_of(args.slices, chunk), slice_bits / args.bits)
     lines(_slices_line(job, fig, chunk, slice_bits))
     lines(link_line)
     gain, gain_line = _gain(args, task, device)
@@ -148,7 +160,7 @@ def advise(args: argparse.Namespace, settings: Any) -> int:
         lines(line)
     lines("")
     lines(_advise.verdict(rows, job, link))
-    lines(f"(model: sync with all deltas = delta/up + (n-1) deltas/down + {_advise.ROUND_TRIPS_PER_PEER}n round "
+    lines(f"(model: sync with all deltas = delta/up + (n-1) deltas/down + {_advise.ROUND_TRIPS} round "
           f"trips + {_advise.ROUND_FIXED_S:g} s for the close; with s slices = delta/up + (n-1) deltas/(s down) + "
           "reduced model/(s up) + (s-1) reduced slices/(s down) + the spot checks + their round trips; "
           "H as --inner-steps auto sizes rounds; gain kept = "
@@ -165,8 +177,11 @@ def _slices_line(job: _advise.Job, fig: StepFigures, chunk: int | None, slice_bi
     if job.chunks < 2:
         return (f"slices: the model is one chunk of {chunk:,} values, so every round closes from all deltas "
                 "(--slices VALUES: a smaller chunk)")
+    where = ("" if job.slice_min is None else
+             f" where they save each peer {_size(job.slice_min)} a round or more (else all deltas: --slices "
+             "slices wherever it can)")
     return (f"slices: {job.chunks} chunks of {chunk:,} values; from 3 peers a round closes from min(n, "
-            f"{job.chunks}) slices; the reduced model is {_size(fig.reduced_bytes)} on the wire "
+            f"{job.chunks}) slices{where}; the reduced model is {_size(fig.reduced_bytes)} on the wire "
             f"({slice_bits}-bit with no error feedback, measured on values as little compressible as a mean of "
             "many deltas)")
 

@@ -22,6 +22,9 @@ from ttpeer.errors import UsageError
 DEFAULT_CHUNK = 1 << 16  # --slices: values per chunk of a chunked delta
 DEFAULT_BITS = 4  # --bits: a delta's bits, with error feedback (scripts/bench/convergence: the steps of 8 bits)
 DEFAULT_SLICE_BITS = 3  # --slice-bits: a reduced slice's bits (scripts/bench/requantize: no loss at 3)
+# Slices by default only where they save each peer this many bytes a round: below it, a
+# reduction's extra round trips cost more than the bytes (scripts/bench/speedup, a 40 KB delta).
+DEFAULT_SLICE_MIN = 1 << 20
 DEFAULT_H_MIN, DEFAULT_H_MAX = 5, 1000  # --inner-steps auto: the bounds of a round's size unless given
 
 
@@ -112,6 +115,13 @@ def chunk_of(slices: int | None, no_slices: bool) -> int | None:
     if slices is not None and no_slices:
         raise UsageError("--slices and --no-slices: pick one")
     return None if no_slices else slices or DEFAULT_CHUNK
+
+
+def slice_min_of(slices: int | None, chunk: int | None) -> int | None:
+    """A fused job's ``slice_min`` once ``chunk_of`` gave its chunk: ``DEFAULT_SLICE_MIN``
+    by default, None (slices from 3 peers whatever they save) for an explicit ``--slices``
+    or without slices."""
+    return DEFAULT_SLICE_MIN if chunk is not None and slices is None else None
 
 
 def slice_bits_of(chunk: int | None, slice_bits: int | None) -> int | None:

@@ -186,8 +186,11 @@ def exchange_line(ex: dict[str, Any]) -> str:
         return head + "every round closes from all deltas (--no-slices)" + _outer_words(ex.get("outer"))
     last = {None: "", 0: "; the last round closed from all deltas"}.get(
         ex["last_slices"], f"; the last round from {ex['last_slices']} slices")
+    least = ex.get("slice_min")
+    where = "" if least is None else f" where that saves each peer {_size(least)} a round, else from all deltas"
     return (head + f"rounds of {ex['slices_from']} or more authors close from reduced slices (chunks of "
-            f"{ex['chunk']:,} values, the mean at {ex['slice_bits']} bits){last}" + _outer_words(ex.get("outer")))
+            f"{ex['chunk']:,} values, the mean at {ex['slice_bits']} bits){where}{last}"
+            + _outer_words(ex.get("outer")))
 
 
 def _outer_words(step: dict[str, Any] | None) -> str:

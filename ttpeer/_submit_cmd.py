@@ -20,6 +20,7 @@ from ttpeer._parser import (
     duration,
     positive_int,
     slice_bits_of,
+    slice_min_of,
 )
 from ttpeer._status_cmds import trainable_line
 from ttpeer.errors import UsageError
@@ -82,11 +83,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                         "it lands; --no-overlap: every round waits for the one before to close (fewer steps to "
                         "a loss, the sync not hidden)")
     s.add_argument("--slices", type=chunk_values, nargs="?", const=DEFAULT_CHUNK, default=None, metavar="VALUES",
-                   help="fused (on by default): a round of three or more peers closes from aggregation slices: "
-                        "each peer reduces one slice of the mean and everyone downloads the reduced slices, so "
-                        "a peer receives about one delta and one model a round instead of every other peer's "
-                        f"delta. VALUES per chunk, a power of two (default {DEFAULT_CHUNK}; a slice is whole "
-                        "chunks, so a model needs three chunks for three slices)")
+                   help="fused: a round of three or more peers closes from aggregation slices: each peer "
+                        "reduces one slice of the mean and everyone downloads the reduced slices, so a peer "
+                        "receives about one delta and one model a round instead of every other peer's delta. By "
+                        "default a round slices only where that saves each peer 1 MiB or more (below it the "
+                        "reduction's round trips cost more than the bytes); --slices slices every round it can. "
+                        f"VALUES per chunk, a power of two (default {DEFAULT_CHUNK}; a slice is whole chunks, so a "
+                        "model needs three chunks for three slices)")
     s.add_argument("--no-slices", action="store_true",
                    help="fused: close every round from all deltas: each peer downloads every other peer's "
                         "delta, n-1 a round (what a pool of two does either way)")
@@ -268,12 +271,14 @@ def recipe_fields(args: argparse.Namespace, home: Any) -> dict[str, Any]:
 
 
 def slices_fields(args: argparse.Namespace) -> dict[str, int]:
-    """A submitted job's ``chunk`` (values per chunk of its deltas) and ``slice_bits``, or
-    nothing (all deltas, unchunked). Fused jobs slice by default: with equal peers on
-    20 Mbit/s links a round of 4 peers took 15.6 s against 21.9 s with all deltas, and with
-    one of 4 peers on 4 Mbit/s, 16.8 s against 33.9 s (scripts/bench/exchange); below 3
-    peers the proto closes from all deltas anyway, and a chunked delta decodes to the same
-    values as an unchunked one."""
+    """A submitted job's ``chunk`` (values per chunk of its deltas), ``slice_bits`` and, unless
+    ``--slices`` was given, ``slice_min``; or nothing (all deltas, unchunked). Fused jobs
+    slice where it pays: with equal peers on 20 Mbit/s links a round of 4 peers of a 3.3 MB
+    delta took 15.6 s against 21.9 s with all deltas, and with one of 4 peers on 4 Mbit/s,
+    16.8 s against 33.9 s (scripts/bench/exchange); a 40 KB delta's rounds were longer
+    sliced (scripts/bench/speedup), so a round slices only where that saves each peer
+    ``DEFAULT_SLICE_MIN`` bytes. Below 3 peers the proto closes from all deltas anyway,
+    and a chunked delta decodes to the same values as an unchunked one."""
     if args.mode != "fused":
         if args.slices is not None or args.slice_bits is not None:
             raise UsageError(f"{'--slices' if args.slices is not None else '--slice-bits'} goes with a fused job "
@@ -281,4 +286,7 @@ def slices_fields(args: argparse.Namespace) -> dict[str, int]:
         return {}
     chunk = chunk_of(args.slices, args.no_slices)
     bits = slice_bits_of(chunk, args.slice_bits)
-    return {} if chunk is None else {"chunk": chunk, "slice_bits": bits}
+    if chunk is None:
+        return {}
+    least = slice_min_of(args.slices, chunk)
+    return {"chunk": chunk, "slice_bits": bits, **({} if least is None else {"slice_min": least})}

@@ -174,8 +174,9 @@ def _job_consistent(body: dict[str, Any]) -> str | None:
             return "only a fused job reduces its rounds in slices (chunk)"
         if body["chunk"] & (body["chunk"] - 1):
             return f"chunk ({body['chunk']}) must be a power of two"
-    elif "slice_bits" in body:
-        return "slice_bits goes with chunk (a job that reduces its rounds in slices)"
+    elif "slice_bits" in body or "slice_min" in body:
+        field = "slice_bits" if "slice_bits" in body else "slice_min"
+        return f"{field} goes with chunk (a job that reduces its rounds in slices)"
     if "holdout" in body and body["mode"] != "ensemble":
         return "only an ensemble job holds samples out"
     if body.get("outer_auto"):
@@ -251,6 +252,11 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # (``train.encode_slice``). Every reducer and checker encodes with it, so a slice's
         # bytes, and its hash, are the same everywhere.
         "slice_bits": _choice(3, 4, 8),
+        # With chunk (OPTIONAL): a round is reduced in slices only when that saves each peer
+        # this many bytes of download or more (``proto/_slices.saved_bytes``, from the
+        # contributions' sizes); below it, the reduction's extra round trips cost more than
+        # the bytes: the round closes from all deltas. Absent: from 3 authors, whatever the size.
+        "slice_min": _int(0, 2**40),
         # Fused jobs only (OPTIONAL): 1 = each close picks its outer lr and momentum from the
         # round (its contributions and inner steps, ``proto/_outer.py``) and names them;
         # ``outer_lr`` and ``outer_momentum`` above are then only where the first round starts.
@@ -360,7 +366,7 @@ OPTIONAL: dict[str, frozenset[str]] = {
     "job": frozenset({"members", "overlap", "precision", "micro_batch", "checkpointing", "lr_schedule", "warmup",
                       "final_lr_ratio", "data", "step_timeout", "outer_lr_schedule", "outer_warmup",
                       "outer_final_lr_ratio", "h_min", "h_max", "datasets", "samples", "chunk",
-                      "slice_bits", "outer_auto", "holdout", "params", "trainable"}),
+                      "slice_bits", "slice_min", "outer_auto", "holdout", "params", "trainable"}),
     "close": frozenset({"tbase", "next", "slices", "outer_lr", "outer_momentum", "weights", "mean_sq"}),
     "contrib": frozenset({"chunks"}),
     "dataset": frozenset({"samples", "urls"}),

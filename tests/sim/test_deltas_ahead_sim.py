@@ -77,3 +77,24 @@ async def test_deltas_that_did_not_come_ahead_are_fetched_by_the_close(tmp_path,
             assert 0 < used < reads, (used, reads)
             assert not [f for p in sim.peers for f in (p.home.path / "work" / job).glob("ahead-*")]
             nursery.cancel_scope.cancel()
+
+
+async def test_a_chunked_job_whose_slices_would_save_too_little_closes_from_all_deltas(tmp_path, autojump_clock):
+    # What submit sends by default (slice_min): the fake model's deltas are far smaller than
+    # what slices must save, so every round of 4 authors closes from all deltas, fetched ahead.
+    spec = {**SPEC, "chunk": 4096, "slice_bits": 3, "slice_min": 1 << 20}
+    async with MemoryRelay() as relay:
+        sim = Simulation(tmp_path, relay, seed=5)
+        sim.create(4)
+        async with trio.open_nursery() as nursery:
+            await sim.start_all(nursery)
+            job = await sim.submit(spec)
+            await sim.wait_done(job, timeout=600)
+            assert_invariants(sim, job, spec)
+            reads, closes = _reads(sim, job)
+            records = sim.peers[0].node.machine.records
+            assert max(len({records.by_id[c].author for c in close["contribs"]}) for close in closes) >= 3
+            assert not [c for c in closes if "slices" in c.body]
+            assert not records.of_job(job, "slice")
+            assert sum(p.node.effects.slices.deltas_ahead.used for p in sim.peers) == reads
+            nursery.cancel_scope.cancel()

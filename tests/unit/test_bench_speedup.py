@@ -19,7 +19,7 @@ from bench.speedup import (
     table,
 )
 from bench.wan import Row, round_sizes
-from ttpeer._parser import DEFAULT_CHUNK, DEFAULT_SLICE_BITS
+from ttpeer._parser import DEFAULT_CHUNK, DEFAULT_SLICE_BITS, DEFAULT_SLICE_MIN
 
 
 def _row(name: str, curve: list[tuple[float, int, float]], util: float | None = None,
@@ -42,7 +42,7 @@ def test_the_defaults_and_quick_pick_target_margin_and_rows():
     # The job is what submit runs: the pool's outer step, unless one is fixed, and submit's
     # slices (the all-deltas row leaves them out).
     assert outer_fields(args)["outer_auto"] == 2  # as submit sends
-    assert slice_fields() == {"chunk": DEFAULT_CHUNK, "slice_bits": DEFAULT_SLICE_BITS}
+    assert slice_fields() == {"chunk": DEFAULT_CHUNK, "slice_bits": DEFAULT_SLICE_BITS, "slice_min": DEFAULT_SLICE_MIN}
     assert parse_args(["--rows", "ttpeer-4-all,single,ttpeer-4"]).rows == ["single", "ttpeer-4", "ttpeer-4-all"]
     assert outer_fields(parse_args(["--outer-momentum", "0.5"])) == {"outer_lr": 0.7, "outer_momentum": 0.5}
     assert parse_args(["--target", "0.7", "--bound", "2=0.5,4=0.3"]).bound == {2: 0.5, 4: 0.3}

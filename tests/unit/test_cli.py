@@ -133,7 +133,7 @@ def test_fused_jobs_slice_by_default_and_no_slices_turns_it_off():
     # scripts/bench/exchange: slices were faster from 4 peers up, with equal links and with
     # one slow one; two peers close from all deltas whatever the job says (the proto's rule).
     # scripts/bench/requantize: 3-bit reduced slices cost no loss, so they are the default.
-    from ttpeer._parser import DEFAULT_CHUNK
+    from ttpeer._parser import DEFAULT_CHUNK, DEFAULT_SLICE_MIN
     from ttpeer._submit_cmd import slices_fields as _slices_fields
     from ttpeer.cli import build_parser
     from ttpeer.errors import UsageError
@@ -141,7 +141,10 @@ def test_fused_jobs_slice_by_default_and_no_slices_turns_it_off():
     def fields(*extra: str) -> dict[str, int]:
         return _slices_fields(build_parser().parse_args(["submit", "--task", "charlm", *extra]))
 
-    assert fields() == fields("--slices") == {"chunk": DEFAULT_CHUNK, "slice_bits": 3}
+    # By default a round slices only where that saves each peer 1 MiB (a small model's
+    # rounds close from all deltas); --slices slices wherever it can.
+    assert fields() == {"chunk": DEFAULT_CHUNK, "slice_bits": 3, "slice_min": DEFAULT_SLICE_MIN}
+    assert fields("--slices") == {"chunk": DEFAULT_CHUNK, "slice_bits": 3}
     assert fields("--slices", "8192", "--slice-bits", "8") == {"chunk": 8192, "slice_bits": 8}
     assert fields("--no-slices") == {}
     assert fields("--mode", "ensemble", "--members", "2") == {}

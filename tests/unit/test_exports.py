@@ -41,13 +41,13 @@ SURFACES: dict[str, set[str]] = {
         'Fetched', 'Holds', 'JobFailed', 'JobSpec', 'Prepared', 'Progress', 'Report', 'StateLost', 'Trained',
         'WorkLost',
         # aggregation slices: the effects (a round's slices, or its whole deltas, fetched
-        # ahead), its reports, the plan's cut (the executor's slices),
-        # when slices are used and how often a slice is checked (advise's model; from how many
-        # authors: status), and whether a peer's link was judged slow (status); what the
+        # ahead), its reports, the plan's cut (the executor's slices), when slices are used,
+        # whether they save enough and how often a slice is checked (advise's model; from how
+        # many authors: status), and whether a peer's link was judged slow (status); what the
         # gossip carried, by kind (status)
         'CHECK_ONE_IN', 'GOSSIP_TRAFFIC',
         'FetchDeltas', 'FetchSlices', 'ReduceSlice', 'SLICES_FROM', 'SliceReduced', 'SliceRefused', 'slice_chunks',
-        'sliced', 'slow_link_of',
+        'pays', 'sliced', 'slow_link_of',
         # the key ring's decisions (who gets the pool key, who is told it ended)
         'AcceptKeys', 'EXPIRY_GRACE', 'EndMembership', 'HandKeys', 'KeyRing', 'Refuse', 'RejectKeys', 'Renamed',
         'Rotate', 'TellEnded',

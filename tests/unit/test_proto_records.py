@@ -299,6 +299,20 @@ def test_a_sliced_job_names_its_slices_bits_and_only_a_sliced_job_does() -> None
         parse(forge("job", body, AUTHOR))
 
 
+def test_a_sliced_job_may_name_what_slices_must_save_and_only_a_sliced_job_does() -> None:
+    rec = sign("job", POOL.id, dict(BODIES["job"], chunk=65536, slice_min=1 << 20), AUTHOR)
+    assert parse(rec.raw)["slice_min"] == 1 << 20
+    for bad in (-1, 2**41, "1", 1.5, True):
+        body = dict(BODIES["job"], chunk=65536, slice_min=bad)
+        with pytest.raises(RecordError, match="slice_min"):
+            sign("job", POOL.id, body, AUTHOR)
+    body = dict(BODIES["job"], slice_min=1 << 20)
+    with pytest.raises(RecordError, match="slice_min goes with chunk"):
+        sign("job", POOL.id, body, AUTHOR)
+    with pytest.raises(RecordError, match="slice_min goes with chunk"):
+        parse(forge("job", body, AUTHOR))
+
+
 @pytest.mark.parametrize(("kind", "field", "value"), [
     ("contrib", "blob", hex64("b") + "\n"), ("invite", "key", hex64("k") + "\n"),
     ("join", "name", "laptop\n"), ("close", "state", state(1) + "\n"), ("job", "task_blob", hex64("t") + "\n"),

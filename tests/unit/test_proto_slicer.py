@@ -58,6 +58,25 @@ def test_the_plan_slices_rounds_of_three_or_more_authors_that_agree_on_the_chunk
     assert sl.plan(JobSpec.of(sign("job", P.id, job_body(shards=4), KEYS[0])), cover) is None  # not a sliced job
 
 
+def test_a_job_with_slice_min_slices_only_rounds_that_save_each_peer_that_much():
+    # 4 deltas of 100 bytes at 8 bits, 4 slices of a reduced model as large as a delta: each
+    # peer downloads 3 x 100 bytes, or sliced 3 x 25 + 3 x 25 = 150; slices save 150 bytes.
+    cover = _contribs()
+    for least, sliced in [(150, True), (151, False), (0, True)]:
+        job = sign("job", P.id, job_body(shards=4, chunk=4096, slice_bits=8, slice_min=least), KEYS[0])
+        assert (sl.plan(JobSpec.of(job), cover) is not None) == sliced, least
+    # At 3-bit slices of 8-bit deltas the reduced model is taken as 3/8 of a delta: 3 x 25 +
+    # 3 x 9.375 = 103.125 bytes, a saving of 196.875.
+    job = sign("job", P.id, job_body(shards=4, chunk=4096, slice_bits=3, slice_min=196), KEYS[0])
+    assert sl.plan(JobSpec.of(job), cover) is not None
+    assert not sl.pays(4, 4, 100, 3 / 8, 197)
+    # One large contribution does not decide: the size is the cover's lower median.
+    big = [*cover[:3], sign("contrib", P.id, {**cover[3].body, "size": 10**9}, KEYS[3])]
+    assert sl.plan(JobSpec.of(sign("job", P.id, job_body(shards=4, chunk=4096, slice_bits=8, slice_min=151),
+                                   KEYS[0])), big) is None
+    assert SPEC.slice_min is None and sl.plan(SPEC, cover) is not None  # a job without it: as before
+
+
 def test_an_author_on_a_slow_link_reduces_no_slice_first_and_the_ledger_agrees(monkeypatch):
     monkeypatch.setattr(sl, "CHECK_ONE_IN", 10**9)  # no slice checked
     spec = JobSpec.of(JOB4)

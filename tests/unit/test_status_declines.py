@@ -95,7 +95,8 @@ def test_status_says_how_a_fused_jobs_rounds_move():
     named = sign("close", pool.id, {**plain.body, "slices": [hex64(f"slice{i}") for i in range(4)]}, k)
 
     assert exchange(sliced, Chain((state("s0"),), ())) == {
-        "bits": 8, "chunk": 65536, "slice_bits": 3, "slices_from": 3, "last_slices": None, "outer": None}
+        "bits": 8, "chunk": 65536, "slice_bits": 3, "slice_min": None, "slices_from": 3, "last_slices": None,
+        "outer": None}
     ex = exchange(sliced, Chain((state("s0"), state("s1")), (named,)))
     assert ex["last_slices"] == 4
     assert exchange_line(ex) == ("exchange: 8-bit deltas; rounds of 3 or more authors close from reduced slices "
@@ -109,6 +110,13 @@ def test_status_says_how_a_fused_jobs_rounds_move():
         "(--no-slices); outer step lr 0.7, momentum 0.3 (picked for 1 contribution)")
     two = exchange(sliced, Chain((state("s0"), state("s1")), (plain,)))  # two authors: all deltas
     assert "the mean at 3 bits); the last round closed from all deltas; outer step" in exchange_line(two)
+    # What submit sends by default: slices only where they save each peer 1 MiB a round.
+    least = exchange(sign("job", pool.id, job_body(chunk=65536, slice_bits=3, slice_min=1 << 20), k),
+                     Chain((state("s0"), state("s1")), (plain,)))
+    assert exchange_line(least).startswith(
+        "exchange: 8-bit deltas; rounds of 3 or more authors close from reduced slices (chunks of 65,536 values, "
+        "the mean at 3 bits) where that saves each peer 1.0 MiB a round, else from all deltas; the last round "
+        "closed from all deltas")
     older = sign("job", pool.id, job_body(chunk=65536), k)  # a job from before slice_bits: 8
     assert exchange(older, Chain((state("s0"),), ()))["slice_bits"] == 8
     off = exchange(sign("job", pool.id, job_body(bits=4), k), Chain((state("s0"),), ()))

@@ -113,7 +113,7 @@ from ._reports import (
     WorkLost,
 )
 from ._sizing import default_sizing
-from ._slices import CHECK_ONE_IN, SLICES_FROM, slice_chunks, sliced, slow_link_of
+from ._slices import CHECK_ONE_IN, SLICES_FROM, pays, slice_chunks, sliced, slow_link_of
 from ._tasksig import TaskSignatureError, open_task, sign_task
 
 __all__ = [
@@ -210,6 +210,7 @@ __all__ = [
     "CHECK_ONE_IN",
     "GOSSIP_TRAFFIC",
     "SLICES_FROM",
+    "pays",
     "MAX_KEEP",
     "DECLINE_CODES",
     "Ended",

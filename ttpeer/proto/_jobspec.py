@@ -135,6 +135,7 @@ class JobSpec:
     h_max: int | None = None
     chunk: int | None = None  # deltas are chunked in runs of this many values; rounds reduce in slices
     slice_bits: int = 8  # a reduced slice's bits (a sliced job's ``slice_bits``; 8 where it is not named)
+    slice_min: int | None = None  # slices only where they save a peer this many bytes a round (None: always)
     slow_links: bool = False  # slow authors reduce last (``_slices.slow_authors``): jobs that name slice_bits
     outer_auto: bool = False  # each close picks its outer lr and momentum (``_outer.py``)
     outer_agree: bool = False  # ... its momentum scaled by the peers' agreement (wire: ``outer_auto`` 2)
@@ -158,7 +159,8 @@ class JobSpec:
             members=tuple(b.get("members") or ()), holdout=int(b.get("holdout", 0)),
             micro_batch=b.get("micro_batch"), checkpointing=bool(b.get("checkpointing", 0)),
             h_min=b.get("h_min"), h_max=b.get("h_max"), chunk=b.get("chunk"),
-            slice_bits=b.get("slice_bits", 8), slow_links="slice_bits" in b, outer_auto=bool(b.get("outer_auto")),
+            slice_bits=b.get("slice_bits", 8), slice_min=b.get("slice_min"),
+            slow_links="slice_bits" in b, outer_auto=bool(b.get("outer_auto")),
             outer_agree=b.get("outer_auto") == 2,
             params=b.get("params"), trainable=b.get("trainable"),
         )

@@ -160,7 +160,8 @@ def rounds_trained(records: RecordSet, chain: Chain, me: str, last: int = TRAINE
 def exchange(job: Record, chain: Chain) -> dict[str, Any]:
     """How a fused job's rounds move: its deltas' ``bits``; ``chunk`` (values a chunk) and
     ``slice_bits`` when rounds of ``slices_from`` (``SLICES_FROM``) or more authors close
-    from reduced slices, else null; ``last_slices``: the slices the newest close named (0:
+    from reduced slices, else null, and ``slice_min`` (bytes slices must save each peer a
+    round, null: none); ``last_slices``: the slices the newest close named (0:
     it closed from all deltas; null before the first close); ``outer``: the outer step of
     the newest close, ``{"lr", "momentum", "contributions", "picked"}`` (``picked``: the close
     chose it, ``outer_auto``; else the job's own, its ``schedule`` the job's outer-lr
@@ -174,7 +175,8 @@ def exchange(job: Record, chain: Chain) -> dict[str, Any]:
         step = {"lr": lr, "momentum": momentum, "contributions": len(last["contribs"]), "picked": picked is not None,
                 "schedule": job.body.get("outer_lr_schedule", "constant")}
     return {"bits": spec.bits, "chunk": spec.chunk, "slice_bits": spec.slice_bits if spec.chunk else None,
-            "slices_from": SLICES_FROM, "last_slices": None if last is None else len(last.body.get("slices", ())),
+            "slice_min": spec.slice_min, "slices_from": SLICES_FROM,
+            "last_slices": None if last is None else len(last.body.get("slices", ())),
             "outer": step}
 
 
