@@ -74,12 +74,12 @@ the least-squares fit (in the log of steps) of the convergence lab's runs of the
 rule (``scripts/bench/advise-fit``: mnist1d at batch 4 and 16, charlm at batch 32, 2-8 peers,
 rounds of 6 to 25 steps, overlapped and waiting, 3 seeds each); over those 37 cells the
 model's steps are within 0.83-1.12x of the measured. The sync's terms come from
-``scripts/bench/speedup`` (batch 4, 20 Mbit/s, 100 ms round trips): the contributions'
-median ``sync_s`` was 0.70-0.85 s for 2 peers and 1.50-1.53 s for 4 where ``D/up + (n-1)D/down
-+ (n+2) rtt`` gave 0.46 and 0.73 s. Against that bench at steps of 100 ms (the cadence's
-margin of 3, slices) the model's time is within 1.00x (2 peers), 1.02x (4) and 1.01x (8) of
-the measured. H is a whole number of steps, rounded up, so between two links the figures can
-move by a step's worth.
+``scripts/bench/speedup`` (batch 4, 20 Mbit/s, 100 ms round trips, steps of 100 ms, every
+peer fetching the deltas ahead): the cadence's rounds put the median sync at about 0.3, 0.5
+and 0.63 s for 2, 4 and 8 peers, where the model gives 0.38, 0.41 and 0.46 s; measured over
+predicted times are 0.98 (2 peers), 1.00-1.08 (4) and 1.31 (8: 8 daemons on 2 shared cores,
+which the model does not see). H is a whole number of steps, rounded up, so between two
+links the figures can move by a step's worth.
 """
 
 from __future__ import annotations
