@@ -14,10 +14,10 @@ The model, for a fused job over ``n`` peers, each with the same link and device:
 
   - all deltas (``sync_seconds``): each peer uploads its delta of ``D`` wire bytes and
     downloads the other ``n - 1`` (every peer fetches them side by side as soon as the
-    round is covered, while the close is made), plus ``ROUND_TRIPS`` = 2 round trips
-    (fitted: the delta's PUT and the close's way back; the last delta's GET overlaps the
-    record's), plus ``ROUND_FIXED_S`` for the close itself (aggregate, evaluate, sign,
-    apply)::
+    round is covered, while the close is made), plus ``ROUND_TRIPS`` = 2 round trips (an
+    empirical fit on the speedup bench; it under-predicts the sync more as peers grow on
+    one machine's shared cores), plus ``ROUND_FIXED_S`` for the close itself (aggregate,
+    evaluate, sign, apply)::
 
         sync_s(n) = D / up + (n - 1) * D / down + 2 * rtt + ROUND_FIXED_S
 
@@ -77,9 +77,9 @@ model's steps are within 0.83-1.12x of the measured. The sync's terms come from
 ``scripts/bench/speedup`` (batch 4, 20 Mbit/s, 100 ms round trips, steps of 100 ms, every
 peer fetching the deltas ahead): the cadence's rounds put the median sync at about 0.3, 0.5
 and 0.63 s for 2, 4 and 8 peers, where the model gives 0.38, 0.41 and 0.46 s; measured over
-predicted times are 0.98 (2 peers), 1.00-1.08 (4) and 1.31 (8: 8 daemons on 2 shared cores,
-which the model does not see). H is a whole number of steps, rounded up, so between two
-links the figures can move by a step's worth.
+predicted times are 0.98 (2 peers), 0.97-1.08 (4) and 1.26-1.31 (8: 8 daemons on 2
+shared cores, which the model does not see). H is a whole number of steps, rounded up, so
+between two links the figures can move by a step's worth.
 """
 
 from __future__ import annotations
@@ -166,7 +166,8 @@ class Job:
     chunks: int = 1  # of a chunked delta (ceil(values / chunk)); 1: closed from all deltas (--no-slices)
     reduced_bytes: int = 0  # the reduced model on the wire, all its slices together
     slice_min: int | None = None  # the job's slice_min (None: slices whatever they save, --slices)
-    slice_ratio: float = 1.0  # the pool's estimate of the reduced model over a delta: slice_bits / bits
+    bits: int = 8  # a delta's bits, and a reduced slice's: what the pool's rule weighs (``proto.pays``)
+    slice_bits: int = 8
 
     def slices(self, peers: int) -> int:
         """How many slices a round of ``peers`` contributions is reduced in, by the pool's
@@ -176,7 +177,9 @@ class Job:
         s = min(peers, self.chunks)
         if not sliced(peers, self.chunks):
             return 0
-        return s if self.slice_min is None or pays(peers, s, self.delta_bytes, self.slice_ratio, self.slice_min) else 0
+        if self.slice_min is None or pays(peers, s, self.delta_bytes, self.slice_bits, self.bits, self.slice_min):
+            return s
+        return 0
 
 
 @dataclass(frozen=True)

@@ -124,14 +124,14 @@ class StepFigures:
     reduced_bytes: int  # the reduced model on the wire: values as little compressible as a mean
     precision: str
 
-    def job(self, overlap: bool, chunk: int | None, slice_min: int | None = None,
-            slice_ratio: float = 1.0) -> _advise.Job:
+    def job(self, overlap: bool, chunk: int | None, slice_min: int | None = None, bits: int = 8,
+            slice_bits: int = 8) -> _advise.Job:
         """The prediction's job: these figures, with ``chunk`` values a chunk (None: all
         deltas), slicing where slices save ``slice_min`` bytes a peer (None: wherever they
-        can) by the pool's estimate ``slice_ratio`` (slice bits over delta bits)."""
+        can) by the pool's rule for deltas of ``bits`` and slices of ``slice_bits``."""
         chunks = 1 if chunk is None else -(-self.params // chunk)
         return _advise.Job(step_s=self.step_s, delta_bytes=self.delta_bytes, overlap=overlap, chunks=chunks,
-                           reduced_bytes=self.reduced_bytes, slice_min=slice_min, slice_ratio=slice_ratio)
+                           reduced_bytes=self.reduced_bytes, slice_min=slice_min, bits=bits, slice_bits=slice_bits)
 
 
 def advise(args: argparse.Namespace, settings: Any) -> int:
@@ -149,7 +149,7 @@ def advise(args: argparse.Namespace, settings: Any) -> int:
     lines(f"step: {fig.step_s * 1000:.3g} ms (AdamW, {fig.precision}, median of {fig.steps_timed} timed after "
           f"warm-up); {fig.params:,} parameters, {_size(fig.fp32_bytes)} fp32; a delta is "
           f"{_size(fig.delta_bytes)} on the wire ({args.bits}-bit, {fig.fp32_bytes / fig.delta_bytes:.1f}x smaller)")
-    job = fig.job(args.overlap, chunk, slice_min_of(args.slices, chunk), slice_bits / args.bits)
+    job = fig.job(args.overlap, chunk, slice_min_of(args.slices, chunk), args.bits, slice_bits)
     lines(_slices_line(job, fig, chunk, slice_bits))
     lines(link_line)
     gain, gain_line = _gain(args, task, device)

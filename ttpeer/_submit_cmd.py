@@ -272,13 +272,11 @@ def recipe_fields(args: argparse.Namespace, home: Any) -> dict[str, Any]:
 
 def slices_fields(args: argparse.Namespace) -> dict[str, int]:
     """A submitted job's ``chunk`` (values per chunk of its deltas), ``slice_bits`` and, unless
-    ``--slices`` was given, ``slice_min``; or nothing (all deltas, unchunked). Fused jobs
-    slice where it pays: with equal peers on 20 Mbit/s links a round of 4 peers of a 3.3 MB
-    delta took 15.6 s against 21.9 s with all deltas, and with one of 4 peers on 4 Mbit/s,
-    16.8 s against 33.9 s (scripts/bench/exchange); a 40 KB delta's rounds were longer
-    sliced (scripts/bench/speedup), so a round slices only where that saves each peer
-    ``DEFAULT_SLICE_MIN`` bytes. Below 3 peers the proto closes from all deltas anyway,
-    and a chunked delta decodes to the same values as an unchunked one."""
+    ``--slices`` was given, ``slice_min`` (``DEFAULT_SLICE_MIN``: a round slices only where
+    that saves each peer that many bytes); or nothing (all deltas, unchunked). Fused jobs are
+    chunked by default (scripts/bench/exchange: slices pay for deltas of megabytes, and on a
+    slow link); a chunked delta decodes to the same values as an unchunked one. Raises
+    ``UsageError`` for slice options on an ensemble or that contradict each other."""
     if args.mode != "fused":
         if args.slices is not None or args.slice_bits is not None:
             raise UsageError(f"{'--slices' if args.slices is not None else '--slice-bits'} goes with a fused job "

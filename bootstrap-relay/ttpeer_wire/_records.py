@@ -256,6 +256,7 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # this many bytes of download or more (``proto/_slices.saved_bytes``, from the
         # contributions' sizes); below it, the reduction's extra round trips cost more than
         # the bytes: the round closes from all deltas. Absent: from 3 authors, whatever the size.
+        # A peer of a version without it drops the record (its field is unknown).
         "slice_min": _int(0, 2**40),
         # Fused jobs only (OPTIONAL): 1 = each close picks its outer lr and momentum from the
         # round (its contributions and inner steps, ``proto/_outer.py``) and names them;

@@ -105,12 +105,12 @@ def test_slices_cost_a_small_model_round_trips_and_the_pool_leaves_it_on_all_del
     link = Link(20e6 / 8, 20e6 / 8, 0.05)
     assert _advise.sliced_sync_seconds(4, 3, 138_000, 130_000, link) > sync_seconds(4, 138_000, link)
     assert _advise.sliced_sync_seconds(8, 3, 138_000, 130_000, link) > sync_seconds(8, 138_000, link)
-    small = Job(0.05, 138_000, overlap=True, chunks=3, reduced_bytes=130_000, slice_min=1 << 20, slice_ratio=0.75)
+    small = Job(0.05, 138_000, overlap=True, chunks=3, reduced_bytes=130_000, slice_min=1 << 20, bits=4, slice_bits=3)
     assert {r.slices for r in predict(small, link, 8, _advise.sqrt_gain)} == {0}
     # A 57 MB delta: the bytes decide, slices win by far, and the rule slices it from 3 peers.
     assert _advise.sliced_sync_seconds(8, 8, 57_000_000, 60_000_000, link) < 0.5 * sync_seconds(8, 57_000_000, link)
-    big = Job(0.05, 57_000_000, overlap=True, chunks=256, reduced_bytes=60_000_000, slice_min=1 << 20,
-              slice_ratio=0.75)
+    big = Job(0.05, 57_000_000, overlap=True, chunks=256, reduced_bytes=60_000_000, slice_min=1 << 20, bits=4,
+              slice_bits=3)
     assert [r.slices for r in predict(big, link, 4, _advise.sqrt_gain)] == [0, 0, 3, 4]
 
 

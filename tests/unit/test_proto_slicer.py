@@ -10,6 +10,7 @@ from ttpeer_wire import public_hex
 
 from ttpeer.proto import FetchSlices, JobSpec, RecordSet, ReduceSlice, canonical_chain, sign
 from ttpeer.proto import _slices as sl
+from ttpeer.proto._ledger import _slices_fit
 from ttpeer.proto._reports import RETRY_AFTER
 from ttpeer.proto._slicer import Slicer
 
@@ -69,12 +70,27 @@ def test_a_job_with_slice_min_slices_only_rounds_that_save_each_peer_that_much()
     # 3 x 9.375 = 103.125 bytes, a saving of 196.875.
     job = sign("job", P.id, job_body(shards=4, chunk=4096, slice_bits=3, slice_min=196), KEYS[0])
     assert sl.plan(JobSpec.of(job), cover) is not None
-    assert not sl.pays(4, 4, 100, 3 / 8, 197)
+    assert sl.pays(4, 4, 100, 3, 8, 196) and not sl.pays(4, 4, 100, 3, 8, 197)
+    # In whole numbers: right at the line it still pays (3 x 25 + 3 x 25 = 150 saved of 300).
+    assert sl.pays(4, 4, 100, 8, 8, 150) and not sl.pays(4, 4, 100, 8, 8, 151)
+    with pytest.raises(ValueError, match="at least one slice"):
+        sl.pays(4, 0, 100, 8, 8, 1)
     # One large contribution does not decide: the size is the cover's lower median.
     big = [*cover[:3], sign("contrib", P.id, {**cover[3].body, "size": 10**9}, KEYS[3])]
     assert sl.plan(JobSpec.of(sign("job", P.id, job_body(shards=4, chunk=4096, slice_bits=8, slice_min=151),
                                    KEYS[0])), big) is None
     assert SPEC.slice_min is None and sl.plan(SPEC, cover) is not None  # a job without it: as before
+
+
+def test_the_ledger_takes_a_sliced_close_only_where_slice_min_says_the_round_slices(monkeypatch):
+    monkeypatch.setattr(sl, "CHECK_ONE_IN", 10**9)  # no slice checked: one result counts
+    cover = _contribs()
+    results = [_slice(KEYS[s], cover, s) for s in range(4)]
+    rs = _records(*cover, *results)
+    ids = sorted(c.id for c in cover)
+    assert _slices_fit(JOB, 0, BASE, ids, cover, results, rs) is True
+    too_much = sign("job", P.id, job_body(shards=4, chunk=4096, slice_bits=8, slice_min=151), KEYS[0])
+    assert _slices_fit(too_much, 0, BASE, ids, cover, results, rs) is False  # this round closes from all deltas
 
 
 def test_an_author_on_a_slow_link_reduces_no_slice_first_and_the_ledger_agrees(monkeypatch):

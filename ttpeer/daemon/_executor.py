@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from ttpeer.proto import DatasetMissing, JobSpec, Outer, PublishDelta, Train
 
 # A contribution's encoded delta: its bytes, or the path of a file that holds them. The
-# node hands over files (fetched one blob at a time) so that neither it nor the worker
+# node hands over files (fetched a bounded few at a time) so that neither it nor the worker
 # holds every contribution of a round at once; an executor reads each file when it gets
 # to it (``delta_bytes``) and leaves it in place: whoever wrote it removes it.
 DeltaRef = bytes | Path

@@ -90,9 +90,9 @@ class Closer:
 
     def fetch_ahead(self, job: JobSpec, rnd: int, cover: list[Record]) -> list[FetchDeltas]:
         """A round closed from all deltas is covered by ``cover``: fetch the deltas of it
-        this peer did not make, once per cover, on every peer at once. The closer's
-        aggregate then waits for them rather than fetching them in turn, and every other
-        peer holds them when the close lands, so applying it costs no round trips."""
+        this peer did not make, once per cover, on every peer at once: the closer's
+        aggregate reads them as they come, and every other peer holds them by the time the
+        close lands."""
         key = (job.id, rnd, cover[0]["base"], tuple(sorted(c.id for c in cover)))
         if not job.mode.fetches_ahead or key in self._ahead:
             return []

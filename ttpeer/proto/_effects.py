@@ -130,9 +130,8 @@ class FetchSlices:
 class FetchDeltas:
     """Download the whole deltas of a covered round closed from all deltas (``contribs``:
     the cover's contributions this peer did not make), into work files until the round's
-    ``Aggregate`` or ``Apply`` reads them: the close then reads them here instead of
-    fetching them after it is made or lands. Nothing is reported: a delta that did not
-    come is left to the ``Aggregate``/``Apply``, which fetches it as ever."""
+    ``Aggregate`` or ``Apply`` reads them. Nothing is reported: a delta that did not come
+    is left to the ``Aggregate``/``Apply``, which fetches it."""
 
     job: JobSpec
     round: int

@@ -55,25 +55,30 @@ def saved_bytes(peers: int, slices: int, delta: float, reduced: float) -> float:
 
 def worth_slicing(job: JobSpec, cover: Sequence[Record], slices: int) -> bool:
     """Whether a round covered by ``cover`` saves each peer the job's ``slice_min`` bytes or
-    more when reduced in ``slices`` slices (always, for a job that names none). The delta's
-    size is the cover's lower median (no single contribution moves it); the reduced model's
-    is estimated as that size times ``slice_bits / bits`` (measured: 0.67x a 4-bit delta at
-    3 bits, about 1.0x an 8-bit one at 8). A reduction adds round trips on the sync's path
-    (a slice's fetches, its PUT and record, the reduced slices' fetches): for a small model
-    they cost more than the bytes they save, so its rounds close from all deltas."""
+    more when reduced in ``slices`` slices (always, for a job that names none; ``pays``).
+    The delta's size is the cover's lower median (no single contribution moves it). A
+    reduction adds round trips on the sync's path (a slice's fetches, its PUT and record,
+    the reduced slices' fetches): for a small model they cost more than the bytes they save,
+    so its rounds close from all deltas."""
     if job.slice_min is None:
         return True
     sizes = sorted(c["size"] for c in cover)
     delta = sizes[(len(sizes) - 1) // 2]
     authors = len({c.author for c in cover})
-    return pays(authors, slices, delta, job.slice_bits / job.bits, job.slice_min)
+    return pays(authors, slices, delta, job.slice_bits, job.bits, job.slice_min)
 
 
-def pays(peers: int, slices: int, delta: float, ratio: float, least: int) -> bool:
-    """Whether ``slices`` slices save each of ``peers`` peers ``least`` bytes or more a round,
-    the reduced model taken as ``min(1, ratio)`` times a delta of ``delta`` bytes
+def pays(peers: int, slices: int, delta: int, slice_bits: int, bits: int, least: int) -> bool:
+    """Whether ``slices`` slices save each of ``peers`` peers ``least`` bytes or more a round
+    (``saved_bytes``), the reduced model estimated as ``min(slice_bits, bits) / bits`` of a
+    delta of ``delta`` bytes (measured: 0.67x a 4-bit delta at 3 bits; 1.3x-2x an 8-bit
+    delta at 8, where the estimate makes slices look a little better than they are). In
+    whole numbers, so every peer and every implementation draws the line alike
     (``worth_slicing``'s rule; ``ttpeer advise`` asks it of a job not yet run)."""
-    return saved_bytes(peers, slices, delta, delta * min(1.0, ratio)) >= least
+    if slices < 1 or bits < 1:
+        raise ValueError(f"need at least one slice and one bit, got {slices} and {bits}")
+    saved = (peers - 1) * delta * (slices - 1) * bits - (slices - 1) * delta * min(slice_bits, bits)
+    return saved >= least * slices * bits
 
 
 def slice_chunks(chunks: int, slices: int) -> list[tuple[int, int]]:

@@ -5,15 +5,15 @@ Theory of operation. Once a round closed from all deltas is covered, the machine
 a work file, ``whole_at_once`` at a time, and marks each pending at once, so a close started
 in the same step (the closer's aggregate) waits for it rather than fetch it too. A close
 reads them through ``take`` (``Blobs.deltas``' ``ahead``), which moves the file to the
-close's own path. So the closer's downloads run side by side instead of one after another,
-and every other peer downloads while the close is being made, not after it lands: on a
-path of 100 ms round trips that was two round trips per other peer on every round's sync.
-One round's deltas at most are held per job: a later round's fetch, or the job's end,
-removes the files of the last.
+close's own path. So the closer's downloads run side by side, and every other peer's run
+while the close is being made. One round's deltas at most are held per job: a later
+round's fetch, or the job's end here (``forget_job``), removes the files of the last.
 
-What it promises: nothing is reported; a delta that did not come, or did not open, is left
-to the close, which fetches it (and reports its failure) as ever; a bug here costs only the
-head start. Files are in ``HOME/work/<job>/`` (emptied when the daemon starts).
+What it promises: nothing is reported and nothing raised; a delta that did not come, did
+not open or could not be written is left to the close, which fetches it (and reports its
+failure); every pending mark is cleared when its fetch ends, however it ends, so a close
+never waits on a fetch that is gone; contributions naming the same blob are fetched once.
+Files are in ``HOME/work/<job>/`` (emptied when the daemon starts).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class DeltasAhead:
             self.forget_job(job)
             self._round[job] = eff.round
         held = self._files.setdefault(job, {})
-        todo = [c for c in eff.contribs if c["blob"] not in held and c["blob"] not in self._pending]
+        todo = list({c["blob"]: c for c in eff.contribs
+                     if c["blob"] not in held and c["blob"] not in self._pending}.values())
         for c in todo:
             self._pending[c["blob"]] = trio.Event()
         if todo:
@@ -66,7 +67,11 @@ class DeltasAhead:
         path = self._files.get(job, {}).pop(blob, None)
         if path is None:
             return False
-        os.replace(path, dest)
+        try:
+            os.replace(path, dest)
+        except OSError:
+            path.unlink(missing_ok=True)
+            return False  # the close fetches it
         self.used += 1
         return True
 
@@ -80,19 +85,31 @@ class DeltasAhead:
     async def _fetch(self, job: str, rnd: int, todo: list[Record],
                      log: logging.LoggerAdapter[logging.Logger]) -> None:
         async def one(c: Record) -> None:
-            blob, path = c["blob"], self._blobs.work_path(job, "ahead")
+            blob, path = c["blob"], None
             try:
+                path = self._blobs.work_path(job, "ahead")
                 await self._blobs.fetch_delta(c, path)
-                if self._round.get(job) == rnd:
-                    self._files.setdefault(job, {})[blob] = path
+                files = self._files.get(job)
+                if self._round.get(job) == rnd and files is not None and blob not in files:
+                    files[blob] = path
                     return
-            except (NetError, SealError, DiskError, TtpeerError) as exc:
+            except (NetError, SealError, DiskError, TtpeerError, OSError) as exc:
                 log.info("fetching the delta of %s ahead of round %d's close failed (%s); the close fetches it",
                          c.author[:12], rnd, exc)
             except Exception:  # a bug here costs only the head start: the close fetches the delta
                 log.exception("fetching the delta of %s ahead of round %d's close failed", c.author[:12], rnd)
             finally:
-                self._pending.pop(blob).set()
-            path.unlink(missing_ok=True)
+                self._done(blob)
+            if path is not None:
+                path.unlink(missing_ok=True)
 
-        await in_order([functools.partial(one, c) for c in todo], limit=whole_at_once(todo))
+        try:
+            await in_order([functools.partial(one, c) for c in todo], limit=whole_at_once(todo))
+        finally:  # cancelled (the daemon stopping): no close may wait on these
+            for c in todo:
+                self._done(c["blob"])
+
+    def _done(self, blob: str) -> None:
+        pending = self._pending.pop(blob, None)
+        if pending is not None:
+            pending.set()

@@ -393,6 +393,7 @@ class Effects:
         """The job ended here: the executor frees its model and worker processes."""
         if job not in self._released and self._life.running:
             self._released.add(job)
+            self.slices.forget_job(job)
             self._life.start_soon(self._executor.release, job)
 
     def release_ended(self) -> None:

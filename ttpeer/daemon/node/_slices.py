@@ -97,8 +97,8 @@ class Slices:
         if self._round != key:
             self._ahead.clear()
             self._round = key
-        todo = [rec for rec in eff.slices if rec["blob"] not in self._ahead and rec["blob"] not in
-                self._pending and self._blobs.kept_slice(rec["blob"]) is None]
+        todo = list({rec["blob"]: rec for rec in eff.slices if rec["blob"] not in self._ahead and rec["blob"] not in
+                     self._pending and self._blobs.kept_slice(rec["blob"]) is None}.values())
         for rec in todo:
             self._pending[rec["blob"]] = trio.Event()
         if todo:
@@ -127,6 +127,8 @@ class Slices:
             except Exception:  # a bug here costs only the head start: the close fetches the slice
                 log.exception("fetching slice %d of round %d ahead of its close failed", rec["slice"], key[1])
             finally:
-                self._pending.pop(blob).set()
+                pending = self._pending.pop(blob, None)  # two records naming one blob: fetched once
+                if pending is not None:
+                    pending.set()
 
         await in_order([functools.partial(one, rec) for rec in todo], limit=RANGES_AT_ONCE)
