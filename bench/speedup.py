@@ -324,7 +324,7 @@ def run(args: argparse.Namespace) -> tuple[Row, list[Result], dict[int, float], 
                 spec = {**spec, "batches": h, "rounds": max(1, round(rounds * FIRST / h))}
                 name = f"{peers} peers, fixed H={h}"
             elif row == "ttpeer-4-all":
-                spec = {**{k: v for k, v in spec.items() if k not in ("chunk", "slice_bits", "slice_min")}, **auto}
+                spec = {**{k: v for k, v in spec.items() if k not in slice_fields()}, **auto}
                 name = f"{peers} peers, auto H {args.h_min}-{args.h_max}, all deltas"
             else:
                 spec = {**spec, **auto}

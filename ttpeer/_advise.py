@@ -174,12 +174,11 @@ class Job:
         own rule (``proto.sliced``, ``proto.pays``); 0: all deltas."""
         from ttpeer.proto import pays, sliced
 
-        s = min(peers, self.chunks)
         if not sliced(peers, self.chunks):
             return 0
-        if self.slice_min is None or pays(peers, s, self.delta_bytes, self.slice_bits, self.bits, self.slice_min):
-            return s
-        return 0
+        s = min(peers, self.chunks)
+        least = self.slice_min
+        return s if least is None or pays(peers, s, self.delta_bytes, self.slice_bits, self.bits, least) else 0
 
 
 @dataclass(frozen=True)

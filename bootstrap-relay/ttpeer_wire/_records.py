@@ -253,7 +253,7 @@ SCHEMAS: dict[str, dict[str, Validator]] = {
         # bytes, and its hash, are the same everywhere.
         "slice_bits": _choice(3, 4, 8),
         # With chunk (OPTIONAL): a round is reduced in slices only when that saves each peer
-        # this many bytes of download or more (``proto/_slices.saved_bytes``, from the
+        # this many bytes of download or more (``proto/_slices.pays``, from the
         # contributions' sizes); below it, the reduction's extra round trips cost more than
         # the bytes: the round closes from all deltas. Absent: from 3 authors, whatever the size.
         # A peer of a version without it drops the record (its field is unknown).

@@ -100,3 +100,38 @@ async def test_a_fetch_cancelled_on_its_way_clears_its_mark(tmp_path):
     assert not ahead._pending
     with trio.fail_after(1):  # nothing to wait for: the close fetches it
         assert not await ahead.take(JOB.id, _contrib(0), tmp_path / "x")
+
+
+async def test_a_fetch_ending_late_leaves_a_later_fetch_of_the_same_blob_pending(tmp_path):
+    # Round 0's first batch: X fails at once, Y hangs. A second cover of the round names X
+    # again, which is fetched anew (held back). When the first batch ends, X's new fetch
+    # is still on its way, and a close must wait for it rather than find nothing.
+    x, y = _contrib(0), _contrib(1)
+    gates = {x["blob"]: trio.Event(), y["blob"]: trio.Event()}
+
+    class Gated(FakeBlobs):
+        async def fetch_delta(self, contrib, path: Path) -> None:
+            if contrib["blob"] == x["blob"] and not self.fetched:
+                self.fetched.append("failed")
+                raise RelayUnavailable("dropped (a test's fault)")
+            await gates[contrib["blob"]].wait()
+            path.write_text(contrib["blob"])
+
+    blobs = Gated(tmp_path / "work")
+    ahead = DeltasAhead(blobs)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        ahead.start(FetchDeltas(SPEC, 0, (x, y)), nursery, LOG)
+        await trio.testing.wait_all_tasks_blocked()  # X failed; Y waits
+        ahead.start(FetchDeltas(SPEC, 0, (x,)), nursery, LOG)  # X again, held at its gate
+        gates[y["blob"]].set()  # the first batch ends
+        await trio.testing.wait_all_tasks_blocked()
+        got: list[bool] = []
+
+        async def close() -> None:
+            got.append(await ahead.take(JOB.id, x, tmp_path / "in-x"))
+
+        nursery.start_soon(close)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []  # X's second fetch is still pending: the close waits for it
+        gates[x["blob"]].set()
+    assert got == [True] and (tmp_path / "in-x").read_text() == x["blob"]

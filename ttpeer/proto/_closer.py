@@ -93,8 +93,10 @@ class Closer:
         this peer did not make, once per cover, on every peer at once: the closer's
         aggregate reads them as they come, and every other peer holds them by the time the
         close lands."""
+        if not job.mode.fetches_ahead:
+            return []
         key = (job.id, rnd, cover[0]["base"], tuple(sorted(c.id for c in cover)))
-        if not job.mode.fetches_ahead or key in self._ahead:
+        if key in self._ahead:
             return []
         self._ahead.add(key)
         others = tuple(c for c in cover if c.author != self.me)

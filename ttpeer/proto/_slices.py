@@ -45,14 +45,6 @@ def sliced(contribs: int, chunks: int) -> bool:
     return contribs >= SLICES_FROM and chunks >= 2
 
 
-def saved_bytes(peers: int, slices: int, delta: float, reduced: float) -> float:
-    """What slices save one peer's download a round, in bytes, when ``peers`` deltas of
-    ``delta`` bytes are reduced in ``slices`` slices whose reduced model takes ``reduced``:
-    all deltas download the other ``peers - 1``; slices this peer's ``1/slices`` of them and
-    the other ``slices - 1`` reduced slices (the checks' share, a chunk now and then, left out)."""
-    return (peers - 1) * delta * (1 - 1 / slices) - (slices - 1) * reduced / slices
-
-
 def worth_slicing(job: JobSpec, cover: Sequence[Record], slices: int) -> bool:
     """Whether a round covered by ``cover`` saves each peer the job's ``slice_min`` bytes or
     more when reduced in ``slices`` slices (always, for a job that names none; ``pays``).
@@ -69,12 +61,16 @@ def worth_slicing(job: JobSpec, cover: Sequence[Record], slices: int) -> bool:
 
 
 def pays(peers: int, slices: int, delta: int, slice_bits: int, bits: int, least: int) -> bool:
-    """Whether ``slices`` slices save each of ``peers`` peers ``least`` bytes or more a round
-    (``saved_bytes``), the reduced model estimated as ``min(slice_bits, bits) / bits`` of a
-    delta of ``delta`` bytes (measured: 0.67x a 4-bit delta at 3 bits; 1.3x-2x an 8-bit
-    delta at 8, where the estimate makes slices look a little better than they are). In
-    whole numbers, so every peer and every implementation draws the line alike
-    (``worth_slicing``'s rule; ``ttpeer advise`` asks it of a job not yet run)."""
+    """Whether ``slices`` slices save each of ``peers`` peers ``least`` bytes or more of
+    download a round: from all deltas a peer downloads the other ``peers - 1``, sliced its
+    ``1/slices`` of them and the other ``slices - 1`` reduced slices (the checks' share, a
+    chunk now and then, left out), so the saving is ``(peers - 1) d (1 - 1/slices) -
+    (slices - 1) r / slices``. The reduced model ``r`` is estimated as ``min(slice_bits,
+    bits) / bits`` of a delta of ``d`` = ``delta`` bytes (measured: 0.67x a 4-bit delta at 3
+    bits; 1.3x-2x an 8-bit delta at 8, where the estimate makes slices look a little better
+    than they are). Compared in whole numbers (both sides times ``slices x bits``), so every
+    peer and every implementation draws the line alike (``worth_slicing``'s rule; ``ttpeer
+    advise`` asks it of a job not yet run)."""
     if slices < 1 or bits < 1:
         raise ValueError(f"need at least one slice and one bit, got {slices} and {bits}")
     saved = (peers - 1) * delta * (slices - 1) * bits - (slices - 1) * delta * min(slice_bits, bits)

@@ -52,10 +52,10 @@ class DeltasAhead:
         held = self._files.setdefault(job, {})
         todo = list({c["blob"]: c for c in eff.contribs
                      if c["blob"] not in held and c["blob"] not in self._pending}.values())
-        for c in todo:
-            self._pending[c["blob"]] = trio.Event()
+        marks = {c["blob"]: trio.Event() for c in todo}
+        self._pending.update(marks)
         if todo:
-            nursery.start_soon(self._fetch, job, eff.round, todo, log)
+            nursery.start_soon(self._fetch, job, eff.round, todo, marks, log)
 
     async def take(self, job: str, contrib: Record, dest: Path) -> bool:
         """Move ``contrib``'s delta (of ``job``), if it came ahead (waited for while under
@@ -82,7 +82,7 @@ class DeltasAhead:
             path.unlink(missing_ok=True)
         self._round.pop(job, None)
 
-    async def _fetch(self, job: str, rnd: int, todo: list[Record],
+    async def _fetch(self, job: str, rnd: int, todo: list[Record], marks: dict[str, trio.Event],
                      log: logging.LoggerAdapter[logging.Logger]) -> None:
         async def one(c: Record) -> None:
             blob, path = c["blob"], None
@@ -99,17 +99,19 @@ class DeltasAhead:
             except Exception:  # a bug here costs only the head start: the close fetches the delta
                 log.exception("fetching the delta of %s ahead of round %d's close failed", c.author[:12], rnd)
             finally:
-                self._done(blob)
+                self._done(blob, marks[blob])
             if path is not None:
                 path.unlink(missing_ok=True)
 
         try:
             await in_order([functools.partial(one, c) for c in todo], limit=whole_at_once(todo))
         finally:  # cancelled (the daemon stopping): no close may wait on these
-            for c in todo:
-                self._done(c["blob"])
+            for blob, mark in marks.items():
+                self._done(blob, mark)
 
-    def _done(self, blob: str) -> None:
-        pending = self._pending.pop(blob, None)
-        if pending is not None:
-            pending.set()
+    def _done(self, blob: str, mark: trio.Event) -> None:
+        """Clear ``blob``'s pending ``mark`` (only this fetch's: a later fetch of the same
+        blob keeps its own) and wake whoever waits on it."""
+        if self._pending.get(blob) is mark:
+            del self._pending[blob]
+        mark.set()

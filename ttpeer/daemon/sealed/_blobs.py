@@ -26,7 +26,6 @@ from typing import Protocol
 import trio
 
 from ttpeer._chunked import piece_lengths
-from ttpeer.errors import DiskError
 from ttpeer.net import BlobCorrupt, NetError, Transport
 from ttpeer.net._entropy import random_bytes
 from ttpeer.net._seal import (
@@ -331,13 +330,10 @@ class Blobs:
         return folder / f"{what}-{next(self._fetches)}.bin"
 
     async def fetch_delta(self, contrib: Record, path: Path) -> None:
-        """``contrib``'s whole delta, opened, into the file ``path``. Raises ``NetError``,
-        ``SealError``, or ``DiskError`` for a write that failed."""
-        data = await self.get(contrib["blob"], max_size=sealed_bound(contrib), uploaders=[contrib.author])
-        try:
-            write_work(path, data)
-        except OSError as exc:  # a full disk stops the daemon, as for any other write
-            raise DiskError(path, exc) from None
+        """``contrib``'s whole delta, opened, into the file ``path``. Raises ``NetError`` or
+        ``SealError`` for the fetch; ``DiskError`` (a full disk stops the daemon, as for any
+        other write) or ``JobError`` for the write (``write_work``)."""
+        write_work(path, await self.get(contrib["blob"], max_size=sealed_bound(contrib), uploaders=[contrib.author]))
 
     @contextlib.asynccontextmanager
     async def deltas(self, job: JobSpec, contribs: tuple[Record, ...], run: tuple[int, int] | None = None,
